@@ -1,0 +1,5 @@
+"""Entry point for `python -m exporter`."""
+
+from exporter.cli import main
+
+raise SystemExit(main())
