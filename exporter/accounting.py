@@ -1,0 +1,171 @@
+"""Counters over time: exact, reset-safe increases from the sequence of scrapes we took.
+
+Prometheus's `increase()` extrapolates between samples; we see every scrape of a window, so we
+can be exact: between two scrapes a series grows by `now - before`, unless the server restarted
+(the value went down, or its `_created` changed), in which case it grew by `now` from zero.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.snapshot import Counts, Field, SeriesKey, Snapshot, counts_by_model, sum_series
+
+
+def counter_increase(
+    before: float, before_created: float | None, now: float, now_created: float | None
+) -> tuple[float, bool]:
+    """Increase of one counter series between two scrapes, and whether it was reset between."""
+    created_changed = (
+        before_created is not None and now_created is not None and now_created != before_created
+    )
+    if now < before or created_changed:
+        return now, True
+    return now - before, False
+
+
+def _usable(value: float) -> bool:
+    # NaN, infinities and negative numbers are not counter values: skip, keep the last good one.
+    return math.isfinite(value) and value >= 0
+
+
+@dataclass
+class Accumulator:
+    """Increases of one target's series since a baseline scrape, fed scrape by scrape.
+
+    Owned by one window (or one target's live track), so it is mutated in place; its whole
+    state round-trips through `to_dict`/`from_dict` for the durable store.
+    """
+
+    last: dict[SeriesKey, tuple[float, float | None]] = field(default_factory=dict)
+    increase: dict[SeriesKey, float] = field(default_factory=dict)
+    resets: int = 0
+    scrapes: int = 0
+    first_at: float | None = None
+    last_at: float | None = None
+    engines: set[str] = field(default_factory=set)
+    dialect: str = ""
+    before: Counts | None = None  # the baseline scrape's totals (AISBench's `before`)
+
+    def feed(self, snapshot: Snapshot, at: float) -> bool:
+        """Take one scrape into account; returns whether it showed a server restart."""
+        baseline = self.scrapes == 0
+        reset = False
+        for key, value in snapshot.values.items():
+            if not _usable(value):
+                continue
+            created = snapshot.created.get(key)
+            previous = self.last.get(key)
+            if previous is not None:
+                inc, was_reset = counter_increase(previous[0], previous[1], value, created)
+                reset = reset or was_reset
+                if inc:
+                    self.increase[key] = self.increase.get(key, 0.0) + inc
+            elif not baseline:
+                # A series first seen after the baseline (a new engine, or one that restarted
+                # while absent) grew from zero inside the window.
+                if value:
+                    self.increase[key] = self.increase.get(key, 0.0) + value
+            self.last[key] = (value, created)
+            self.engines.add(key.engine)
+        if baseline:
+            self.before = snapshot.totals()
+        if reset:
+            self.resets += 1
+        self.scrapes += 1
+        if self.first_at is None:
+            self.first_at = at
+        self.last_at = at
+        if snapshot.has_spec_decode:
+            self.dialect = snapshot.dialect
+        return reset
+
+    def totals(self) -> Counts:
+        """The increase since the baseline, summed over engines and models."""
+        return sum_series(self.increase.items())
+
+    def by_model(self) -> dict[str, Counts]:
+        """The increase since the baseline, per model name."""
+        return counts_by_model(self.increase)
+
+    def current(self) -> Counts:
+        """The last counter values seen, summed (AISBench's `after`)."""
+        return sum_series((k, v[0]) for k, v in self.last.items())
+
+    @property
+    def model_names(self) -> list[str]:
+        """Model names whose series this accumulator has seen."""
+        return sorted({k.model_name for k in self.last})
+
+    def to_dict(self) -> dict:
+        """JSON-able state."""
+        return {
+            "last": [[_key_list(k), v, c] for k, (v, c) in self.last.items()],
+            "increase": [[_key_list(k), v] for k, v in self.increase.items()],
+            "resets": self.resets,
+            "scrapes": self.scrapes,
+            "first_at": self.first_at,
+            "last_at": self.last_at,
+            "engines": sorted(self.engines),
+            "dialect": self.dialect,
+            "before": self.before.as_raw() if self.before is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Accumulator:
+        """Inverse of `to_dict`."""
+        return cls(
+            last={_key_from(k): (v, c) for k, v, c in data["last"]},
+            increase={_key_from(k): v for k, v in data["increase"]},
+            resets=data["resets"],
+            scrapes=data["scrapes"],
+            first_at=data["first_at"],
+            last_at=data["last_at"],
+            engines=set(data["engines"]),
+            dialect=data.get("dialect", ""),
+            before=Counts.from_raw(data["before"]) if data.get("before") else None,
+        )
+
+
+def _key_list(key: SeriesKey) -> list:
+    return [key.field.value, key.model_name, key.engine, key.position, [list(p) for p in key.extra]]
+
+
+def _key_from(data: list) -> SeriesKey:
+    fld, model, engine, position, extra = data
+    return SeriesKey(Field(fld), model, engine, position, tuple(tuple(p) for p in extra))
+
+
+@dataclass
+class LiveTrack:
+    """A target's cumulative increase at each scrape, kept for `span` seconds: live gauges."""
+
+    span: float
+    accumulator: Accumulator = field(default_factory=Accumulator)
+    points: deque[tuple[float, Counts]] = field(default_factory=deque)
+
+    def feed(self, snapshot: Snapshot, at: float) -> None:
+        """Take one scrape; forget points older than needed to cover `span`."""
+        self.accumulator.feed(snapshot, at)
+        self.points.append((at, self.accumulator.totals()))
+        # Keep one point at or before the window's start so the span is fully covered.
+        while len(self.points) > 2 and self.points[1][0] <= at - self.span:
+            self.points.popleft()
+
+    def over_span(self, now: float) -> Counts | None:
+        """Increase over the last `span` seconds, or None with fewer than two scrapes in it."""
+        if len(self.points) < 2:
+            return None
+        start = self.points[0]
+        for point in self.points:
+            if point[0] <= now - self.span:
+                start = point
+            else:
+                break
+        end = self.points[-1]
+        if end[0] <= start[0]:
+            return None
+        return end[1] - start[1]

@@ -1,0 +1,250 @@
+"""Strict, frozen configuration: YAML -> `Config`, with `key.path: what is wrong` errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from exporter.errors import ConfigError
+from exporter.parse import Dialect
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_RESERVED_LABELS = {"target", "model_name", "position", "engine", "le", "quantile"}
+
+
+def parse_duration(value: Any) -> float:
+    """`250ms`, `5s`, `1m`, `1h` or a number of seconds -> seconds; must be positive."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration like 250ms, 5s or 1m")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _UNIT[match.group(2)]
+    else:
+        raise ValueError(f"must be a duration like 250ms, 5s or 1m, not {value!r}")
+    if seconds <= 0:
+        raise ValueError("must be greater than 0")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _check_host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be host:port, not {value!r}")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AuthConfig(_Strict):
+    """Who may POST: a bearer token read from an environment variable, if that is set."""
+
+    token_env: str = "SPECDEC_TOKEN"
+
+
+class TargetConfig(_Strict):
+    """One server to scrape: `url`, or `host` + `port` (AISBench's `host_ip`/`host_port` too)."""
+
+    name: str = ""
+    url: str = ""
+    host: str = ""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    scheme: str = "http"
+    path: str = "/metrics"
+    timeout: Duration | None = None
+    headers: dict[str, str] = {}
+    token_env: str | None = None
+    tls_verify: bool = True
+    ca_file: str | None = None
+    labels: dict[str, str] = {}
+    dialect: Dialect = Dialect.VLLM
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aisbench_words(cls, data: Any) -> Any:
+        # AISBench model configs say host_ip/host_port/enable_ssl; accept them as synonyms.
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for alias, key in (("host_ip", "host"), ("host_port", "port")):
+            if alias in data:
+                if key in data:
+                    raise ValueError(f"give {key} or {alias}, not both")
+                data[key] = data.pop(alias)
+        if "enable_ssl" in data:
+            data.setdefault("scheme", "https" if data.pop("enable_ssl") else "http")
+        return data
+
+    @field_validator("scheme")
+    @classmethod
+    def _scheme(cls, value: str) -> str:
+        if value not in ("http", "https"):
+            raise ValueError(f"must be http or https, not {value!r}")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL with a host, not {value!r}")
+        try:
+            parts.port
+        except ValueError as exc:
+            raise ValueError(f"has a bad port: {value!r}") from exc
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _LABEL_NAME.match(name) or name.startswith("__"):
+                raise ValueError(f"{name!r} is not a valid Prometheus label name")
+            if name in _RESERVED_LABELS:
+                raise ValueError(f"{name!r} is reserved by the exporter")
+        return value
+
+    @model_validator(mode="after")
+    def _resolve(self) -> TargetConfig:
+        if self.url and (self.host or self.port):
+            raise ValueError("give url, or host and port, not both")
+        if not self.url:
+            if not self.host or self.port is None:
+                raise ValueError("needs url, or host and port")
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            path = self.path if self.path.startswith("/") else "/" + self.path
+            object.__setattr__(self, "url", f"{self.scheme}://{host}:{self.port}{path}")
+        if not self.name:
+            object.__setattr__(self, "name", self.host_port)
+        return self
+
+    @property
+    def host_port(self) -> str:
+        """`host:port` of the URL, the default name and the console block's title."""
+        parts = urlsplit(self.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = parts.hostname or ""
+        return f"{host}:{port}"
+
+
+class Config(_Strict):
+    """The whole exporter configuration; replaced whole on reload."""
+
+    listen: str = "127.0.0.1:9400"
+    scrape_interval: Duration = 5.0
+    scrape_timeout: Duration = 3.0
+    live_window: Duration = 60.0
+    output_dir: str = "outputs"
+    state_db: str | None = None  # default: <output_dir>/state.sqlite
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    scrape_concurrency: int = Field(default=64, ge=1, le=10000)
+    max_open_windows: int = Field(default=1000, ge=1)
+    shards: int = Field(default=1, ge=1)
+    shard_index: int = Field(default=0, ge=0)
+    auth: AuthConfig = AuthConfig()
+    targets: list[TargetConfig] = []
+
+    _check_listen = field_validator("listen")(classmethod(lambda cls, v: _check_host_port(v)))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.scrape_timeout > self.scrape_interval:
+            raise ValueError("scrape_timeout must not be longer than scrape_interval")
+        if self.shard_index >= self.shards:
+            raise ValueError("shard_index must be below shards")
+        return self
+
+    @property
+    def state_path(self) -> Path:
+        """Where the durable window state lives."""
+        return Path(self.state_db) if self.state_db else Path(self.output_dir) / "state.sqlite"
+
+    def target(self, name: str) -> TargetConfig | None:
+        """The target called `name` (or with that host:port), if configured."""
+        for target in self.targets:
+            if target.name == name:
+                return target
+        for target in self.targets:
+            if target.host_port == name:
+                return target
+        return None
+
+
+def _location(loc: tuple) -> str:
+    # pydantic puts validator names like "function-after[...]" in loc for model validators.
+    return ".".join(str(part) for part in loc if not str(part).startswith("function-")) or "(top)"
+
+
+def _message(error: dict) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "field required"
+    message = error["msg"]
+    return message.removeprefix("Value error, ")
+
+
+def validate_config(data: Any, source: str = "<config>") -> Config:
+    """A parsed YAML document -> `Config`, or `ConfigError` listing every problem."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["(top): must be a mapping of keys"])
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(
+            source, [f"{_location(e['loc'])}: {_message(e)}" for e in exc.errors()]
+        ) from None
+    problems = []
+    seen: dict[str, int] = {}
+    for index, target in enumerate(config.targets):
+        if target.name in seen:
+            problems.append(
+                f'targets.{index}.name: duplicate target name "{target.name}"'
+                f" (also targets.{seen[target.name]})"
+            )
+        seen.setdefault(target.name, index)
+    if problems:
+        raise ConfigError(source, problems)
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(source, [f"(file): cannot read: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "somewhere"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [f"(yaml): invalid YAML at {where}: {problem}"]) from None
+    return validate_config(data, source)
