@@ -1,0 +1,416 @@
+"""Tests of the simulated vLLM server: page layout, counter arithmetic, HTTP and control API."""
+
+import asyncio
+import gzip
+import re
+from collections import defaultdict
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.fakevllm import FAKE_SERVER, FakeServer, make_fake_app, page_for_bench
+
+V1_DRAFTS = "vllm:spec_decode_num_drafts_total"
+V1_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+V1_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+V1_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+# vLLM 0.33.0's spec-decode block for 4 drafts at k=3 (shared fixture vllm-0.33.0-rendered-k3.txt),
+# with model "m" for "my-model" to fit the lines, and the wall-clock _created values as CREATED.
+GOLDEN_V1 = """\
+# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 4.0
+# HELP vllm:spec_decode_num_drafts_created Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_created gauge
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} CREATED
+# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_total counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 12.0
+# HELP vllm:spec_decode_num_draft_tokens_created Number of draft tokens.
+# TYPE vllm:spec_decode_num_draft_tokens_created gauge
+vllm:spec_decode_num_draft_tokens_created{engine="0",model_name="m"} CREATED
+# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_total counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 6.0
+# HELP vllm:spec_decode_num_accepted_tokens_created Number of accepted tokens.
+# TYPE vllm:spec_decode_num_accepted_tokens_created gauge
+vllm:spec_decode_num_accepted_tokens_created{engine="0",model_name="m"} CREATED
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 2.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 1.0
+# HELP vllm:spec_decode_num_accepted_tokens_per_pos_created Accepted tokens per draft position.
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_created gauge
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="m",position="0"} CREATED
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="m",position="1"} CREATED
+vllm:spec_decode_num_accepted_tokens_per_pos_created{engine="0",model_name="m",position="2"} CREATED
+"""
+
+
+def samples(page: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Return every sample of a page by sample name, parsed by prometheus_client."""
+    found: dict[str, list[tuple[dict[str, str], float]]] = defaultdict(list)
+    for family in text_string_to_metric_families(page.decode()):
+        for sample in family.samples:
+            found[sample.name].append((sample.labels, sample.value))
+    return found
+
+
+def page_totals(page: bytes) -> dict:
+    """Return the V1 spec-decode counters of a page summed over engines, as totals() shapes them."""
+    found = samples(page)
+    per_pos: dict[int, int] = defaultdict(int)
+    for labels, value in found[V1_PER_POS]:
+        per_pos[int(labels["position"])] += int(value)
+    return {
+        "num_drafts": int(sum(v for _, v in found[V1_DRAFTS])),
+        "num_draft_tokens": int(sum(v for _, v in found[V1_TOKENS])),
+        "num_accepted_tokens": int(sum(v for _, v in found[V1_ACCEPTED])),
+        "accepted_per_pos": dict(per_pos),
+    }
+
+
+def created_values(page: bytes) -> set[float]:
+    """Return the values of the spec-decode _created series of a page."""
+    return {
+        value
+        for name, series in samples(page).items()
+        if name.startswith("vllm:spec_decode") and name.endswith("_created")
+        for _, value in series
+    }
+
+
+class TestFakeServer:
+    """FakeServer: counters, simulated traffic and the page."""
+
+    def test_spec_block_matches_vllm_layout(self):
+        server = FakeServer(model_name="m", histograms=False)
+        server.add(0, drafts=4, draft_tokens=12, accepted_per_pos=[3, 2, 1])
+        lines = [
+            line
+            for line in server.render().decode().splitlines()
+            if line.removeprefix("# HELP ").removeprefix("# TYPE ").startswith("vllm:spec_decode")
+        ]
+        text = re.sub(r"_created(\{.*\}) \S+", r"_created\1 CREATED", "\n".join(lines) + "\n")
+        assert text == GOLDEN_V1
+
+    def test_created_prints_as_float_in_exponent_form(self):
+        page = FakeServer().render().decode()
+        assert re.search(r"^vllm:spec_decode_num_drafts_created\{.*\} 1\.\d+e\+09$", page, re.M)
+
+    @pytest.mark.parametrize("engines", [1, 2, 8])
+    @pytest.mark.parametrize("ngram", [False, True])
+    def test_totals_equal_page_summed_over_engines(self, engines, ngram):
+        server = FakeServer(k=5, engines=engines, ngram=ngram, seed=7)
+        server.simulate(3000)
+        page = server.render()
+        assert page_totals(page) == server.totals()
+        assert {labels["engine"] for labels, _ in samples(page)[V1_DRAFTS]} == {
+            str(i) for i in range(engines)
+        }
+
+    def test_add_gives_exact_increments(self):
+        server = FakeServer(k=4, engines=2)
+        server.add(1, drafts=10, draft_tokens=40, accepted_per_pos=[9, 7, 4, 1])
+        server.add(0, drafts=2, draft_tokens=8, accepted_per_pos=[1])
+        server.add(1, drafts=1, draft_tokens=4, accepted_per_pos=[1, 1, 0, 0])
+        assert server.totals() == {
+            "num_drafts": 13,
+            "num_draft_tokens": 52,
+            "num_accepted_tokens": 24,
+            "accepted_per_pos": {0: 11, 1: 8, 2: 4, 3: 1},
+        }
+        by_engine = {
+            (labels["engine"], labels["position"]): value
+            for labels, value in samples(server.render())[V1_PER_POS]
+        }
+        assert by_engine[("1", "0")] == 10.0
+        assert by_engine[("0", "0")] == 1.0
+        assert by_engine[("0", "3")] == 0.0
+
+    @pytest.mark.parametrize(
+        ("args", "message"),
+        [
+            ((2, 1, 3, [1]), "engine must be within 0..1"),
+            ((0, -1, 3, [1]), "drafts must be a non-negative integer"),
+            ((0, 1, 1.5, [1]), "draft_tokens must be a non-negative integer"),
+            ((0, 1, 3, [1, 1, 1, 1]), "4 positions, k=3"),
+            ((0, 1, 3, [1, -2]), r"accepted_per_pos\[1\]"),
+        ],
+    )
+    def test_add_refuses_bad_increments(self, args, message):
+        server = FakeServer(engines=2)
+        with pytest.raises(ValueError, match=message):
+            server.add(*args)
+        assert server.totals()["num_drafts"] == 0
+
+    @pytest.mark.parametrize(
+        ("k", "acceptance", "ngram"),
+        [(1, 0.5, False), (3, 0.8, False), (5, 0.95, True), (12, 0.9, False), (4, 0.0, True)],
+    )
+    def test_simulate_keeps_accepted_prefix_invariants(self, k, acceptance, ngram):
+        server = FakeServer(k=k, acceptance=acceptance, ngram=ngram, engines=3, seed=1)
+        server.simulate(2000)
+        totals = server.totals()
+        per_pos = [totals["accepted_per_pos"][i] for i in range(k)]
+        assert totals["num_drafts"] == 2000
+        assert all(a >= b for a, b in zip(per_pos, per_pos[1:], strict=False))
+        assert per_pos[0] <= totals["num_drafts"]
+        assert totals["num_accepted_tokens"] == sum(per_pos)
+        assert totals["num_accepted_tokens"] <= totals["num_draft_tokens"] <= k * 2000
+        if ngram and k > 1:
+            assert totals["num_draft_tokens"] < k * 2000
+        if not ngram:
+            assert totals["num_draft_tokens"] == k * 2000
+
+    def test_simulate_acceptance_falls_with_position(self):
+        server = FakeServer(k=3, acceptance=0.8, seed=3)
+        server.simulate(20000)
+        per_pos = server.totals()["accepted_per_pos"]
+        # Conditional acceptance 0.8, 0.64, 0.512 gives marginal rates 0.8, 0.512, 0.262.
+        assert per_pos[0] / 20000 == pytest.approx(0.8, abs=0.02)
+        assert per_pos[1] / 20000 == pytest.approx(0.512, abs=0.02)
+        assert per_pos[2] / 20000 == pytest.approx(0.262, abs=0.02)
+
+    def test_simulate_is_deterministic_by_seed(self):
+        first, second, other = FakeServer(seed=5), FakeServer(seed=5), FakeServer(seed=6)
+        for server in (first, second, other):
+            server.simulate(500)
+        assert first.totals() == second.totals()
+        assert first.totals() != other.totals()
+
+    def test_restart_zeroes_counters_and_changes_created(self):
+        server = FakeServer(engines=2)
+        server.simulate(100)
+        before = server.render()
+        server.restart()
+        after = server.render()
+        assert page_totals(after) == {
+            "num_drafts": 0,
+            "num_draft_tokens": 0,
+            "num_accepted_tokens": 0,
+            "accepted_per_pos": {0: 0, 1: 0, 2: 0},
+        }
+        assert page_totals(after) == server.totals()
+        assert created_values(after).isdisjoint(created_values(before))
+        assert min(created_values(after)) > max(created_values(before))
+
+    def test_without_spec_decode_page_has_only_other_families(self):
+        page = FakeServer(spec_decode=False).render()
+        names = samples(page)
+        assert not [name for name in names if "spec_decode" in name]
+        assert "vllm:num_requests_running" in names
+        assert "vllm:time_to_first_token_seconds_bucket" in names
+
+    def test_emit_created_false_has_no_created_series(self):
+        server = FakeServer(emit_created=False)
+        server.simulate(50)
+        page = server.render()
+        assert b"_created" not in page
+        assert page_totals(page) == server.totals()
+
+    def test_histograms_false_leaves_out_histograms_and_summaries(self):
+        page = FakeServer(histograms=False).render().decode()
+        assert " histogram\n" not in page
+        assert " summary\n" not in page
+        assert "vllm:num_requests_running" in page
+        assert "vllm:spec_decode_num_drafts_total" in page
+
+    def test_v0_dialect_names(self):
+        server = FakeServer(dialect="vllm-v0", k=4, engines=2, model_name="org/model v0")
+        server.add(0, drafts=10, draft_tokens=40, accepted_per_pos=[8, 6, 3, 1])
+        server.add(1, drafts=10, draft_tokens=40, accepted_per_pos=[9, 5, 2, 0])
+        found = samples(server.render())
+        spec = {name: series for name, series in found.items() if "spec_decode" in name}
+        assert set(spec) == {
+            "vllm:spec_decode_draft_acceptance_rate",
+            "vllm:spec_decode_efficiency",
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "vllm:spec_decode_num_accepted_tokens_created",
+            "vllm:spec_decode_num_draft_tokens_total",
+            "vllm:spec_decode_num_draft_tokens_created",
+            "vllm:spec_decode_num_emitted_tokens_total",
+            "vllm:spec_decode_num_emitted_tokens_created",
+        }
+        for series in spec.values():
+            assert [labels for labels, _ in series] == [{"model_name": "org/model v0"}]
+        assert spec["vllm:spec_decode_num_accepted_tokens_total"][0][1] == 34.0
+        assert spec["vllm:spec_decode_num_draft_tokens_total"][0][1] == 80.0
+        assert spec["vllm:spec_decode_num_emitted_tokens_total"][0][1] == 54.0
+        assert spec["vllm:spec_decode_draft_acceptance_rate"][0][1] == pytest.approx(34 / 80)
+        assert spec["vllm:spec_decode_efficiency"][0][1] == pytest.approx(54 / (20 * 5))
+        assert all("engine" not in labels for labels, _ in found["vllm:num_requests_running"])
+
+    def test_v0_gauges_absent_before_any_draft(self):
+        found = samples(FakeServer(dialect="vllm-v0").render())
+        assert "vllm:spec_decode_draft_acceptance_rate" not in found
+        assert found["vllm:spec_decode_num_draft_tokens_total"][0][1] == 0.0
+
+    @pytest.mark.parametrize(
+        ("field", "value"),
+        [("k", 0), ("acceptance", 1.5), ("engines", 0), ("dialect", "sglang")],
+    )
+    def test_refuses_bad_settings(self, field, value):
+        with pytest.raises(ValueError, match=field):
+            FakeServer(**{field: value})
+
+    def test_one_engine_page_is_realistic_size_and_valid(self):
+        server = FakeServer()
+        server.simulate(1000)
+        page = server.render()
+        assert 50_000 <= len(page) <= 150_000
+        types = re.findall(rb"^# TYPE (\S+) ", page, re.M)
+        assert len(types) == len(set(types))
+        for family in (
+            "vllm:e2e_request_latency_seconds",
+            "vllm:time_to_first_token_seconds",
+            "vllm:iteration_tokens_total",
+            "vllm:request_success_total",
+            "vllm:kv_cache_usage_perc",
+            "python_gc_objects_collected_total",
+            "process_cpu_seconds_total",
+        ):
+            assert family.encode() in types
+
+    def test_histograms_are_cumulative_with_exact_count(self):
+        server = FakeServer(engines=2)
+        server.simulate(20000)
+        found = samples(server.render())
+        for labels, count in found["vllm:e2e_request_latency_seconds_count"]:
+            buckets = [
+                value
+                for bucket_labels, value in found["vllm:e2e_request_latency_seconds_bucket"]
+                if bucket_labels["engine"] == labels["engine"]
+            ]
+            assert buckets == sorted(buckets)
+            assert buckets[-1] == count > 0
+
+
+class TestFakeApp:
+    """make_fake_app: /metrics over HTTP and the control endpoints."""
+
+    async def test_metrics_plain(self, aiohttp_client):
+        server = FakeServer(engines=2)
+        server.simulate(200)
+        client = await aiohttp_client(make_fake_app(server))
+        response = await client.get("/metrics", headers={"Accept-Encoding": "identity"})
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        assert "Content-Encoding" not in response.headers
+        assert page_totals(await response.read()) == server.totals()
+
+    async def test_metrics_gzip_when_asked(self, aiohttp_client):
+        server = FakeServer()
+        server.simulate(200)
+        client = await aiohttp_client(make_fake_app(server), auto_decompress=False)
+        response = await client.get("/metrics", headers={"Accept-Encoding": "gzip, deflate"})
+        assert response.headers["Content-Encoding"] == "gzip"
+        body = await response.read()
+        assert page_totals(gzip.decompress(body)) == server.totals()
+        assert len(body) < len(server.render()) / 4
+
+    async def test_metrics_not_gzip_when_refused(self, aiohttp_client):
+        client = await aiohttp_client(make_fake_app(FakeServer()), auto_decompress=False)
+        response = await client.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"})
+        assert "Content-Encoding" not in response.headers
+
+    async def test_control_add_and_totals(self, aiohttp_client):
+        app = make_fake_app(FakeServer(k=2, engines=2))
+        client = await aiohttp_client(app)
+        body = {"engine": 1, "drafts": 5, "draft_tokens": 10, "accepted_per_pos": [4, 2]}
+        response = await client.post("/control/add", json=body)
+        assert response.status == 200
+        expected = {
+            "num_drafts": 5,
+            "num_draft_tokens": 10,
+            "num_accepted_tokens": 6,
+            "accepted_per_pos": {"0": 4, "1": 2},
+        }
+        assert await response.json() == expected
+        assert await (await client.get("/control/totals")).json() == expected
+        assert app[FAKE_SERVER].totals()["accepted_per_pos"] == {0: 4, 1: 2}
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"engine": 0, "drafts": 1, "draft_tokens": 2},
+            {"engine": 9, "drafts": 1, "draft_tokens": 2, "accepted_per_pos": [1]},
+            {"engine": 0, "drafts": "x", "draft_tokens": 2, "accepted_per_pos": [1]},
+            "not an object",
+        ],
+    )
+    async def test_control_add_refuses_bad_body(self, aiohttp_client, body):
+        client = await aiohttp_client(make_fake_app(FakeServer()))
+        response = await client.post("/control/add", json=body)
+        assert response.status == 400
+        assert "error" in await response.json()
+
+    async def test_control_add_refuses_invalid_json(self, aiohttp_client):
+        client = await aiohttp_client(make_fake_app(FakeServer()))
+        response = await client.post("/control/add", data=b"{nope")
+        assert response.status == 400
+
+    async def test_control_restart(self, aiohttp_client):
+        server = FakeServer()
+        server.simulate(100)
+        client = await aiohttp_client(make_fake_app(server))
+        before = await (await client.get("/metrics")).read()
+        response = await client.post("/control/restart")
+        assert (await response.json())["num_drafts"] == 0
+        after = await (await client.get("/metrics")).read()
+        assert page_totals(after)["num_drafts"] == 0
+        assert created_values(after).isdisjoint(created_values(before))
+
+    async def test_background_traffic_pause_and_resume(self, aiohttp_client):
+        server = FakeServer(engines=2)
+        client = await aiohttp_client(make_fake_app(server, drafts_per_second=2000, tick=0.01))
+        await wait_for_drafts(server, 1)
+        assert (await (await client.post("/control/pause")).json()) == {"paused": True}
+        paused = server.totals()
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+        assert server.totals() == paused
+        assert (await (await client.post("/control/resume")).json()) == {"paused": False}
+        await wait_for_drafts(server, paused["num_drafts"] + 1)
+        assert page_totals(await (await client.get("/metrics")).read()) == server.totals()
+
+    async def test_no_background_traffic_by_default(self, aiohttp_client):
+        server = FakeServer()
+        await aiohttp_client(make_fake_app(server, tick=0.01))
+        for _ in range(5):
+            await asyncio.sleep(0.01)
+        assert server.totals()["num_drafts"] == 0
+
+
+async def wait_for_drafts(server: FakeServer, at_least: int) -> None:
+    """Wait, at most two seconds, until the background traffic made `at_least` drafts."""
+    for _ in range(200):
+        if server.totals()["num_drafts"] >= at_least:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"fewer than {at_least} drafts after 2 s: {server.totals()}")
+
+
+class TestPageForBench:
+    """page_for_bench: realistic pages of a requested size."""
+
+    @pytest.mark.parametrize(("engines", "target"), [(1, 100_000), (2, 600_000), (8, 5_000_000)])
+    def test_reaches_target_size(self, engines, target):
+        page = page_for_bench(engines, target)
+        assert target <= len(page) <= target * 1.2
+        types = re.findall(rb"^# TYPE (\S+) ", page, re.M)
+        assert len(types) == len(set(types))
+
+    def test_without_target_is_one_server_page(self):
+        page = page_for_bench(2, seed=4)
+        assert page_totals(page)["num_drafts"] > 0
+        assert page_totals(page) == page_totals(page_for_bench(2, seed=4))
+
+    def test_variants_parse_and_keep_spec_counters(self):
+        page = page_for_bench(2, 300_000)
+        found = samples(page)
+        models = {labels["model_name"] for labels, _ in found["vllm:prompt_tokens_total"]}
+        assert len(models) > 1
+        assert {labels["model_name"] for labels, _ in found[V1_DRAFTS]} == {"fake/llama-3-8b"}
