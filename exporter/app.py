@@ -1,0 +1,69 @@
+"""`make_app(config)`: routes, app keys and lifecycles; no logic of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.process_collector import ProcessCollector
+
+from exporter.api import MAX_BODY, REGISTRY, SERVICE, add_routes, auth_middleware, errors_middleware
+from exporter.collector import SpecDecodeCollector
+from exporter.config import Config
+from exporter.scrape import Scraper, make_session
+from exporter.service import ExporterService
+
+log = logging.getLogger(__name__)
+
+
+def make_app(
+    config: Config,
+    *,
+    config_path: str | Path | None = None,
+    clock: Callable[[], float] = time.time,
+    scrape_loop: bool = True,
+) -> web.Application:
+    """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds."""
+    app = web.Application(
+        client_max_size=MAX_BODY, middlewares=[errors_middleware, auth_middleware]
+    )
+    service = ExporterService(config, config_path=config_path, clock=clock)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SpecDecodeCollector(service))
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
+    app[SERVICE] = service
+    app[REGISTRY] = registry
+    add_routes(app)
+    app.cleanup_ctx.append(_scraping(scrape_loop))
+    return app
+
+
+def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        service = app[SERVICE]
+        session = make_session(service.config.scrape_concurrency)
+        service.scraper = Scraper(
+            session,
+            max_bytes=service.config.max_response_bytes,
+            concurrency=service.config.scrape_concurrency,
+        )
+        task = asyncio.create_task(service.run()) if loop else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await session.close()
+            service.close()
+
+    return lifecycle

@@ -1,0 +1,327 @@
+"""Sub-commands, logging setup and exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.errors import ConfigError, ExporterError
+
+log = logging.getLogger("exporter")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"ts": record.created, "level": record.levelname.lower(),
+                           "logger": record.name, "msg": record.getMessage()})
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
+    # Access logs only at debug.
+    logging.getLogger("aiohttp.access").setLevel(
+        logging.DEBUG if level == "debug" else logging.WARNING
+    )
+
+
+def _config_path(arg: str | None) -> str:
+    return arg or os.environ.get("SPECDEC_CONFIG") or "config/exporter.yaml"
+
+
+def _shard_from_env(config):
+    """Replicas of a StatefulSet learn their shard from the environment (Helm sets these)."""
+    shards = os.environ.get("SPECDEC_SHARDS")
+    index = os.environ.get("SPECDEC_SHARD_INDEX")
+    pod = os.environ.get("SPECDEC_POD_NAME")
+    if index is None and pod and (match := re.search(r"-(\d+)$", pod)):
+        index = match.group(1)
+    update = {}
+    if shards:
+        update["shards"] = int(shards)
+    if index is not None:
+        update["shard_index"] = int(index)
+    if listen := os.environ.get("SPECDEC_LISTEN"):
+        update["listen"] = listen
+    if not update:
+        return config
+    from exporter.config import validate_config
+
+    return validate_config(config.model_dump(mode="python") | update, "environment")
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from exporter.config import load_config
+
+    try:
+        config = load_config(args.file)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem)
+        return 1
+    print(f"{args.file}: ok, {len(config.targets)} target(s)")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from exporter.api import SERVICE
+    from exporter.app import make_app
+    from exporter.config import load_config
+
+    path = _config_path(args.config)
+    try:
+        config = _shard_from_env(load_config(path))
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"{path}: {problem}", file=sys.stderr)
+        return 1
+    app = make_app(config, config_path=path)
+
+    async def on_startup(app: web.Application) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, _reload_on_signal, app[SERVICE])
+
+    app.on_startup.append(on_startup)
+    host, _, port = config.listen.rpartition(":")
+    log.info("starting version=%s listen=http://%s:%s/ targets=%d", __version__, host, port,
+             len(config.targets))
+    # run_app answers SIGTERM/SIGINT by finishing in-flight requests, then the cleanup
+    # context saves every open window.
+    web.run_app(app, host=host.strip("[]"), port=int(port), print=None, access_log=log,
+                shutdown_timeout=30.0)
+    return 0
+
+
+def _reload_on_signal(service) -> None:
+    try:
+        service.reload()
+    except ConfigError as exc:
+        log.error("config reload refused problems=%s", "; ".join(exc.problems))
+
+
+def cmd_fake_vllm(args: argparse.Namespace) -> int:
+    from exporter.fakevllm import FakeServer, serve_fake_vllm
+
+    server = FakeServer(k=args.k, acceptance=args.acceptance, engines=args.engines,
+                        dialect=args.dialect, model_name=args.model_name, seed=args.seed,
+                        spec_decode=not args.no_spec_decode, ngram=args.ngram)
+    print(f"fake-vllm on http://{args.host}:{args.port}/metrics k={args.k} "
+          f"engines={args.engines} dialect={args.dialect}", flush=True)
+    try:
+        asyncio.run(serve_fake_vllm(args.host, args.port, server, args.drafts_per_second))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from exporter.demo import run_demo
+
+    try:
+        asyncio.run(run_demo(args.port, args.duration, args.output_dir))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    from exporter.client import ExporterClient
+
+    return ExporterClient(args.exporter, token=args.token)
+
+
+def cmd_window_start(args: argparse.Namespace) -> int:
+    from exporter.client import ClientError
+
+    try:
+        window = _client(args).start(args.id, args.name, args.target, _labels(args.label))
+    except ClientError as exc:
+        print(f"specdec-exporter: {exc}", file=sys.stderr)
+        return 1
+    print(window["id"])
+    return 0
+
+
+def cmd_window_stop(args: argparse.Namespace) -> int:
+    from exporter.client import ClientError
+
+    try:
+        answer = _client(args).stop(args.id)
+    except ClientError as exc:
+        print(f"specdec-exporter: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer.body, indent=2) if args.json else answer.console(), end="")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from exporter.client import ClientError, unreachable_answer
+    from exporter.console import format_window
+    from exporter.measure import run_command
+
+    cmd = _command(args)
+    client = _client(args)
+    window_id = None
+    failure = None
+    try:
+        window_id = client.start(args.id, args.name, args.target, _labels(args.label))["id"]
+    except ClientError as exc:
+        failure = str(exc)
+        print(f"specdec-exporter: no window recorded: {exc}", file=sys.stderr, flush=True)
+    code = asyncio.run(run_command(cmd))
+    if window_id is not None:
+        try:
+            print(client.stop(window_id).console(), end="", flush=True)
+            return code
+        except ClientError as exc:
+            failure = f"{exc} (window {window_id} may still be open)"
+    print(format_window(unreachable_answer(window_id, args.exporter, failure or "")), end="")
+    return code
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from exporter.console import format_window
+    from exporter.measure import measure, run_command, target_from_spec, targets_from_model_config
+
+    cmd = _command(args)
+    try:
+        targets = [target_from_spec(spec) for spec in args.target]
+        if args.model_config:
+            targets += targets_from_model_config(args.model_config)
+        if not targets:
+            raise ExporterError("give --target HOST:PORT|URL or --model-config FILE")
+    except (ExporterError, OSError, ValueError) as exc:
+        # Collection is best-effort: the benchmark still runs.
+        print(f"specdec-exporter: spec-decode collection off: {exc}", file=sys.stderr, flush=True)
+        return asyncio.run(run_command(cmd))
+    work_dir = Path(args.work_dir)
+    code, answer = asyncio.run(
+        measure(targets, cmd, work_dir, interval=args.interval, timeout=args.timeout)
+    )
+    if answer is not None:
+        print(format_window(answer), end="")
+        print(f"spec-decode results in {work_dir / 'performances'}")
+    return code
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise SystemExit("specdec-exporter: give the command to run after --")
+    return cmd
+
+
+def _labels(items: list[str] | None) -> dict[str, str]:
+    labels = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"specdec-exporter: --label wants key=value, not {item!r}")
+        labels[key] = value
+    return labels
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdec-exporter",
+        description="Speculative-decoding counters of vLLM servers: live gauges and "
+                    "benchmark windows.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="plain", choices=["plain", "json"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the exporter")
+    serve.add_argument("--config", help="YAML config (default $SPECDEC_CONFIG or config/exporter.yaml)")
+    serve.set_defaults(func=cmd_serve)
+
+    check = sub.add_parser("check-config", help="validate a config file")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_check_config)
+
+    demo = sub.add_parser("demo", help="simulated servers plus the exporter, no network needed")
+    demo.add_argument("--port", type=int, default=9400)
+    demo.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
+    demo.add_argument("--output-dir", help="where window results go (default: a temp dir)")
+    demo.set_defaults(func=cmd_demo)
+
+    fake = sub.add_parser("fake-vllm", help="a simulated vLLM server with growing counters")
+    fake.add_argument("--host", default="127.0.0.1")
+    fake.add_argument("--port", type=int, required=True)
+    fake.add_argument("--k", type=int, default=3)
+    fake.add_argument("--acceptance", type=float, default=0.8)
+    fake.add_argument("--engines", type=int, default=1)
+    fake.add_argument("--dialect", default="vllm", choices=["vllm", "vllm-v0"])
+    fake.add_argument("--model-name", default="fake/llama-3-8b")
+    fake.add_argument("--drafts-per-second", type=float, default=50.0)
+    fake.add_argument("--ngram", action="store_true", help="drafts may be shorter than k")
+    fake.add_argument("--no-spec-decode", action="store_true")
+    fake.add_argument("--seed", type=int, default=0)
+    fake.set_defaults(func=cmd_fake_vllm)
+
+    def exporter_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--exporter", required=True, help="exporter base URL, e.g. http://127.0.0.1:9400")
+        p.add_argument("--token", help="bearer token (default $SPECDEC_TOKEN)")
+
+    def window_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--id")
+        p.add_argument("--name")
+        p.add_argument("--target", action="append", help="target name or host:port (repeatable)")
+        p.add_argument("--label", action="append", help="key=value label of the window")
+
+    window = sub.add_parser("window", help="start or stop a benchmark window")
+    wsub = window.add_subparsers(dest="window_command", required=True)
+    start = wsub.add_parser("start", help="open a window; prints its id")
+    exporter_args(start)
+    window_args(start)
+    start.set_defaults(func=cmd_window_start)
+    stop = wsub.add_parser("stop", help="close a window; prints the console blocks")
+    exporter_args(stop)
+    stop.add_argument("id")
+    stop.add_argument("--json", action="store_true", help="print the whole answer as JSON")
+    stop.set_defaults(func=cmd_window_stop)
+
+    run = sub.add_parser("run", help="open a window, run CMD, close the window")
+    exporter_args(run)
+    window_args(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER)
+    run.set_defaults(func=cmd_run)
+
+    measure = sub.add_parser("measure", help="snapshot, run CMD, snapshot: no exporter needed")
+    measure.add_argument("--target", action="append", default=[], help="HOST:PORT or URL")
+    measure.add_argument("--model-config", help="AISBench model config (host_ip/host_port/url)")
+    measure.add_argument("--work-dir", default=".", help="results go to DIR/performances/")
+    measure.add_argument("--interval", type=float, default=5.0,
+                         help="seconds between scrapes while CMD runs")
+    measure.add_argument("--timeout", type=float, default=10.0)
+    measure.add_argument("cmd", nargs=argparse.REMAINDER)
+    measure.set_defaults(func=cmd_measure)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point."""
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level, args.log_format)
+    try:
+        return args.func(args)
+    except ExporterError as exc:
+        print(f"specdec-exporter: {exc}", file=sys.stderr)
+        return 1

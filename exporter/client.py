@@ -1,0 +1,134 @@
+"""A small blocking client of the exporter's window API, for AISBench and any Python harness.
+
+    from exporter.client import ExporterClient
+    client = ExporterClient("http://127.0.0.1:9400")
+    window = client.start(name="eagle-k3")
+    ...  # run the benchmark
+    print(client.stop(window["id"]).console())
+
+Standard library only, so importing it costs a harness nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from exporter.console import format_window
+from exporter.derive import has_activity, result_data
+from exporter.errors import ExporterError
+from exporter.snapshot import Counts
+
+
+class ClientError(ExporterError):
+    """The exporter could not be reached, or refused the request (with its reason)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        self.status = status
+        super().__init__(message)
+
+
+@dataclass(frozen=True)
+class WindowAnswer:
+    """A stop answer (CONTRACT.md's shape) with the console rendering at hand."""
+
+    body: dict
+
+    @property
+    def id(self) -> str:
+        """The window id."""
+        return self.body["id"]
+
+    def console(self) -> str:
+        """Every target's console block, then `all` when there are two or more."""
+        return format_window(self.body)
+
+
+class ExporterClient:
+    """Starts and stops windows on one exporter."""
+
+    def __init__(self, url: str, token: str | None = None, timeout: float = 60.0):
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("SPECDEC_TOKEN") or None
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request.add_header("Content-Type", "application/json")
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            try:
+                reason = json.loads(exc.read()).get("error", exc.reason)
+            except ValueError:
+                reason = exc.reason
+            raise ClientError(f"exporter {self.url} answered {exc.code}: {reason}", exc.code) from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ClientError(f"exporter {self.url} unreachable: {reason}") from None
+
+    def start(
+        self,
+        window_id: str | None = None,
+        name: str | None = None,
+        targets: Sequence[str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> dict:
+        """Open a window; returns {"id", "name", "targets", "started_at"}."""
+        body: dict = {}
+        if window_id:
+            body["id"] = window_id
+        if name:
+            body["name"] = name
+        if targets:
+            body["targets"] = list(targets)
+        if labels:
+            body["labels"] = labels
+        return self._call("POST", "/api/v1/windows", body)
+
+    def stop(self, window_id: str) -> WindowAnswer:
+        """Close a window; returns its results."""
+        return WindowAnswer(self._call("POST", f"/api/v1/windows/{window_id}/stop"))
+
+    def get(self, window_id: str) -> dict:
+        """A window's state or results."""
+        return self._call("GET", f"/api/v1/windows/{window_id}")
+
+
+def merge_answers(answers: Sequence[dict]) -> dict:
+    """One answer from several exporters' (shards') answers for the same window."""
+    first = answers[0]
+    results: dict = {}
+    total = Counts()
+    used = []
+    for answer in answers:
+        for name, result in answer.get("results", {}).items():
+            results[name] = result
+            if result.get("status") == "ok" and result.get("increase"):
+                total = total + Counts.from_raw(result["increase"])
+                used.append(name)
+    aggregate = {"status": "na", "error": "No spec decode activity detected during benchmark "
+                 "window", "data": None, "raw": None, "url": None, "targets": used}
+    if has_activity(total):
+        aggregate = aggregate | {"status": "ok", "error": None, "data": result_data(total),
+                                 "increase": total.as_raw()}
+    return first | {
+        "targets": [t for a in answers for t in a.get("targets", [])],
+        "results": results,
+        "aggregate": aggregate,
+    }
+
+
+def unreachable_answer(window_id: str | None, label: str, reason: str) -> dict:
+    """What to print when no exporter answered: one N/A block saying why."""
+    result = {"status": "na", "url": None, "error": reason, "data": None, "raw": None,
+              "host_port": label}
+    return {"id": window_id, "name": None, "results": {label: result}, "aggregate": None}

@@ -1,0 +1,111 @@
+"""The landing page: plain HTML with inline SVG, built from the same views as the JSON API."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from html import escape
+
+from exporter import __version__
+from exporter.service import ExporterService
+from exporter.views import target_view
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;
+text-align:left;vertical-align:top}.up{color:#070}.down{color:#b00}.err{color:#b00;font-size:90%}
+small{color:#666}
+"""
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _when(ts: float | None) -> str:
+    return "–" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def position_bars(per_position: Mapping[str, float], width: int = 220, height: int = 60) -> str:
+    """A small inline SVG bar chart of per-position acceptance (0..1), positions in order."""
+    if not per_position:
+        return ""
+    positions = sorted(per_position, key=int)
+    bar = width / len(positions)
+    parts = [f'<svg width="{width}" height="{height + 14}" role="img" '
+             f'aria-label="per-position acceptance">']
+    for i, pos in enumerate(positions):
+        ratio = max(0.0, min(1.0, per_position[pos]))
+        h = ratio * height
+        x = i * bar
+        parts.append(
+            f'<rect x="{x + 1:.1f}" y="{height - h:.1f}" width="{max(bar - 2, 1):.1f}" '
+            f'height="{h:.1f}" fill="#3b7dd8"><title>position {escape(pos)}: '
+            f"{ratio:.4f}</title></rect>"
+            f'<text x="{x + bar / 2:.1f}" y="{height + 12}" font-size="10" '
+            f'text-anchor="middle">{escape(pos)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _target_row(view: dict) -> str:
+    live = view["live"] or {}
+    state = '<span class="up">up</span>' if view["up"] else '<span class="down">down</span>'
+    error = (
+        f'<div class="err">{escape(view["last_error"])} <small>{_when(view["last_error_at"])}'
+        "</small></div>" if view["last_error"] else ""
+    )
+    if view["up"] and view["spec_decode_present"] is False:
+        error += '<div class="err">no spec-decode series on the page</div>'
+    ratio = live.get("acceptance_ratio")
+    return (
+        f"<tr><td>{escape(view['name'])}<br><small>{escape(view['url'])}</small></td>"
+        f"<td>{state}{error}</td>"
+        f"<td>{escape(', '.join(view['model_names']))}<br><small>engines: {view['engines']}"
+        "</small></td>"
+        f"<td>{_fmt(ratio * 100 if ratio is not None else None, '.2f')}</td>"
+        f"<td>{_fmt(live.get('acceptance_length'), '.2f')}</td>"
+        f"<td>{position_bars(live.get('per_position') or {})}</td></tr>"
+    )
+
+
+def _window_row(state: dict) -> str:
+    status = "open" if state.get("stopped_at") is None else "stopped"
+    aggregate = (state.get("aggregate") or {}).get("data") or {}
+    rate = aggregate.get("acceptance_rate")
+    return (
+        f"<tr><td><a href=\"/api/v1/windows/{escape(state['id'])}\">{escape(state['id'])}</a>"
+        f"</td><td>{escape(state['name'])}</td><td>{status}</td>"
+        f"<td>{_when(state['started_at'])}</td><td>{_when(state.get('stopped_at'))}</td>"
+        f"<td>{escape(', '.join(state['targets']))}</td>"
+        f"<td>{_fmt(rate, '.2f')}</td><td>{_fmt(aggregate.get('acceptance_length'), '.3f')}</td>"
+        "</tr>"
+    )
+
+
+def render_landing(service: ExporterService) -> str:
+    """The whole page."""
+    now = service.clock()
+    views = [target_view(s, service.live[n], now) for n, s in service.targets.items()]
+    windows = [w.state() for w in service.list_windows()[:20]]
+    target_rows = "".join(_target_row(v) for v in views) or '<tr><td colspan="6">none</td></tr>'
+    window_rows = "".join(_window_row(w) for w in windows) or '<tr><td colspan="8">none</td></tr>'
+    live_span = f"{service.config.live_window:g}s"
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>specdec-exporter</title>
+<style>{_STYLE}</style></head><body>
+<h1>specdec-exporter <small>{escape(__version__)}</small></h1>
+<p><a href="/metrics">/metrics</a> · <a href="/api/v1/targets">/api/v1/targets</a> ·
+<a href="/api/v1/windows">/api/v1/windows</a> · <a href="/-/healthy">/-/healthy</a> ·
+<a href="/-/ready">/-/ready</a></p>
+<h2>Targets</h2>
+<table><tr><th>target</th><th>state</th><th>model</th><th>acceptance rate % ({live_span})</th>
+<th>acceptance length ({live_span})</th><th>per-position acceptance</th></tr>
+{target_rows}</table>
+<h2>Windows</h2>
+<table><tr><th>id</th><th>name</th><th>state</th><th>started</th><th>stopped</th><th>targets</th>
+<th>acceptance rate %</th><th>acceptance length</th></tr>
+{window_rows}</table>
+</body></html>
+"""

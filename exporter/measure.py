@@ -1,0 +1,161 @@
+"""`measure`: AISBench's --spec-decode (snapshot, run, snapshot) without an exporter, fixed.
+
+Unlike AISBench it keeps scraping while the command runs, so a server restart mid-run is
+counted on both sides; it accepts https, custom paths and tokens; it says whether the start or
+the stop fetch failed; and it never changes the command's exit code.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import json
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from exporter.config import TargetConfig
+from exporter.errors import ExporterError
+from exporter.results import window_answer
+from exporter.scrape import Scraper, make_session
+from exporter.store import write_results
+from exporter.window import TargetRef, Window
+
+_AISBENCH_KEYS = ("host_ip", "host_port", "url", "enable_ssl")
+
+
+def target_from_spec(spec: str) -> TargetConfig:
+    """`host:port` or a URL -> target; a URL without a path gets `/metrics`."""
+    if "://" in spec:
+        scheme, rest = spec.split("://", 1)
+        if "/" not in rest:
+            spec = f"{scheme}://{rest}/metrics"
+        return TargetConfig(url=spec)
+    host, _, port = spec.rpartition(":")
+    if not host or not port.isdigit():
+        raise ExporterError(f"target {spec!r}: give host:port or a URL")
+    return TargetConfig(host=host.strip("[]"), port=int(port))
+
+
+def targets_from_model_config(path: str | Path) -> list[TargetConfig]:
+    """Targets from an AISBench model config: a Python file of `dict(...)`, or YAML/JSON."""
+    text = Path(path).read_text(encoding="utf-8")
+    entries = _entries_from_python(text) if str(path).endswith(".py") else _entries_from_data(text)
+    targets = []
+    for entry in entries:
+        if entry.get("host_ip") and entry.get("host_port"):
+            targets.append(TargetConfig(
+                host=str(entry["host_ip"]), port=int(entry["host_port"]),
+                scheme="https" if entry.get("enable_ssl") else "http",
+            ))
+        elif entry.get("url"):
+            # AISBench's url is the inference endpoint; the metrics live at its server's root.
+            scheme, rest = str(entry["url"]).split("://", 1)
+            targets.append(target_from_spec(f"{scheme}://{rest.split('/', 1)[0]}"))
+    if not targets:
+        raise ExporterError(f"{path}: no model entry with host_ip/host_port or url")
+    return targets
+
+
+def _entries_from_python(text: str) -> list[dict]:
+    entries = []
+    for node in ast.walk(ast.parse(text)):
+        fields: dict = {}
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
+            pairs = [(k.arg, k.value) for k in node.keywords if k.arg]
+        elif isinstance(node, ast.Dict):
+            pairs = [(k.value, v) for k, v in zip(node.keys, node.values, strict=True)
+                     if isinstance(k, ast.Constant)]
+        else:
+            continue
+        for key, value in pairs:
+            if key in _AISBENCH_KEYS:
+                with contextlib.suppress(ValueError):
+                    fields[key] = ast.literal_eval(value)
+        if fields:
+            entries.append(fields)
+    return entries
+
+
+def _entries_from_data(text: str) -> list[dict]:
+    data = yaml.safe_load(text)  # YAML is a superset of JSON
+    if isinstance(data, dict):
+        data = data.get("models", [data])
+    return [d for d in data or [] if isinstance(d, dict)]
+
+
+async def run_command(cmd: Sequence[str]) -> int:
+    """Run CMD, forwarding SIGINT/SIGTERM to it; its exit code (128+N when killed by signal N)."""
+    try:
+        process = await asyncio.create_subprocess_exec(*cmd)
+    except OSError as exc:
+        print(f"specdec-exporter: cannot run {cmd[0]!r}: {exc.strerror or exc}", flush=True)
+        return 127
+    loop = asyncio.get_running_loop()
+    forwarded = (signal.SIGINT, signal.SIGTERM)
+    for sig in forwarded:
+        loop.add_signal_handler(sig, _forward, process, sig)
+    try:
+        code = await process.wait()
+    finally:
+        for sig in forwarded:
+            loop.remove_signal_handler(sig)
+    return code if code >= 0 else 128 - code
+
+
+def _forward(process: asyncio.subprocess.Process, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(sig)
+
+
+async def measure(
+    targets: Sequence[TargetConfig],
+    cmd: Sequence[str],
+    work_dir: Path,
+    *,
+    interval: float = 5.0,
+    timeout: float = 10.0,
+) -> tuple[int, dict | None]:
+    """Snapshot, run CMD while scraping every `interval`, snapshot; (CMD's code, answer)."""
+    window = Window(
+        id="measure", name="measure", labels={}, started_at=time.time(),
+        targets={t.name: TargetRef(t.name, t.url, t.host_port) for t in targets},
+    )
+    async with make_session(len(targets) + 1) as session:
+        scraper = Scraper(session, max_bytes=64 * 1024 * 1024, concurrency=32)
+
+        async def scrape_all(errors: dict[str, str] | None) -> None:
+            results = await asyncio.gather(*(scraper.scrape(t, timeout) for t in targets))
+            for result in results:
+                if not result.ok and errors is not None:
+                    errors[result.target] = result.error or "scrape failed"
+                if result.ok or errors is None:
+                    window.feed(result)
+
+        async def keep_scraping() -> None:
+            while True:
+                await asyncio.sleep(interval)
+                await scrape_all(None)
+
+        await scrape_all(window.start_errors)
+        poller = asyncio.create_task(keep_scraping())
+        try:
+            code = await run_command(cmd)
+        finally:
+            poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await poller
+        await scrape_all(window.stop_errors)
+    window.stopped_at = time.time()
+    answer = window_answer(window)
+    write_results(work_dir, answer)
+    return code, answer
+
+
+def answer_json(answer: dict) -> str:
+    """Pretty JSON of an answer, for --json output."""
+    return json.dumps(answer, indent=2)

@@ -1,0 +1,131 @@
+"""One long-lived HTTP client session that scrapes targets; a failure is data, never raised."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+import time
+from dataclasses import dataclass
+
+import aiohttp
+
+from exporter import __version__
+from exporter.config import TargetConfig
+from exporter.errors import ExporterError
+from exporter.parse import parse_page
+from exporter.snapshot import Snapshot
+
+_ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+_USER_AGENT = f"specdec-exporter/{__version__}"
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """What one scrape of one target gave: a snapshot, or the reason there is none."""
+
+    target: str
+    at: float  # wall-clock time the answer was complete, Unix seconds
+    duration: float
+    snapshot: Snapshot | None
+    error: str | None = None
+    size: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """The page was fetched and read."""
+        return self.snapshot is not None
+
+
+class ScrapeFailure(ExporterError):
+    """Internal: why a scrape produced no page (turned into `ScrapeResult.error`)."""
+
+
+class Scraper:
+    """Scrapes targets over one `ClientSession`, at most `concurrency` at a time."""
+
+    def __init__(self, session: aiohttp.ClientSession, *, max_bytes: int, concurrency: int):
+        self.session = session
+        self.max_bytes = max_bytes
+        self._slots = asyncio.Semaphore(concurrency)
+        self._ssl: dict[tuple[bool, str | None], ssl.SSLContext | bool] = {}
+
+    async def scrape(self, target: TargetConfig, timeout: float, clock=time.time) -> ScrapeResult:
+        """Fetch and parse one target; every failure becomes `error`."""
+        async with self._slots:
+            started = time.monotonic()
+            try:
+                page = await asyncio.wait_for(self._fetch(target), timeout)
+                snapshot = parse_page(page, target.dialect)
+                if not snapshot.has_spec_decode and not _looks_like_exposition(page):
+                    raise ScrapeFailure("response is not Prometheus text format")
+                error = None
+            except ScrapeFailure as exc:
+                page, snapshot, error = b"", None, str(exc)
+            except TimeoutError:
+                page, snapshot, error = b"", None, f"timeout after {timeout:g}s"
+            except aiohttp.ClientPayloadError as exc:
+                page, snapshot, error = b"", None, f"body cut off or corrupt: {_reason(exc)}"
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                page, snapshot, error = b"", None, _reason(exc)
+            return ScrapeResult(
+                target.name, clock(), time.monotonic() - started, snapshot, error, len(page)
+            )
+
+    async def _fetch(self, target: TargetConfig) -> bytes:
+        headers = {"Accept": _ACCEPT, "Accept-Encoding": "gzip", "User-Agent": _USER_AGENT}
+        headers.update(target.headers)
+        if target.token_env and (token := os.environ.get(target.token_env)):
+            headers["Authorization"] = f"Bearer {token}"
+        async with self.session.get(
+            target.url, headers=headers, ssl=self._ssl_for(target), allow_redirects=True,
+            max_redirects=5,
+        ) as response:
+            if response.status != 200:
+                raise ScrapeFailure(f"HTTP {response.status} {response.reason or ''}".strip())
+            declared = response.content_length
+            if declared is not None and declared > self.max_bytes:
+                raise ScrapeFailure(f"response of {declared} bytes is over the {self.max_bytes} cap")
+            chunks = []
+            size = 0
+            async for chunk in response.content.iter_chunked(256 * 1024):
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise ScrapeFailure(f"response is over the {self.max_bytes} byte cap")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+    def _ssl_for(self, target: TargetConfig) -> ssl.SSLContext | bool:
+        if not target.url.startswith("https:"):
+            return True
+        key = (target.tls_verify, target.ca_file)
+        if key not in self._ssl:
+            if not target.tls_verify:
+                self._ssl[key] = False
+            else:
+                self._ssl[key] = ssl.create_default_context(cafile=target.ca_file)
+        return self._ssl[key]
+
+
+def _looks_like_exposition(page: bytes) -> bool:
+    # An empty page is valid exposition; HTML or binary garbage starts with something else.
+    head = page.lstrip()[:1]
+    return not head or head == b"#" or head.isalpha() or head == b"_"
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"connection failed: {exc.os_error.strerror or exc.os_error}"
+    if isinstance(exc, aiohttp.TooManyRedirects):
+        return "too many redirects"
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0][:300]
+
+
+def make_session(total_connections: int) -> aiohttp.ClientSession:
+    """The one client session: proxies from HTTP(S)_PROXY/NO_PROXY, gzip decoded as it streams."""
+    connector = aiohttp.TCPConnector(limit=total_connections, ttl_dns_cache=60)
+    return aiohttp.ClientSession(
+        connector=connector, trust_env=True, auto_decompress=True,
+        timeout=aiohttp.ClientTimeout(total=None),
+    )

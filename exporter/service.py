@@ -1,0 +1,307 @@
+"""The running exporter: target states, the scrape loop, windows and reloads, on one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from exporter.accounting import LiveTrack
+from exporter.config import Config, TargetConfig, load_config
+from exporter.errors import RequestError, StoreError, UnknownTargetError, UnknownWindowError
+from exporter.results import window_answer
+from exporter.scrape import Scraper, ScrapeResult
+from exporter.store import StateStore, write_results
+from exporter.window import MAX_NAME, TargetRef, Window, check_window_id, new_window_id
+
+log = logging.getLogger(__name__)
+
+RECENT_WINDOWS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class TargetState:
+    """What we know of one target now; replaced whole after every scrape."""
+
+    config: TargetConfig
+    last: ScrapeResult | None = None
+    errors_total: int = 0
+    last_error: str | None = None
+    last_error_at: float | None = None
+
+    @property
+    def up(self) -> bool:
+        """The last scrape succeeded."""
+        return self.last is not None and self.last.ok
+
+
+def owns(target: TargetConfig, shards: int, index: int) -> bool:
+    """Stable split of targets among exporter replicas, by a hash of the target name."""
+    return shards <= 1 or zlib.crc32(target.name.encode()) % shards == index
+
+
+class ExporterService:
+    """Everything the HTTP handlers and the collector read and change, behind plain methods."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: str | Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.config = config
+        self.config_path = config_path
+        self.clock = clock
+        self.scraper: Scraper | None = None
+        self.targets: dict[str, TargetState] = {}
+        self.live: dict[str, LiveTrack] = {}
+        self.windows: dict[str, Window] = {}  # open ones, and recently closed ones
+        self.last_window: Window | None = None
+        self.ready = False
+        self.reload_ok = True
+        self.reload_at = clock()
+        self.store = StateStore(config.state_path)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._pending: dict[str, asyncio.Future] = {}  # window id -> start or stop in flight
+        self._set_targets(config)
+        self._restore()
+
+    # -- targets and config ------------------------------------------------------------
+
+    def _set_targets(self, config: Config) -> None:
+        owned = [t for t in config.targets if owns(t, config.shards, config.shard_index)]
+        old = self.targets
+        self.targets = {
+            t.name: replace(old[t.name], config=t) if t.name in old else TargetState(t)
+            for t in owned
+        }
+        self.live = {
+            t.name: self.live.get(t.name) or LiveTrack(config.live_window) for t in owned
+        }
+        for track in self.live.values():
+            track.span = config.live_window
+
+    def reload(self) -> Config:
+        """Re-read the config file; keep the old config if the new one is invalid."""
+        if self.config_path is None:
+            raise RequestError("no config file to reload", status=409)
+        try:
+            config = load_config(self.config_path)
+        except Exception:
+            self.reload_ok = False
+            raise
+        self.config = config
+        self._set_targets(config)
+        self._close_removed_targets()
+        self.reload_ok = True
+        self.reload_at = self.clock()
+        log.info("config reloaded targets=%d", len(self.targets))
+        return config
+
+    def _close_removed_targets(self) -> None:
+        now = self.clock()
+        for window in self.open_windows():
+            for name in window.targets:
+                if name not in self.targets and name not in window.removed:
+                    window.removed[name] = f"target removed from the config at {now:.3f}"
+        self._persist(self.open_windows())
+
+    # -- scraping ----------------------------------------------------------------------
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        # One scrape of a target at a time, so its snapshots reach windows in order.
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def scrape_target(self, name: str, *, feed: Iterable[Window] | None = None) -> ScrapeResult:
+        """Scrape one target now and hand the result to its state, live track and windows."""
+        assert self.scraper is not None, "scraper starts with the app"
+        state = self.targets[name]
+        async with self._lock(name):
+            timeout = state.config.timeout or self.config.scrape_timeout
+            result = await self.scraper.scrape(state.config, timeout, self.clock)
+            self._record(name, result, feed)
+        return result
+
+    def _record(self, name: str, result: ScrapeResult, feed: Iterable[Window] | None) -> None:
+        state = self.targets.get(name)
+        if state is None:  # removed by a reload while the scrape was in flight
+            return
+        if result.ok:
+            self.targets[name] = replace(state, last=result)
+            self.live[name].feed(result.snapshot, result.at)
+        else:
+            log.debug("scrape failed target=%s error=%s", name, result.error)
+            self.targets[name] = replace(
+                state, last=result, errors_total=state.errors_total + 1,
+                last_error=result.error, last_error_at=result.at,
+            )
+        windows = feed if feed is not None else self.open_windows()
+        for window in windows:
+            if window.takes_scrapes_of(name):
+                window.feed(result)
+
+    async def scrape_round(self) -> None:
+        """Scrape every target once, concurrently (bounded by the scraper)."""
+        await asyncio.gather(*(self.scrape_target(n) for n in list(self.targets)))
+        self.ready = True
+        self._persist(self.open_windows())
+
+    async def run(self) -> None:
+        """Scrape rounds every `scrape_interval` until cancelled; a slow round skips no beat."""
+        while True:
+            started = time.monotonic()
+            try:
+                await self.scrape_round()
+            except StoreError as exc:
+                log.error("state not saved error=%s", exc)
+            elapsed = time.monotonic() - started
+            await asyncio.sleep(max(0.0, self.config.scrape_interval - elapsed))
+
+    # -- windows -----------------------------------------------------------------------
+
+    def open_windows(self) -> list[Window]:
+        """Windows not stopped yet."""
+        return [w for w in self.windows.values() if w.is_open]
+
+    def _persist(self, windows: list[Window]) -> None:
+        self.store.save([w.to_dict() for w in windows])
+
+    def _restore(self) -> None:
+        for doc in self.store.load_open():
+            window = Window.from_dict(doc)
+            self.windows[window.id] = window
+            for name in window.targets:
+                if name not in self.targets and name not in window.removed:
+                    window.removed[name] = "target not in the config when the exporter restarted"
+            log.info("window restored id=%s targets=%d", window.id, len(window.targets))
+        recent = self.store.recent_closed(1)
+        if recent:
+            self.last_window = Window.from_dict(recent[0])
+
+    def get_window(self, window_id: str) -> Window:
+        """An open or closed window by id, from memory or the store."""
+        window = self.windows.get(window_id)
+        if window is None:
+            doc = self.store.load(window_id)
+            if doc is None:
+                raise UnknownWindowError(window_id)
+            window = Window.from_dict(doc)
+        return window
+
+    def list_windows(self) -> list[Window]:
+        """Open windows and the recent closed ones, newest first."""
+        known = {w.id: w for w in map(Window.from_dict, self.store.recent_closed(RECENT_WINDOWS))}
+        known.update(self.windows)
+        return sorted(known.values(), key=lambda w: w.started_at, reverse=True)
+
+    def _resolve_targets(self, names: list[str] | None, window_id: str) -> list[TargetConfig]:
+        if names is None:
+            return [s.config for s in self.targets.values()]
+        chosen: dict[str, TargetConfig] = {}
+        for name in names:
+            target = self.config.target(name)
+            if target is None or target.name not in self.targets:
+                raise UnknownTargetError(name, window_id, sorted(self.targets))
+            chosen[target.name] = target
+        return list(chosen.values())
+
+    async def start_window(
+        self,
+        window_id: str | None = None,
+        name: str | None = None,
+        targets: list[str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> tuple[bool, Window]:
+        """Open a window (scraping its targets at once for the baseline); (created, window)."""
+        now = self.clock()
+        window_id = check_window_id(window_id) if window_id is not None else new_window_id(now)
+        if window_id in self._pending:
+            await asyncio.shield(self._pending[window_id])
+        existing = self.windows.get(window_id) or (
+            Window.from_dict(d) if (d := self.store.load(window_id)) else None
+        )
+        if existing is not None:
+            return False, existing
+        name = name or window_id
+        if len(name) > MAX_NAME:
+            raise RequestError(f"name must be at most {MAX_NAME} characters")
+        chosen = self._resolve_targets(targets, window_id)
+        if len(self.open_windows()) >= self.config.max_open_windows:
+            raise RequestError(
+                f"too many open windows (max_open_windows={self.config.max_open_windows})",
+                status=429,
+            )
+        window = Window(
+            id=window_id, name=name, labels=dict(labels or {}), started_at=now,
+            targets={t.name: TargetRef(t.name, t.url, t.host_port) for t in chosen},
+        )
+        done = asyncio.get_running_loop().create_future()
+        self._pending[window_id] = done
+        try:
+            self.windows[window_id] = window
+            results = await asyncio.gather(
+                *(self.scrape_target(t.name, feed=[]) for t in chosen)
+            )
+            for result in results:
+                if result.ok:
+                    window.feed(result)
+                else:
+                    window.start_errors[result.target] = result.error or "scrape failed"
+            self._persist([window])
+        finally:
+            del self._pending[window_id]
+            done.set_result(None)
+        log.info("window started id=%s targets=%d", window_id, len(chosen))
+        return True, window
+
+    async def stop_window(self, window_id: str) -> Window:
+        """Close a window (scraping its targets at once); a second stop gives the same answer."""
+        if window_id in self._pending:
+            await asyncio.shield(self._pending[window_id])
+        window = self.get_window(window_id)
+        if not window.is_open:
+            return window
+        done = asyncio.get_running_loop().create_future()
+        self._pending[window_id] = done
+        try:
+            live = [n for n in window.targets if n in self.targets and n not in window.removed]
+            results = await asyncio.gather(*(self.scrape_target(n, feed=[]) for n in live))
+            for result in results:
+                if not result.ok:
+                    window.stop_errors[result.target] = result.error or "scrape failed"
+                elif window.takes_scrapes_of(result.target):
+                    window.feed(result)
+            window.stopped_at = self.clock()
+            answer = window_answer(window)
+            try:
+                write_results(Path(self.config.output_dir) / window.id, answer)
+            except StoreError:
+                window.stopped_at = None  # stays open: a later stop retries the writing
+                self._persist([window])
+                raise
+            window.answer = answer
+            self._persist([window])
+            self.last_window = window
+            self._forget_old_windows()
+        finally:
+            del self._pending[window_id]
+            done.set_result(None)
+        log.info("window stopped id=%s", window_id)
+        return window
+
+    def _forget_old_windows(self) -> None:
+        closed = sorted((w for w in self.windows.values() if not w.is_open), key=lambda w: w.started_at)
+        for window in closed[:-RECENT_WINDOWS]:
+            del self.windows[window.id]
+
+    def close(self) -> None:
+        """Save open windows and close the store (SIGTERM, app shutdown)."""
+        try:
+            self._persist(self.open_windows())
+        finally:
+            self.store.close()

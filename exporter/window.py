@@ -1,0 +1,139 @@
+"""Benchmark windows: their ids, per-target accumulators, and the state that must survive us."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from exporter.accounting import Accumulator
+from exporter.errors import RequestError
+from exporter.scrape import ScrapeResult
+
+# Ids name directories of results: letters, digits and . _ - only, so no path can escape.
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_NAME = 256
+
+
+def check_window_id(value: object) -> str:
+    """A client-given id, or `RequestError` saying which rule it breaks."""
+    if not isinstance(value, str) or not _ID.match(value) or ".." in value:
+        raise RequestError(
+            "id must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, without '..'"
+        )
+    return value
+
+
+def new_window_id(now: float) -> str:
+    """A fresh id that sorts by start time: `w-20261202-134501-3fa2c1`."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    return f"w-{stamp}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class TargetRef:
+    """What a window remembers of a target, even if the config later drops it."""
+
+    name: str
+    url: str
+    host_port: str
+
+
+@dataclass
+class Window:
+    """One benchmark window: open until stopped; then `answer` holds the stop answer."""
+
+    id: str
+    name: str
+    targets: dict[str, TargetRef]
+    labels: dict[str, str]
+    started_at: float
+    stopped_at: float | None = None
+    accumulators: dict[str, Accumulator] = field(default_factory=dict)
+    start_errors: dict[str, str] = field(default_factory=dict)
+    stop_errors: dict[str, str] = field(default_factory=dict)
+    last_errors: dict[str, str] = field(default_factory=dict)
+    removed: dict[str, str] = field(default_factory=dict)  # target -> why it left the window
+    answer: dict | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Not stopped yet."""
+        return self.stopped_at is None
+
+    def takes_scrapes_of(self, target: str) -> bool:
+        """Periodic scrapes count only once the target's start scrape is done, until removal."""
+        return (
+            self.is_open
+            and target in self.targets
+            and target not in self.removed
+            and (target in self.accumulators or target in self.start_errors)
+        )
+
+    def feed(self, result: ScrapeResult) -> None:
+        """Take one scrape of one of the window's targets."""
+        if result.snapshot is None:
+            self.last_errors[result.target] = result.error or "scrape failed"
+            return
+        self.last_errors.pop(result.target, None)
+        acc = self.accumulators.setdefault(result.target, Accumulator())
+        acc.feed(result.snapshot, result.at)
+
+    def summary(self) -> dict:
+        """The start answer: id, name, targets, started_at (and labels)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "targets": list(self.targets),
+            "labels": self.labels,
+            "started_at": self.started_at,
+        }
+
+    def state(self) -> dict:
+        """The GET answer: the stop answer once stopped, else the open state."""
+        if self.answer is not None:
+            return self.answer
+        return self.summary() | {
+            "stopped_at": None,
+            "status": "open",
+            "scrapes": {t: a.scrapes for t, a in self.accumulators.items()},
+            "errors": dict(self.last_errors),
+        }
+
+    def to_dict(self) -> dict:
+        """JSON-able durable state."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "targets": {n: [r.url, r.host_port] for n, r in self.targets.items()},
+            "labels": self.labels,
+            "started_at": self.started_at,
+            "stopped_at": self.stopped_at,
+            "accumulators": {t: a.to_dict() for t, a in self.accumulators.items()},
+            "start_errors": self.start_errors,
+            "stop_errors": self.stop_errors,
+            "last_errors": self.last_errors,
+            "removed": self.removed,
+            "answer": self.answer,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Window:
+        """Inverse of `to_dict`."""
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            targets={n: TargetRef(n, u, hp) for n, (u, hp) in data["targets"].items()},
+            labels=dict(data["labels"]),
+            started_at=data["started_at"],
+            stopped_at=data["stopped_at"],
+            accumulators={t: Accumulator.from_dict(a) for t, a in data["accumulators"].items()},
+            start_errors=dict(data["start_errors"]),
+            stop_errors=dict(data["stop_errors"]),
+            last_errors=dict(data["last_errors"]),
+            removed=dict(data["removed"]),
+            answer=data["answer"],
+        )
