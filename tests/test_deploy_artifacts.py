@@ -41,11 +41,29 @@ EXPORTER_METRICS = {
     "specdec_config_last_reload_successful",
     "specdec_build_info",
 }
-PROMQL_KEYWORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring",
-                   "group_left", "group_right", "inf", "nan"}
+PROMQL_KEYWORDS = {
+    "and",
+    "or",
+    "unless",
+    "bool",
+    "offset",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "inf",
+    "nan",
+}
 # Values the dashboard's variables and Grafana macros stand for when checking syntax.
-GRAFANA_SUBSTITUTIONS = {"$__rate_interval": "1m", "$__range": "1h", "$__interval": "15s",
-                         "$target": ".*", "$model_name": ".*"}
+GRAFANA_SUBSTITUTIONS = {
+    "$__rate_interval": "1m",
+    "$__range": "1h",
+    "$__interval": "15s",
+    "$target": ".*",
+    "$model_name": ".*",
+}
 
 
 def _rules() -> dict:
@@ -70,7 +88,7 @@ def metric_names(expr: str) -> set[str]:
     names = set()
     for m in re.finditer(r"(?<![\w.])[A-Za-z_:][A-Za-z0-9_:]*", e):
         token = m.group(0)
-        if e[m.end():].lstrip().startswith("(") or token.lower() in PROMQL_KEYWORDS:
+        if e[m.end() :].lstrip().startswith("(") or token.lower() in PROMQL_KEYWORDS:
             continue
         names.add(token)
     return names
@@ -90,10 +108,14 @@ def _panels(dash: dict) -> list[dict]:
 
 def _dashboard_exprs(dash: dict) -> list[tuple[str, str]]:
     """(where, expr) for every panel target and annotation query."""
-    exprs = [(f'panel "{p["title"]}" {t["refId"]}', t["expr"])
-             for p in _panels(dash) for t in p.get("targets", [])]
-    exprs += [(f'annotation "{a["name"]}"', a["expr"])
-              for a in dash["annotations"]["list"] if "expr" in a]
+    exprs = [
+        (f'panel "{p["title"]}" {t["refId"]}', t["expr"])
+        for p in _panels(dash)
+        for t in p.get("targets", [])
+    ]
+    exprs += [
+        (f'annotation "{a["name"]}"', a["expr"]) for a in dash["annotations"]["list"] if "expr" in a
+    ]
     return exprs
 
 
@@ -166,9 +188,13 @@ class TestDashboard:
 
     def test_every_panel_query_filters_by_target(self):
         for where, expr in _dashboard_exprs(_dashboard()):
-            if where.startswith("panel") and "specdec_windows_open" not in expr and \
-                    "specdec_build_info" not in expr and "last_window_info" not in expr and \
-                    "config_last_reload" not in expr:
+            if (
+                where.startswith("panel")
+                and "specdec_windows_open" not in expr
+                and "specdec_build_info" not in expr
+                and "last_window_info" not in expr
+                and "config_last_reload" not in expr
+            ):
                 assert 'target=~"$target"' in expr, f"{where}: {expr}"
 
     def test_ratios_are_never_averaged(self):
@@ -178,8 +204,11 @@ class TestDashboard:
     def test_fleet_acceptance_divides_summed_counters(self):
         panels = {p["title"]: p for p in _panels(_dashboard())}
         expr = panels["Draft acceptance rate"]["targets"][0]["expr"]
-        assert re.fullmatch(r"sum\(rate\(specdec_accepted_tokens_total\{.*\}\[.*\]\)\) / "
-                            r"\(sum\(rate\(specdec_draft_tokens_total\{.*\}\[.*\]\)\) > 0\)", expr)
+        assert re.fullmatch(
+            r"sum\(rate\(specdec_accepted_tokens_total\{.*\}\[.*\]\)\) / "
+            r"\(sum\(rate\(specdec_draft_tokens_total\{.*\}\[.*\]\)\) > 0\)",
+            expr,
+        )
         expr = panels["Acceptance length"]["targets"][0]["expr"]
         assert expr.startswith("1 + sum(rate(specdec_accepted_tokens_total")
         assert "sum(rate(specdec_drafts_total" in expr
@@ -193,10 +222,16 @@ class TestDashboard:
                     by_metric.setdefault(name, []).append(p["type"])
         assert "table" in by_metric["specdec_last_window_acceptance_ratio"]
         assert "table" in by_metric["specdec_last_window_info"]
-        assert {"bargauge", "heatmap"} & set(by_metric["specdec_accepted_tokens_per_position_total"])
-        for name in ("specdec_target_up", "specdec_scrape_duration_seconds",
-                     "specdec_scrape_errors_total", "specdec_acceptance_ratio",
-                     "specdec_acceptance_length", "specdec_position_acceptance_ratio"):
+        per_position = set(by_metric["specdec_accepted_tokens_per_position_total"])
+        assert {"bargauge", "heatmap"} & per_position
+        for name in (
+            "specdec_target_up",
+            "specdec_scrape_duration_seconds",
+            "specdec_scrape_errors_total",
+            "specdec_acceptance_ratio",
+            "specdec_acceptance_length",
+            "specdec_position_acceptance_ratio",
+        ):
             assert name in by_metric, name
         annotations = [a["expr"] for a in dash["annotations"]["list"] if "expr" in a]
         assert any("specdec_last_window_info" in a for a in annotations)
@@ -209,9 +244,17 @@ class TestDashboard:
             if v["type"] == "query":
                 q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
                 exprs.append(re.fullmatch(r"label_values\((.+),\s*\w+\)", q).group(1))
-        rules = {"groups": [{"name": "dashboard", "rules": [
-            {"record": f"dashboard:query_{i}:check", "expr": _substitute(e)}
-            for i, e in enumerate(exprs)]}]}
+        rules = {
+            "groups": [
+                {
+                    "name": "dashboard",
+                    "rules": [
+                        {"record": f"dashboard:query_{i}:check", "expr": _substitute(e)}
+                        for i, e in enumerate(exprs)
+                    ],
+                }
+            ]
+        }
         path = tmp_path / "dashboard_rules.yml"
         path.write_text(yaml.safe_dump(rules))
         _run([promtool, "check", "rules", str(path)])
@@ -231,8 +274,12 @@ class TestPrometheusRules:
 
     def test_alerts_have_summary_and_description(self):
         names = [a["alert"] for a in _alerts()]
-        assert {"SpecDecTargetDown", "SpecDecNoSpecDecodeSeries", "SpecDecAcceptanceDrop",
-                "SpecDecScrapeErrors"} <= set(names)
+        assert {
+            "SpecDecTargetDown",
+            "SpecDecNoSpecDecodeSeries",
+            "SpecDecAcceptanceDrop",
+            "SpecDecScrapeErrors",
+        } <= set(names)
         for a in _alerts():
             assert a["annotations"]["summary"].strip(), a["alert"]
             assert len(a["annotations"]["description"]) > 80, a["alert"]
@@ -244,12 +291,15 @@ class TestPrometheusRules:
             for case in t.get("alert_rule_test", []):
                 cases.setdefault(case["alertname"], []).append(bool(case.get("exp_alerts")))
         for a in _alerts():
-            assert True in cases.get(a["alert"], []), f'{a["alert"]}: no firing case'
-            assert False in cases.get(a["alert"], []), f'{a["alert"]}: no not-firing case'
+            assert True in cases.get(a["alert"], []), f"{a['alert']}: no firing case"
+            assert False in cases.get(a["alert"], []), f"{a['alert']}: no not-firing case"
 
     def test_every_recording_rule_is_tested(self):
-        tested = " ".join(case["expr"] for t in yaml.safe_load(RULES_TEST.read_text())["tests"]
-                          for case in t.get("promql_expr_test", []))
+        tested = " ".join(
+            case["expr"]
+            for t in yaml.safe_load(RULES_TEST.read_text())["tests"]
+            for case in t.get("promql_expr_test", [])
+        )
         for name in _recorded_names():
             assert name in metric_names(tested), f"{name}: no promql_expr_test queries it"
 
@@ -261,13 +311,15 @@ class TestPrometheusRules:
                 assert not unknown, (r.get("record") or r.get("alert"), unknown)
 
     def test_helm_chart_carries_the_same_rules(self):
-        assert (CHART / "files" / "rules.yml").read_bytes() == RULES.read_bytes(), \
+        assert (CHART / "files" / "rules.yml").read_bytes() == RULES.read_bytes(), (
             "copy deploy/prometheus/rules.yml to deploy/helm/specdec-exporter/files/rules.yml"
+        )
 
     def test_helm_chart_carries_the_same_dashboard(self):
         chart_copy = CHART / "files" / "specdec-exporter.json"
-        assert chart_copy.read_bytes() == DASHBOARD.read_bytes(), \
+        assert chart_copy.read_bytes() == DASHBOARD.read_bytes(), (
             "copy deploy/grafana/specdec-exporter.json to the chart's files/"
+        )
 
 
 def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
@@ -310,7 +362,7 @@ class TestDockerfile:
 
     def test_healthcheck_command_is_valid_python(self, instructions):
         (hc,) = self._args(instructions, "HEALTHCHECK")
-        cmd = json.loads(hc[hc.index("CMD") + 3:].strip())
+        cmd = json.loads(hc[hc.index("CMD") + 3 :].strip())
         assert cmd[:2] == ["python", "-c"]
         compile(cmd[2], "<healthcheck>", "exec")
 
@@ -325,19 +377,25 @@ class TestDockerfile:
     def test_installs_with_pinned_constraints(self, instructions):
         runs = " ".join(self._args(instructions, "RUN"))
         assert "pip install --constraint /tmp/constraints.txt ." in runs
-        pins = dict(line.split("==") for line in
-                    (DEPLOY / "constraints.txt").read_text().splitlines()
-                    if line and not line.startswith("#"))
+        pins = dict(
+            line.split("==")
+            for line in (DEPLOY / "constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")
+        )
         for dist in ("aiohttp", "prometheus-client", "pyyaml", "pydantic"):
             assert re.fullmatch(r"\d+(\.\d+)+", pins[dist]), dist
 
     def test_copied_files_exist_and_are_not_dockerignored(self, instructions):
-        ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-                   if line.strip() and not line.startswith("#")]
+        ignored = [
+            line.strip()
+            for line in (ROOT / ".dockerignore").read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        ]
         for args in self._args(instructions, "COPY"):
             for src in args.split()[:-1]:
                 assert (ROOT / src).exists(), src
-                assert not any(src == i or src.startswith(i.rstrip("/") + "/") for i in ignored), src
+                excluded = [i for i in ignored if src == i or src.startswith(i.rstrip("/") + "/")]
+                assert not excluded, src
 
 
 class TestCompose:
@@ -366,7 +424,7 @@ class TestCompose:
         (arg,) = [a for a in prom["command"] if a.startswith("--config.file=")]
         config_path = arg.split("=", 1)[1]
         assert config_path.startswith(target + "/")
-        local = DEPLOY / config_path[len(target) + 1:]
+        local = DEPLOY / config_path[len(target) + 1 :]
         config = yaml.safe_load(local.read_text())
         for rule_file in config["rule_files"]:
             assert (local.parent / rule_file).resolve() == RULES.resolve()
@@ -377,17 +435,22 @@ class TestCompose:
         assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
         dash_target = mounts["./grafana/specdec-exporter.json"]
         provider = yaml.safe_load(
-            (DEPLOY / "grafana/provisioning/dashboards/specdec.yaml").read_text())["providers"][0]
+            (DEPLOY / "grafana/provisioning/dashboards/specdec.yaml").read_text()
+        )["providers"][0]
         assert dash_target.startswith(provider["options"]["path"] + "/")
         ds = yaml.safe_load(
-            (DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+            (DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").read_text()
+        )
         assert ds["datasources"][0]["type"] == "prometheus"
         assert ds["datasources"][0]["url"] == "http://prometheus:9090"
 
     def test_exporter_config_targets_the_fake_servers(self, compose):
         services = compose["services"]
-        ports = {s["command"][s["command"].index("--port") + 1]
-                 for s in services.values() if s.get("command", [None])[0] == "fake-vllm"}
+        ports = {
+            s["command"][s["command"].index("--port") + 1]
+            for s in services.values()
+            if s.get("command", [None])[0] == "fake-vllm"
+        }
         config = yaml.safe_load((DEPLOY / "compose" / "exporter.yaml").read_text())
         assert {re.search(r":(\d+)/", t["url"]).group(1) for t in config["targets"]} == ports
         assert config["output_dir"] == "/data"
