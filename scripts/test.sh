@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install what the tests need (Python extras, Debian's prometheus for prometheus/promtool) and run
+# the whole suite. Extra arguments go to pytest. README's test command; .ci/run calls it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "note: no apt-get; tests needing prometheus/promtool will be skipped outside CI" >&2
+  fi
+fi
+# Debian's package starts a Prometheus service where systemd runs; our tests start their own.
+python -m pip install -q -e '.[test]'
+python -m pytest "$@"

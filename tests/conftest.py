@@ -1,0 +1,86 @@
+"""Shared fixtures: real fake-vLLM servers on loopback and a real exporter app over them."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from exporter.api import SERVICE
+from exporter.app import make_app
+from exporter.config import validate_config
+from exporter.fakevllm import FakeServer, make_fake_app
+from exporter.service import ExporterService
+
+
+@dataclass
+class FakeTarget:
+    """A fake vLLM server running on a loopback port, with its counters at hand."""
+
+    server: FakeServer
+    http: TestServer
+
+    @property
+    def url(self) -> str:
+        return str(self.http.make_url("/metrics"))
+
+    @property
+    def host_port(self) -> str:
+        return f"{self.http.host}:{self.http.port}"
+
+    async def stop(self) -> None:
+        await self.http.close()
+
+
+@pytest.fixture
+def fake_vllm(aiohttp_server):
+    """Factory: `await fake_vllm(k=3, engines=2)` -> a running FakeTarget (no background traffic)."""
+
+    async def make(**kwargs) -> FakeTarget:
+        server = FakeServer(**kwargs)
+        http = await aiohttp_server(make_fake_app(server))
+        return FakeTarget(server, http)
+
+    return make
+
+
+@dataclass
+class ExporterUnderTest:
+    """A real exporter app on a real port; tests trigger scrape rounds instead of sleeping."""
+
+    client: TestClient
+    service: ExporterService
+
+    async def round(self) -> None:
+        await self.service.scrape_round()
+
+
+@pytest.fixture
+def exporter(aiohttp_client, tmp_path):
+    """Factory: `await exporter({"targets": [...]})` -> ExporterUnderTest, scrape loop off."""
+
+    async def make(config: dict, *, config_path=None, clock=None) -> ExporterUnderTest:
+        data = {"output_dir": str(tmp_path / "out")} | config
+        kwargs = {"config_path": config_path, "scrape_loop": False}
+        if clock is not None:
+            kwargs["clock"] = clock
+        app = make_app(validate_config(data), **kwargs)
+        client = await aiohttp_client(app)
+        return ExporterUnderTest(client, app[SERVICE])
+
+    return make
+
+
+@pytest.fixture
+def promtool() -> str:
+    """Path of promtool; skipped with a reason outside CI when absent, a failure in CI."""
+    import os
+
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool missing in CI: scripts/test.sh installs Debian's prometheus")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    return path
