@@ -49,6 +49,7 @@ class Accumulator:
     engines: set[str] = field(default_factory=set)
     dialect: str = ""
     before: Counts | None = None  # the baseline scrape's totals (AISBench's `before`)
+    reset_spans: list[tuple[float, float]] = field(default_factory=list)  # (prev scrape, seen)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart."""
@@ -75,6 +76,7 @@ class Accumulator:
             self.before = snapshot.totals()
         if reset:
             self.resets += 1
+            self.reset_spans.append((self.last_at or at, at))
         self.scrapes += 1
         if self.first_at is None:
             self.first_at = at
@@ -112,6 +114,7 @@ class Accumulator:
             "engines": sorted(self.engines),
             "dialect": self.dialect,
             "before": self.before.as_raw() if self.before is not None else None,
+            "reset_spans": [list(span) for span in self.reset_spans],
         }
 
     @classmethod
@@ -127,6 +130,7 @@ class Accumulator:
             engines=set(data["engines"]),
             dialect=data.get("dialect", ""),
             before=Counts.from_raw(data["before"]) if data.get("before") else None,
+            reset_spans=[tuple(span) for span in data.get("reset_spans", [])],
         )
 
 

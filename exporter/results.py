@@ -51,6 +51,16 @@ def target_result(window: Window, name: str) -> dict:
             f"server restart seen {acc.resets} time(s) inside the window; "
             "the increase before and after each restart is counted"
         )
+        while_down = [
+            (down, up) for down, up in window.downtimes
+            if any(prev <= down and seen >= up for prev, seen in acc.reset_spans)
+        ]
+        if while_down:
+            down, up = while_down[-1]
+            extra["reset_note"] += (
+                f"; the server restarted while the exporter was down ({down:.3f} to {up:.3f}):"
+                " what it counted between our last scrape and its restart is lost"
+            )
     return {
         "status": "ok",
         "url": ref.url,

@@ -174,6 +174,7 @@ class ExporterService:
     def _restore(self) -> None:
         for doc in self.store.load_open():
             window = Window.from_dict(doc)
+            window.downtimes.append((window.last_seen(), self.clock()))
             self.windows[window.id] = window
             for name in window.targets:
                 if name not in self.targets and name not in window.removed:

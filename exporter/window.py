@@ -57,6 +57,7 @@ class Window:
     stop_errors: dict[str, str] = field(default_factory=dict)
     last_errors: dict[str, str] = field(default_factory=dict)
     removed: dict[str, str] = field(default_factory=dict)  # target -> why it left the window
+    downtimes: list[tuple[float, float]] = field(default_factory=list)  # exporter not running
     answer: dict | None = None
 
     @property
@@ -81,6 +82,11 @@ class Window:
         self.last_errors.pop(result.target, None)
         acc = self.accumulators.setdefault(result.target, Accumulator())
         acc.feed(result.snapshot, result.at)
+
+    def last_seen(self) -> float:
+        """The newest scrape any target fed, or the start: what a restored window last knew."""
+        times = [a.last_at for a in self.accumulators.values() if a.last_at is not None]
+        return max(times, default=self.started_at)
 
     def summary(self) -> dict:
         """The start answer: id, name, targets, started_at (and labels)."""
@@ -117,6 +123,7 @@ class Window:
             "stop_errors": self.stop_errors,
             "last_errors": self.last_errors,
             "removed": self.removed,
+            "downtimes": [list(d) for d in self.downtimes],
             "answer": self.answer,
         }
 
@@ -135,5 +142,6 @@ class Window:
             stop_errors=dict(data["stop_errors"]),
             last_errors=dict(data["last_errors"]),
             removed=dict(data["removed"]),
+            downtimes=[tuple(d) for d in data.get("downtimes", [])],
             answer=data["answer"],
         )
