@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -103,25 +105,82 @@ class ExporterClient:
         return self._call("GET", f"/api/v1/windows/{window_id}")
 
 
+class FleetClient:
+    """Windows across several exporters (shards of one fleet): one id, merged results.
+
+    Each shard scrapes its own share of the targets; a window is opened on every shard with the
+    same id, and the stop answers are merged into one, aggregate recomputed from the counts.
+    """
+
+    def __init__(self, urls: Sequence[str], token: str | None = None, timeout: float = 60.0):
+        if not urls:
+            raise ClientError("no exporter URL given")
+        self.clients = [ExporterClient(url, token, timeout) for url in urls]
+
+    def _each(self, call) -> tuple[list[dict], dict[str, str]]:
+        answers, errors = [], {}
+        for client in self.clients:
+            try:
+                answers.append(call(client))
+            except ClientError as exc:
+                errors[client.url] = str(exc)
+        if not answers:
+            raise ClientError("; ".join(errors.values()))
+        return answers, errors
+
+    def start(
+        self,
+        window_id: str | None = None,
+        name: str | None = None,
+        targets: Sequence[str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> dict:
+        """Open the window on every exporter under one id."""
+        if len(self.clients) == 1:
+            return self.clients[0].start(window_id, name, targets, labels)
+        window_id = window_id or time.strftime("w-%Y%m%d-%H%M%S-", time.gmtime()) + (
+            secrets.token_hex(3)
+        )
+        answers, errors = self._each(lambda c: c.start(window_id, name, targets, labels))
+        merged = answers[0] | {"targets": [t for a in answers for t in a["targets"]]}
+        return merged | ({"errors": errors} if errors else {})
+
+    def stop(self, window_id: str) -> WindowAnswer:
+        """Close the window everywhere; one merged answer."""
+        if len(self.clients) == 1:
+            return self.clients[0].stop(window_id)
+        answers, errors = self._each(lambda c: c.stop(window_id).body)
+        merged = merge_answers(answers)
+        return WindowAnswer(merged | ({"errors": errors} if errors else {}))
+
+
 def merge_answers(answers: Sequence[dict]) -> dict:
     """One answer from several exporters' (shards') answers for the same window."""
-    first = answers[0]
     results: dict = {}
-    total = Counts()
+    total, before, after = Counts(), Counts(), Counts()
     used = []
     for answer in answers:
         for name, result in answer.get("results", {}).items():
             results[name] = result
             if result.get("status") == "ok" and result.get("increase"):
                 total = total + Counts.from_raw(result["increase"])
+                before = before + Counts.from_raw(result["raw"]["before"])
+                after = after + Counts.from_raw(result["raw"]["after"])
                 used.append(name)
-    aggregate = {"status": "na", "error": "No spec decode activity detected during benchmark "
-                 "window", "data": None, "raw": None, "url": None, "targets": used}
+    aggregate: dict = {
+        "status": "na", "url": None, "targets": used, "data": None, "raw": None,
+        "error": "No spec decode activity detected during benchmark window",
+    }
     if has_activity(total):
-        aggregate = aggregate | {"status": "ok", "error": None, "data": result_data(total),
-                                 "increase": total.as_raw()}
-    return first | {
+        aggregate |= {
+            "status": "ok", "error": None, "data": result_data(total),
+            "raw": {"before": before.as_raw(), "after": after.as_raw()},
+            "increase": total.as_raw(),
+            "resets": sum(results[n].get("resets", 0) for n in used),
+        }
+    return answers[0] | {
         "targets": [t for a in answers for t in a.get("targets", [])],
+        "stopped_at": max(a.get("stopped_at") or 0 for a in answers),
         "results": results,
         "aggregate": aggregate,
     }
