@@ -45,6 +45,14 @@ def parse_duration(value: Any) -> float:
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+class _KeyError(ValueError):
+    """A whole-model check whose problem belongs to one key: located there, not at the top."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(message)
+
+
 def _check_host_port(value: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -111,7 +119,7 @@ class TargetConfig(_Strict):
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"must be an http:// or https:// URL with a host, not {value!r}")
         try:
-            parts.port
+            _ = parts.port  # urlsplit checks the port only when asked
         except ValueError as exc:
             raise ValueError(f"has a bad port: {value!r}") from exc
         return value
@@ -171,9 +179,13 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Config:
         if self.scrape_timeout > self.scrape_interval:
-            raise ValueError("scrape_timeout must not be longer than scrape_interval")
+            raise _KeyError(
+                "scrape_timeout",
+                f"must not be longer than scrape_interval "
+                f"({self.scrape_timeout:g}s > {self.scrape_interval:g}s)",
+            )
         if self.shard_index >= self.shards:
-            raise ValueError("shard_index must be below shards")
+            raise _KeyError("shard_index", f"must be below shards ({self.shards})")
         return self
 
     @property
@@ -192,9 +204,13 @@ class Config(_Strict):
         return None
 
 
-def _location(loc: tuple) -> str:
+def _location(error: dict) -> str:
     # pydantic puts validator names like "function-after[...]" in loc for model validators.
-    return ".".join(str(part) for part in loc if not str(part).startswith("function-")) or "(top)"
+    parts = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, _KeyError):
+        parts.append(cause.key)
+    return ".".join(parts) or "(top)"
 
 
 def _message(error: dict) -> str:
@@ -203,8 +219,11 @@ def _message(error: dict) -> str:
         return "unknown key"
     if kind == "missing":
         return "field required"
-    message = error["msg"]
-    return message.removeprefix("Value error, ")
+    message = error["msg"].removeprefix("Value error, ")
+    # pydantic's own checks say "Input should be ..."; match the voice of ours.
+    if message.startswith("Input should be "):
+        message = "must be " + message.removeprefix("Input should be ")
+    return message
 
 
 def validate_config(data: Any, source: str = "<config>") -> Config:
@@ -217,7 +236,7 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
         config = Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
-            source, [f"{_location(e['loc'])}: {_message(e)}" for e in exc.errors()]
+            source, [f"{_location(e)}: {_message(e)}" for e in exc.errors()]
         ) from None
     problems = []
     seen: dict[str, int] = {}

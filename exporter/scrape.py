@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import socket
 import ssl
 import time
 from dataclasses import dataclass
@@ -17,6 +19,13 @@ from exporter.parse import parse_page
 from exporter.snapshot import Snapshot
 
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+# The first sample line of a text exposition: a metric name, optional labels, then a number.
+_SAMPLE_LINE = re.compile(
+    rb"^[A-Za-z_:][A-Za-z0-9_:]*(\{.*\})?[ \t]+[-+]?(\d|\.\d|Inf|inf|NaN|nan)"
+)
+# aiohttp's HTTP errors read "400, message='what went wrong'" or "400, message:\n  what".
+_AIOHTTP_MESSAGE = re.compile(r"message='([^']*)'")
+_AIOHTTP_PREFIX = re.compile(r"^\d{3}, message:\s*")
 _USER_AGENT = f"specdec-exporter/{__version__}"
 
 
@@ -85,7 +94,9 @@ class Scraper:
                 raise ScrapeFailure(f"HTTP {response.status} {response.reason or ''}".strip())
             declared = response.content_length
             if declared is not None and declared > self.max_bytes:
-                raise ScrapeFailure(f"response of {declared} bytes is over the {self.max_bytes} cap")
+                raise ScrapeFailure(
+                    f"response of {declared} bytes is over the {self.max_bytes} byte cap"
+                )
             chunks = []
             size = 0
             async for chunk in response.content.iter_chunked(256 * 1024):
@@ -108,18 +119,40 @@ class Scraper:
 
 
 def _looks_like_exposition(page: bytes) -> bool:
-    # An empty page is valid exposition; HTML or binary garbage starts with something else.
-    head = page.lstrip()[:1]
-    return not head or head == b"#" or head.isalpha() or head == b"_"
+    # An empty page is valid exposition; HTML, JSON, a plain-text error or binary garbage is
+    # not: text exposition is UTF-8 without NULs, and starts with a comment or a sample line.
+    head = page[:4096]
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not just a character cut at the 4096th byte
+            return False
+    first = head.lstrip().split(b"\n", 1)[0]
+    return not first or first.startswith(b"#") or _SAMPLE_LINE.match(first) is not None
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate not trusted: {_tidy(str(exc.certificate_error))}"
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"connection failed: {exc.os_error.strerror or exc.os_error}"
+        error = exc.os_error
+        if error.errno and error.errno > 0 and not isinstance(error, socket.gaierror):
+            # asyncio says "Connect call failed ('127.0.0.1', 9)"; the errno says why.
+            return f"connection failed: {os.strerror(error.errno)}"
+        return f"connection failed: {_tidy(error.strerror or str(error))}"
     if isinstance(exc, aiohttp.TooManyRedirects):
         return "too many redirects"
-    text = str(exc) or type(exc).__name__
-    return text.splitlines()[0][:300]
+    return _tidy(str(exc)) or type(exc).__name__
+
+
+def _tidy(text: str) -> str:
+    # One line, without aiohttp's "400, message=" wrapping around the actual reason.
+    if match := _AIOHTTP_MESSAGE.search(text):
+        text = match.group(1)
+    text = _AIOHTTP_PREFIX.sub("", text)
+    return " ".join(text.split())[:300]
 
 
 def make_session(total_connections: int) -> aiohttp.ClientSession:
