@@ -1,0 +1,474 @@
+"""The exporter's own /metrics over real fake servers: names, types, labels and live numbers."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import SpecDecodeCollector
+from exporter.config import validate_config
+from exporter.service import ExporterService
+
+
+class Clock:
+    """A settable clock for the exporter: rounds happen when the test says, at the time it says."""
+
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _metrics_text(exp) -> str:
+    response = await exp.client.get("/metrics")
+    assert response.status == 200
+    assert response.headers["Content-Type"].startswith("text/plain")
+    return await response.text()
+
+
+async def _families(exp) -> dict:
+    return {f.name: f for f in text_string_to_metric_families(await _metrics_text(exp))}
+
+
+def _samples(families: dict, family: str, name: str | None = None) -> dict:
+    """{frozenset(labels): value} of one family's samples called `name` (default: the family)."""
+    name = name or family
+    return {
+        frozenset(s.labels.items()): s.value
+        for s in families[family].samples if s.name == name
+    } if family in families else {}
+
+
+def _value(families: dict, family: str, labels: dict, name: str | None = None) -> float | None:
+    return _samples(families, family, name).get(frozenset(labels.items()))
+
+
+# (family as the parser names it, sample name, type, label names) from CONTRACT.md's table.
+CONTRACT = [
+    ("specdec_target_up", "specdec_target_up", "gauge", {"target"}),
+    ("specdec_scrape_duration_seconds", "specdec_scrape_duration_seconds", "gauge", {"target"}),
+    ("specdec_scrape_errors", "specdec_scrape_errors_total", "counter", {"target"}),
+    ("specdec_drafts", "specdec_drafts_total", "counter", {"target", "model_name"}),
+    ("specdec_draft_tokens", "specdec_draft_tokens_total", "counter", {"target", "model_name"}),
+    ("specdec_accepted_tokens", "specdec_accepted_tokens_total", "counter",
+     {"target", "model_name"}),
+    ("specdec_accepted_tokens_per_position", "specdec_accepted_tokens_per_position_total",
+     "counter", {"target", "model_name", "position"}),
+    ("specdec_acceptance_ratio", "specdec_acceptance_ratio", "gauge", {"target"}),
+    ("specdec_acceptance_length", "specdec_acceptance_length", "gauge", {"target"}),
+    ("specdec_position_acceptance_ratio", "specdec_position_acceptance_ratio", "gauge",
+     {"target", "position"}),
+    ("specdec_last_window_acceptance_ratio", "specdec_last_window_acceptance_ratio", "gauge",
+     {"target"}),
+    ("specdec_last_window_acceptance_length", "specdec_last_window_acceptance_length", "gauge",
+     {"target"}),
+    ("specdec_last_window_position_acceptance_ratio",
+     "specdec_last_window_position_acceptance_ratio", "gauge", {"target", "position"}),
+    ("specdec_windows_open", "specdec_windows_open", "gauge", set()),
+    ("specdec_config_last_reload_successful", "specdec_config_last_reload_successful", "gauge",
+     set()),
+]
+
+PER_TARGET = {row[0] for row in CONTRACT if "target" in row[3]}
+CONTRACT_SAMPLE = {row[0]: row[1] for row in CONTRACT}
+
+
+async def _with_window(fake_vllm, exporter, clock: Clock):
+    """Two targets (one with labels), traffic, a stopped window and one more round."""
+    fake = await fake_vllm(k=3, engines=2)
+    other = await fake_vllm(k=2)
+    exp = await exporter({"live_window": "60s", "targets": [
+        {"name": "a", "url": fake.url, "labels": {"cluster": "c1", "zone": "z"}},
+        {"name": "b", "url": other.url},
+    ]}, clock=clock)
+    await exp.round()
+    start = await exp.client.post("/api/v1/windows", json={"id": "w1"})
+    assert start.status == 201
+    fake.server.add(0, 10, 30, [9, 6, 3])
+    fake.server.add(1, 10, 30, [8, 4, 0])
+    other.server.add(0, 5, 10, [5, 2])
+    clock.now += 10
+    await exp.round()
+    clock.now += 10
+    stop = await exp.client.post("/api/v1/windows/w1/stop")
+    assert stop.status == 200
+    return exp, fake, other
+
+
+class TestContractMetrics:
+    async def test_every_metric_with_type_and_labels(self, fake_vllm, exporter):
+        exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
+        families = await _families(exp)
+        for family, sample, kind, labels in CONTRACT:
+            assert family in families, family
+            assert families[family].type == kind, family
+            samples = [s for s in families[family].samples if s.name == sample]
+            assert samples, f"{sample} has no samples"
+            for s in samples:
+                extra = {"cluster", "zone"} if s.labels.get("target") == "a" else set()
+                assert set(s.labels) == labels | extra, (sample, s.labels)
+
+    async def test_target_labels_added_to_every_per_target_series(self, fake_vllm, exporter):
+        exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
+        families = await _families(exp)
+        for name, family in families.items():
+            for s in family.samples:
+                if s.labels.get("target") == "a":
+                    assert s.labels["cluster"] == "c1" and s.labels["zone"] == "z", name
+                elif s.labels.get("target") == "b":
+                    assert "cluster" not in s.labels, name
+        for family in PER_TARGET:
+            samples = _samples(families, family, CONTRACT_SAMPLE[family])
+            targets = {dict(k)["target"] for k in samples}
+            assert targets == {"a", "b"}, family
+
+    async def test_names_and_ratio_ranges(self, fake_vllm, exporter):
+        exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
+        families = await _families(exp)
+        ours = [f for name, f in families.items() if name.startswith("specdec_")]
+        assert ours
+        for family in ours:
+            assert ":" not in family.name
+            if family.type != "counter":
+                assert not family.name.endswith("_total")
+            if family.name.endswith("_ratio"):
+                assert all(0.0 <= s.value <= 1.0 for s in family.samples), family.name
+
+    async def test_counters_summed_over_engines_per_model(self, fake_vllm, exporter):
+        exp, fake, _ = await _with_window(fake_vllm, exporter, Clock())
+        families = await _families(exp)
+        labels = {"target": "a", "cluster": "c1", "zone": "z", "model_name": fake.server.model_name}
+        assert _value(families, "specdec_drafts", labels, "specdec_drafts_total") == 20
+        assert _value(families, "specdec_draft_tokens", labels, "specdec_draft_tokens_total") == 60
+        assert _value(families, "specdec_accepted_tokens", labels,
+                      "specdec_accepted_tokens_total") == 30
+        per_pos = {
+            dict(k)["position"]: v for k, v in _samples(
+                families, "specdec_accepted_tokens_per_position",
+                "specdec_accepted_tokens_per_position_total",
+            ).items() if dict(k)["target"] == "a"
+        }
+        assert per_pos == {"0": 17, "1": 10, "2": 3}
+
+    async def test_down_target_has_no_counters(self, exporter, unused_tcp_port):
+        exp = await exporter({"targets": [
+            {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}
+        ]})
+        await exp.round()
+        families = await _families(exp)
+        assert _value(families, "specdec_target_up", {"target": "down"}) == 0
+        assert _value(families, "specdec_scrape_errors", {"target": "down"},
+                      "specdec_scrape_errors_total") == 1
+        assert _samples(families, "specdec_drafts", "specdec_drafts_total") == {}
+        assert _samples(families, "specdec_acceptance_ratio") == {}
+
+    async def test_before_first_round(self, exporter, fake_vllm):
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        families = await _families(exp)
+        assert _value(families, "specdec_target_up", {"target": "a"}) == 0
+        assert _samples(families, "specdec_scrape_duration_seconds") == {}
+        assert _value(families, "specdec_windows_open", {}) == 0
+
+
+class TestLiveGauges:
+    async def test_ratios_over_live_window_by_hand(self, fake_vllm, exporter):
+        clock = Clock(5000.0)
+        fake = await fake_vllm(k=3)
+        fake.server.add(0, 1000, 3000, [900, 800, 700])  # history before we started
+        exp = await exporter({"live_window": "30s", "scrape_interval": "10s",
+                              "targets": [{"name": "a", "url": fake.url}]}, clock=clock)
+        await exp.round()  # t=5000
+        steps = [
+            (10, (10, 30, [9, 6, 3])),   # t=5010
+            (10, (20, 60, [18, 10, 2])),  # t=5020
+            (10, (5, 15, [5, 5, 5])),    # t=5030
+            (10, (40, 120, [20, 10, 0])),  # t=5040
+        ]
+        for dt, (drafts, tokens, per_pos) in steps:
+            clock.now += dt
+            fake.server.add(0, drafts, tokens, per_pos)
+            await exp.round()
+        # now = 5040, live_window 30s: the increase from the scrape at 5010 to the one at 5040.
+        drafts = 20 + 5 + 40
+        tokens = 60 + 15 + 120
+        per_pos = [18 + 5 + 20, 10 + 5 + 10, 2 + 5 + 0]
+        accepted = sum(per_pos)
+        families = await _families(exp)
+        labels = {"target": "a"}
+        assert _value(families, "specdec_acceptance_ratio", labels) == pytest.approx(
+            accepted / tokens)
+        assert _value(families, "specdec_acceptance_length", labels) == pytest.approx(
+            1 + accepted / drafts)
+        positions = {
+            dict(k)["position"]: v
+            for k, v in _samples(families, "specdec_position_acceptance_ratio").items()
+        }
+        assert positions == pytest.approx({str(i): per_pos[i] / drafts for i in range(3)})
+
+        # Five seconds later, no new scrape: the span start moves to the scrape at 5010 still.
+        clock.now = 5045
+        families = await _families(exp)
+        assert _value(families, "specdec_acceptance_ratio", labels) == pytest.approx(
+            accepted / tokens)
+
+    async def test_span_start_moves_with_the_clock(self, fake_vllm, exporter):
+        clock = Clock(100.0)
+        fake = await fake_vllm(k=1)
+        exp = await exporter({"live_window": "20s", "scrape_interval": "10s",
+                              "targets": [{"name": "a", "url": fake.url}]}, clock=clock)
+        await exp.round()  # t=100
+        clock.now = 110
+        fake.server.add(0, 10, 10, [10])  # ratio 1.0
+        await exp.round()
+        clock.now = 120
+        fake.server.add(0, 10, 10, [0])  # ratio 0.0
+        await exp.round()
+        clock.now = 130
+        fake.server.add(0, 10, 10, [5])
+        await exp.round()
+        families = await _families(exp)  # span 110..130: 5 accepted of 20
+        assert _value(families, "specdec_acceptance_ratio", {"target": "a"}) == 0.25
+        clock.now = 140
+        await exp.round()  # span 120..140: 5 of 10
+        families = await _families(exp)
+        assert _value(families, "specdec_acceptance_ratio", {"target": "a"}) == 0.5
+
+    async def test_absent_not_zero_without_drafts(self, fake_vllm, exporter):
+        clock = Clock()
+        fake = await fake_vllm(k=2)
+        fake.server.add(0, 50, 100, [40, 20])  # before we started: outside every span
+        exp = await exporter({"live_window": "60s",
+                              "targets": [{"name": "idle", "url": fake.url}]}, clock=clock)
+        for _ in range(4):
+            await exp.round()
+            clock.now += 10
+        families = await _families(exp)
+        assert _value(families, "specdec_target_up", {"target": "idle"}) == 1
+        for family in ("specdec_acceptance_ratio", "specdec_acceptance_length",
+                       "specdec_position_acceptance_ratio"):
+            assert _samples(families, family) == {}, family
+        targets = (await (await exp.client.get("/api/v1/targets")).json())["targets"]
+        assert targets[0]["live"] is None
+
+    async def test_absent_with_one_scrape(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=2)
+        fake.server.add(0, 50, 100, [40, 20])
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]}, clock=Clock())
+        await exp.round()
+        assert _samples(await _families(exp), "specdec_acceptance_ratio") == {}
+
+    async def test_absent_once_the_last_scrape_is_older_than_the_span(self, fake_vllm, exporter):
+        clock = Clock()
+        fake = await fake_vllm(k=1)
+        exp = await exporter({"live_window": "30s",
+                              "targets": [{"name": "a", "url": fake.url}]}, clock=clock)
+        await exp.round()
+        clock.now += 10
+        fake.server.add(0, 10, 10, [7])
+        await exp.round()
+        assert _value(await _families(exp), "specdec_acceptance_ratio", {"target": "a"}) == 0.7
+        await fake.stop()
+        clock.now += 60
+        await exp.round()
+        families = await _families(exp)
+        assert _value(families, "specdec_target_up", {"target": "a"}) == 0
+        assert _samples(families, "specdec_acceptance_ratio") == {}
+
+    async def test_server_without_spec_decode(self, fake_vllm, exporter):
+        clock = Clock()
+        fake = await fake_vllm(spec_decode=False)
+        exp = await exporter({"targets": [{"name": "plain", "url": fake.url}]}, clock=clock)
+        await exp.round()
+        clock.now += 5
+        await exp.round()
+        families = await _families(exp)
+        assert _value(families, "specdec_target_up", {"target": "plain"}) == 1
+        assert _value(families, "specdec_target_spec_decode_present", {"target": "plain"}) == 0
+        assert _samples(families, "specdec_drafts", "specdec_drafts_total") == {}
+        assert _samples(families, "specdec_acceptance_ratio") == {}
+
+
+class TestLastWindowGauges:
+    async def test_after_a_window(self, fake_vllm, exporter):
+        exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
+        families = await _families(exp)
+        a = {"target": "a", "cluster": "c1", "zone": "z"}
+        b = {"target": "b"}
+        assert _value(families, "specdec_last_window_acceptance_ratio", a) == 30 / 60
+        assert _value(families, "specdec_last_window_acceptance_length", a) == 1 + 30 / 20
+        assert _value(families, "specdec_last_window_acceptance_ratio", b) == 7 / 10
+        assert _value(families, "specdec_last_window_acceptance_length", b) == 1 + 7 / 5
+        positions = {
+            (dict(k)["target"], dict(k)["position"]): v for k, v in
+            _samples(families, "specdec_last_window_position_acceptance_ratio").items()
+        }
+        assert positions == {("a", "0"): 17 / 20, ("a", "1"): 10 / 20, ("a", "2"): 3 / 20,
+                             ("b", "0"): 5 / 5, ("b", "1"): 2 / 5}
+        info = _samples(families, "specdec_last_window_info")
+        assert list(info) == [frozenset({"id": "w1", "name": "w1"}.items())]
+
+    async def test_absent_before_any_window(self, fake_vllm, exporter):
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.round()
+        families = await _families(exp)
+        for family in ("specdec_last_window_acceptance_ratio",
+                       "specdec_last_window_acceptance_length",
+                       "specdec_last_window_position_acceptance_ratio"):
+            assert _samples(families, family) == {}
+
+    async def test_na_target_absent(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=2)
+        idle = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url},
+                                          {"name": "idle", "url": idle.url}]})
+        await exp.client.post("/api/v1/windows", json={"id": "w"})
+        fake.server.add(0, 4, 8, [4, 2])
+        assert (await exp.client.post("/api/v1/windows/w/stop")).status == 200
+        families = await _families(exp)
+        ratios = _samples(families, "specdec_last_window_acceptance_ratio")
+        assert ratios == {frozenset({"target": "a"}.items()): 0.75}
+
+
+class TestWindowsOpen:
+    async def test_counts_open_windows(self, fake_vllm, exporter):
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        for window_id in ("w1", "w2"):
+            assert (await exp.client.post("/api/v1/windows", json={"id": window_id})).status == 201
+        assert _value(await _families(exp), "specdec_windows_open", {}) == 2
+        await exp.client.post("/api/v1/windows/w1/stop")
+        assert _value(await _families(exp), "specdec_windows_open", {}) == 1
+
+
+class TestReloadStatus:
+    async def test_refused_reload_sets_zero_then_good_one_sets_one(self, exporter, tmp_path):
+        path = tmp_path / "exporter.yaml"
+        path.write_text("targets: []\n")
+        clock = Clock(777.0)
+        exp = await exporter({"targets": []}, config_path=path, clock=clock)
+        families = await _families(exp)
+        assert _value(families, "specdec_config_last_reload_successful", {}) == 1
+        assert _value(families, "specdec_config_last_reload_success_timestamp_seconds", {}) == 777
+        path.write_text("targets: [{ulr: x}]\n")
+        clock.now = 800.0
+        assert (await exp.client.post("/-/reload")).status == 400
+        families = await _families(exp)
+        assert _value(families, "specdec_config_last_reload_successful", {}) == 0
+        assert _value(families, "specdec_config_last_reload_success_timestamp_seconds", {}) == 777
+        path.write_text("scrape_interval: 10s\n")
+        clock.now = 900.0
+        assert (await exp.client.post("/-/reload")).status == 200
+        families = await _families(exp)
+        assert _value(families, "specdec_config_last_reload_successful", {}) == 1
+        assert _value(families, "specdec_config_last_reload_success_timestamp_seconds", {}) == 900
+
+
+# The exposition's HELP/TYPE lines of our families, in order: a change here is a change to users.
+GOLDEN_TYPES = [
+    "# TYPE specdec_build_info gauge",
+    "# TYPE specdec_target_up gauge",
+    "# TYPE specdec_scrape_duration_seconds gauge",
+    "# TYPE specdec_scrape_errors_total counter",
+    "# TYPE specdec_target_spec_decode_present gauge",
+    "# TYPE specdec_drafts_total counter",
+    "# TYPE specdec_draft_tokens_total counter",
+    "# TYPE specdec_accepted_tokens_total counter",
+    "# TYPE specdec_accepted_tokens_per_position_total counter",
+    "# TYPE specdec_acceptance_ratio gauge",
+    "# TYPE specdec_acceptance_length gauge",
+    "# TYPE specdec_position_acceptance_ratio gauge",
+    "# TYPE specdec_last_window_acceptance_ratio gauge",
+    "# TYPE specdec_last_window_acceptance_length gauge",
+    "# TYPE specdec_last_window_position_acceptance_ratio gauge",
+    "# TYPE specdec_last_window_info gauge",
+    "# TYPE specdec_windows_open gauge",
+    "# TYPE specdec_config_last_reload_successful gauge",
+    "# TYPE specdec_config_last_reload_success_timestamp_seconds gauge",
+]
+
+GOLDEN_HELP = {
+    "specdec_target_up": "1 if the last scrape of the target succeeded.",
+    "specdec_scrape_duration_seconds": "How long the last scrape of the target took.",
+    "specdec_scrape_errors_total": "Failed scrapes of the target since we started.",
+    "specdec_windows_open": "Benchmark windows open now.",
+    "specdec_config_last_reload_successful":
+        "1 if the last config (re)load succeeded, 0 if it was refused.",
+}
+
+
+class TestExposition:
+    async def test_golden_type_lines(self, fake_vllm, exporter):
+        exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
+        text = await _metrics_text(exp)
+        types = [line for line in text.splitlines() if line.startswith("# TYPE specdec_")]
+        assert types == GOLDEN_TYPES
+
+    async def test_help_lines(self, fake_vllm, exporter):
+        exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
+        text = await _metrics_text(exp)
+        helps = {
+            line.split(" ", 3)[2]: line.split(" ", 3)[3]
+            for line in text.splitlines() if line.startswith("# HELP specdec_")
+        }
+        assert set(helps) == {line.split()[2] for line in GOLDEN_TYPES}
+        for name, doc in GOLDEN_HELP.items():
+            assert helps[name] == doc
+        for name in ("specdec_acceptance_ratio", "specdec_acceptance_length",
+                     "specdec_position_acceptance_ratio"):
+            # Live gauges come from background scrapes, and their HELP says so.
+            assert "background scrapes" in helps[name] and "live_window" in helps[name]
+        assert all(doc.strip() for doc in helps.values())
+
+    async def test_also_process_metrics(self, exporter):
+        exp = await exporter({"targets": []})
+        text = await _metrics_text(exp)
+        assert "\n# TYPE process_cpu_seconds_total counter" in text
+        assert "python_gc_objects_collected_total" in text
+
+    async def test_promtool_check_metrics(self, fake_vllm, exporter, promtool):
+        exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
+        text = await _metrics_text(exp)
+        done = subprocess.run([promtool, "check", "metrics"], input=text.encode(),
+                              capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout == b"" and done.stderr == b""
+
+    async def test_promtool_check_metrics_with_failures(self, exporter, promtool, unused_tcp_port):
+        exp = await exporter({"targets": [
+            {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}
+        ]})
+        await exp.round()
+        done = subprocess.run([promtool, "check", "metrics"],
+                              input=(await _metrics_text(exp)).encode(),
+                              capture_output=True, timeout=60)
+        assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+
+
+class TestCollectorUnit:
+    def test_collect_needs_no_loop_and_no_scraper(self, tmp_path):
+        config = validate_config({"output_dir": str(tmp_path), "targets": [
+            {"name": "a", "url": "http://127.0.0.1:9/metrics", "labels": {"cluster": "x"}}]})
+        service = ExporterService(config, clock=lambda: 42.0)
+        try:
+            families = {f.name: f for f in SpecDecodeCollector(service).collect()}
+        finally:
+            service.close()
+        up = families["specdec_target_up"].samples
+        assert [(s.labels, s.value) for s in up] == [({"target": "a", "cluster": "x"}, 0.0)]
+        assert families["specdec_acceptance_ratio"].samples == []
+
+    def test_fresh_families_each_collect(self, tmp_path):
+        config = validate_config({"output_dir": str(tmp_path)})
+        service = ExporterService(config)
+        try:
+            collector = SpecDecodeCollector(service)
+            first = list(collector.collect())
+            second = list(collector.collect())
+        finally:
+            service.close()
+        assert all(a is not b for a, b in zip(first, second, strict=True))
