@@ -1,0 +1,290 @@
+"""The exporter's HTTP basics on a real port: health, readiness, reload, landing page, JSON API."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+
+class Clock:
+    """A settable clock for the exporter."""
+
+    def __init__(self, now: float = 2_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _write_config(path, targets: list[dict], **options) -> None:
+    data = {"output_dir": str(path.parent / "out"), **options, "targets": targets}
+    path.write_text(yaml.safe_dump(data))
+
+
+async def _target_names(exp) -> list[str]:
+    response = await exp.client.get("/api/v1/targets")
+    assert response.status == 200
+    return [t["name"] for t in (await response.json())["targets"]]
+
+
+async def _metric(exp, name: str, labels: dict | None = None) -> float | None:
+    text = await (await exp.client.get("/metrics")).text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == (labels or {}):
+                return sample.value
+    return None
+
+
+class TestHealth:
+    async def test_healthy(self, exporter):
+        exp = await exporter({"targets": []})
+        response = await exp.client.get("/-/healthy")
+        assert response.status == 200
+        assert await response.text() == "OK\n"
+
+    async def test_ready_after_first_round(self, exporter, fake_vllm, unused_tcp_port):
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [
+            {"name": "a", "url": fake.url},
+            {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"},
+        ]})
+        before = await exp.client.get("/-/ready")
+        assert before.status == 503
+        assert "first scrape round" in await before.text()
+        await exp.round()  # a failing target does not keep us unready
+        after = await exp.client.get("/-/ready")
+        assert after.status == 200
+
+    async def test_healthy_is_not_ready(self, exporter):
+        exp = await exporter({"targets": []})
+        assert (await exp.client.get("/-/healthy")).status == 200
+        assert (await exp.client.get("/-/ready")).status == 503
+
+
+class TestReload:
+    async def test_targets_added_and_removed(self, exporter, fake_vllm, tmp_path):
+        a, b, c = await fake_vllm(), await fake_vllm(), await fake_vllm()
+        path = tmp_path / "exporter.yaml"
+        _write_config(path, [{"name": "a", "url": a.url}, {"name": "b", "url": b.url}])
+        exp = await exporter(yaml.safe_load(path.read_text()), config_path=path)
+        await exp.round()
+        assert await _target_names(exp) == ["a", "b"]
+
+        _write_config(path, [{"name": "b", "url": b.url, "labels": {"zone": "z2"}},
+                             {"name": "c", "url": c.url}], scrape_interval="10s")
+        response = await exp.client.post("/-/reload")
+        assert response.status == 200
+        assert await response.json() == {"status": "reloaded", "targets": 2}
+        assert await _target_names(exp) == ["b", "c"]
+        assert exp.service.config.scrape_interval == 10
+        # b keeps its state, c is new; both are scraped from now on.
+        assert exp.service.targets["b"].up is True
+        assert exp.service.targets["c"].last is None
+        await exp.round()
+        assert exp.service.targets["c"].up is True
+        assert await _metric(exp, "specdec_target_up", {"target": "b", "zone": "z2"}) == 1
+        assert await _metric(exp, "specdec_target_up", {"target": "a"}) is None
+        assert await _metric(exp, "specdec_config_last_reload_successful") == 1
+
+    async def test_invalid_file_refused_old_config_serves(self, exporter, fake_vllm, tmp_path):
+        a = await fake_vllm()
+        path = tmp_path / "exporter.yaml"
+        _write_config(path, [{"name": "a", "url": a.url}])
+        exp = await exporter(yaml.safe_load(path.read_text()), config_path=path)
+        await exp.round()
+        old = exp.service.config
+
+        path.write_text("scrape_interval: 5x\ntargets:\n  - name: b\n    ulr: http://h:1/\n")
+        response = await exp.client.post("/-/reload")
+        assert response.status == 400
+        body = await response.json()
+        assert body["problems"] == [
+            "scrape_interval: must be a duration like 250ms, 5s or 1m, not '5x'",
+            "targets.0.ulr: unknown key",
+        ]
+        assert body["error"].startswith(f"invalid config {path}: ")
+        assert exp.service.config is old
+        assert await _target_names(exp) == ["a"]
+        await exp.round()
+        assert exp.service.targets["a"].up is True
+        assert await _metric(exp, "specdec_config_last_reload_successful") == 0
+        assert await _metric(exp, "specdec_target_up", {"target": "a"}) == 1
+
+    async def test_yaml_syntax_error_refused(self, exporter, tmp_path):
+        path = tmp_path / "exporter.yaml"
+        _write_config(path, [])
+        exp = await exporter({"targets": []}, config_path=path)
+        path.write_text("targets: [\n")
+        response = await exp.client.post("/-/reload")
+        assert response.status == 400
+        assert (await response.json())["problems"][0].startswith("(yaml): invalid YAML at line")
+
+    async def test_missing_file_refused(self, exporter, tmp_path):
+        path = tmp_path / "exporter.yaml"
+        _write_config(path, [])
+        exp = await exporter({"targets": []}, config_path=path)
+        path.unlink()
+        response = await exp.client.post("/-/reload")
+        assert response.status == 400
+        assert (await response.json())["problems"] == [
+            "(file): cannot read: No such file or directory"
+        ]
+
+    async def test_without_a_config_file(self, exporter):
+        exp = await exporter({"targets": []})
+        response = await exp.client.post("/-/reload")
+        assert response.status == 409
+        assert (await response.json())["error"] == "no config file to reload"
+
+    async def test_dropped_target_in_open_window_is_na(self, exporter, fake_vllm, tmp_path):
+        keep, drop = await fake_vllm(k=2), await fake_vllm(k=2)
+        path = tmp_path / "exporter.yaml"
+        _write_config(path, [{"name": "keep", "url": keep.url}, {"name": "drop", "url": drop.url}])
+        exp = await exporter(yaml.safe_load(path.read_text()), config_path=path, clock=Clock())
+        start = await exp.client.post("/api/v1/windows", json={"id": "wr"})
+        assert start.status == 201
+        _write_config(path, [{"name": "keep", "url": keep.url}])
+        assert (await exp.client.post("/-/reload")).status == 200
+        keep.server.add(0, 10, 20, [8, 4])
+        drop.server.add(0, 10, 20, [8, 4])  # happens after removal: not ours to count
+        await exp.round()
+        stop = await exp.client.post("/api/v1/windows/wr/stop")
+        assert stop.status == 200
+        results = (await stop.json())["results"]
+        assert results["keep"]["status"] == "ok"
+        assert results["keep"]["data"]["num_drafts"] == 10
+        assert results["drop"]["status"] == "na"
+        assert results["drop"]["data"] is None
+        assert "removed" in results["drop"]["error"]
+        assert "config" in results["drop"]["error"]
+
+
+class TestLanding:
+    async def test_page_shows_targets_errors_chart_and_links(
+        self, exporter, fake_vllm, unused_tcp_port
+    ):
+        clock = Clock()
+        fake = await fake_vllm(k=3)
+        down_url = f"http://127.0.0.1:{unused_tcp_port}/metrics"
+        exp = await exporter({"live_window": "60s", "targets": [
+            {"name": "eagle", "url": fake.url},
+            {"name": "broken", "url": down_url},
+        ]}, clock=clock)
+        await exp.round()
+        fake.server.add(0, 100, 300, [90, 60, 30])
+        clock.now += 10
+        await exp.round()
+        response = await exp.client.get("/")
+        assert response.status == 200
+        assert response.content_type == "text/html"
+        page = await response.text()
+        assert page.startswith("<!doctype html>")
+        for needle in ("eagle", fake.url, "broken", down_url,
+                       "connection failed: Connection refused",
+                       'href="/metrics"', 'href="/api/v1/targets"', 'href="/api/v1/windows"',
+                       "<svg", "position 0: 0.9000", "position 2: 0.3000",
+                       "60.00",  # acceptance rate % over the live window: 180 / 300
+                       "2.80"):  # acceptance length: 1 + 180 / 100
+            assert needle in page, needle
+        assert "<script" not in page
+        assert page.count("<svg") == 1  # only the target with live figures has a chart
+
+    async def test_bars_in_numeric_position_order(self, exporter, fake_vllm):
+        clock = Clock()
+        fake = await fake_vllm(k=12)
+        exp = await exporter({"targets": [{"name": "k12", "url": fake.url}]}, clock=clock)
+        await exp.round()
+        fake.server.add(0, 100, 1200, [100 - 5 * i for i in range(12)])
+        clock.now += 5
+        await exp.round()
+        page = await (await exp.client.get("/")).text()
+        positions = [int(p) for p in re.findall(r"<title>position (\d+):", page)]
+        assert positions == list(range(12))
+
+    async def test_html_escaped(self, exporter, unused_tcp_port):
+        exp = await exporter({"targets": [
+            {"name": "<b>x</b>", "url": f"http://127.0.0.1:{unused_tcp_port}/m?a=1&b=<2>"},
+        ]})
+        await exp.round()
+        page = await (await exp.client.get("/")).text()
+        assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page
+        assert "b=<2>" not in page and "a=1&amp;b=&lt;2&gt;" in page
+
+    async def test_windows_listed(self, exporter, fake_vllm):
+        fake = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.client.post("/api/v1/windows", json={"id": "open-one", "name": "still running"})
+        await exp.client.post("/api/v1/windows", json={"id": "done-one", "name": "finished"})
+        fake.server.add(0, 10, 20, [10, 5])
+        await exp.client.post("/api/v1/windows/done-one/stop")
+        page = await (await exp.client.get("/")).text()
+        assert 'href="/api/v1/windows/open-one"' in page and "still running" in page
+        assert 'href="/api/v1/windows/done-one"' in page and "finished" in page
+        assert "75.00" in page  # done-one's acceptance rate: 15 of 20
+
+    async def test_no_targets(self, exporter):
+        exp = await exporter({"targets": []})
+        page = await (await exp.client.get("/")).text()
+        assert "none" in page and "<svg" not in page
+
+
+class TestTargetsApi:
+    async def test_fields(self, exporter, fake_vllm, unused_tcp_port):
+        clock = Clock()
+        fake = await fake_vllm(k=2, engines=2)
+        exp = await exporter({"live_window": "60s", "targets": [
+            {"name": "a", "url": fake.url, "labels": {"cluster": "c"}},
+            {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"},
+        ]}, clock=clock)
+        await exp.round()
+        fake.server.add(0, 10, 20, [8, 4])
+        fake.server.add(1, 10, 20, [6, 2])
+        clock.now += 10
+        await exp.round()
+        response = await exp.client.get("/api/v1/targets")
+        assert response.status == 200 and response.content_type == "application/json"
+        a, down = (await response.json())["targets"]
+        assert set(a) == {
+            "name", "url", "labels", "up", "last_scrape_at", "last_scrape_duration_seconds",
+            "last_page_bytes", "errors_total", "last_error", "last_error_at",
+            "spec_decode_present", "dialect", "model_names", "engines", "counters", "live",
+        }
+        assert a["name"] == "a" and a["url"] == fake.url and a["labels"] == {"cluster": "c"}
+        assert a["up"] is True and a["errors_total"] == 0 and a["last_error"] is None
+        assert a["last_scrape_at"] == clock.now and a["last_page_bytes"] > 0
+        assert a["spec_decode_present"] is True and a["dialect"] == "vllm"
+        assert a["model_names"] == [fake.server.model_name] and a["engines"] == 2
+        assert a["counters"]["num_drafts"] == 20
+        assert a["live"] == {
+            "window_seconds": 60.0, "drafts": 20, "acceptance_ratio": 20 / 40,
+            "acceptance_length": 1 + 20 / 20, "per_position": {"0": 14 / 20, "1": 6 / 20},
+        }
+        assert down["up"] is False and down["errors_total"] == 2
+        assert down["last_error"] == "connection failed: Connection refused"
+        assert down["last_error_at"] == clock.now
+        assert down["live"] is None and down["counters"] is None and down["model_names"] == []
+
+
+class TestRouting:
+    async def test_unknown_route_is_json_404(self, exporter):
+        exp = await exporter({"targets": []})
+        response = await exp.client.get("/no/such/page")
+        assert response.status == 404
+        assert response.content_type == "application/json"
+        assert await response.json() == {"error": "Not Found"}
+
+    async def test_wrong_method_is_json_405(self, exporter):
+        exp = await exporter({"targets": []})
+        response = await exp.client.get("/-/reload")
+        assert response.status == 405
+        assert response.content_type == "application/json"
+        assert "error" in await response.json()
+
+    async def test_metrics_content_type(self, exporter):
+        exp = await exporter({"targets": []})
+        response = await exp.client.get("/metrics")
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain; version=")
