@@ -19,12 +19,17 @@ def counter_increase(
     before: float, before_created: float | None, now: float, now_created: float | None
 ) -> tuple[float, bool]:
     """Increase of one counter series between two scrapes, and whether it was reset between."""
+    # A NaN `_created` never equals itself: it must not read as a restart on every scrape.
     created_changed = (
-        before_created is not None and now_created is not None and now_created != before_created
+        _known(before_created) and _known(now_created) and now_created != before_created
     )
     if now < before or created_changed:
         return now, True
     return now - before, False
+
+
+def _known(created: float | None) -> bool:
+    return created is not None and math.isfinite(created)
 
 
 def _usable(value: float) -> bool:
@@ -54,15 +59,25 @@ class Accumulator:
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart."""
         baseline = self.scrapes == 0
-        reset = False
-        for key, value in snapshot.values.items():
-            if not _usable(value):
-                continue
+        usable = {k: v for k, v in snapshot.values.items() if _usable(v)}
+        # A restart zeroes every counter of an engine at once, but one whose old value was small
+        # (a late position, say) can be past it again by the next scrape: when any series of an
+        # engine shows the restart, all of that engine's series count from zero.
+        restarted = {
+            _engine_of(key)
+            for key, value in usable.items()
+            if (previous := self.last.get(key)) is not None
+            and counter_increase(previous[0], previous[1], value, snapshot.created.get(key))[1]
+        }
+        reset = bool(restarted)
+        for key, value in usable.items():
             created = snapshot.created.get(key)
             previous = self.last.get(key)
             if previous is not None:
-                inc, was_reset = counter_increase(previous[0], previous[1], value, created)
-                reset = reset or was_reset
+                if _engine_of(key) in restarted:
+                    inc = value
+                else:
+                    inc, _ = counter_increase(previous[0], previous[1], value, created)
                 if inc:
                     self.increase[key] = self.increase.get(key, 0.0) + inc
             elif not baseline:
@@ -73,7 +88,8 @@ class Accumulator:
             self.last[key] = (value, created)
             self.engines.add(key.engine)
         if baseline:
-            self.before = snapshot.totals()
+            # The same usable values the increases start from, not a NaN that poisons the sum.
+            self.before = sum_series((k, v) for k, v in snapshot.values.items() if _usable(v))
         if reset:
             self.resets += 1
             self.reset_spans.append((self.last_at or at, at))
@@ -132,6 +148,11 @@ class Accumulator:
             before=Counts.from_raw(data["before"]) if data.get("before") else None,
             reset_spans=[tuple(span) for span in data.get("reset_spans", [])],
         )
+
+
+def _engine_of(key: SeriesKey) -> tuple:
+    """The series' engine: what restarts as one (per model and extra labels too)."""
+    return key.model_name, key.engine, key.extra
 
 
 def _key_list(key: SeriesKey) -> list:

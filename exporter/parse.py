@@ -59,11 +59,13 @@ DIALECTS: dict[Dialect, DialectSpec] = {
         gauges=_V0_GAUGES,
         v0_markers=_V0_GAUGES | {"vllm:spec_decode_num_emitted_tokens_total"},
     ),
-    Dialect.LLAMACPP: DialectSpec(prefix=b"llamacpp:spec_decode_", counters=_v1_counters("llamacpp:")),
+    Dialect.LLAMACPP: DialectSpec(
+        prefix=b"llamacpp:spec_decode_", counters=_v1_counters("llamacpp:")
+    ),
 }
 
 # name="value" pairs; values may hold escaped quotes, backslashes, commas, spaces and `/`.
-_LABEL = re.compile(rb'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*,?')
+_LABEL = re.compile(rb'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*')
 _ESCAPE = re.compile(r"\\(.)")
 _UNESCAPE = {"n": "\n", "\\": "\\", '"': '"'}
 
@@ -87,8 +89,16 @@ def parse_labels(line: bytes, start: int) -> tuple[dict[str, str], int] | None:
         match = _LABEL.match(line, pos)
         if match is None:
             return None
-        labels[match.group(1).decode()] = _unescape(match.group(2))
+        name = match.group(1).decode()
+        if name in labels:  # a repeated label name is invalid exposition, not "last one wins"
+            return None
+        labels[name] = _unescape(match.group(2))
         pos = match.end()
+        # Labels are separated by commas (one trailing comma allowed): `{a="1"b="2"}` is bad.
+        if pos < len(line) and line[pos] == ord(","):
+            pos += 1
+        elif pos >= len(line) or line[pos] != ord("}"):
+            return None
 
 
 def parse_line(line: bytes, spec: DialectSpec) -> tuple[str, Field | None, str, dict, float] | None:
@@ -112,11 +122,20 @@ def parse_line(line: bytes, spec: DialectSpec) -> tuple[str, Field | None, str, 
     parts = line[rest_at:].split()
     if not parts or len(parts) > 2:  # value and an optional timestamp
         return None
-    try:
-        value = float(parts[0])
-    except ValueError:
+    value = _number(parts[0])
+    if value is None or (len(parts) == 2 and _number(parts[1]) is None):
         return None
     return name.decode(), entry[0], entry[1], labels, value
+
+
+def _number(text: bytes) -> float | None:
+    # Python's float() also takes `1_000`; the exposition format (and Go's parser) does not.
+    if b"_" in text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
@@ -132,7 +151,9 @@ def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
     while start >= 0:
         end = page.find(b"\n", start)
         if end < 0:
-            end = len(page)
+            # Every line of an exposition ends with a line feed; a last line without one is a
+            # cut-off body, whose value may be cut too (`1234` read as `12`): drop it.
+            break
         parsed = parse_line(page[start:end].rstrip(), spec)
         start = _next_line(page, needle, end)
         if parsed is None:
@@ -172,11 +193,10 @@ def _series_key(fld: Field | None, labels: dict[str, str]) -> SeriesKey | None:
     engine = labels.pop("engine", "")
     position = -1
     if fld is Field.PER_POS:
-        try:
-            position = int(labels.pop("position"))
-        except (KeyError, ValueError):
+        text = labels.pop("position", "")
+        # ASCII digits only: int() also takes " 3", "+3", "3_0" and non-ASCII digits.
+        if not (text.isascii() and text.isdigit()):
             return None
-        if position < 0:
-            return None
+        position = int(text)
     extra = tuple(sorted(labels.items())) if labels else ()
     return SeriesKey(fld, model, engine, position, extra)

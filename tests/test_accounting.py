@@ -1,0 +1,296 @@
+"""Reset-safe counter increases: one series, one target over scrapes, the live span."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from exporter.accounting import Accumulator, LiveTrack, counter_increase
+from exporter.snapshot import Counts, Field, SeriesKey, Snapshot
+
+NAN = math.nan
+INF = math.inf
+
+D = Field.DRAFTS
+T = Field.DRAFT_TOKENS
+A = Field.ACCEPTED
+P = Field.PER_POS
+
+
+def key(fld: Field, engine: str = "0", position: int = -1, model: str = "m") -> SeriesKey:
+    return SeriesKey(fld, model, engine, position)
+
+
+def snap(values: dict, created: dict | None = None) -> Snapshot:
+    return Snapshot(values=dict(values), created=dict(created or {}))
+
+
+def engine_page(engine: str, drafts: float, tokens: float, per_pos: list[float]) -> dict:
+    """One engine's series: drafts, draft tokens, accepted (sum of positions), per position."""
+    values = {key(D, engine): drafts, key(T, engine): tokens, key(A, engine): sum(per_pos)}
+    values |= {key(P, engine, pos): v for pos, v in enumerate(per_pos)}
+    return values
+
+
+def feed_all(acc: Accumulator, pages: list[Snapshot], start: float = 100.0) -> list[bool]:
+    return [acc.feed(page, start + i) for i, page in enumerate(pages)]
+
+
+class TestCounterIncrease:
+    @pytest.mark.parametrize(
+        "before,before_created,now,now_created,want",
+        [
+            (10, None, 15, None, (5, False)),
+            (10, 1.0, 15, 1.0, (5, False)),
+            (0, None, 0, None, (0, False)),
+            (10, 1.0, 10, 1.0, (0, False)),
+            (10.5, None, 12.25, None, (1.75, False)),
+            (2.04363e06, None, 2.04364e06, None, (10, False)),
+            # decrease: restarted, it grew from zero to `now`
+            (10, None, 3, None, (3, True)),
+            (10, 1.0, 3, 1.0, (3, True)),
+            (10, 1.0, 0, 2.0, (0, True)),
+            # a changed _created is a restart even when the value grew past the old one
+            (10, 1.0, 15, 2.0, (15, True)),
+            (10, 1.0, 10, 2.0, (10, True)),
+            # _created missing on one side (multi API server): only a decrease tells
+            (10, None, 15, 2.0, (5, False)),
+            (10, 1.0, 15, None, (5, False)),
+            (10, None, 3, 2.0, (3, True)),
+            (10, 1.0, 3, None, (3, True)),
+            # a NaN or infinite _created says nothing (NaN != NaN must not read as a restart)
+            (10, NAN, 15, NAN, (5, False)),
+            (10, 1.0, 15, NAN, (5, False)),
+            (10, NAN, 15, 1.0, (5, False)),
+            (10, INF, 15, INF, (5, False)),
+        ],
+    )
+    def test_table(self, before, before_created, now, now_created, want):
+        assert counter_increase(before, before_created, now, now_created) == pytest.approx(want)
+
+
+class TestAccumulator:
+    @pytest.mark.parametrize(
+        "sequence,want,resets",
+        [
+            ([1, 2, 5], 4, 0),
+            ([5, 5, 5], 0, 0),
+            ([5], 0, 0),
+            ([10, 20, 3, 8], 10 + 3 + 5, 1),  # restart between 20 and 3
+            ([10, 20, 0, 4, 2, 6], 10 + 0 + 4 + 2 + 4, 2),
+            ([10, NAN, 14], 4, 0),  # NaN skipped, the last good value kept
+            ([10, INF, 14], 4, 0),
+            ([10, -3, 14], 4, 0),
+            ([10, NAN, 7], 7, 1),
+            ([NAN, 10, 14], 14, 0),  # no usable baseline: counted from zero when first usable
+            ([0.5, 1.25, 2.0], 1.5, 0),
+        ],
+    )
+    def test_one_series(self, sequence, want, resets):
+        acc = Accumulator()
+        feed_all(acc, [snap({key(D): v}) for v in sequence])
+        assert acc.totals().drafts == pytest.approx(want)
+        assert acc.resets == resets
+        assert acc.scrapes == len(sequence)
+
+    @pytest.mark.parametrize(
+        "sequence,want,resets",
+        [
+            ([(10, 1.0), (15, 1.0), (20, 1.0)], 10, 0),
+            ([(10, 1.0), (15, 2.0), (20, 2.0)], 15 + 5, 1),  # restart and grew past 10
+            ([(10, 1.0), (15, None), (20, 2.0)], 5 + 5, 0),
+            ([(10, NAN), (15, NAN), (20, NAN)], 10, 0),
+        ],
+    )
+    def test_created(self, sequence, want, resets):
+        acc = Accumulator()
+        pages = [snap({key(D): v}, {key(D): c} if c is not None else {}) for v, c in sequence]
+        feed_all(acc, pages)
+        assert acc.totals().drafts == want
+        assert acc.resets == resets
+
+    def test_feed_says_whether_reset(self):
+        acc = Accumulator()
+        assert feed_all(acc, [snap({key(D): v}) for v in (5, 8, 2, 3)]) == [
+            False, False, True, False
+        ]
+
+    def test_series_vanishing_and_reappearing(self):
+        acc = Accumulator()
+        pages = [
+            snap(engine_page("0", 10, 30, [8, 4, 2]) | engine_page("1", 20, 60, [15, 9, 3])),
+            snap(engine_page("0", 12, 36, [10, 5, 2])),  # engine 1 missing from this scrape
+            snap({}),  # nothing at all (a page without spec-decode series)
+            snap(engine_page("0", 14, 42, [11, 6, 3]) | engine_page("1", 25, 75, [19, 11, 4])),
+        ]
+        feed_all(acc, pages)
+        totals = acc.totals()
+        assert totals.drafts == (14 - 10) + (25 - 20)
+        assert totals.draft_tokens == (42 - 30) + (75 - 60)
+        assert totals.accepted == (20 - 14) + (34 - 27)
+        assert dict(totals.per_position) == {0: 3 + 4, 1: 2 + 2, 2: 1 + 1}
+        assert acc.resets == 0
+        assert acc.engines == {"0", "1"}
+
+    def test_series_reappearing_after_restart(self):
+        acc = Accumulator()
+        pages = [
+            snap({key(D, "0"): 10, key(D, "1"): 50}, {key(D, "1"): 1.0}),
+            snap({key(D, "0"): 12}),
+            snap({key(D, "0"): 13, key(D, "1"): 60}, {key(D, "1"): 2.0}),  # restarted, 60 new
+        ]
+        assert feed_all(acc, pages) == [False, False, True]
+        assert acc.totals().drafts == 3 + 60
+
+    def test_new_engine_mid_window_counts_from_zero(self):
+        acc = Accumulator()
+        pages = [
+            snap(engine_page("0", 10, 30, [8, 4, 2])),
+            snap(engine_page("0", 12, 36, [9, 5, 2]) | engine_page("1", 3, 9, [3, 2, 1])),
+            snap(engine_page("0", 14, 42, [10, 6, 2]) | engine_page("1", 5, 15, [5, 3, 1])),
+        ]
+        feed_all(acc, pages)
+        totals = acc.totals()
+        assert totals.drafts == 4 + 5
+        assert totals.draft_tokens == 12 + 15
+        assert dict(totals.per_position) == {0: 2 + 5, 1: 2 + 3, 2: 0 + 1}
+        assert acc.resets == 0
+        assert acc.before == Counts(10, 30, 14, {0: 8, 1: 4, 2: 2})
+        assert acc.current() == Counts(19, 57, 27, {0: 15, 1: 9, 2: 3})
+
+    def test_series_absent_at_baseline_and_zero_later(self):
+        acc = Accumulator()
+        feed_all(acc, [snap({}), snap({key(D): 0}), snap({key(D): 4})])
+        assert acc.totals().drafts == 4
+
+    def test_several_engines_with_one_restarting(self):
+        acc = Accumulator()
+        pages = [
+            snap(engine_page("0", 100, 300, [90, 60, 30]) | engine_page("1", 200, 600, [1, 1, 1])),
+            snap(engine_page("0", 110, 330, [99, 66, 33]) | engine_page("1", 5, 15, [4, 3, 2])),
+            snap(engine_page("0", 120, 360, [108, 72, 36]) | engine_page("1", 9, 27, [7, 5, 3])),
+        ]
+        assert feed_all(acc, pages) == [False, True, False]
+        totals = acc.totals()
+        assert totals.drafts == 20 + 9
+        assert totals.draft_tokens == 60 + 27
+        assert dict(totals.per_position) == {0: 18 + 7, 1: 12 + 5, 2: 6 + 3}
+        assert totals.accepted == sum(totals.per_position.values())
+        assert acc.resets == 1
+
+    def test_twelve_positions_and_models(self):
+        acc = Accumulator()
+        first = {
+            key(P, e, pos, m): 10.0 * pos for e in "01" for m in ("a", "b") for pos in range(12)
+        }
+        second = {k: v + k.position + 1 for k, v in first.items()}
+        feed_all(acc, [snap(first), snap(second)])
+        per_pos = acc.totals().per_position
+        assert dict(per_pos) == {pos: 4 * (pos + 1) for pos in range(12)}
+        assert set(acc.by_model()) == {"a", "b"}
+        assert acc.by_model()["a"].per_position[11] == 2 * 12
+        assert acc.model_names == ["a", "b"]
+
+    def test_nan_baseline_does_not_poison_before(self):
+        acc = Accumulator()
+        feed_all(acc, [snap({key(D, "0"): 10, key(D, "1"): NAN}), snap({key(D, "0"): 12})])
+        assert acc.before == Counts(drafts=10)
+        assert acc.current().drafts == 12
+
+    def test_times_and_dialect(self):
+        acc = Accumulator()
+        acc.feed(Snapshot({}, {}, dialect="vllm"), 5.0)
+        acc.feed(Snapshot({key(D): 1.0}, {}, dialect="vllm-v0"), 7.5)
+        acc.feed(Snapshot({}, {}, dialect="llamacpp"), 9.0)  # empty page keeps the dialect
+        assert (acc.first_at, acc.last_at, acc.scrapes) == (5.0, 9.0, 3)
+        assert acc.dialect == "vllm-v0"
+
+    @pytest.mark.parametrize("through_json", [False, True])
+    def test_round_trip(self, through_json):
+        acc = Accumulator()
+        extra = SeriesKey(D, "org/m x", "3", -1, (("instance", "a:1"), ("job", "vllm")))
+        pages = [
+            snap(engine_page("0", 10, 30, [8, 4, 2]) | {extra: 1.0}, {key(D): 1.0}),
+            snap(engine_page("0", 12, 36, [9, 5, 2]) | {extra: 4.0}, {key(D): 1.0}),
+            snap(engine_page("0", 2, 6, [1, 1, 0]) | engine_page("1", 3, 9, [3, 2, 1]),
+                 {key(D): 2.0}),
+        ]
+        feed_all(acc, pages)
+        data = acc.to_dict()
+        if through_json:
+            data = json.loads(json.dumps(data))
+        back = Accumulator.from_dict(data)
+        assert back == acc
+        assert back.totals() == acc.totals()
+        assert back.to_dict() == acc.to_dict()
+        # and it carries on the same as the original
+        nxt = snap(engine_page("0", 4, 12, [2, 2, 1]) | engine_page("1", 6, 18, [5, 4, 2]))
+        assert back.feed(nxt, 200.0) == acc.feed(nxt, 200.0)
+        assert back == acc
+
+    def test_round_trip_empty(self):
+        acc = Accumulator()
+        assert Accumulator.from_dict(json.loads(json.dumps(acc.to_dict()))) == acc
+
+
+def step(per_second: float, at: float) -> Snapshot:
+    return snap({key(D): per_second * at, key(T): 3 * per_second * at, key(A): 2 * per_second * at})
+
+
+class TestLiveTrack:
+    def test_needs_two_points(self):
+        live = LiveTrack(span=60)
+        assert live.over_span(0) is None
+        live.feed(step(1, 0), 0)
+        assert live.over_span(0) is None
+        live.feed(step(1, 5), 5)
+        assert live.over_span(5).drafts == 5
+
+    @pytest.mark.parametrize(
+        "times,now,want",
+        [
+            (range(0, 200, 5), 195, 60),  # exactly the span
+            (range(0, 200, 7), 196, 63),  # the point at or before now-span: 133, up to 196
+            (range(0, 30, 5), 25, 25),  # younger than the span: everything there is
+            (range(0, 200, 5), 230, 25),  # scrapes stopped: from 170 to the last one (195)
+            (range(0, 200, 5), 400, None),  # all older than the span: nothing live
+        ],
+    )
+    def test_over_span(self, times, now, want):
+        live = LiveTrack(span=60)
+        for at in times:
+            live.feed(step(1, at), float(at))
+        got = live.over_span(float(now))
+        if want is None:
+            assert got is None
+        else:
+            assert got.drafts == want
+            assert got.draft_tokens == 3 * want
+            assert got.accepted == 2 * want
+
+    def test_rate_change_seen_within_span(self):
+        live = LiveTrack(span=60)
+        for at in range(0, 300):
+            rate = 1 if at < 200 else 3
+            # the counter's value: 200 at t=200, then 3 per second
+            value = at if at < 200 else 200 + 3 * (at - 200)
+            live.feed(snap({key(D): value}), float(at))
+            assert rate
+        assert live.over_span(299).drafts == 3 * 60
+
+    def test_reset_inside_span(self):
+        live = LiveTrack(span=60)
+        values = [100, 110, 120, 5, 15]
+        for i, v in enumerate(values):
+            live.feed(snap({key(D): v}), float(i * 10))
+        assert live.over_span(40).drafts == 10 + 10 + 5 + 10
+
+    def test_pruning_keeps_memory_bounded(self):
+        live = LiveTrack(span=60)
+        for at in range(10_000):
+            live.feed(step(2, at), float(at))
+            assert len(live.points) <= 62
+        assert live.over_span(9_999).drafts == 120
+        assert live.points[0][0] <= 9_999 - 60
