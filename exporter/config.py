@@ -184,6 +184,14 @@ class Config(_Strict):
                 f"must not be longer than scrape_interval "
                 f"({self.scrape_timeout:g}s > {self.scrape_interval:g}s)",
             )
+        for index, target in enumerate(self.targets):
+            # A target slower than the interval would stretch every round past its beat.
+            if target.timeout is not None and target.timeout > self.scrape_interval:
+                raise _KeyError(
+                    f"targets.{index}.timeout",
+                    f"must not be longer than scrape_interval "
+                    f"({target.timeout:g}s > {self.scrape_interval:g}s)",
+                )
         if self.shard_index >= self.shards:
             raise _KeyError("shard_index", f"must be below shards ({self.shards})")
         return self

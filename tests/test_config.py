@@ -49,6 +49,9 @@ INVALID = {
         "(yaml): invalid YAML at line 4: mapping values are not allowed here"
     ],
     "invalid-shard-index.yaml": ["shard_index: must be below shards (2)"],
+    "invalid-target-timeout-over-interval.yaml": [
+        "targets.1.timeout: must not be longer than scrape_interval (60s > 5s)"
+    ],
     "invalid-several.yaml": [
         "scrape_interval: must be a duration like 250ms, 5s or 1m, not '1 minute'",
         "targets.0.ulr: unknown key",
