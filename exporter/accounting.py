@@ -78,13 +78,14 @@ class Accumulator:
                     inc = value
                 else:
                     inc, _ = counter_increase(previous[0], previous[1], value, created)
-                if inc:
-                    self.increase[key] = self.increase.get(key, 0.0) + inc
-            elif not baseline:
+            elif baseline:
+                inc = 0.0
+            else:
                 # A series first seen after the baseline (a new engine, or one that restarted
                 # while absent) grew from zero inside the window.
-                if value:
-                    self.increase[key] = self.increase.get(key, 0.0) + value
+                inc = value
+            # Zero increases are kept too: a position nobody reached shows as 0, not missing.
+            self.increase[key] = self.increase.get(key, 0.0) + inc
             self.last[key] = (value, created)
             self.engines.add(key.engine)
         if baseline:

@@ -78,6 +78,16 @@ class TestWindowNumbers:
         assert "{0: 1.0000, 1: 0.9500, 2: 0.9000," in block
         assert "9: 0.5500, 10: 0.5000, 11: 0.4500}" in block
 
+    async def test_position_never_accepted_shows_zero(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=3)
+        fake.server.add(0, 5, 15, [5, 5, 5])
+        exp = await exporter({"targets": [{"name": "z", "url": fake.url}]})
+        await _start(exp, id="wz")
+        fake.server.add(0, 10, 30, [6, 2, 0])
+        answer = await _stop(exp, "wz")
+        rates = answer["results"]["z"]["data"]["per_position_acceptance_rates"]
+        assert rates == {"0": 0.6, "1": 0.2, "2": 0.0}
+
     async def test_restart_in_the_middle_counts_both_sides(self, fake_vllm, exporter):
         fake = await fake_vllm(k=2)
         fake.server.add(0, 1000, 2000, [900, 800])
