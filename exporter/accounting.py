@@ -55,6 +55,10 @@ class Accumulator:
     dialect: str = ""
     before: Counts | None = None  # the baseline scrape's totals (AISBench's `before`)
     reset_spans: list[tuple[float, float]] = field(default_factory=list)  # (prev scrape, seen)
+    # Interval gauges (SGLang's acceptance, V0's rates), time-weighted: per gauge name,
+    # sum(value * dt) and sum(dt) over the intervals between consecutive scrapes.
+    gauge_weighted: dict[str, float] = field(default_factory=dict)
+    gauge_seconds: dict[str, float] = field(default_factory=dict)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart."""
@@ -88,6 +92,7 @@ class Accumulator:
             self.increase[key] = self.increase.get(key, 0.0) + inc
             self.last[key] = (value, created)
             self.engines.add(key.engine)
+        self._feed_gauges(snapshot, at, baseline)
         if baseline:
             # The same usable values the increases start from, not a NaN that poisons the sum.
             self.before = sum_series((k, v) for k, v in snapshot.values.items() if _usable(v))
@@ -101,6 +106,30 @@ class Accumulator:
         if snapshot.has_spec_decode:
             self.dialect = snapshot.dialect
         return reset
+
+    def _feed_gauges(self, snapshot: Snapshot, at: float, baseline: bool) -> None:
+        # An interval gauge read at a scrape describes the time before it (SGLang's covers its
+        # last logging interval), so it weighs the interval since the previous scrape; the
+        # baseline's value describes time before the window and weighs nothing.
+        if baseline or self.last_at is None or at <= self.last_at:
+            return
+        dt = at - self.last_at
+        for name, value in snapshot.gauges.items():
+            if math.isfinite(value):
+                self.gauge_weighted[name] = self.gauge_weighted.get(name, 0.0) + value * dt
+                self.gauge_seconds[name] = self.gauge_seconds.get(name, 0.0) + dt
+
+    def gauge_means(self) -> dict[str, float]:
+        """Each interval gauge's time-weighted mean over the scrapes since the baseline.
+
+        An estimate: the server's gauge covers its own logging interval, not exactly the time
+        between our scrapes, and an idle server keeps showing its last value.
+        """
+        return {
+            name: self.gauge_weighted[name] / seconds
+            for name, seconds in sorted(self.gauge_seconds.items())
+            if seconds > 0
+        }
 
     def totals(self) -> Counts:
         """The increase since the baseline, summed over engines and models."""
@@ -132,6 +161,8 @@ class Accumulator:
             "dialect": self.dialect,
             "before": self.before.as_raw() if self.before is not None else None,
             "reset_spans": [list(span) for span in self.reset_spans],
+            "gauge_weighted": dict(self.gauge_weighted),
+            "gauge_seconds": dict(self.gauge_seconds),
         }
 
     @classmethod
@@ -148,6 +179,8 @@ class Accumulator:
             dialect=data.get("dialect", ""),
             before=Counts.from_raw(data["before"]) if data.get("before") else None,
             reset_spans=[tuple(span) for span in data.get("reset_spans", [])],
+            gauge_weighted=dict(data.get("gauge_weighted", {})),
+            gauge_seconds=dict(data.get("gauge_seconds", {})),
         )
 
 

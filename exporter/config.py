@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from exporter.errors import ConfigError
-from exporter.parse import Dialect
+from exporter.parse import Dialect, default_path
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -78,14 +78,16 @@ class TargetConfig(_Strict):
     host: str = ""
     port: int | None = Field(default=None, ge=1, le=65535)
     scheme: str = "http"
-    path: str = "/metrics"
+    path: str = "/metrics"  # with host + port; TensorRT-LLM's default is /prometheus/metrics
     timeout: Duration | None = None
     headers: dict[str, str] = {}
     token_env: str | None = None
     tls_verify: bool = True
     ca_file: str | None = None
     labels: dict[str, str] = {}
-    dialect: Dialect = Dialect.VLLM
+    # `auto` reads the dialect off the page's first spec-decode name (free: the parser looks
+    # for that line anyway); name one to ignore other engines' names on the page.
+    dialect: Dialect = Dialect.AUTO
 
     @model_validator(mode="before")
     @classmethod
@@ -142,6 +144,9 @@ class TargetConfig(_Strict):
             if not self.host or self.port is None:
                 raise ValueError("needs url, or host and port")
             host = f"[{self.host}]" if ":" in self.host else self.host
+            if "path" not in self.model_fields_set:
+                # trtllm-serve answers /metrics with JSON iteration stats, not Prometheus text.
+                object.__setattr__(self, "path", default_path(self.dialect))
             path = self.path if self.path.startswith("/") else "/" + self.path
             object.__setattr__(self, "url", f"{self.scheme}://{host}:{self.port}{path}")
         if not self.name:

@@ -22,7 +22,9 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
-DIALECTS = ("vllm", "vllm-v0")
+DIALECTS = ("vllm", "vllm-v0", "llamacpp", "sglang", "trtllm")
+# Dialects whose whole page is their own (no vLLM families around the spec-decode ones).
+_OTHER_ENGINES = ("llamacpp", "sglang", "trtllm")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # The non-spec-decode part of the page costs most of the rendering time on big pages, so it is
@@ -240,6 +242,10 @@ class _Engine:
     drafts: int = 0
     draft_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
+    # Draft tokens proposed at each position (TensorRT-LLM's per-position drafted counter).
+    drafted_per_pos: list[int] = field(default_factory=list)
+    # The last add(): SGLang's gauges describe only the recent logging interval.
+    last: tuple[int, int, int] = (0, 0, 0)  # drafts, draft tokens, accepted tokens
 
 
 def _engine_value(state: _Engine, key: str) -> int:
@@ -305,7 +311,10 @@ class FakeServer:
 
     def restart(self) -> None:
         """Restart the server: every counter back to 0, new _created timestamps."""
-        self._engines = [_Engine(accepted_per_pos=[0] * self.k) for _ in range(self.engines)]
+        self._engines = [
+            _Engine(accepted_per_pos=[0] * self.k, drafted_per_pos=[0] * self.k)
+            for _ in range(self.engines)
+        ]
         # A scraper detects a restart by a changed _created, so never reuse the old value.
         self._created = max(time.time(), self._created + 1e-6)
         self._generation += 1
@@ -329,6 +338,15 @@ class FakeServer:
         state.draft_tokens += draft_tokens
         for pos, count in enumerate(accepted_per_pos):
             state.accepted_per_pos[pos] += count
+        # Every draft proposes position 0; the other draft tokens fill later positions in
+        # order, at most one per draft each, so the per-position counts only ever grow.
+        remaining = draft_tokens
+        for pos in range(self.k):
+            take = drafts if pos == 0 else min(drafts, max(remaining, 0))
+            state.drafted_per_pos[pos] += take
+            remaining -= take
+        if drafts or draft_tokens:
+            state.last = (drafts, draft_tokens, sum(accepted_per_pos))
 
     def simulate(self, drafts: int) -> None:
         """Run `drafts` random drafts spread over the engines, accepting a prefix of each."""
@@ -364,8 +382,15 @@ class FakeServer:
             "accepted_per_pos": per_pos,
         }
 
+    @property
+    def metrics_path(self) -> str:
+        """Where this dialect's server serves Prometheus text."""
+        return "/prometheus/metrics" if self.dialect == "trtllm" else "/metrics"
+
     def render(self) -> bytes:
         """Return the full /metrics page in Prometheus text format 0.0.4."""
+        if self.dialect in _OTHER_ENGINES:
+            return _render_other_engine(self)
         key = (self._generation, self.lora_adapters)
         now = time.monotonic()
         if key != self._rest_key or now - self._rest_at >= REST_REFRESH_SECONDS:
@@ -728,6 +753,186 @@ def _add_histogram(
         )
 
 
+def _cxx(value: float) -> str:
+    """A double as a C++ stream prints it by default (6 significant digits), as llama.cpp does."""
+    return f"{value:g}"
+
+
+def _render_llamacpp(server: FakeServer) -> bytes:
+    """llama.cpp's /metrics: server_task_result_metrics::to_metrics() in server-task.cpp."""
+    totals = server.totals()
+    drafts, tokens = totals["num_drafts"], totals["num_draft_tokens"]
+    accepted = totals["num_accepted_tokens"]
+    generated = accepted + drafts
+    counters = (
+        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+         generated * 3),
+        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", 0),
+        ("prompt_seconds_total", "Total time spent processing prompts", generated * 0.0002),
+        ("tokens_predicted_total", "Number of generation tokens processed", generated),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens",
+         generated * 0.01),
+        ("n_decode_total", "Total number of llama_decode() calls, excluding speculative "
+         "decoding and multimodal decoding", drafts),
+        ("n_tokens_max", "Largest observed sequence length (prompt + generation)",
+         min(generated, MAX_MODEL_LEN)),
+        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+         tokens),
+        ("spec_decode_num_accepted_tokens_total",
+         "Speculative: Total draft tokens accepted by the target model", accepted),
+        ("spec_decode_num_drafts_total",
+         "Speculative: Total speculative decoding verification steps", drafts),
+    )
+    gauges = (
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", 5000.0 if drafts else 0),
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
+         100.0 if drafts else 0),
+        ("requests_processing", "Number of requests processing", 0),
+        ("requests_deferred", "Number of requests deferred", 0),
+        ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+         1.0 if drafts else 0),
+    )
+    lines = []
+    for kind, items in (("counter", counters), ("gauge", gauges)):
+        for name, help_text, value in items:
+            lines += [
+                f"# HELP llamacpp:{name} {help_text}",
+                f"# TYPE llamacpp:{name} {kind}",
+                f"llamacpp:{name} {_cxx(float(value))}",
+            ]
+    if server.spec_decode and drafts:
+        # Sized to the draft length once a draft was verified; uint64 values print exactly.
+        name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+        lines += [f"# HELP {name} Accepted tokens per draft position", f"# TYPE {name} counter"]
+        for pos, value in totals["accepted_per_pos"].items():
+            lines.append(f'{name}{{position="{pos}"}} {value}')
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _render_sglang(server: FakeServer) -> bytes:
+    """SGLang's scheduler families (python/sglang/srt/metrics/collector.py), one rank each."""
+    label_names = ["model_name", "engine_type", "tp_rank", "pp_rank"]
+    if server.engines > 1:
+        label_names.append("dp_rank")
+    length = GaugeMetricFamily(
+        "sglang:spec_accept_length",
+        "The average acceptance length of speculative decoding.",
+        labels=label_names,
+    )
+    rate = GaugeMetricFamily(
+        "sglang:spec_accept_rate",
+        "The average acceptance rate of speculative decoding (`accepted tokens / total draft "
+        "tokens` in batch).",
+        labels=label_names,
+    )
+    running = GaugeMetricFamily(
+        "sglang:num_running_reqs", "The number of running requests.", labels=label_names
+    )
+    throughput = GaugeMetricFamily(
+        "sglang:gen_throughput", "The generation throughput (token/s).", labels=label_names
+    )
+    prompt = CounterMetricFamily(
+        "sglang:prompt_tokens", "Number of prefill tokens processed.", labels=label_names
+    )
+    generation = CounterMetricFamily(
+        "sglang:generation_tokens", "Number of generation tokens processed.", labels=label_names
+    )
+    for index, state in enumerate(server._engines):
+        values = [server.model_name, "unified", "0", "0"] + (
+            [str(index)] if server.engines > 1 else []
+        )
+        drafts, tokens, accepted = state.last
+        if server.spec_decode and drafts:
+            # Over the last logging interval: length counts the bonus token of each forward.
+            length.add_metric(values, 1.0 + accepted / drafts)
+            rate.add_metric(values, accepted / tokens if tokens else 0.0)
+        else:
+            # Before any decode batch is logged, and always without spec decoding, SGLang
+            # shows both gauges at 0.
+            length.add_metric(values, 0.0)
+            rate.add_metric(values, 0.0)
+        generated = sum(state.accepted_per_pos) + state.drafts
+        running.add_metric(values, 4.0 if generated else 0.0)
+        throughput.add_metric(values, 120.5 if drafts else 0.0)
+        prompt.add_metric(values, float(generated * 3))
+        generation.add_metric(values, float(generated))
+    families = [running, throughput, length, rate, prompt, generation]
+    return generate_latest(_Families(families))
+
+
+def _render_trtllm(server: FakeServer) -> bytes:
+    """trtllm-serve's /prometheus/metrics (tensorrt_llm/metrics/collector.py), multiprocess."""
+    labels = ["model_name", "engine_type"]
+    values = [server.model_name, "trtllm"]
+    totals = server.totals()
+    drafts, tokens = totals["num_drafts"], totals["num_draft_tokens"]
+    accepted = totals["num_accepted_tokens"]
+    families: list[Metric] = []
+    running = GaugeMetricFamily(
+        "trtllm_num_requests_running", "Number of active requests", labels=labels
+    )
+    running.add_metric(values, 4.0 if drafts else 0.0)
+    families.append(running)
+    generation = CounterMetricFamily(
+        "trtllm_generation_tokens",
+        "Cumulative number of generation (output) tokens produced.",
+        labels=labels,
+    )
+    generation.add_metric(values, float(accepted + drafts))
+    families.append(generation)
+    if server.spec_decode and tokens:
+        # Counters are created on the first inc() of a label set: absent until spec activity.
+        for name, help_text, value in (
+            ("trtllm_spec_decode_num_draft_tokens",
+             "Total number of draft tokens in speculative decoding", tokens),
+            ("trtllm_spec_decode_num_accepted_tokens",
+             "Total number of accepted tokens in speculative decoding", accepted),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=labels)
+            family.add_metric(values, float(value))
+            families.append(family)
+        last = [e.last for e in server._engines]
+        last_drafts = sum(d for d, _, _ in last)
+        length = GaugeMetricFamily(
+            "trtllm_spec_decode_acceptance_length",
+            "Acceptance length in speculative decoding",
+            labels=labels,
+        )
+        if last_drafts:
+            length.add_metric(values, 1.0 + sum(a for _, _, a in last) / last_drafts)
+        families.append(length)
+        pos_labels = [*labels, "token_position"]
+        drafted = CounterMetricFamily(
+            "trtllm_spec_decode_drafted_tokens",
+            "Total drafted tokens per speculative decoding position.",
+            labels=pos_labels,
+        )
+        accepted_pos = CounterMetricFamily(
+            "trtllm_spec_decode_accepted_tokens",
+            "Total accepted tokens per speculative decoding position.",
+            labels=pos_labels,
+        )
+        for pos in range(server.k):
+            n_drafted = sum(e.drafted_per_pos[pos] for e in server._engines)
+            n_accepted = totals["accepted_per_pos"][pos]
+            # A position's series exists once something was drafted (accepted) there.
+            if n_drafted:
+                drafted.add_metric([*values, str(pos)], float(n_drafted))
+            if n_accepted:
+                accepted_pos.add_metric([*values, str(pos)], float(n_accepted))
+        families += [drafted, accepted_pos]
+    return generate_latest(_Families(families))
+
+
+def _render_other_engine(server: FakeServer) -> bytes:
+    """The page of a non-vLLM engine speaking `server.dialect`."""
+    if server.dialect == "llamacpp":
+        return _render_llamacpp(server)
+    if server.dialect == "sglang":
+        return _render_sglang(server)
+    return _render_trtllm(server)
+
+
 FAKE_SERVER = web.AppKey("fake_server", FakeServer)
 _TRAFFIC_ON = web.AppKey("fake_traffic_on", asyncio.Event)
 
@@ -761,6 +966,11 @@ def _totals_json(server: FakeServer) -> dict:
     totals = server.totals()
     totals["accepted_per_pos"] = {str(p): v for p, v in totals["accepted_per_pos"].items()}
     return totals
+
+
+async def _iteration_stats(request: web.Request) -> web.Response:
+    """Answer what trtllm-serve's /metrics answers: a JSON list of iteration stats."""
+    return web.json_response([])
 
 
 async def _totals(request: web.Request) -> web.Response:
@@ -811,7 +1021,10 @@ def make_fake_app(
     app[FAKE_SERVER] = server
     app[_TRAFFIC_ON] = asyncio.Event()
     app[_TRAFFIC_ON].set()
-    app.router.add_get("/metrics", _metrics)
+    app.router.add_get(server.metrics_path, _metrics)
+    if server.metrics_path != "/metrics":
+        # trtllm-serve answers /metrics with JSON iteration stats, not Prometheus text.
+        app.router.add_get("/metrics", _iteration_stats)
     app.router.add_get("/control/totals", _totals)
     app.router.add_post("/control/restart", _restart)
     app.router.add_post("/control/add", _add)

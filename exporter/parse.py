@@ -16,26 +16,41 @@ from exporter.snapshot import Field, SeriesKey, Snapshot
 
 
 class Dialect(StrEnum):
-    """Metric naming schemes we understand, picked per target."""
+    """Metric naming schemes we understand, picked per target or detected from the page."""
 
+    AUTO = "auto"  # the first spec-decode name on the page picks one of the others
     VLLM = "vllm"  # V1 names; V0 names on the same prefix are recognised too
-    LLAMACPP = "llamacpp"  # llama.cpp server: vLLM V1's schema under `llamacpp:`
+    LLAMACPP = "llamacpp"  # llama.cpp server: vLLM V1's counter names under `llamacpp:`
+    SGLANG = "sglang"  # interval gauges only: `sglang:spec_accept_length`, `..._rate`
+    TRTLLM = "trtllm"  # TensorRT-LLM's `trtllm_spec_decode_*`, served at /prometheus/metrics
 
 
 @dataclass(frozen=True)
 class DialectSpec:
-    """How one dialect names the counters: a line prefix and metric name -> field tables."""
+    """How one dialect names its series: a line prefix and metric name -> field tables."""
 
     prefix: bytes
     counters: dict[str, Field]  # counter name without `_total`/`_created`
     gauges: frozenset[str] = frozenset()
     v0_markers: frozenset[str] = frozenset()  # names only vLLM V0 exposes
+    # Per-position counters of which only position 0 is read, as this field: TensorRT-LLM
+    # counts no drafts, but every draft proposes a token at position 0.
+    first_position: dict[str, Field] = field(default_factory=dict)
+    position_label: str = "position"
+    # A gauge whose value 0 means "nothing measured yet" (SGLang sets its spec gauges to 0
+    # until a decode batch is logged, and always when spec decoding is off): a series whose
+    # gate is not above 0 contributes no gauge.
+    gauge_gate: str | None = None
+    path: str = "/metrics"  # where the server serves Prometheus text by default
     names: dict[bytes, tuple[Field | None, str]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         for base, fld in self.counters.items():
             self.names[(base + "_total").encode()] = (fld, "value")
             self.names[(base + "_created").encode()] = (fld, "created")
+        for base, fld in self.first_position.items():
+            self.names[(base + "_total").encode()] = (fld, "first")
+            self.names[(base + "_created").encode()] = (fld, "first_created")
         for name in self.gauges:
             self.names[name.encode()] = (None, "gauge")
 
@@ -50,6 +65,9 @@ def _v1_counters(prefix: str) -> dict[str, Field]:
 
 
 _V0_GAUGES = frozenset({"vllm:spec_decode_draft_acceptance_rate", "vllm:spec_decode_efficiency"})
+SGLANG_LENGTH = "sglang:spec_accept_length"
+SGLANG_RATE = "sglang:spec_accept_rate"
+TRTLLM_LENGTH = "trtllm_spec_decode_acceptance_length"
 
 DIALECTS: dict[Dialect, DialectSpec] = {
     Dialect.VLLM: DialectSpec(
@@ -59,10 +77,91 @@ DIALECTS: dict[Dialect, DialectSpec] = {
         gauges=_V0_GAUGES,
         v0_markers=_V0_GAUGES | {"vllm:spec_decode_num_emitted_tokens_total"},
     ),
+    # tools/server/server-task.cpp, server_task_result_metrics::to_metrics(): no labels but
+    # `position`, no `_created`, values printed by a C++ stream (6 significant digits).
     Dialect.LLAMACPP: DialectSpec(
         prefix=b"llamacpp:spec_decode_", counters=_v1_counters("llamacpp:")
     ),
+    # python/sglang/srt/metrics/collector.py: gauges over the last decode_log_interval
+    # batches, labels model_name, engine_type, tp_rank, pp_rank (and dp_rank).
+    Dialect.SGLANG: DialectSpec(
+        prefix=b"sglang:spec_accept_",
+        counters={},
+        gauges=frozenset({SGLANG_LENGTH, SGLANG_RATE}),
+        gauge_gate=SGLANG_LENGTH,
+    ),
+    # tensorrt_llm/metrics/collector.py: iteration counters of draft and accepted tokens,
+    # per-request counters per `token_position`; labels model_name, engine_type.
+    Dialect.TRTLLM: DialectSpec(
+        prefix=b"trtllm_spec_decode_",
+        counters={
+            "trtllm_spec_decode_num_draft_tokens": Field.DRAFT_TOKENS,
+            "trtllm_spec_decode_num_accepted_tokens": Field.ACCEPTED,
+            "trtllm_spec_decode_accepted_tokens": Field.PER_POS,
+        },
+        first_position={"trtllm_spec_decode_drafted_tokens": Field.DRAFTS},
+        gauges=frozenset({TRTLLM_LENGTH}),
+        position_label="token_position",
+        path="/prometheus/metrics",
+    ),
 }
+
+# What results built from a dialect must say about their numbers, by `Snapshot.dialect`.
+DIALECT_NOTES: dict[str, str] = {
+    "vllm-v0": (
+        "vLLM V0 counters over-count: V0 re-adds a running total every logging interval, so "
+        "draft and accepted token counts are inflated; the acceptance rate is indicative only"
+    ),
+    "sglang": (
+        "SGLang exposes no counters, only interval gauges (sglang:spec_accept_length, "
+        "sglang:spec_accept_rate): the figures are their time-weighted means over the "
+        "window's scrapes, an estimate, not exact counts"
+    ),
+    "trtllm": (
+        "TensorRT-LLM counts drafts only per position (trtllm_spec_decode_drafted_tokens_total"
+        ", needs return_perf_metrics); without it, acceptance length and per-position rates "
+        "cannot be computed"
+    ),
+}
+
+
+def dialect_note(name: str | None) -> str | None:
+    """The caveat results must carry for numbers from dialect `name` (`Snapshot.dialect`)."""
+    return DIALECT_NOTES.get(name or "")
+
+
+def default_path(dialect: Dialect | str) -> str:
+    """The path a dialect's server serves Prometheus text on (for host + port targets)."""
+    spec = DIALECTS.get(Dialect(dialect))
+    return spec.path if spec is not None else "/metrics"
+
+
+# The detection probe: every dialect's prefix holds `spec_`, preceded by its namespace.
+_PROBE = b"spec_"
+_NAMESPACES = tuple(
+    (spec.prefix[: spec.prefix.index(_PROBE)], dialect, spec) for dialect, spec in DIALECTS.items()
+)
+
+
+def detect_dialect(page: bytes) -> tuple[Dialect | None, int]:
+    """The dialect of the first spec-decode name on the page and the start of its line.
+
+    One `bytes.find` pass that stops at the first hit, so detection adds no pass over the page:
+    the parser starts from the returned line, above which no spec-decode series can be.
+    """
+    at = page.find(_PROBE)
+    while at >= 0:
+        for namespace, dialect, spec in _NAMESPACES:
+            begin = at - len(namespace)
+            if (
+                begin >= 0
+                and page.startswith(spec.prefix, begin)
+                and (begin == 0 or page[begin - 1] in b"\n \t")
+            ):
+                return dialect, page.rfind(b"\n", 0, begin) + 1
+        at = page.find(_PROBE, at + len(_PROBE))
+    return None, -1
+
 
 # name="value" pairs; values may hold escaped quotes, backslashes, commas, spaces and `/`.
 _LABEL = re.compile(rb'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*')
@@ -139,15 +238,25 @@ def _number(text: bytes) -> float | None:
 
 
 def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
-    """The spec-decode series of a page; counters keyed per engine, model and position."""
-    spec = DIALECTS[Dialect(dialect)]
+    """The spec-decode series of a page; counters keyed per engine, model and position.
+
+    Gauges are averaged over their series (ranks, models): a sum of ratios means nothing.
+    """
+    dialect = Dialect(dialect)
+    frm = 0
+    if dialect is Dialect.AUTO:
+        found, frm = detect_dialect(page)
+        if found is None:
+            return Snapshot({}, {}, {}, Dialect.AUTO.value, 0)
+        dialect = found
+    spec = DIALECTS[dialect]
     values: dict[SeriesKey, float] = {}
     created: dict[SeriesKey, float] = {}
-    gauges: dict[str, float] = {}
+    gauge_series: dict[tuple[str, tuple], float] = {}
     duplicates = 0
     is_v0 = False
     needle = b"\n" + spec.prefix
-    start = 0 if page.startswith(spec.prefix) else _next_line(page, needle, 0)
+    start = frm if page.startswith(spec.prefix, frm) else _next_line(page, needle, frm)
     while start >= 0:
         end = page.find(b"\n", start)
         if end < 0:
@@ -163,18 +272,32 @@ def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
             is_v0 = True
         if kind == "gauge":
             if math.isfinite(value):
-                gauges[name] = gauges.get(name, 0.0) + value
+                gauge_series.setdefault((name, tuple(sorted(labels.items()))), value)
             continue
-        key = _series_key(fld, labels)
+        key = _series_key(fld, labels, spec, kind)
         if key is None:
             continue
-        target = values if kind == "value" else created
+        target = created if kind.endswith("created") else values
         if key in target:
             duplicates += 1
             continue
         target[key] = value
+    gauges = _gauge_means(gauge_series, spec.gauge_gate)
     dialect_name = "vllm-v0" if is_v0 else spec_name(dialect)
     return Snapshot(values, created, gauges, dialect_name, duplicates)
+
+
+def _gauge_means(series: dict[tuple[str, tuple], float], gate: str | None) -> dict[str, float]:
+    if gate is not None:
+        # Series of a rank that has measured nothing yet (gate at 0) are left out entirely.
+        live = {labels for (name, labels), value in series.items() if name == gate and value > 0}
+        series = {key: value for key, value in series.items() if key[1] in live}
+    sums: dict[str, list[float]] = {}
+    for (name, _), value in series.items():
+        total = sums.setdefault(name, [0.0, 0])
+        total[0] += value
+        total[1] += 1
+    return {name: total / count for name, (total, count) in sums.items()}
 
 
 def _next_line(page: bytes, needle: bytes, frm: int) -> int:
@@ -187,16 +310,22 @@ def spec_name(dialect: Dialect | str) -> str:
     return Dialect(dialect).value
 
 
-def _series_key(fld: Field | None, labels: dict[str, str]) -> SeriesKey | None:
+def _series_key(
+    fld: Field | None, labels: dict[str, str], spec: DialectSpec, kind: str = "value"
+) -> SeriesKey | None:
     assert fld is not None
     model = labels.pop("model_name", "")
     engine = labels.pop("engine", "")
     position = -1
-    if fld is Field.PER_POS:
-        text = labels.pop("position", "")
+    if fld is Field.PER_POS or kind.startswith("first"):
+        text = labels.pop(spec.position_label, "")
         # ASCII digits only: int() also takes " 3", "+3", "3_0" and non-ASCII digits.
         if not (text.isascii() and text.isdigit()):
             return None
-        position = int(text)
+        if kind.startswith("first"):
+            if int(text) != 0:
+                return None
+        else:
+            position = int(text)
     extra = tuple(sorted(labels.items())) if labels else ()
     return SeriesKey(fld, model, engine, position, extra)

@@ -111,8 +111,9 @@ class Snapshot:
 
     values: Mapping[SeriesKey, float]
     created: Mapping[SeriesKey, float]  # `_created` of the counter series, where exposed
-    gauges: Mapping[str, float] = field(default_factory=dict)  # V0 gauges, by metric name
-    dialect: str = "vllm"
+    # Interval gauges (vLLM V0, SGLang, TRT-LLM) by metric name, averaged over their series.
+    gauges: Mapping[str, float] = field(default_factory=dict)
+    dialect: str = "vllm"  # what the page spoke: a `Dialect` value, or "vllm-v0"
     duplicates: int = 0  # repeated series in the page; the first one is kept
 
     @property

@@ -189,7 +189,7 @@ class TestTarget:
             ({"url": "http://h:1/", "timeout": "fast"},
              "targets.0.timeout: must be a duration like 250ms, 5s or 1m, not 'fast'"),
             ({"url": "http://h:1/", "dialect": "tgi"},
-             "targets.0.dialect: must be 'vllm' or 'llamacpp'"),
+             "targets.0.dialect: must be 'auto', 'vllm', 'llamacpp', 'sglang' or 'trtllm'"),
         ],
     )
     def test_problems(self, fields, problem):

@@ -250,7 +250,7 @@ class TestFakeServer:
 
     @pytest.mark.parametrize(
         ("field", "value"),
-        [("k", 0), ("acceptance", 1.5), ("engines", 0), ("dialect", "sglang")],
+        [("k", 0), ("acceptance", 1.5), ("engines", 0), ("dialect", "tgi")],
     )
     def test_refuses_bad_settings(self, field, value):
         with pytest.raises(ValueError, match=field):

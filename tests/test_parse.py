@@ -36,13 +36,15 @@ def reference_snapshot(text: str, dialect: Dialect = Dialect.VLLM) -> Snapshot:
     bases = V0_BASES if dialect is Dialect.VLLM else BASES
     values: dict[SeriesKey, float] = {}
     created: dict[SeriesKey, float] = {}
-    gauges: dict[str, float] = {}
+    gauges: dict[str, list[float]] = {}
+    gauge_series: dict[tuple[str, tuple], float] = {}
     duplicates = 0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if dialect is Dialect.VLLM and sample.name in V0_GAUGES:
                 if math.isfinite(sample.value):
-                    gauges[sample.name] = gauges.get(sample.name, 0.0) + sample.value
+                    labelset = tuple(sorted(sample.labels.items()))
+                    gauge_series.setdefault((sample.name, labelset), sample.value)
                 continue
             name = sample.name.removeprefix(prefix)
             if name == sample.name:
@@ -69,7 +71,12 @@ def reference_snapshot(text: str, dialect: Dialect = Dialect.VLLM) -> Snapshot:
                 duplicates += 1
             else:
                 target[key] = float(sample.value)
-    return Snapshot(values, created, gauges, dialect.value, duplicates)
+    # Gauges: the mean over distinct series (first sample of a repeated series kept).
+    for (name, _), value in gauge_series.items():
+        gauges.setdefault(name, [])
+        gauges[name].append(value)
+    means = {name: sum(vs) / len(vs) for name, vs in gauges.items()}
+    return Snapshot(values, created, means, dialect.value, duplicates)
 
 
 def reference_text(text: str) -> str:
