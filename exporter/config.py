@@ -162,6 +162,24 @@ class TargetConfig(_Strict):
         return f"{host}:{port}"
 
 
+class FileSDConfig(_Strict):
+    """Prometheus-style file discovery: JSON or YAML files of `[{targets, labels}]`."""
+
+    files: list[str] = Field(min_length=1)  # glob patterns
+    refresh_interval: Duration = 30.0
+
+
+class HttpSDConfig(_Strict):
+    """Prometheus-style HTTP discovery: a URL answering `[{targets, labels}]` as JSON."""
+
+    url: str
+    refresh_interval: Duration = 60.0
+    headers: dict[str, str] = {}
+    token_env: str | None = None
+
+    _check_url = field_validator("url")(classmethod(lambda cls, v: TargetConfig._url(v)))
+
+
 class Config(_Strict):
     """The whole exporter configuration; replaced whole on reload."""
 
@@ -178,6 +196,8 @@ class Config(_Strict):
     shard_index: int = Field(default=0, ge=0)
     auth: AuthConfig = AuthConfig()
     targets: list[TargetConfig] = []
+    file_sd: list[FileSDConfig] = []
+    http_sd: list[HttpSDConfig] = []
 
     _check_listen = field_validator("listen")(classmethod(lambda cls, v: _check_host_port(v)))
 

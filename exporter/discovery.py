@@ -1,0 +1,168 @@
+"""Targets from Prometheus-style `file_sd` files and `http_sd` URLs, re-read as they change.
+
+Both speak Prometheus's format: a list of `{"targets": ["host:port", ...], "labels": {...}}`.
+Meta labels pick what a static target would set by key: `__scheme__`, `__metrics_path__`,
+`__specdec_name__`, `__specdec_dialect__`; every other label starting `__` is dropped.
+A source that breaks keeps its last good list, and the error is kept for the API and logs.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from pydantic import ValidationError
+
+from exporter.config import Config, HttpSDConfig, TargetConfig
+from exporter.errors import ExporterError
+
+log = logging.getLogger(__name__)
+
+MAX_SD_BYTES = 8 * 1024 * 1024
+_META = {"__scheme__": "scheme", "__metrics_path__": "path", "__specdec_name__": "name",
+         "__specdec_dialect__": "dialect"}
+
+
+class DiscoveryError(ExporterError):
+    """A discovery source whose content cannot be used; the message says where and why."""
+
+
+def targets_from_document(data: Any, source: str) -> list[TargetConfig]:
+    """A parsed `[{targets, labels}]` document -> targets, or `DiscoveryError` naming the entry."""
+    if not isinstance(data, list):
+        raise DiscoveryError(f"{source}: must be a list of {{targets, labels}} groups")
+    found: list[TargetConfig] = []
+    for index, group in enumerate(data):
+        where = f"{source}: {index}"
+        if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
+            raise DiscoveryError(f"{where}: each group needs a `targets` list")
+        labels = group.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise DiscoveryError(f"{where}.labels: must be a mapping")
+        fields = {key: labels[meta] for meta, key in _META.items() if meta in labels}
+        plain = {k: str(v) for k, v in labels.items() if not str(k).startswith("__")}
+        for position, address in enumerate(group["targets"]):
+            host, sep, port = str(address).rpartition(":")
+            if not sep or not port.isdigit():
+                raise DiscoveryError(f"{where}.targets.{position}: want host:port, not {address!r}")
+            try:
+                found.append(TargetConfig(host=host.strip("[]"), port=int(port), labels=plain,
+                                          **fields))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function"))
+                raise DiscoveryError(
+                    f"{where}.targets.{position}: {loc + ': ' if loc else ''}"
+                    f"{first['msg'].removeprefix('Value error, ')}"
+                ) from None
+    return found
+
+
+def read_sd_file(path: Path) -> list[TargetConfig]:
+    """One file_sd file: JSON, or YAML by its `.yml`/`.yaml` name."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DiscoveryError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text) if path.suffix in (".yml", ".yaml") else json.loads(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise DiscoveryError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: "
+                             f"{str(exc).splitlines()[0]}") from None
+    return targets_from_document(data, str(path))
+
+
+@dataclass
+class _Source:
+    targets: list[TargetConfig] = field(default_factory=list)
+    stamp: object = None  # file mtime/size, or the time of the last poll
+    error: str | None = None
+
+
+class Discovery:
+    """Keeps the discovered targets of every configured source fresh; cheap to call each round."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.sources: dict[str, _Source] = {}
+
+    def targets(self) -> list[TargetConfig]:
+        """Every discovered target, first source wins on a name clash."""
+        seen: dict[str, TargetConfig] = {}
+        for source in self.sources.values():
+            for target in source.targets:
+                seen.setdefault(target.name, target)
+        return list(seen.values())
+
+    def errors(self) -> dict[str, str]:
+        """Source -> the reason its last read failed (its last good list is still used)."""
+        return {name: s.error for name, s in self.sources.items() if s.error}
+
+    async def refresh(self, session: aiohttp.ClientSession | None, now: float) -> bool:
+        """Re-read changed files and due URLs; whether the target list changed."""
+        before = self.targets()
+        live: set[str] = set()
+        for sd in self.config.file_sd:
+            for pattern in sd.files:
+                for name in sorted(glob.glob(pattern)):
+                    live.add(name)
+                    self._refresh_file(Path(name))
+        for sd in self.config.http_sd:
+            live.add(sd.url)
+            source = self.sources.setdefault(sd.url, _Source())
+            due = source.stamp is None or now - float(source.stamp) >= sd.refresh_interval
+            if due and session is not None:
+                source.stamp = now
+                await self._poll(session, sd, source)
+        for gone in set(self.sources) - live:  # a deleted file takes its targets with it
+            del self.sources[gone]
+        return self.targets() != before
+
+    def _refresh_file(self, path: Path) -> None:
+        source = self.sources.setdefault(str(path), _Source())
+        try:
+            stat = path.stat()
+        except OSError:
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == source.stamp:
+            return
+        source.stamp = stamp
+        try:
+            source.targets = read_sd_file(path)
+            source.error = None
+        except DiscoveryError as exc:
+            source.error = str(exc)
+            log.error("discovery failed source=%s error=%s", path, exc)
+
+    async def _poll(self, session: aiohttp.ClientSession, sd: HttpSDConfig, source: _Source):
+        headers = dict(sd.headers)
+        if sd.token_env and (token := os.environ.get(sd.token_env)):
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            timeout = aiohttp.ClientTimeout(total=min(sd.refresh_interval, 30.0))
+            async with session.get(sd.url, headers=headers, timeout=timeout) as response:
+                if response.status != 200:
+                    raise DiscoveryError(f"{sd.url}: HTTP {response.status}")
+                body = await response.content.read(MAX_SD_BYTES + 1)
+                if len(body) > MAX_SD_BYTES:
+                    raise DiscoveryError(f"{sd.url}: answer over {MAX_SD_BYTES} bytes")
+            try:
+                data = json.loads(body)
+            except ValueError as exc:
+                raise DiscoveryError(f"{sd.url}: not valid JSON: {exc}") from None
+            source.targets = targets_from_document(data, sd.url)
+            source.error = None
+        except DiscoveryError as exc:
+            source.error = str(exc)
+            log.error("discovery failed source=%s error=%s", sd.url, exc)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            source.error = f"{sd.url}: {exc or type(exc).__name__}"
+            log.error("discovery failed source=%s error=%s", sd.url, source.error)
