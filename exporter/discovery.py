@@ -43,7 +43,8 @@ def targets_from_document(data: Any, source: str) -> list[TargetConfig]:
         where = f"{source}: {index}"
         if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
             raise DiscoveryError(f"{where}: each group needs a `targets` list")
-        labels = group.get("labels") or {}
+        labels = group.get("labels")
+        labels = {} if labels is None else labels
         if not isinstance(labels, dict):
             raise DiscoveryError(f"{where}.labels: must be a mapping")
         fields = {key: labels[meta] for meta, key in _META.items() if meta in labels}

@@ -1,0 +1,110 @@
+"""Discovery sources: file_sd files and http_sd URLs, their changes, and broken content."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from exporter.config import validate_config
+from exporter.discovery import Discovery, DiscoveryError, targets_from_document
+
+
+def _bump(path):
+    # Make sure a rewrite within the same clock tick still looks changed.
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+
+
+class TestTargetsFromDocument:
+    def test_groups_labels_and_meta_labels(self):
+        targets = targets_from_document([
+            {"targets": ["10.0.0.1:8000", "10.0.0.2:8000"], "labels": {"cluster": "a"}},
+            {"targets": ["10.0.0.3:9000"], "labels": {
+                "__scheme__": "https", "__metrics_path__": "/prometheus/metrics",
+                "__specdec_name__": "trt", "__specdec_dialect__": "trtllm", "__ignored": "x"}},
+        ], "sd.json")
+        assert [t.name for t in targets] == ["10.0.0.1:8000", "10.0.0.2:8000", "trt"]
+        assert targets[0].labels == {"cluster": "a"}
+        assert targets[2].url == "https://10.0.0.3:9000/prometheus/metrics"
+        assert targets[2].dialect == "trtllm" and targets[2].labels == {}
+
+    @pytest.mark.parametrize(
+        ("data", "message"),
+        [
+            ({"targets": []}, "sd.json: must be a list of {targets, labels} groups"),
+            ([{"labels": {}}], "sd.json: 0: each group needs a `targets` list"),
+            ([{"targets": ["nohost"]}], "sd.json: 0.targets.0: want host:port, not 'nohost'"),
+            ([{"targets": ["h:1"], "labels": []}], "sd.json: 0.labels: must be a mapping"),
+            ([{"targets": ["h:1"], "labels": {"target": "x"}}],
+             "sd.json: 0.targets.0: labels: 'target' is reserved by the exporter"),
+        ],
+    )
+    def test_bad_documents_name_the_entry(self, data, message):
+        with pytest.raises(DiscoveryError) as info:
+            targets_from_document(data, "sd.json")
+        assert str(info.value) == message
+
+
+class TestFileSD:
+    async def test_add_change_remove_and_broken_file(self, tmp_path):
+        config = validate_config({"file_sd": [{"files": [str(tmp_path / "*.json"),
+                                                         str(tmp_path / "*.yml")]}]})
+        discovery = Discovery(config)
+        assert await discovery.refresh(None, 0.0) is False
+        first = tmp_path / "a.json"
+        first.write_text(json.dumps([{"targets": ["127.0.0.1:1"]}]))
+        assert await discovery.refresh(None, 1.0) is True
+        assert [t.name for t in discovery.targets()] == ["127.0.0.1:1"]
+        assert await discovery.refresh(None, 2.0) is False  # unchanged file is not re-read
+        (tmp_path / "b.yml").write_text("- targets: ['127.0.0.1:2']\n  labels: {pool: b}\n")
+        assert await discovery.refresh(None, 3.0) is True
+        assert sorted(t.name for t in discovery.targets()) == ["127.0.0.1:1", "127.0.0.1:2"]
+        first.write_text("[{not json")
+        _bump(first)
+        assert await discovery.refresh(None, 4.0) is False  # broken: last good list kept
+        assert "a.json: not valid json" in next(iter(discovery.errors().values())).lower()
+        first.write_text(json.dumps([{"targets": ["127.0.0.1:3"]}]))
+        _bump(first)
+        assert await discovery.refresh(None, 5.0) is True
+        assert discovery.errors() == {}
+        first.unlink()
+        assert await discovery.refresh(None, 6.0) is True
+        assert [t.name for t in discovery.targets()] == ["127.0.0.1:2"]
+
+
+class TestHttpSD:
+    async def test_polled_on_its_interval_and_errors_kept(self, aiohttp_server, monkeypatch):
+        answers = [
+            (200, json.dumps([{"targets": ["127.0.0.1:5"], "labels": {"zone": "z1"}}])),
+            (500, "oops"),
+            (200, json.dumps([{"targets": ["127.0.0.1:6"]}])),
+        ]
+        seen_auth = []
+
+        async def handler(request):
+            seen_auth.append(request.headers.get("Authorization"))
+            status, body = answers.pop(0)
+            return web.Response(status=status, text=body)
+
+        app = web.Application()
+        app.router.add_get("/sd", handler)
+        server = await aiohttp_server(app)
+        monkeypatch.setenv("SD_TEST_TOKEN", "tok")
+        config = validate_config({"http_sd": [{"url": str(server.make_url("/sd")),
+                                               "refresh_interval": "10s",
+                                               "token_env": "SD_TEST_TOKEN"}]})
+        discovery = Discovery(config)
+        async with aiohttp.ClientSession() as session:
+            assert await discovery.refresh(session, 100.0) is True
+            assert discovery.targets()[0].labels == {"zone": "z1"}
+            assert await discovery.refresh(session, 105.0) is False  # not due yet
+            assert await discovery.refresh(session, 110.0) is False  # 500: list kept
+            assert "HTTP 500" in next(iter(discovery.errors().values()))
+            assert [t.name for t in discovery.targets()] == ["127.0.0.1:5"]
+            assert await discovery.refresh(session, 120.0) is True
+            assert [t.name for t in discovery.targets()] == ["127.0.0.1:6"]
+        assert seen_auth == ["Bearer tok"] * 3
