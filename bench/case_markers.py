@@ -1,0 +1,108 @@
+"""Case 3: latency of window start and stop over the fleet, against one plain concurrent round."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from bench.common import CaseResult, Row, ratio
+from bench.fleet import NginxFleet
+from bench.procs import ExporterProcess
+
+# Stop latency targets (median seconds) by fleet size.
+STOP_TARGETS = {100: 0.5, 1000: 3.0}
+CONCURRENCY = 64  # the exporter's default scrape_concurrency, for the baseline too
+
+
+async def plain_round(session: aiohttp.ClientSession, urls: list[str]) -> float:
+    """Seconds to fetch every URL once, concurrently, reading the whole (gzip) body."""
+
+    async def fetch(url: str) -> int:
+        async with session.get(url, headers={"Accept-Encoding": "gzip"}) as response:
+            return len(await response.read())
+
+    started = time.perf_counter()
+    sizes = await asyncio.gather(*(fetch(u) for u in urls))
+    assert all(sizes), "a fleet page came back empty"
+    return time.perf_counter() - started
+
+
+async def baseline(urls: list[str], repeats: int) -> float:
+    """Median of `repeats` plain rounds on a warm session (what a stop must at least do)."""
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await plain_round(session, urls)
+        return statistics.median([await plain_round(session, urls) for _ in range(repeats)])
+
+
+async def markers(base: str, fleet: NginxFleet, n: int, repeats: int) -> dict:
+    """Time start and stop of `repeats` windows over all targets; counters grow in between."""
+    starts, stops, statuses = [], [], []
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        for r in range(repeats):
+            window = f"bench-{n}-{r}-{time.time_ns()}"
+            t0 = time.perf_counter()
+            async with session.post(f"{base}/api/v1/windows", json={"id": window}) as response:
+                await response.read()
+                if response.status != 201:
+                    raise RuntimeError(f"window start answered {response.status}")
+            starts.append(time.perf_counter() - t0)
+            fleet.advance()  # traffic flows during the window
+            t0 = time.perf_counter()
+            async with session.post(f"{base}/api/v1/windows/{window}/stop") as response:
+                body = await response.json()
+                if response.status != 200:
+                    raise RuntimeError(f"window stop answered {response.status}: {body}")
+            stops.append(time.perf_counter() - t0)
+            statuses.append(sum(1 for res in body["results"].values() if res["status"] == "ok"))
+    return {
+        "start_s": starts,
+        "stop_s": stops,
+        "start_median_s": statistics.median(starts),
+        "stop_median_s": statistics.median(stops),
+        "ok_results_per_stop": statuses,
+    }
+
+
+def run(fleet: NginxFleet, *, sizes=(10, 100, 1000), repeats=None, interval: float = 5.0
+        ) -> CaseResult:
+    """For each N: a baseline round in-process, then the exporter's markers over HTTP."""
+    repeats = repeats or {10: 5, 100: 5, 1000: 3}
+    result = CaseResult("markers")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-markers-"))
+    try:
+        for n in sizes:
+            reps = repeats.get(n, 3)
+            urls = fleet.urls(n)
+            base_s = asyncio.run(baseline(urls, reps))
+            exporter = ExporterProcess(fleet, n, workdir / f"exporter-{n}", interval=interval)
+            try:
+                figures = asyncio.run(markers(exporter.base, fleet, n, reps))
+            finally:
+                exporter.stop()
+            figures |= {"baseline_round_s": base_s, "repeats": reps}
+            result.data[str(n)] = figures
+            limit = STOP_TARGETS.get(n)
+            stop = figures["stop_median_s"]
+            name = "plain aiohttp round"
+            result.rows += [
+                Row("markers", f"N={n}: POST /api/v1/windows median", figures["start_median_s"],
+                    "s", base_s, name, ratio(figures["start_median_s"], base_s)),
+                Row("markers", f"N={n}: POST /api/v1/windows/ID/stop median", stop, "s",
+                    base_s, name, ratio(stop, base_s),
+                    f"< {limit:g} s" if limit else "",
+                    stop < limit if limit else None),
+                Row("markers", f"N={n}: ok results in each stop", min(figures[
+                    "ok_results_per_stop"]), "targets", n, "targets", None, "= N",
+                    min(figures["ok_results_per_stop"]) == n),
+            ]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result

@@ -1,0 +1,168 @@
+"""The exporter and Prometheus as child processes over a fleet, with their CPU read from /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import Child, Skip, cpu_seconds, free_port, http_status, peak_rss_mb, wait_until
+from bench.fleet import NginxFleet
+from exporter.config import validate_config
+
+EXPORTER_AGENT = "specdec-exporter/"
+PROMETHEUS_AGENT = "Prometheus/"
+PROMETHEUS_CANDIDATES = ("prometheus", "/usr/bin/prometheus")
+
+
+def find_prometheus() -> str | None:
+    """The prometheus binary, or None."""
+    for name in PROMETHEUS_CANDIDATES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def exporter_config(fleet: NginxFleet, n: int, workdir: Path, *, interval: float, port: int,
+                    **extra) -> dict:
+    """An exporter config over the first n targets of the fleet (validated)."""
+    config = {
+        "listen": f"127.0.0.1:{port}",
+        "scrape_interval": f"{interval:g}s",
+        "scrape_timeout": f"{min(3.0, interval):g}s",
+        "output_dir": str(workdir / "outputs"),
+        "targets": [{"name": f"t{i}", "url": url} for i, url in enumerate(fleet.urls(n))],
+        **extra,
+    }
+    validate_config(config)
+    return config
+
+
+class ExporterProcess:
+    """`python -m exporter serve --config FILE` over n fleet targets; ready after one round."""
+
+    def __init__(self, fleet: NginxFleet, n: int, workdir: Path, *, interval: float = 5.0,
+                 **extra):
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        path = workdir / "exporter.yaml"
+        # JSON is YAML: no dumper needed.
+        path.write_text(json.dumps(
+            exporter_config(fleet, n, workdir, interval=interval, port=self.port, **extra)
+        ))
+        env = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_TOKEN",)}
+        env["PYTHONUNBUFFERED"] = "1"
+        self.child = Child(
+            [sys.executable, "-m", "exporter", "serve", "--config", str(path)],
+            workdir / "exporter.log", env=env,
+        )
+        try:
+            wait_until(lambda: http_status(self.base + "/-/ready") == 200, 60 + n * 0.05,
+                       "exporter ready", self.child.proc)
+        except RuntimeError as exc:
+            self.child.stop()
+            raise RuntimeError(f"{exc}\n{self.child.tail()}") from None
+
+    @property
+    def pid(self) -> int:
+        """The exporter's pid."""
+        return self.child.pid
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        self.child.stop()
+
+
+class PrometheusProcess:
+    """A real Prometheus scraping n fleet targets at `interval`; TSDB in workdir."""
+
+    def __init__(self, fleet: NginxFleet, n: int, workdir: Path, *, interval: float = 5.0,
+                 keep: str = "spec"):
+        binary = find_prometheus()
+        if binary is None:
+            raise Skip("prometheus not found: apt-get install -y prometheus")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        job: dict = {
+            "job_name": "fleet",
+            "static_configs": [{"targets": fleet.host_ports(n)}],
+        }
+        if keep == "spec":
+            # Same job as the exporter: keep only the spec-decode series (all are still parsed).
+            job["metric_relabel_configs"] = [
+                {"source_labels": ["__name__"], "regex": "vllm:spec_decode_.*", "action": "keep"}
+            ]
+        config = {
+            "global": {"scrape_interval": f"{interval:g}s",
+                       "scrape_timeout": f"{min(3.0, interval):g}s"},
+            "scrape_configs": [job],
+        }
+        path = workdir / "prometheus.yml"
+        path.write_text(json.dumps(config))
+        self.child = Child(
+            [binary, f"--config.file={path}", f"--storage.tsdb.path={workdir / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+            workdir / "prometheus.log",
+        )
+        try:
+            wait_until(lambda: http_status(self.base + "/-/ready") == 200, 60,
+                       "prometheus ready", self.child.proc)
+        except RuntimeError as exc:
+            self.child.stop()
+            raise RuntimeError(f"{exc}\n{self.child.tail()}") from None
+
+    @property
+    def pid(self) -> int:
+        """Prometheus's pid."""
+        return self.child.pid
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        self.child.stop()
+
+
+@dataclass
+class CpuSample:
+    """CPU and scrapes of one process over a measured span."""
+
+    seconds: float
+    cpu_s: float
+    scrapes: int
+    peak_rss_mb: float
+
+    def figures(self, n: int, interval: float) -> dict:
+        """Derived figures: per target-scrape, per round, share of one core."""
+        per_scrape = self.cpu_s / self.scrapes if self.scrapes else None
+        rounds = self.scrapes / n if n else 0.0
+        # Share of a core in steady state: CPU per round over the interval (a span that is not
+        # a whole number of intervals would otherwise skew it).
+        core_pct = 100 * self.cpu_s / (rounds * interval) if rounds else None
+        return {
+            "seconds": self.seconds,
+            "cpu_s": self.cpu_s,
+            "scrapes": self.scrapes,
+            "expected_scrapes": n * int(self.seconds / interval + 1e-6),
+            "rounds": rounds,
+            "cpu_ms_per_target_scrape": per_scrape * 1e3 if per_scrape is not None else None,
+            "cpu_s_per_round": per_scrape * n if per_scrape is not None else None,
+            "core_pct": core_pct,
+            "core_pct_of_span": 100 * self.cpu_s / self.seconds,
+            "peak_rss_mb": self.peak_rss_mb,
+        }
+
+
+def measure(pid: int, fleet: NginxFleet, agent: str, seconds: float) -> CpuSample:
+    """CPU seconds of pid and the scrapes nginx answered for agent, over `seconds` from now."""
+    cpu0, scrapes0, t0 = cpu_seconds(pid), fleet.requests_by(agent), time.monotonic()
+    deadline = t0 + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.5))
+    cpu1, scrapes1, t1 = cpu_seconds(pid), fleet.requests_by(agent), time.monotonic()
+    return CpuSample(t1 - t0, cpu1 - cpu0, scrapes1 - scrapes0, peak_rss_mb(pid))

@@ -1,0 +1,126 @@
+"""Smoke test of the bench suite: every case at tiny sizes, output structure only, no timings."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+# bench/ lives beside exporter/ but is not part of the installed distribution.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import case_exposition, case_fleet, case_markers, case_parse, case_scale, run  # noqa: E402
+from bench.common import CaseResult, Row  # noqa: E402
+from bench.fleet import NginxFleet, find_nginx  # noqa: E402
+from bench.procs import find_prometheus  # noqa: E402
+
+needs_nginx = pytest.mark.skipif(find_nginx() is None, reason="nginx not installed")
+
+ROW_KEYS = {"case", "figure", "value", "unit", "baseline", "baseline_name", "ratio", "target",
+            "met"}
+
+
+def check_rows(result: CaseResult, case: str) -> None:
+    assert result.skipped is None
+    assert result.rows
+    for row in result.rows:
+        assert isinstance(row, Row)
+        assert row.case == case
+        assert row.figure
+    doc = json.loads(json.dumps(result.to_dict(), default=str))
+    assert set(doc["rows"][0]) == ROW_KEYS
+
+
+@pytest.fixture(scope="module")
+def fleet():
+    with NginxFleet(4, pages=2, page_bytes=20_000) as running:
+        yield running
+
+
+class TestParseCase:
+    def test_rows_and_answers(self):
+        result = case_parse.run(sizes=((1, None), (2, None)), repeats=1, ref_repeats=1)
+        check_rows(result, "parse")
+        assert len(result.rows) == 6
+        for figures in result.data.values():
+            assert figures["same_answers"] is True
+            assert figures["spec_series"] > 0
+            assert {"ours_mb_s", "reference_mb_s", "count_newlines_mb_s"} <= set(figures)
+
+
+@needs_nginx
+class TestFleetCases:
+    def test_fleet_serves_pages(self, fleet):
+        assert len(fleet.urls(4)) == 4
+        assert fleet.page_bytes > 0
+
+    @pytest.mark.prometheus
+    def test_fleet_case(self, fleet):
+        result = case_fleet.run(fleet, sizes=(2, 4), seconds=1.0, interval=1.0)
+        check_rows(result, "fleet")
+        points = result.data["points"]
+        assert set(points) == {"2", "4"}
+        for point in points.values():
+            assert point["exporter"]["peak_rss_mb"] > 0
+            if find_prometheus():
+                assert point["prometheus"]["peak_rss_mb"] > 0
+        scale = case_scale.run(result.data, png=None)
+        check_rows(scale, "scale")
+
+    def test_markers_case(self, fleet):
+        result = case_markers.run(fleet, sizes=(2,), repeats={2: 1}, interval=1.0)
+        check_rows(result, "markers")
+        figures = result.data["2"]
+        assert figures["ok_results_per_stop"] == [2]
+        assert len(figures["stop_s"]) == 1
+
+    def test_exposition_case(self, fleet):
+        result = case_exposition.run(fleet, n=3, repeats=1, lag_seconds=0.5, interval=1.0)
+        check_rows(result, "exposition")
+        assert result.data["samples"] > 3 * 8
+        assert result.data["lag_scrape_only"]["probes"] > 0
+
+
+class TestScaleCase:
+    POINTS = {
+        str(n): {
+            "exporter": {"cpu_ms_per_target_scrape": 1.0, "cpu_s_per_round": n / 1000,
+                         "core_pct": n / 50, "peak_rss_mb": 50 + n / 20},
+            "prometheus": {"cpu_ms_per_target_scrape": 3.0, "cpu_s_per_round": 3 * n / 1000,
+                           "core_pct": 3 * n / 50, "peak_rss_mb": 60 + n / 2},
+        }
+        for n in (10, 20, 40)
+    }
+
+    def test_linear_fit_and_plot(self, tmp_path):
+        png = tmp_path / "scale.png"
+        result = case_scale.run({"points": self.POINTS}, png=png)
+        check_rows(result, "scale")
+        assert result.rows[0].met is True
+        assert result.data["cpu_per_round_fit"]["r2"] == pytest.approx(1.0)
+        pytest.importorskip("matplotlib")
+        assert png.stat().st_size > 0
+
+    def test_needs_two_sizes(self):
+        result = case_scale.run({"points": {"10": self.POINTS["10"]}}, png=None)
+        assert result.skipped
+
+
+class TestRunner:
+    def test_main_writes_json_and_table(self, tmp_path, capsys):
+        out = tmp_path / "latest.json"
+        assert run.main(["--quick", "--only", "parse", "--json", str(out), "--markdown"]) == 0
+        doc = json.loads(out.read_text())
+        assert set(doc) == {"meta", "cases", "table"}
+        assert list(doc["cases"]) == ["parse"]
+        assert doc["table"][0] == ["case", "figure", "value", "baseline", "ratio", "target",
+                                   "met?"]
+        printed = capsys.readouterr().out
+        assert "| case | figure |" in printed
+        assert "target(s) missed" in printed
+
+    def test_skipped_case_in_table(self):
+        lines = run.table([CaseResult("fleet", skipped="nginx not found")])
+        assert "SKIPPED: nginx not found" in lines[1][1]
