@@ -43,6 +43,9 @@ class DialectSpec:
     gauge_gate: str | None = None
     path: str = "/metrics"  # where the server serves Prometheus text by default
     names: dict[bytes, tuple[Field | None, str]] = field(init=False, default_factory=dict)
+    # Line text before the value -> what it resolves to: the same few dozen series come back
+    # on every scrape, so their labels are parsed once, not once per scrape.
+    heads: dict[bytes, tuple | None] = field(init=False, default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for base, fld in self.counters.items():
@@ -227,6 +230,33 @@ def parse_line(line: bytes, spec: DialectSpec) -> tuple[str, Field | None, str, 
     return name.decode(), entry[0], entry[1], labels, value
 
 
+_UNSEEN = object()
+_MAX_HEADS = 65536
+_MAX_HEAD_BYTES = 1024
+
+
+def _resolve_head(head: bytes, spec: DialectSpec) -> tuple | None:
+    """(name, kind, series key or gauge labels) of a line's text before its value."""
+    parsed = parse_line(head + b" 0", spec)
+    if parsed is None:
+        return None
+    name, fld, kind, labels, _ = parsed
+    if kind == "gauge":
+        return name, kind, tuple(sorted(labels.items()))
+    key = _series_key(fld, labels, spec, kind)
+    return None if key is None else (name, kind, key)
+
+
+def _sample_value(rest: bytes) -> float | None:
+    parts = rest.split()
+    if not parts or len(parts) > 2:  # value and an optional timestamp
+        return None
+    value = _number(parts[0])
+    if value is None or (len(parts) == 2 and _number(parts[1]) is None):
+        return None
+    return value
+
+
 def _number(text: bytes) -> float | None:
     # Python's float() also takes `1_000`; the exposition format (and Go's parser) does not.
     if b"_" in text:
@@ -263,19 +293,30 @@ def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
             # Every line of an exposition ends with a line feed; a last line without one is a
             # cut-off body, whose value may be cut too (`1234` read as `12`): drop it.
             break
-        parsed = parse_line(page[start:end].rstrip(), spec)
+        line = page[start:end].rstrip()
         start = _next_line(page, needle, end)
-        if parsed is None:
+        close = line.rfind(b"}")
+        if close >= 0:
+            head, rest = line[: close + 1], line[close + 1 :]
+        else:
+            head, _, rest = line.replace(b"\t", b" ").partition(b" ")
+        resolved = spec.heads.get(head, _UNSEEN)
+        if resolved is _UNSEEN:
+            resolved = _resolve_head(head, spec)
+            # Bounded in count and size: odd pages must not grow it without end.
+            if len(spec.heads) < _MAX_HEADS and len(head) <= _MAX_HEAD_BYTES:
+                spec.heads[head] = resolved
+        if resolved is None:
             continue
-        name, fld, kind, labels, value = parsed
+        value = _sample_value(rest)
+        if value is None:
+            continue
+        name, kind, key = resolved
         if name in spec.v0_markers:
             is_v0 = True
         if kind == "gauge":
             if math.isfinite(value):
-                gauge_series.setdefault((name, tuple(sorted(labels.items()))), value)
-            continue
-        key = _series_key(fld, labels, spec, kind)
-        if key is None:
+                gauge_series.setdefault((name, key), value)
             continue
         target = created if kind.endswith("created") else values
         if key in target:

@@ -533,3 +533,33 @@ class TestDialects:
     def test_unknown_dialect_raises(self):
         with pytest.raises(ValueError):
             parse_page(GOOD, "tgi")
+
+
+class TestHeadCache:
+    def test_cache_is_bounded_in_count_and_line_size(self):
+        from exporter.parse import _MAX_HEAD_BYTES, _MAX_HEADS, DIALECTS, Dialect
+
+        spec = DIALECTS[Dialect.VLLM]
+        spec.heads.clear()
+        lines = [
+            f'vllm:spec_decode_num_drafts_total{{engine="{i}",model_name="m"}} 1\n'
+            for i in range(_MAX_HEADS + 500)
+        ]
+        long_line = f'vllm:spec_decode_num_drafts_total{{model_name="{"x" * 100_000}"}} 2\n'
+        spec.heads.clear()
+        snapshot = parse_page(long_line.encode())
+        assert snapshot.totals().drafts == 2
+        assert not spec.heads  # a 100k-character head is parsed, never cached
+        assert len(long_line) > _MAX_HEAD_BYTES
+        snapshot = parse_page("".join(lines).encode())
+        assert snapshot.totals().drafts == _MAX_HEADS + 500  # every line still counted
+        assert len(spec.heads) == _MAX_HEADS
+        spec.heads.clear()
+
+    def test_cached_heads_give_the_same_snapshot(self):
+        page = FakeServer(k=4, engines=2, seed=3)
+        page.simulate(500)
+        first = parse_page(page.render())
+        page.simulate(500)
+        second = parse_page(page.render())  # same heads, new values
+        assert second.totals().drafts == first.totals().drafts + 500
