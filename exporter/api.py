@@ -6,10 +6,13 @@ import hmac
 import json
 import logging
 import os
+import re
+import time
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import CollectorRegistry
+from prometheus_client.utils import floatToGoString
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
@@ -20,7 +23,11 @@ from exporter.window import check_window_id
 
 SERVICE = web.AppKey("service", ExporterService)
 REGISTRY = web.AppKey("registry", CollectorRegistry)
+METRICS_CACHE = web.AppKey("metrics_cache", dict)
 MAX_BODY = 64 * 1024
+# /metrics and the JSON lists are rendered again when the state changed, or after this long:
+# rendering hundreds of targets costs ~100 ms, which must not run once per concurrent request.
+METRICS_MAX_AGE = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +61,11 @@ async def errors_middleware(request: web.Request, handler) -> web.StreamResponse
     except RequestError as exc:
         return error_response(exc.status, str(exc))
     except StoreError as exc:
+        # The disk, not the client: 503 says "try again", and the window keeps its state.
         log.error("store failure error=%s", exc)
-        return error_response(503, str(exc))
+        response = error_response(503, str(exc))
+        response.headers["Retry-After"] = "5"
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -68,6 +78,14 @@ def _text(exc: web.HTTPException) -> str:
 
 
 @web.middleware
+async def body_limit_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """A declared body over MAX_BODY is 413 on every route, read by the handler or not."""
+    if (request.content_length or 0) > MAX_BODY:
+        return error_response(413, f"body of {request.content_length} bytes is over {MAX_BODY}")
+    return await handler(request)
+
+
+@web.middleware
 async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
     """Every POST needs the bearer token when the configured environment variable is set."""
     if request.method == "POST":
@@ -75,7 +93,10 @@ async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
         if token:
             given = request.headers.get("Authorization", "")
             expected = f"Bearer {token}"
-            if not hmac.compare_digest(given.encode(), expected.encode()):
+            # Constant time, on bytes: header bytes that are not UTF-8 arrive as surrogates.
+            if not hmac.compare_digest(
+                given.encode("utf-8", "surrogateescape"), expected.encode("utf-8")
+            ):
                 reason = "token missing" if not given else "token wrong"
                 return error_response(401, f"{reason}: send Authorization: Bearer <token>")
     return await handler(request)
@@ -89,6 +110,8 @@ async def _json_body(request: web.Request) -> dict:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError("body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError("body must be a JSON object")
     return body
@@ -105,8 +128,87 @@ def _validation_message(exc: ValidationError) -> str:
 
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text exposition of the exporter."""
-    body = generate_latest(request.app[REGISTRY])
+    body = _cached(request, "metrics", lambda: exposition(request.app[REGISTRY]))
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+_LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_OM_SUFFIXES = ("_created", "_gsum", "_gcount")
+_TYPES = {"counter": "counter", "info": "gauge", "stateset": "gauge",
+          "gaugehistogram": "histogram", "unknown": "untyped"}
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """`generate_latest`'s text, byte for byte, ~5x faster: no per-label name validation.
+
+    Our names are plain Prometheus names; any family that is not falls back to
+    prometheus_client's own writer for that family.
+    """
+    out: list[str] = []
+    valid = _LEGACY_NAME.fullmatch
+    for metric in registry.collect():
+        name = metric.name + ("_total" if metric.type == "counter" else "")
+        if metric.type == "info":
+            name = metric.name + "_info"
+        names = {s.name for s in metric.samples} | {name} | {
+            k for s in metric.samples for k in s.labels}
+        if not all(valid(n) for n in names):
+            out.append(generate_latest(_One(metric)).decode())
+            continue
+        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TYPES.get(metric.type, metric.type)}\n")
+        deferred: dict[str, list[str]] = {}
+        for sample in metric.samples:
+            line = _sample_line(sample)
+            for suffix in _OM_SUFFIXES:
+                if sample.name == metric.name + suffix:
+                    deferred.setdefault(suffix, []).append(line)
+                    break
+            else:
+                out.append(line)
+        for suffix, lines in sorted(deferred.items()):
+            out.append(f"# HELP {metric.name}{suffix} {doc}\n# TYPE {metric.name}{suffix} gauge\n")
+            out.extend(lines)
+    return "".join(out).encode("utf-8")
+
+
+def _sample_line(sample) -> str:
+    labels = ""
+    if sample.labels:
+        labels = "{" + ",".join(
+            f'{k}="{_escape_value(v)}"' for k, v in sorted(sample.labels.items())
+        ) + "}"
+    stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
+    return f"{sample.name}{labels} {floatToGoString(sample.value)}{stamp}\n"
+
+
+def _escape_value(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+    return value
+
+
+class _One:
+    def __init__(self, metric):
+        self.metric = metric
+
+    def collect(self):
+        return [self.metric]
+
+
+def _cached(request: web.Request, key: str, render) -> bytes:
+    """`render()`'s bytes, again only when the state changed or the last one is too old."""
+    generation = request.app[SERVICE].generation
+    cache = request.app[METRICS_CACHE]
+    now = time.monotonic()
+    entry = cache.get(key)
+    if entry is None or entry[0] != generation or now - entry[1] > METRICS_MAX_AGE:
+        entry = cache[key] = (generation, now, render())
+    return entry[2]
+
+
+def _json_bytes(value: object) -> bytes:
+    return json.dumps(value).encode()
 
 
 async def landing(request: web.Request) -> web.Response:
@@ -156,8 +258,10 @@ async def stop_window(request: web.Request) -> web.Response:
 
 async def list_windows(request: web.Request) -> web.Response:
     """Open and recent windows."""
-    windows = request.app[SERVICE].list_windows()
-    return web.json_response({"windows": [w.state() for w in windows]})
+    service = request.app[SERVICE]
+    body = _cached(request, "windows", lambda: _json_bytes(
+        {"windows": [w.state() for w in service.list_windows()]}))
+    return web.Response(body=body, content_type="application/json")
 
 
 async def get_window(request: web.Request) -> web.Response:
@@ -169,9 +273,13 @@ async def get_window(request: web.Request) -> web.Response:
 async def list_targets(request: web.Request) -> web.Response:
     """Every target's state as JSON (what the landing page shows)."""
     service = request.app[SERVICE]
-    now = service.clock()
-    views = [target_view(s, service.live[n], now) for n, s in service.targets.items()]
-    return web.json_response({"targets": views})
+
+    def render() -> bytes:
+        now = service.clock()
+        views = [target_view(s, service.live[n], now) for n, s in service.targets.items()]
+        return _json_bytes({"targets": views})
+
+    return web.Response(body=_cached(request, "targets", render), content_type="application/json")
 
 
 def add_routes(app: web.Application) -> None:
@@ -188,4 +296,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/v1/targets", list_targets)
 
 
-__all__ = ["ExporterError", "REGISTRY", "SERVICE", "add_routes", "errors_middleware"]
+__all__ = [
+    "ExporterError", "METRICS_CACHE", "REGISTRY", "SERVICE", "add_routes", "auth_middleware",
+    "body_limit_middleware", "errors_middleware",
+]

@@ -14,7 +14,16 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from exporter.api import MAX_BODY, REGISTRY, SERVICE, add_routes, auth_middleware, errors_middleware
+from exporter.api import (
+    MAX_BODY,
+    METRICS_CACHE,
+    REGISTRY,
+    SERVICE,
+    add_routes,
+    auth_middleware,
+    body_limit_middleware,
+    errors_middleware,
+)
 from exporter.collector import SpecDecodeCollector
 from exporter.config import Config
 from exporter.scrape import Scraper, make_session
@@ -32,7 +41,8 @@ def make_app(
 ) -> web.Application:
     """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds."""
     app = web.Application(
-        client_max_size=MAX_BODY, middlewares=[errors_middleware, auth_middleware]
+        client_max_size=MAX_BODY,
+        middlewares=[errors_middleware, body_limit_middleware, auth_middleware],
     )
     service = ExporterService(config, config_path=config_path, clock=clock)
     registry = CollectorRegistry(auto_describe=False)
@@ -41,6 +51,7 @@ def make_app(
     GCCollector(registry=registry)
     app[SERVICE] = service
     app[REGISTRY] = registry
+    app[METRICS_CACHE] = {}
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))
     return app

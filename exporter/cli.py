@@ -244,12 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "benchmark windows.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="plain", choices=["plain", "json"])
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the exporter")
-    serve.add_argument("--config", help="YAML config (default $SPECDEC_CONFIG or config/exporter.yaml)")
+    serve.add_argument("--config",
+                       help="YAML config (default $SPECDEC_CONFIG or config/exporter.yaml)")
     serve.set_defaults(func=cmd_serve)
 
     check = sub.add_parser("check-config", help="validate a config file")

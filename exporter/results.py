@@ -33,7 +33,10 @@ def target_result(window: Window, name: str) -> dict:
     if stop_error:
         notes.append(fetch_error(ref.url, stop_error, "stop"))
     if name in window.removed:
-        notes.append(window.removed[name])
+        # The target left the window before its stop: N/A, with what was seen until then.
+        if acc is not None and acc.scrapes >= 2 and has_activity(acc.totals()):
+            extra["increase_until_removed"] = acc.totals().as_raw()
+        return _na(ref, "; ".join([window.removed[name], *notes]), extra)
     if acc is None or acc.scrapes == 0:
         return _na(ref, "; ".join(notes) or NO_METRICS, extra)
     if not acc.last:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import time
 import zlib
 from collections.abc import Callable, Iterable
@@ -39,6 +41,23 @@ class TargetState:
         return self.last is not None and self.last.ok
 
 
+def _window_from(doc: dict) -> Window:
+    """A stored window, or `StoreError` when its state does not have a window's shape."""
+    try:
+        return Window.from_dict(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StoreError(f'window "{doc.get("id")}" state is unreadable: {exc!r}') from exc
+
+
+def _usable_only(result: ScrapeResult) -> ScrapeResult:
+    """Drop NaN, infinite and negative counter values: no counter has them, none is exposed."""
+    snapshot = result.snapshot
+    if snapshot is None or all(math.isfinite(v) and v >= 0 for v in snapshot.values.values()):
+        return result
+    values = {k: v for k, v in snapshot.values.items() if math.isfinite(v) and v >= 0}
+    return replace(result, snapshot=replace(snapshot, values=values))
+
+
 def owns(target: TargetConfig, shards: int, index: int) -> bool:
     """Stable split of targets among exporter replicas, by a hash of the target name."""
     return shards <= 1 or zlib.crc32(target.name.encode()) % shards == index
@@ -63,11 +82,13 @@ class ExporterService:
         self.windows: dict[str, Window] = {}  # open ones, and recently closed ones
         self.last_window: Window | None = None
         self.ready = False
+        self.generation = 0  # bumped when what /metrics shows may have changed
         self.reload_ok = True
         self.reload_at = clock()
         self.store = StateStore(config.state_path)
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, asyncio.Future] = {}  # window id -> start or stop in flight
+        self._closed_loaded = False  # recent closed windows read from the store into memory
         self._set_targets(config)
         self._restore()
 
@@ -94,12 +115,14 @@ class ExporterService:
             config = load_config(self.config_path)
         except Exception:
             self.reload_ok = False
+            self.generation += 1
             raise
         self.config = config
         self._set_targets(config)
         self._close_removed_targets()
         self.reload_ok = True
         self.reload_at = self.clock()
+        self.generation += 1
         log.info("config reloaded targets=%d", len(self.targets))
         return config
 
@@ -117,10 +140,14 @@ class ExporterService:
         # One scrape of a target at a time, so its snapshots reach windows in order.
         return self._locks.setdefault(name, asyncio.Lock())
 
-    async def scrape_target(self, name: str, *, feed: Iterable[Window] | None = None) -> ScrapeResult:
+    async def scrape_target(
+        self, name: str, *, feed: Iterable[Window] | None = None
+    ) -> ScrapeResult:
         """Scrape one target now and hand the result to its state, live track and windows."""
         assert self.scraper is not None, "scraper starts with the app"
-        state = self.targets[name]
+        state = self.targets.get(name)
+        if state is None:  # a reload dropped it between the caller's look and this scrape
+            return ScrapeResult(name, self.clock(), 0.0, None, "target removed from the config")
         async with self._lock(name):
             timeout = state.config.timeout or self.config.scrape_timeout
             result = await self.scraper.scrape(state.config, timeout, self.clock)
@@ -131,6 +158,7 @@ class ExporterService:
         state = self.targets.get(name)
         if state is None:  # removed by a reload while the scrape was in flight
             return
+        result = _usable_only(result)
         if result.ok:
             self.targets[name] = replace(state, last=result)
             self.live[name].feed(result.snapshot, result.at)
@@ -140,6 +168,8 @@ class ExporterService:
                 state, last=result, errors_total=state.errors_total + 1,
                 last_error=result.error, last_error_at=result.at,
             )
+        if feed is not None:  # a window's own scrape; a round bumps once at its end
+            self.generation += 1
         windows = feed if feed is not None else self.open_windows()
         for window in windows:
             if window.takes_scrapes_of(name):
@@ -149,6 +179,7 @@ class ExporterService:
         """Scrape every target once, concurrently (bounded by the scraper)."""
         await asyncio.gather(*(self.scrape_target(n) for n in list(self.targets)))
         self.ready = True
+        self.generation += 1
         self._persist(self.open_windows())
 
     async def run(self) -> None:
@@ -173,16 +204,27 @@ class ExporterService:
 
     def _restore(self) -> None:
         for doc in self.store.load_open():
-            window = Window.from_dict(doc)
+            try:
+                window = _window_from(doc)
+            except StoreError as exc:
+                log.error("window not restored id=%s error=%s", doc.get("id"), exc)
+                continue
             window.downtimes.append((window.last_seen(), self.clock()))
             self.windows[window.id] = window
             for name in window.targets:
                 if name not in self.targets and name not in window.removed:
                     window.removed[name] = "target not in the config when the exporter restarted"
             log.info("window restored id=%s targets=%d", window.id, len(window.targets))
-        recent = self.store.recent_closed(1)
+        recent = self._closed(1)
         if recent:
-            self.last_window = Window.from_dict(recent[0])
+            self.last_window = recent[0]
+
+    def _closed(self, limit: int) -> list[Window]:
+        windows = []
+        for doc in self.store.recent_closed(limit):
+            with contextlib.suppress(StoreError):  # logged by the store or skipped here
+                windows.append(_window_from(doc))
+        return windows
 
     def get_window(self, window_id: str) -> Window:
         """An open or closed window by id, from memory or the store."""
@@ -191,13 +233,19 @@ class ExporterService:
             doc = self.store.load(window_id)
             if doc is None:
                 raise UnknownWindowError(window_id)
-            window = Window.from_dict(doc)
+            window = _window_from(doc)
         return window
 
     def list_windows(self) -> list[Window]:
         """Open windows and the recent closed ones, newest first."""
-        known = {w.id: w for w in map(Window.from_dict, self.store.recent_closed(RECENT_WINDOWS))}
-        known.update(self.windows)
+        if not self._closed_loaded:
+            # Once from the store (windows closed before a restart); then from memory, where
+            # stops keep the most recent ones.
+            for window in self._closed(RECENT_WINDOWS):
+                self.windows.setdefault(window.id, window)
+            self._closed_loaded = True
+            self._forget_old_windows()
+        known = dict(self.windows)
         return sorted(known.values(), key=lambda w: w.started_at, reverse=True)
 
     def _resolve_targets(self, names: list[str] | None, window_id: str) -> list[TargetConfig]:
@@ -224,7 +272,7 @@ class ExporterService:
         if window_id in self._pending:
             await asyncio.shield(self._pending[window_id])
         existing = self.windows.get(window_id) or (
-            Window.from_dict(d) if (d := self.store.load(window_id)) else None
+            _window_from(d) if (d := self.store.load(window_id)) else None
         )
         if existing is not None:
             return False, existing
@@ -245,18 +293,27 @@ class ExporterService:
         self._pending[window_id] = done
         try:
             self.windows[window_id] = window
+            # The other open windows take these scrapes too: a server restart right after must
+            # not hide what they counted since their last scrape.
+            others = [w for w in self.open_windows() if w is not window]
             results = await asyncio.gather(
-                *(self.scrape_target(t.name, feed=[]) for t in chosen)
+                *(self.scrape_target(t.name, feed=others) for t in chosen)
             )
             for result in results:
                 if result.ok:
                     window.feed(result)
                 else:
                     window.start_errors[result.target] = result.error or "scrape failed"
-            self._persist([window])
+            try:
+                self._persist([window])
+            except StoreError as exc:
+                # Not durable, so not started: a retry with the same id starts it afresh.
+                del self.windows[window_id]
+                raise StoreError(f'window "{window_id}" not started: {exc}') from exc
         finally:
             del self._pending[window_id]
             done.set_result(None)
+        self.generation += 1
         log.info("window started id=%s targets=%d", window_id, len(chosen))
         return True, window
 
@@ -271,32 +328,49 @@ class ExporterService:
         self._pending[window_id] = done
         try:
             live = [n for n in window.targets if n in self.targets and n not in window.removed]
-            results = await asyncio.gather(*(self.scrape_target(n, feed=[]) for n in live))
+            others = [w for w in self.open_windows() if w is not window]
+            results = await asyncio.gather(*(self.scrape_target(n, feed=others) for n in live))
+            stop_errors = dict(window.stop_errors)
             for result in results:
                 if not result.ok:
                     window.stop_errors[result.target] = result.error or "scrape failed"
                 elif window.takes_scrapes_of(result.target):
                     window.feed(result)
+                    acc = window.accumulators.get(result.target)
+                    if not result.snapshot.has_spec_decode and acc is not None and acc.last:
+                        window.stop_errors[result.target] = "no spec decode series on the page"
             window.stopped_at = self.clock()
             answer = window_answer(window)
             try:
-                write_results(Path(self.config.output_dir) / window.id, answer)
-            except StoreError:
-                window.stopped_at = None  # stays open: a later stop retries the writing
+                # fsync of every file: off the loop, so scrapes and requests go on meanwhile.
+                await asyncio.to_thread(
+                    write_results, Path(self.config.output_dir) / window.id, answer
+                )
+                window.answer = answer
                 self._persist([window])
-                raise
-            window.answer = answer
-            self._persist([window])
+            except StoreError as exc:
+                # Stays open, its scrapes kept: a later stop retries and answers in full.
+                window.stopped_at = None
+                window.answer = None
+                window.stop_errors = stop_errors
+                with contextlib.suppress(StoreError):
+                    self._persist([window])
+                raise StoreError(
+                    f'window "{window_id}" stays open: {exc}; stop it again once fixed'
+                ) from exc
             self.last_window = window
             self._forget_old_windows()
         finally:
             del self._pending[window_id]
             done.set_result(None)
+        self.generation += 1
         log.info("window stopped id=%s", window_id)
         return window
 
     def _forget_old_windows(self) -> None:
-        closed = sorted((w for w in self.windows.values() if not w.is_open), key=lambda w: w.started_at)
+        closed = sorted(
+            (w for w in self.windows.values() if not w.is_open), key=lambda w: w.started_at
+        )
         for window in closed[:-RECENT_WINDOWS]:
             del self.windows[window.id]
 
@@ -304,5 +378,9 @@ class ExporterService:
         """Save open windows and close the store (SIGTERM, app shutdown)."""
         try:
             self._persist(self.open_windows())
+        except StoreError as exc:
+            # Saved after every scrape round and every start and stop: only the last round's
+            # scrapes are lost, and the next start scrapes again.
+            log.error("open windows not saved at shutdown error=%s", exc)
         finally:
             self.store.close()

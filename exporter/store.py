@@ -23,6 +23,7 @@ CREATE TABLE IF NOT EXISTS windows (
     doc TEXT NOT NULL
 )
 """
+_COLUMNS = {"id", "open", "started_at", "doc"}
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -85,20 +86,49 @@ class StateStore:
         try:
             return self._connect()
         except sqlite3.DatabaseError as exc:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            os.replace(self.path, aside)
-            self.moved_aside = aside
-            log.error("state database unreadable path=%s error=%s moved_to=%s", self.path, exc, aside)
-            return self._connect()
+            aside = self._move_aside()
+            log.error(
+                "state database unreadable path=%s error=%s moved_to=%s: open windows it held "
+                "are not restored; the file is kept for inspection", self.path, exc, aside,
+            )
+            try:
+                return self._connect()
+            except sqlite3.DatabaseError as again:
+                raise StoreError(f"cannot open state database {self.path}: {again}") from again
+
+    def _move_aside(self) -> Path:
+        # The -wal and -shm files belong to the old file: a new database must not replay them.
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time() * 1000)}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                source = self.path.with_name(self.path.name + suffix)
+                if source.exists():
+                    os.replace(source, aside.with_name(aside.name + suffix))
+        except OSError as exc:
+            raise StoreError(
+                f"state database {self.path} is unreadable and cannot be moved aside: "
+                f"{exc.strerror or exc}"
+            ) from exc
+        self.moved_aside = aside
+        return aside
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None)
         try:
+            # Check before writing anything, so a file moved aside is exactly what we found.
+            (check,) = db.execute("PRAGMA quick_check").fetchone()
+            if check != "ok":
+                raise sqlite3.DatabaseError(f"quick_check: {check}")
+            columns = {row[1] for row in db.execute("PRAGMA table_info(windows)")}
+            if columns and columns != _COLUMNS:
+                raise sqlite3.DatabaseError(
+                    f"table windows has columns {sorted(columns)}, expected {sorted(_COLUMNS)}"
+                )
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute(_SCHEMA)
-            db.execute("SELECT count(*) FROM windows").fetchone()
-            db.execute("PRAGMA quick_check").fetchone()
+            # Every row must be readable, not just the page structure.
+            db.execute("SELECT id, open, started_at, length(doc) FROM windows").fetchall()
         except sqlite3.DatabaseError:
             db.close()
             raise
@@ -123,22 +153,52 @@ class StateStore:
             raise StoreError(f"cannot save window state to {self.path}: {exc}") from exc
 
     def load_open(self) -> list[dict]:
-        """Every window still open, oldest first."""
-        rows = self._db.execute("SELECT doc FROM windows WHERE open=1 ORDER BY started_at")
-        return [json.loads(doc) for (doc,) in rows]
+        """Every window still open, oldest first; unreadable rows are logged and skipped."""
+        rows = self._query("SELECT id, doc FROM windows WHERE open=1 ORDER BY started_at")
+        return [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
 
     def load(self, window_id: str) -> dict | None:
-        """One window by id, open or closed."""
-        row = self._db.execute("SELECT doc FROM windows WHERE id=?", (window_id,)).fetchone()
-        return json.loads(row[0]) if row else None
+        """One window by id, open or closed; `StoreError` if its row is unreadable."""
+        row = self._query("SELECT doc FROM windows WHERE id=?", (window_id,))
+        if not row:
+            return None
+        doc = _readable(window_id, row[0][0])
+        if doc is None:
+            raise StoreError(f'window "{window_id}" state is unreadable in {self.path}')
+        return doc
 
     def recent_closed(self, limit: int) -> list[dict]:
-        """The most recently started closed windows, newest first."""
-        rows = self._db.execute(
-            "SELECT doc FROM windows WHERE open=0 ORDER BY started_at DESC LIMIT ?", (limit,)
+        """The most recently started closed windows, newest first (unreadable rows skipped)."""
+        rows = self._query(
+            "SELECT id, doc FROM windows WHERE open=0 ORDER BY started_at DESC LIMIT ?", (limit,)
         )
-        return [json.loads(doc) for (doc,) in rows]
+        return [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        try:
+            return self._db.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read window state from {self.path}: {exc}") from exc
 
     def close(self) -> None:
-        """Close the database."""
+        """Close the database (again is harmless)."""
         self._db.close()
+
+
+_REQUIRED = ("id", "name", "targets", "labels", "started_at", "stopped_at", "accumulators")
+
+
+def _readable(window_id: str, raw: object) -> dict | None:
+    """A row's document if it is a window's state, else None, logged (the row is kept)."""
+    try:
+        doc = json.loads(raw)
+    except (TypeError, ValueError) as exc:
+        log.error("window state unreadable id=%s error=%s (row kept in the database)",
+                  window_id, exc)
+        return None
+    missing = [k for k in _REQUIRED if k not in doc] if isinstance(doc, dict) else ["(object)"]
+    if missing or doc["id"] != window_id:
+        log.error("window state unreadable id=%s error=missing or wrong keys %s "
+                  "(row kept in the database)", window_id, ", ".join(missing) or "id")
+        return None
+    return doc
