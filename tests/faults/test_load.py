@@ -87,6 +87,7 @@ class TestLoad:
             "target_scrapes": sum(t.requests for t in targets) - rounds_before,
         }
 
+        print(f"\nload figures: {json.dumps(figures)}")
         assert stats["error_count"] == 0, stats["errors"]
         assert stats["windows"] > 0 and stats["requests"] > 0
         # Every target was scraped about once a second throughout (window scrapes come on top).
@@ -103,7 +104,6 @@ class TestLoad:
             assert value(found, "specdec_target_up", target=f"t{n}") == 1
         assert value(found, "specdec_windows_open") == 0
         record_property("load", figures)
-        print(f"\nload figures: {json.dumps(figures)}")
         assert rss_after - rss_before < 150 * 1024, figures
         assert figures["loop_lag_p99_ms"] < 500, figures
         for target in targets:
