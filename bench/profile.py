@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import generate_latest
 
 from bench.fleet import NginxFleet
-from exporter.api import REGISTRY, SERVICE
+from exporter.api import SERVICE, WRITER
 from exporter.app import make_app
 from exporter.config import validate_config
 
@@ -45,7 +44,7 @@ async def _run(fleet: NginxFleet, n: int, workdir: Path) -> None:
     app = make_app(config, scrape_loop=False)
     runner = web.AppRunner(app)
     await runner.setup()
-    service, registry = app[SERVICE], app[REGISTRY]
+    service, writer = app[SERVICE], app[WRITER]
     try:
         await service.scrape_round()  # warm connections
         fleet.advance()
@@ -70,7 +69,7 @@ async def _run(fleet: NginxFleet, n: int, workdir: Path) -> None:
         profile = cProfile.Profile()
         started = time.perf_counter()
         profile.enable()
-        generate_latest(registry)
+        writer.render()
         profile.disable()
         _report("/metrics render", profile, time.perf_counter() - started)
 

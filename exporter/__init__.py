@@ -1,3 +1,3 @@
-"""specdec-exporter: speculative-decoding counters of vLLM servers, live and per benchmark window."""
+"""specdec-exporter: vLLM speculative-decoding counters, live and per benchmark window."""
 
 __version__ = "0.1.0"

@@ -6,23 +6,20 @@ import hmac
 import json
 import logging
 import os
-import re
 import time
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
-from prometheus_client.utils import floatToGoString
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
+from exporter.exposition import CONTENT_TYPE, MetricsWriter
 from exporter.landing import render_landing
 from exporter.service import ExporterService
 from exporter.views import target_view
 from exporter.window import check_window_id
 
 SERVICE = web.AppKey("service", ExporterService)
-REGISTRY = web.AppKey("registry", CollectorRegistry)
+WRITER = web.AppKey("writer", MetricsWriter)
 METRICS_CACHE = web.AppKey("metrics_cache", dict)
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
@@ -128,72 +125,8 @@ def _validation_message(exc: ValidationError) -> str:
 
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text exposition of the exporter."""
-    body = _cached(request, "metrics", lambda: exposition(request.app[REGISTRY]))
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-_LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_OM_SUFFIXES = ("_created", "_gsum", "_gcount")
-_TYPES = {"counter": "counter", "info": "gauge", "stateset": "gauge",
-          "gaugehistogram": "histogram", "unknown": "untyped"}
-
-
-def exposition(registry: CollectorRegistry) -> bytes:
-    """`generate_latest`'s text, byte for byte, ~5x faster: no per-label name validation.
-
-    Our names are plain Prometheus names; any family that is not falls back to
-    prometheus_client's own writer for that family.
-    """
-    out: list[str] = []
-    valid = _LEGACY_NAME.fullmatch
-    for metric in registry.collect():
-        name = metric.name + ("_total" if metric.type == "counter" else "")
-        if metric.type == "info":
-            name = metric.name + "_info"
-        names = {s.name for s in metric.samples} | {name} | {
-            k for s in metric.samples for k in s.labels}
-        if not all(valid(n) for n in names):
-            out.append(generate_latest(_One(metric)).decode())
-            continue
-        doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} {_TYPES.get(metric.type, metric.type)}\n")
-        deferred: dict[str, list[str]] = {}
-        for sample in metric.samples:
-            line = _sample_line(sample)
-            for suffix in _OM_SUFFIXES:
-                if sample.name == metric.name + suffix:
-                    deferred.setdefault(suffix, []).append(line)
-                    break
-            else:
-                out.append(line)
-        for suffix, lines in sorted(deferred.items()):
-            out.append(f"# HELP {metric.name}{suffix} {doc}\n# TYPE {metric.name}{suffix} gauge\n")
-            out.extend(lines)
-    return "".join(out).encode("utf-8")
-
-
-def _sample_line(sample) -> str:
-    labels = ""
-    if sample.labels:
-        labels = "{" + ",".join(
-            f'{k}="{_escape_value(v)}"' for k, v in sorted(sample.labels.items())
-        ) + "}"
-    stamp = "" if sample.timestamp is None else f" {int(float(sample.timestamp) * 1000):d}"
-    return f"{sample.name}{labels} {floatToGoString(sample.value)}{stamp}\n"
-
-
-def _escape_value(value: str) -> str:
-    if "\\" in value or "\n" in value or '"' in value:
-        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
-    return value
-
-
-class _One:
-    def __init__(self, metric):
-        self.metric = metric
-
-    def collect(self):
-        return [self.metric]
+    body = _cached(request, "metrics", request.app[WRITER].render)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
 
 def _cached(request: web.Request, key: str, render) -> bytes:
@@ -297,6 +230,6 @@ def add_routes(app: web.Application) -> None:
 
 
 __all__ = [
-    "ExporterError", "METRICS_CACHE", "REGISTRY", "SERVICE", "add_routes", "auth_middleware",
+    "ExporterError", "METRICS_CACHE", "SERVICE", "WRITER", "add_routes", "auth_middleware",
     "body_limit_middleware", "errors_middleware",
 ]

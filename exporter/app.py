@@ -10,22 +10,19 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-from prometheus_client.gc_collector import GCCollector
-from prometheus_client.process_collector import ProcessCollector
 
 from exporter.api import (
     MAX_BODY,
     METRICS_CACHE,
-    REGISTRY,
     SERVICE,
+    WRITER,
     add_routes,
     auth_middleware,
     body_limit_middleware,
     errors_middleware,
 )
-from exporter.collector import SpecDecodeCollector
 from exporter.config import Config
+from exporter.exposition import MetricsWriter
 from exporter.scrape import Scraper, make_session
 from exporter.service import ExporterService
 
@@ -45,12 +42,8 @@ def make_app(
         middlewares=[errors_middleware, body_limit_middleware, auth_middleware],
     )
     service = ExporterService(config, config_path=config_path, clock=clock)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(SpecDecodeCollector(service))
-    ProcessCollector(registry=registry)
-    GCCollector(registry=registry)
     app[SERVICE] = service
-    app[REGISTRY] = registry
+    app[WRITER] = MetricsWriter(service)
     app[METRICS_CACHE] = {}
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))

@@ -72,7 +72,8 @@ class ExporterClient:
                 reason = json.loads(exc.read()).get("error", exc.reason)
             except ValueError:
                 reason = exc.reason
-            raise ClientError(f"exporter {self.url} answered {exc.code}: {reason}", exc.code) from None
+            message = f"exporter {self.url} answered {exc.code}: {reason}"
+            raise ClientError(message, exc.code) from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ClientError(f"exporter {self.url} unreachable: {reason}") from None

@@ -89,8 +89,8 @@ def escape(value: str) -> str:
 
 
 def label_text(labels: dict[str, str]) -> str:
-    """`a="1",b="2"` of a label set (no braces)."""
-    return ",".join(f'{name}="{escape(value)}"' for name, value in labels.items())
+    """`a="1",b="2"` of a label set (no braces), names sorted as client libraries do."""
+    return ",".join(f'{name}="{escape(labels[name])}"' for name in sorted(labels))
 
 
 def number(value: float) -> str:

@@ -8,8 +8,8 @@ import subprocess
 import time
 
 import pytest
-
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
+
 from exporter.store import result_file_name
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
+
 from exporter.client import ClientError, ExporterClient, FleetClient, merge_answers
 from exporter.console import format_window
 

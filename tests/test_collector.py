@@ -7,8 +7,8 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import SpecDecodeCollector
 from exporter.config import validate_config
+from exporter.exposition import MetricsWriter
 from exporter.service import ExporterService
 
 
@@ -449,26 +449,42 @@ class TestExposition:
         assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
 
 
-class TestCollectorUnit:
-    def test_collect_needs_no_loop_and_no_scraper(self, tmp_path):
+class TestMetricsWriterUnit:
+    def test_render_needs_no_loop_and_no_scraper(self, tmp_path):
         config = validate_config({"output_dir": str(tmp_path), "targets": [
             {"name": "a", "url": "http://127.0.0.1:9/metrics", "labels": {"cluster": "x"}}]})
         service = ExporterService(config, clock=lambda: 42.0)
         try:
-            families = {f.name: f for f in SpecDecodeCollector(service).collect()}
+            text = MetricsWriter(service, process_metrics=False).render().decode()
         finally:
             service.close()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
         up = families["specdec_target_up"].samples
         assert [(s.labels, s.value) for s in up] == [({"target": "a", "cluster": "x"}, 0.0)]
         assert families["specdec_acceptance_ratio"].samples == []
 
-    def test_fresh_families_each_collect(self, tmp_path):
-        config = validate_config({"output_dir": str(tmp_path)})
+    def test_odd_label_values_round_trip(self, tmp_path):
+        odd = 'q"uote \\back\nslash {} é'
+        config = validate_config({"output_dir": str(tmp_path), "targets": [
+            {"name": "a", "url": "http://127.0.0.1:9/metrics", "labels": {"zone": odd}}]})
         service = ExporterService(config)
         try:
-            collector = SpecDecodeCollector(service)
-            first = list(collector.collect())
-            second = list(collector.collect())
+            text = MetricsWriter(service, process_metrics=False).render().decode()
         finally:
             service.close()
-        assert all(a is not b for a, b in zip(first, second, strict=True))
+        up = {f.name: f for f in text_string_to_metric_families(text)}["specdec_target_up"]
+        assert up.samples[0].labels == {"target": "a", "zone": odd}
+
+    def test_new_scrape_state_is_rendered_not_a_stale_cache(self, tmp_path):
+        from dataclasses import replace
+
+        config = validate_config({"output_dir": str(tmp_path), "targets": [
+            {"name": "a", "url": "http://127.0.0.1:9/metrics"}]})
+        service = ExporterService(config)
+        try:
+            writer = MetricsWriter(service, process_metrics=False)
+            assert b'specdec_scrape_errors_total{target="a"} 0.0' in writer.render()
+            service.targets["a"] = replace(service.targets["a"], errors_total=3)
+            assert b'specdec_scrape_errors_total{target="a"} 3.0' in writer.render()
+        finally:
+            service.close()

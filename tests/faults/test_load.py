@@ -126,34 +126,3 @@ async def server_client(base: str):
             return _R()
 
     return _Once()
-
-
-class TestExposition:
-    def test_fast_writer_matches_prometheus_client(self):
-        from prometheus_client import CollectorRegistry, generate_latest
-        from prometheus_client.gc_collector import GCCollector
-        from prometheus_client.metrics_core import Metric
-
-        from exporter.api import exposition
-
-        class Odd:
-            def collect(self):
-                gauge = Metric("g_one", 'doc with \\ and\nnewline "q"', "gauge")
-                gauge.add_sample("g_one", {"b": 'x"y\\z\nw', "a": "é 😀", "c": "m" * 100_000},
-                                 float("nan"))
-                gauge.add_sample("g_one", {}, float("inf"), timestamp=12.5)
-                counter = Metric("c_two", "counter", "counter")
-                counter.add_sample("c_two_total", {"t": "1"}, 3.0)
-                counter.add_sample("c_two_created", {"t": "1"}, 1.7e9)
-                info = Metric("i_three", "info", "info")
-                info.add_sample("i_three_info", {"version": "1"}, 1.0)
-                odd = Metric("odd.name", "utf-8 name", "gauge")
-                odd.add_sample("odd.name", {"la.bel": "v"}, -1.0)
-                untyped = Metric("u_four", "untyped", "unknown")
-                untyped.add_sample("u_four", {}, 0.0)
-                return [gauge, counter, info, odd, untyped]
-
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(Odd())
-        GCCollector(registry=registry)
-        assert exposition(registry) == generate_latest(registry)
