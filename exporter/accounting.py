@@ -55,6 +55,7 @@ class Accumulator:
     dialect: str = ""
     before: Counts | None = None  # the baseline scrape's totals (AISBench's `before`)
     reset_spans: list[tuple[float, float]] = field(default_factory=list)  # (prev scrape, seen)
+    seen: dict[SeriesKey, float] = field(default_factory=dict)  # when each series was last read
     # Interval gauges (SGLang's acceptance, V0's rates), time-weighted: per gauge name,
     # sum(value * dt) and sum(dt) over the intervals between consecutive scrapes.
     gauge_weighted: dict[str, float] = field(default_factory=dict)
@@ -65,20 +66,26 @@ class Accumulator:
         baseline = self.scrapes == 0
         usable = {k: v for k, v in snapshot.values.items() if _usable(v)}
         # A restart zeroes every counter of an engine at once, but one whose old value was small
-        # (a late position, say) can be past it again by the next scrape: when any series of an
-        # engine shows the restart, all of that engine's series count from zero.
-        restarted = {
-            _engine_of(key)
-            for key, value in usable.items()
-            if (previous := self.last.get(key)) is not None
-            and counter_increase(previous[0], previous[1], value, snapshot.created.get(key))[1]
-        }
-        reset = bool(restarted)
+        # (a late position, say) can be past it again by the next scrape. A series that shows
+        # the restart bounds it from below (it happened after that series was last seen), so
+        # every series of the engine last seen no later than that counts from zero too; a
+        # series seen since (one skipped across the restart shows it a scrape late) keeps its
+        # own evidence and is not counted twice.
+        bounds: dict[tuple, float] = {}
+        for key, value in usable.items():
+            previous = self.last.get(key)
+            if previous is not None and counter_increase(
+                previous[0], previous[1], value, snapshot.created.get(key)
+            )[1]:
+                engine, seen = _engine_of(key), self._seen_at(key)
+                bounds[engine] = max(bounds.get(engine, seen), seen)
+        reset = bool(bounds)
         for key, value in usable.items():
             created = snapshot.created.get(key)
             previous = self.last.get(key)
             if previous is not None:
-                if _engine_of(key) in restarted:
+                bound = bounds.get(_engine_of(key))
+                if bound is not None and self._seen_at(key) <= bound:
                     inc = value
                 else:
                     inc, _ = counter_increase(previous[0], previous[1], value, created)
@@ -91,6 +98,7 @@ class Accumulator:
             # Zero increases are kept too: a position nobody reached shows as 0, not missing.
             self.increase[key] = self.increase.get(key, 0.0) + inc
             self.last[key] = (value, created)
+            self.seen[key] = at
             self.engines.add(key.engine)
         self._feed_gauges(snapshot, at, baseline)
         if baseline:
@@ -131,6 +139,9 @@ class Accumulator:
             if seconds > 0
         }
 
+    def _seen_at(self, key: SeriesKey) -> float:
+        return self.seen.get(key, self.last_at or 0.0)
+
     def totals(self) -> Counts:
         """The increase since the baseline, summed over engines and models."""
         return sum_series(self.increase.items())
@@ -161,6 +172,7 @@ class Accumulator:
             "dialect": self.dialect,
             "before": self.before.as_raw() if self.before is not None else None,
             "reset_spans": [list(span) for span in self.reset_spans],
+            "seen": [[_key_list(k), t] for k, t in self.seen.items()],
             "gauge_weighted": dict(self.gauge_weighted),
             "gauge_seconds": dict(self.gauge_seconds),
         }
@@ -179,6 +191,7 @@ class Accumulator:
             dialect=data.get("dialect", ""),
             before=Counts.from_raw(data["before"]) if data.get("before") else None,
             reset_spans=[tuple(span) for span in data.get("reset_spans", [])],
+            seen={_key_from(k): t for k, t in data.get("seen", [])},
             gauge_weighted=dict(data.get("gauge_weighted", {})),
             gauge_seconds=dict(data.get("gauge_seconds", {})),
         )

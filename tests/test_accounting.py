@@ -292,3 +292,17 @@ class TestLiveTrack:
             assert len(live.points) <= 62
         assert live.over_span(9_999).drafts == 120
         assert live.points[0][0] <= 9_999 - 60
+
+
+class TestRestartSeenLate:
+    def test_series_skipped_across_a_restart_does_not_recount_its_engine(self):
+        drafts, accepted = key(Field.DRAFTS), key(Field.ACCEPTED)
+        acc = Accumulator()
+        acc.feed(snap({drafts: 100.0, accepted: 50.0}), 1.0)  # baseline
+        acc.feed(snap({drafts: 110.0, accepted: 55.0}), 2.0)  # +10, +5
+        acc.feed(snap({drafts: 4.0, accepted: float("nan")}), 3.0)  # restart; accepted skipped
+        acc.feed(snap({drafts: 9.0, accepted: 3.0}), 4.0)  # accepted shows it a scrape late
+        totals = acc.totals()
+        assert totals.drafts == 10 + 4 + 5  # not 10 + 4 + 9
+        assert totals.accepted == 5 + 3
+        assert acc.resets == 2  # both scrapes showed a restart of some series

@@ -250,10 +250,6 @@ class TestOddPages:
 
 
 class TestRestartWhileASeriesIsSkipped:
-    @pytest.mark.xfail(strict=True, reason=(
-        "accounting.Accumulator.feed counts every series of an engine from zero when one series "
-        "shows a restart; a series skipped (NaN/negative) across the restart shows it one scrape "
-        "late, and the engine's other series are counted from zero a second time"))
     async def test_no_double_count(self, fleet):
         good, bad, exp = await fleet()
         await _post(exp, "/api/v1/windows", id="late")
