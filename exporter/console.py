@@ -15,25 +15,29 @@ def _frame(label: str, rows: list[tuple[str, str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _or_na(value: float | None, spec: str) -> str:
+    return "N/A" if value is None else format(value, spec)
+
+
 def format_block(label: str, result: Mapping) -> str:
     """One RESULT as the console block titled `[label]` (host:port, or `all`)."""
     data = result.get("data") or {}
-    if result.get("status") != "ok" or data.get("acceptance_rate") is None:
+    rate, length = data.get("acceptance_rate"), data.get("acceptance_length")
+    if result.get("status") != "ok" or (rate is None and length is None):
         reason = result.get("error") or "No spec decode activity detected during benchmark window"
         return _frame(label, [("Status", "N/A"), ("Reason", reason)])
     per_pos = data.get("per_position_acceptance_rates") or {}
     positions = sorted(per_pos, key=int)  # numeric order: 0, 1, 2, ..., 10, never text order
     per_pos_text = "{" + ", ".join(f"{int(p)}: {per_pos[p]:.4f}" for p in positions) + "}"
-    length = data.get("acceptance_length")
     if data.get("num_drafts"):
         # From the counts, not the 3-decimal rounded value: no double rounding on screen.
         length = 1.0 + data["accepted_tokens"] / data["num_drafts"]
     rows = [
-        ("Acceptance rate (%)", f"{data['acceptance_rate']:.2f}"),
-        ("Acceptance length", f"{length:.2f}" if length is not None else "N/A"),
-        ("Drafts", str(data.get("num_drafts"))),
-        ("Draft tokens", str(data.get("draft_tokens"))),
-        ("Accepted tokens", str(data.get("accepted_tokens"))),
+        ("Acceptance rate (%)", _or_na(rate, ".2f")),
+        ("Acceptance length", _or_na(length, ".2f")),
+        ("Drafts", _or_na(data.get("num_drafts"), "")),
+        ("Draft tokens", _or_na(data.get("draft_tokens"), "")),
+        ("Accepted tokens", _or_na(data.get("accepted_tokens"), "")),
         ("Per-position acceptance rates", per_pos_text),
     ]
     return _frame(label, rows)

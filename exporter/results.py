@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from exporter.accounting import Accumulator
 from exporter.derive import has_activity, result_data
+from exporter.parse import SGLANG_LENGTH, SGLANG_RATE, dialect_note
 from exporter.snapshot import Counts
 from exporter.window import TargetRef, Window
 
@@ -39,6 +40,8 @@ def target_result(window: Window, name: str) -> dict:
         return _na(ref, "; ".join([window.removed[name], *notes]), extra)
     if acc is None or acc.scrapes == 0:
         return _na(ref, "; ".join(notes) or NO_METRICS, extra)
+    if acc.dialect == "sglang":
+        return _estimate_result(window, name, ref, acc, extra, notes)
     if not acc.last:
         return _na(ref, NO_METRICS, extra)
     if acc.scrapes < 2:
@@ -74,6 +77,28 @@ def target_result(window: Window, name: str) -> dict:
     } | extra | coverage | {"per_model": _per_model(acc)}
 
 
+def _estimate_result(
+    window: Window, name: str, ref: TargetRef, acc: Accumulator, extra: dict, notes: list[str]
+) -> dict:
+    """SGLang has no counters: the time-weighted means of its interval gauges, flagged."""
+    means = acc.gauge_means()
+    if acc.scrapes < 2 or SGLANG_LENGTH not in means:
+        reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
+        return _na(ref, reason, extra)
+    data = {
+        "num_drafts": None,
+        "draft_tokens": None,
+        "accepted_tokens": None,
+        "acceptance_rate": round(100 * means[SGLANG_RATE], 2) if SGLANG_RATE in means else None,
+        "acceptance_length": round(means[SGLANG_LENGTH], 3),
+        "per_position_acceptance_rates": {},
+    }
+    return {
+        "status": "ok", "url": ref.url, "error": None, "data": data, "raw": None,
+        "estimate": True, "gauge_means": means,
+    } | extra | _coverage(window, name, acc, notes)
+
+
 def _before(acc: Accumulator) -> Counts:
     return acc.before if acc.before is not None else Counts()
 
@@ -100,7 +125,7 @@ def _extras(ref: TargetRef, acc: Accumulator | None) -> dict:
         "scrapes": acc.scrapes if acc else 0,
         "first_scrape_at": acc.first_at if acc else None,
         "last_scrape_at": acc.last_at if acc else None,
-    }
+    } | ({"dialect_note": note} if acc and (note := dialect_note(acc.dialect)) else {})
 
 
 def _per_model(acc: Accumulator) -> dict:
@@ -109,7 +134,8 @@ def _per_model(acc: Accumulator) -> dict:
 
 def aggregate_result(window: Window, results: dict[str, dict]) -> dict:
     """All targets with activity summed, then divided (never an average of ratios)."""
-    used = [n for n, r in results.items() if r["status"] == "ok"]
+    # Estimates (SGLang's gauge means) cannot be summed with counts: they stay out.
+    used = [n for n, r in results.items() if r["status"] == "ok" and not r.get("estimate")]
     total, before, after = Counts(), Counts(), Counts()
     per_model: dict[str, Counts] = {}
     for name in used:

@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.accounting import Accumulator
 from exporter.config import validate_config
+from exporter.console import format_window
 from exporter.fakevllm import FakeServer
 from exporter.parse import Dialect, detect_dialect, dialect_note, parse_page
 from exporter.snapshot import Field, SeriesKey, Snapshot
@@ -294,7 +295,8 @@ class TestWindowsPerDialect:
         assert result["dialect"] == "vllm-v0"
         assert result["data"]["draft_tokens"] == 20 and result["data"]["accepted_tokens"] == 12
         acc = exp.service.get_window("w0").accumulators["v0"]
-        assert dialect_note(acc.dialect) is not None
+        assert result["dialect_note"] == dialect_note(acc.dialect)
+        assert result["dialect_note"].startswith("vLLM V0 counters over-count")
         assert set(acc.gauge_means()) == {
             "vllm:spec_decode_draft_acceptance_rate", "vllm:spec_decode_efficiency"
         }
@@ -336,7 +338,7 @@ class TestWindowsPerDialect:
         fake.server.add(0, 10, 30, [5, 2, 1])  # rank 0: length 1.8, rate 8/30
         fake.server.add(1, 10, 20, [10, 10])  # rank 1: length 3.0, rate 1.0
         now[0] = 1040.0
-        await _stop(exp, "ws")
+        answer = await _stop(exp, "ws")
         acc = exp.service.get_window("ws").accumulators["s"]
         assert acc.dialect == "sglang" and acc.scrapes == 3
         # 10 s at rank 0's first interval; 30 s at the mean of both ranks' latest.
@@ -348,3 +350,13 @@ class TestWindowsPerDialect:
         assert acc.gauge_seconds == {
             "sglang:spec_accept_length": 40.0, "sglang:spec_accept_rate": 40.0
         }
+        result = answer["results"]["s"]
+        assert result["status"] == "ok" and result["estimate"] is True
+        assert result["data"]["acceptance_length"] == round(length, 3)
+        assert result["data"]["acceptance_rate"] == round(100 * rate, 2)
+        assert result["data"]["num_drafts"] is None
+        assert "time-weighted means" in result["dialect_note"]
+        assert answer["aggregate"]["status"] == "na"  # estimates are not summed with counts
+        block = format_window(answer)
+        assert f"Acceptance length                             {length:.2f}\n" in block
+        assert "Drafts                                        N/A\n" in block
