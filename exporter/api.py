@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
 from exporter.exposition import CONTENT_TYPE, MetricsWriter
 from exporter.landing import render_landing
+from exporter.results import window_series as series_view
 from exporter.service import ExporterService
 from exporter.views import target_view
 from exporter.window import check_window_id
@@ -203,6 +204,12 @@ async def get_window(request: web.Request) -> web.Response:
     return web.json_response(window.state())
 
 
+async def window_series(request: web.Request) -> web.Response:
+    """A window's per-scrape acceptance ratio and length, per target."""
+    window = request.app[SERVICE].get_window(check_window_id(request.match_info["id"]))
+    return web.json_response(series_view(window))
+
+
 async def list_targets(request: web.Request) -> web.Response:
     """Every target's state as JSON (what the landing page shows)."""
     service = request.app[SERVICE]
@@ -226,6 +233,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/api/v1/windows", list_windows)
     app.router.add_get("/api/v1/windows/{id}", get_window)
     app.router.add_post("/api/v1/windows/{id}/stop", stop_window)
+    app.router.add_get("/api/v1/windows/{id}/series", window_series)
     app.router.add_get("/api/v1/targets", list_targets)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from html import escape
 
 from exporter import __version__
+from exporter.results import window_series
 from exporter.service import ExporterService
 from exporter.views import target_view
 
@@ -45,6 +46,49 @@ def position_bars(per_position: Mapping[str, float], width: int = 220, height: i
             f'<text x="{x + bar / 2:.1f}" y="{height + 12}" font-size="10" '
             f'text-anchor="middle">{escape(pos)}</text>'
         )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+_COLOURS = ("#3b7dd8", "#d8743b", "#3bd87d", "#b03bd8", "#d83b5b", "#7d7d3b", "#3bc4d8")
+
+
+def series_chart(series: Mapping, width: int = 640, height: int = 180) -> str:
+    """Inline SVG line chart: each target's acceptance ratio between consecutive scrapes.
+
+    Warm-up, drift and the steady state show here, where the window's average hides them.
+    """
+    lines = {
+        name: [(p["at"], p["interval_acceptance_ratio"]) for p in points
+               if p.get("interval_acceptance_ratio") is not None]
+        for name, points in series.get("targets", {}).items()
+    }
+    lines = {name: points for name, points in lines.items() if points}
+    if not lines:
+        return ""
+    start = series.get("started_at") or min(p[0][0] for p in lines.values())
+    end = max(p[-1][0] for p in lines.values())
+    span = max(end - start, 1e-9)
+    left, bottom = 36, height - 18
+    parts = [f'<svg width="{width}" height="{height}" role="img" '
+             f'aria-label="acceptance ratio over the window">',
+             f'<line x1="{left}" y1="{bottom}" x2="{width}" y2="{bottom}" stroke="#999"/>',
+             f'<line x1="{left}" y1="4" x2="{left}" y2="{bottom}" stroke="#999"/>',
+             f'<text x="2" y="12" font-size="10">1.0</text>'
+             f'<text x="2" y="{bottom}" font-size="10">0.0</text>',
+             f'<text x="{width - 4}" y="{height - 4}" font-size="10" text-anchor="end">'
+             f"{span:.0f}s</text>"]
+    for i, (name, points) in enumerate(sorted(lines.items())):
+        colour = _COLOURS[i % len(_COLOURS)]
+        coords = " ".join(
+            f"{left + (at - start) / span * (width - left - 4):.1f},"
+            f"{bottom - max(0.0, min(1.0, ratio)) * (bottom - 4):.1f}"
+            for at, ratio in points
+        )
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                     f'points="{coords}"><title>{escape(name)}</title></polyline>')
+        parts.append(f'<text x="{left + 6}" y="{14 + 12 * i}" font-size="10" '
+                     f'fill="{colour}">{escape(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -92,6 +136,11 @@ def render_landing(service: ExporterService) -> str:
     target_rows = "".join(_target_row(v) for v in views) or '<tr><td colspan="6">none</td></tr>'
     window_rows = "".join(_window_row(w) for w in windows) or '<tr><td colspan="8">none</td></tr>'
     live_span = f"{service.config.live_window:g}s"
+    recent = service.list_windows()[:1]
+    chart = ""
+    if recent and (svg := series_chart(window_series(recent[0]))):
+        chart = (f"<h3>Acceptance ratio through window {escape(recent[0].id)} "
+                 f"(between consecutive scrapes)</h3>{svg}")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>specdec-exporter</title>
 <style>{_STYLE}</style></head><body>
@@ -107,5 +156,6 @@ def render_landing(service: ExporterService) -> str:
 <table><tr><th>id</th><th>name</th><th>state</th><th>started</th><th>stopped</th><th>targets</th>
 <th>acceptance rate %</th><th>acceptance length</th></tr>
 {window_rows}</table>
+{chart}
 </body></html>
 """

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from exporter.accounting import Accumulator
-from exporter.derive import has_activity, result_data
+from exporter.derive import acceptance_length, acceptance_ratio, has_activity, result_data
 from exporter.parse import SGLANG_LENGTH, SGLANG_RATE, dialect_note
 from exporter.snapshot import Counts
 from exporter.window import TargetRef, Window
@@ -172,3 +172,28 @@ def window_answer(window: Window) -> dict:
         "results": results,
         "aggregate": aggregate_result(window, results),
     }
+
+
+def window_series(window: Window) -> dict:
+    """Per target, per scrape: cumulative and since-the-previous-scrape ratio and length."""
+    targets = {}
+    for name, points in window.series.items():
+        rows = []
+        previous = None
+        for at, drafts, draft_tokens, accepted in points:
+            row = {"at": at, "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted,
+                   **_ratio_pair("", Counts(drafts, draft_tokens, accepted))}
+            if previous is not None:
+                step = Counts(drafts - previous[1], draft_tokens - previous[2],
+                              accepted - previous[3])
+                row |= _ratio_pair("interval_", step)
+            rows.append(row)
+            previous = (at, drafts, draft_tokens, accepted)
+        targets[name] = rows
+    return {"id": window.id, "name": window.name, "started_at": window.started_at,
+            "stopped_at": window.stopped_at, "targets": targets}
+
+
+def _ratio_pair(prefix: str, counts: Counts) -> dict:
+    return {f"{prefix}acceptance_ratio": acceptance_ratio(counts),
+            f"{prefix}acceptance_length": acceptance_length(counts)}

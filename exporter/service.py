@@ -14,6 +14,7 @@ from pathlib import Path
 
 from exporter.accounting import LiveTrack
 from exporter.config import Config, TargetConfig, load_config
+from exporter.discovery import Discovery
 from exporter.errors import RequestError, StoreError, UnknownTargetError, UnknownWindowError
 from exporter.results import window_answer
 from exporter.scrape import Scraper, ScrapeResult
@@ -89,13 +90,19 @@ class ExporterService:
         self._locks: dict[str, asyncio.Lock] = {}
         self._pending: dict[str, asyncio.Future] = {}  # window id -> start or stop in flight
         self._closed_loaded = False  # recent closed windows read from the store into memory
+        self._saved_at = time.monotonic()
+        self.discovery = Discovery(config)
         self._set_targets(config)
         self._restore()
 
     # -- targets and config ------------------------------------------------------------
 
     def _set_targets(self, config: Config) -> None:
-        owned = [t for t in config.targets if owns(t, config.shards, config.shard_index)]
+        # Static targets first: a discovered one with the same name does not replace it.
+        merged = {t.name: t for t in config.targets}
+        for target in self.discovery.targets():
+            merged.setdefault(target.name, target)
+        owned = [t for t in merged.values() if owns(t, config.shards, config.shard_index)]
         old = self.targets
         self.targets = {
             t.name: replace(old[t.name], config=t) if t.name in old else TargetState(t)
@@ -118,6 +125,7 @@ class ExporterService:
             self.generation += 1
             raise
         self.config = config
+        self.discovery.config = config
         self._set_targets(config)
         self._close_removed_targets()
         self.reload_ok = True
@@ -126,12 +134,12 @@ class ExporterService:
         log.info("config reloaded targets=%d", len(self.targets))
         return config
 
-    def _close_removed_targets(self) -> None:
+    def _close_removed_targets(self, why: str = "removed from the config") -> None:
         now = self.clock()
         for window in self.open_windows():
             for name in window.targets:
                 if name not in self.targets and name not in window.removed:
-                    window.removed[name] = f"target removed from the config at {now:.3f}"
+                    window.removed[name] = f"target {why} at {now:.3f}"
         self._persist(self.open_windows())
 
     # -- scraping ----------------------------------------------------------------------
@@ -175,12 +183,24 @@ class ExporterService:
             if window.takes_scrapes_of(name):
                 window.feed(result)
 
+    async def refresh_discovery(self) -> None:
+        """Re-read discovery sources; targets that came or went change the target set."""
+        session = self.scraper.session if self.scraper else None
+        if await self.discovery.refresh(session, self.clock()):
+            self._set_targets(self.config)
+            self._close_removed_targets("no longer discovered")
+            self.generation += 1
+            log.info("discovery changed targets=%d", len(self.targets))
+
     async def scrape_round(self) -> None:
         """Scrape every target once, concurrently (bounded by the scraper)."""
+        if self.config.file_sd or self.config.http_sd:
+            await self.refresh_discovery()
         await asyncio.gather(*(self.scrape_target(n) for n in list(self.targets)))
         self.ready = True
         self.generation += 1
-        self._persist(self.open_windows())
+        if time.monotonic() - self._saved_at >= self.config.state_save_interval:
+            self._persist(self.open_windows())
 
     async def run(self) -> None:
         """Scrape rounds every `scrape_interval` until cancelled; a slow round skips no beat."""
@@ -200,6 +220,8 @@ class ExporterService:
         return [w for w in self.windows.values() if w.is_open]
 
     def _persist(self, windows: list[Window]) -> None:
+        if len(windows) == len(self.open_windows()):
+            self._saved_at = time.monotonic()
         self.store.save([w.to_dict() for w in windows])
 
     def _restore(self) -> None:
@@ -251,10 +273,12 @@ class ExporterService:
     def _resolve_targets(self, names: list[str] | None, window_id: str) -> list[TargetConfig]:
         if names is None:
             return [s.config for s in self.targets.values()]
+        by_host_port = {s.config.host_port: s.config for s in self.targets.values()}
         chosen: dict[str, TargetConfig] = {}
         for name in names:
-            target = self.config.target(name)
-            if target is None or target.name not in self.targets:
+            state = self.targets.get(name)
+            target = state.config if state else by_host_port.get(name)
+            if target is None:
                 raise UnknownTargetError(name, window_id, sorted(self.targets))
             chosen[target.name] = target
         return list(chosen.values())

@@ -16,6 +16,7 @@ from exporter.snapshot import Snapshot
 # Ids name directories of results: letters, digits and . _ - only, so no path can escape.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_NAME = 256
+MAX_SERIES_POINTS = 720  # per target; past it every other point goes (resolution halves)
 
 
 def check_window_id(value: object) -> str:
@@ -82,6 +83,9 @@ class Window:
     last_errors: dict[str, str] = field(default_factory=dict)
     removed: dict[str, str] = field(default_factory=dict)  # target -> why it left the window
     downtimes: list[tuple[float, float]] = field(default_factory=list)  # exporter not running
+    # Per target, (at, drafts, draft tokens, accepted) increased since the baseline, per scrape.
+    # Saved with the closed window only: an open window's is rebuilt from its restore on.
+    series: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
     answer: dict | None = None
 
     @property
@@ -108,6 +112,11 @@ class Window:
         if acc.scrapes:
             _carry_relabelled(acc, result.snapshot)
         acc.feed(result.snapshot, result.at)
+        totals = acc.totals()
+        points = self.series.setdefault(result.target, [])
+        points.append((result.at, totals.drafts, totals.draft_tokens, totals.accepted))
+        if len(points) > MAX_SERIES_POINTS:
+            points[:] = points[:-1:2] + points[-1:]
 
     def last_seen(self) -> float:
         """The newest scrape any target fed, or the start: what a restored window last knew."""
@@ -150,6 +159,8 @@ class Window:
             "last_errors": self.last_errors,
             "removed": self.removed,
             "downtimes": [list(d) for d in self.downtimes],
+            "series": {t: [list(p) for p in ps] for t, ps in self.series.items()}
+            if not self.is_open else {},
             "answer": self.answer,
         }
 
@@ -169,5 +180,6 @@ class Window:
             last_errors=dict(data["last_errors"]),
             removed=dict(data["removed"]),
             downtimes=[tuple(d) for d in data.get("downtimes", [])],
+            series={t: [tuple(p) for p in ps] for t, ps in data.get("series", {}).items()},
             answer=data["answer"],
         )

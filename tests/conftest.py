@@ -36,7 +36,7 @@ class FakeTarget:
 
 @pytest.fixture
 def fake_vllm(aiohttp_server):
-    """Factory: `await fake_vllm(k=3, engines=2)` -> a running FakeTarget (no background traffic)."""
+    """Factory: `await fake_vllm(k=3, engines=2)` -> a running FakeTarget, no traffic of its own."""
 
     async def make(**kwargs) -> FakeTarget:
         server = FakeServer(**kwargs)
@@ -84,3 +84,20 @@ def promtool() -> str:
             pytest.fail("promtool missing in CI: scripts/test.sh installs Debian's prometheus")
         pytest.skip("promtool not installed (apt-get install prometheus)")
     return path
+
+
+@pytest.fixture
+def unused_tcp_port():
+    """A loopback port that refuses connections for the whole test.
+
+    The socket stays bound (not listening), so a server a test starts later cannot be given
+    the same port by the OS, which would turn a "down" target into a live one.
+    """
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()

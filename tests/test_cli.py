@@ -31,7 +31,8 @@ class TestDurability:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             config = write_config(tmp_path / "c.yaml", port,
-                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}],
+                                  state_save_interval="250ms")
             serve = CLI + ["serve", "--config", str(config)]
             with process(serve) as first:
                 wait_http(f"{base}/-/ready")
@@ -42,7 +43,7 @@ class TestDurability:
                 assert started.returncode == 0, started.stderr
                 assert started.stdout.strip() == "k1"
                 fake_add(vllm, 10, 20, [9, 5])
-                _wait_scrapes(base, "k1", 3)
+                _wait_scrapes(base, "k1", 4)  # saved after a round past the first 250 ms
                 first.send_signal(signal.SIGKILL)
                 first.wait(timeout=10)
             if restart_server_while_down:
@@ -179,7 +180,8 @@ class TestMeasure:
                 " u.urlopen(u.Request(b+'add',data=json.dumps({'engine':0,'drafts':d,"
                 "'draft_tokens':t,'accepted_per_pos':p}).encode(),method='POST'))\n"
                 "add(10,20,[8,4]); time.sleep(0.6)\n"
-                "u.urlopen(u.Request(b+'restart',method='POST')); add(6,12,[6,0]); time.sleep(0.6)\n"
+                "u.urlopen(u.Request(b+'restart',method='POST'))\n"
+                "add(6,12,[6,0]); time.sleep(0.6)\n"
             )
             done = subprocess.run(
                 CLI + ["measure", "--target", f"127.0.0.1:{vllm}", "--work-dir", str(tmp_path),

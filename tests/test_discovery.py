@@ -108,3 +108,42 @@ class TestHttpSD:
             assert await discovery.refresh(session, 120.0) is True
             assert [t.name for t in discovery.targets()] == ["127.0.0.1:6"]
         assert seen_auth == ["Bearer tok"] * 3
+
+
+class TestDiscoveryInTheExporter:
+    async def test_targets_come_and_go_and_windows_close_them(self, fake_vllm, exporter,
+                                                              tmp_path):
+        a, b = await fake_vllm(k=2), await fake_vllm(k=2)
+        sd = tmp_path / "fleet.json"
+        sd.write_text(json.dumps([{"targets": [a.host_port], "labels": {"pool": "x"}}]))
+        exp = await exporter({
+            "targets": [{"name": "static", "url": b.url}],
+            "file_sd": [{"files": [str(tmp_path / "*.json")]}],
+        })
+        await exp.round()
+        names = [t["name"] for t in (await (await exp.client.get("/api/v1/targets")).json())
+                 ["targets"]]
+        assert names == ["static", a.host_port]
+        metrics = await (await exp.client.get("/metrics")).text()
+        assert f'specdec_target_up{{pool="x",target="{a.host_port}"}} 1.0' in metrics
+
+        started = await (await exp.client.post("/api/v1/windows", json={"id": "d"})).json()
+        assert sorted(started["targets"]) == sorted(["static", a.host_port])
+        a.server.add(0, 5, 10, [5, 0])
+        await exp.round()
+
+        sd.write_text("[{broken")
+        _bump(sd)
+        await exp.round()  # a broken file keeps its last good list
+        assert a.host_port in exp.service.targets
+
+        sd.write_text("[]")
+        _bump(sd)
+        await exp.round()
+        assert a.host_port not in exp.service.targets
+        answer = await (await exp.client.post("/api/v1/windows/d/stop")).json()
+        left = answer["results"][a.host_port]
+        assert left["status"] == "na"
+        assert left["error"].startswith("target no longer discovered at ")
+        assert left["increase_until_removed"]["num_drafts"] == 5
+        assert answer["results"]["static"]["status"] == "na"  # no traffic there

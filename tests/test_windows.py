@@ -132,7 +132,8 @@ class TestWindowNumbers:
         answer = await _stop(exp, "wd")
         down = answer["results"]["down"]
         assert down["status"] == "na"
-        assert down["error"].startswith(f"Failed to fetch metrics from http://127.0.0.1:{unused_tcp_port}/metrics at window start")
+        url = f"http://127.0.0.1:{unused_tcp_port}/metrics"
+        assert down["error"].startswith(f"Failed to fetch metrics from {url} at window start")
         assert "at window stop" in down["error"]
         assert answer["results"]["up"]["status"] == "ok"
         assert answer["aggregate"]["data"]["num_drafts"] == 10
@@ -184,7 +185,8 @@ class TestWindowNumbers:
 
     async def test_aggregate_sums_then_divides(self, fake_vllm, exporter):
         a, b = await fake_vllm(k=2), await fake_vllm(k=2)
-        exp = await exporter({"targets": [{"name": "a", "url": a.url}, {"name": "b", "url": b.url}]})
+        exp = await exporter({"targets": [{"name": "a", "url": a.url},
+                                          {"name": "b", "url": b.url}]})
         await _start(exp, id="wa")
         a.server.add(0, 100, 200, [100, 100])  # ratio 1.0 over 200 tokens
         b.server.add(0, 10, 20, [0, 0])  # ratio 0.0 over 20 tokens
