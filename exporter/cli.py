@@ -16,6 +16,7 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.errors import ConfigError, ExporterError
+from exporter.fakevllm import DIALECTS as FAKE_DIALECTS
 
 log = logging.getLogger("exporter")
 
@@ -101,8 +102,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
              len(config.targets))
     # run_app answers SIGTERM/SIGINT by finishing in-flight requests, then the cleanup
     # context saves every open window.
-    web.run_app(app, host=host.strip("[]"), port=int(port), print=None, access_log=log,
-                shutdown_timeout=30.0)
+    web.run_app(app, host=host.strip("[]"), port=int(port), print=None,
+                access_log=logging.getLogger("aiohttp.access"), shutdown_timeout=30.0)
     return 0
 
 
@@ -119,7 +120,7 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
     server = FakeServer(k=args.k, acceptance=args.acceptance, engines=args.engines,
                         dialect=args.dialect, model_name=args.model_name, seed=args.seed,
                         spec_decode=not args.no_spec_decode, ngram=args.ngram)
-    print(f"fake-vllm on http://{args.host}:{args.port}/metrics k={args.k} "
+    print(f"fake-vllm on http://{args.host}:{args.port}{server.metrics_path} k={args.k} "
           f"engines={args.engines} dialect={args.dialect}", flush=True)
     try:
         asyncio.run(serve_fake_vllm(args.host, args.port, server, args.drafts_per_second))
@@ -138,10 +139,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _client(args: argparse.Namespace):
-    from exporter.client import ExporterClient
+def _exporters(args: argparse.Namespace) -> list[str]:
+    return [url for item in args.exporter for url in item.split(",") if url]
 
-    return ExporterClient(args.exporter, token=args.token)
+
+def _client(args: argparse.Namespace):
+    # Several exporters (shards of one fleet) act as one: same window id, merged results.
+    from exporter.client import FleetClient
+
+    return FleetClient(_exporters(args), token=args.token)
 
 
 def cmd_window_start(args: argparse.Namespace) -> int:
@@ -189,7 +195,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             return code
         except ClientError as exc:
             failure = f"{exc} (window {window_id} may still be open)"
-    print(format_window(unreachable_answer(window_id, args.exporter, failure or "")), end="")
+    label = ",".join(_exporters(args))
+    print(format_window(unreachable_answer(window_id, label, failure or "")), end="")
     return code
 
 
@@ -270,7 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     fake.add_argument("--k", type=int, default=3)
     fake.add_argument("--acceptance", type=float, default=0.8)
     fake.add_argument("--engines", type=int, default=1)
-    fake.add_argument("--dialect", default="vllm", choices=["vllm", "vllm-v0"])
+    fake.add_argument("--dialect", default="vllm", choices=list(FAKE_DIALECTS))
     fake.add_argument("--model-name", default="fake/llama-3-8b")
     fake.add_argument("--drafts-per-second", type=float, default=50.0)
     fake.add_argument("--ngram", action="store_true", help="drafts may be shorter than k")
@@ -279,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     fake.set_defaults(func=cmd_fake_vllm)
 
     def exporter_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--exporter", required=True, help="exporter base URL, e.g. http://127.0.0.1:9400")
+        p.add_argument("--exporter", required=True, action="append",
+                       help="exporter base URL, e.g. http://127.0.0.1:9400; repeat (or separate "
+                            "with commas) for the shards of one fleet")
         p.add_argument("--token", help="bearer token (default $SPECDEC_TOKEN)")
 
     def window_args(p: argparse.ArgumentParser) -> None:

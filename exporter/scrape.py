@@ -56,8 +56,16 @@ class Scraper:
     def __init__(self, session: aiohttp.ClientSession, *, max_bytes: int, concurrency: int):
         self.session = session
         self.max_bytes = max_bytes
+        self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._ssl: dict[tuple[bool, str | None], ssl.SSLContext | bool] = {}
+
+    def reconfigure(self, *, max_bytes: int, concurrency: int) -> None:
+        """Apply a reloaded config's size cap and concurrency to the scrapes that follow."""
+        self.max_bytes = max_bytes
+        if concurrency != self._concurrency:
+            self._concurrency = concurrency
+            self._slots = asyncio.Semaphore(concurrency)
 
     async def scrape(self, target: TargetConfig, timeout: float, clock=time.time) -> ScrapeResult:
         """Fetch and parse one target; every failure becomes `error`."""

@@ -126,6 +126,10 @@ class ExporterService:
             raise
         self.config = config
         self.discovery.config = config
+        if self.scraper is not None:
+            self.scraper.reconfigure(
+                max_bytes=config.max_response_bytes, concurrency=config.scrape_concurrency
+            )
         self._set_targets(config)
         self._close_removed_targets()
         self.reload_ok = True

@@ -89,6 +89,18 @@ class TestReload:
         assert await _metric(exp, "specdec_target_up", {"target": "a"}) is None
         assert await _metric(exp, "specdec_config_last_reload_successful") == 1
 
+    async def test_scraper_settings_follow_a_reload(self, exporter, fake_vllm, tmp_path):
+        a = await fake_vllm()  # a full vLLM-sized page, tens of KB
+        path = tmp_path / "exporter.yaml"
+        _write_config(path, [{"name": "a", "url": a.url}])
+        exp = await exporter(yaml.safe_load(path.read_text()), config_path=path)
+        await exp.round()
+        assert exp.service.targets["a"].up is True
+        _write_config(path, [{"name": "a", "url": a.url}], max_response_bytes=2048)
+        assert (await exp.client.post("/-/reload")).status == 200
+        await exp.round()
+        assert exp.service.targets["a"].last_error.endswith("is over the 2048 byte cap")
+
     async def test_invalid_file_refused_old_config_serves(self, exporter, fake_vllm, tmp_path):
         a = await fake_vllm()
         path = tmp_path / "exporter.yaml"

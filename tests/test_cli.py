@@ -92,6 +92,9 @@ class TestServeSignals:
                 assert names == ["a", "b"]
                 serve.send_signal(signal.SIGTERM)
                 assert serve.wait(timeout=15) == 0
+                log = serve.stderr.read()
+            assert "window started id=t1" in log
+            assert "GET /api/v1/targets" not in log  # access logs only at debug
             with process(CLI + ["serve", "--config", str(config)]):
                 wait_http(f"{base}/-/ready")
                 status, state = http("GET", f"{base}/api/v1/windows/t1")

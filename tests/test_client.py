@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
 
@@ -54,12 +57,17 @@ class TestFleetClient:
                 for i, port in enumerate(ports):
                     fake_add(port, 10 * (i + 1), 20 * (i + 1), [10 * (i + 1), 0])
                 answer = fleet.stop(started["id"])
+                again = subprocess.run(  # the CLI takes the shards as one --exporter list
+                    CLI + ["window", "stop", "--exporter", ",".join(urls), started["id"],
+                           "--json"], capture_output=True, text=True, timeout=60)
         assert sorted(started["targets"]) == ["t0", "t1", "t2", "t3"]  # each exactly once
         assert sorted(answer.body["results"]) == ["t0", "t1", "t2", "t3"]
         aggregate = answer.body["aggregate"]["data"]
         assert aggregate["num_drafts"] == 100 and aggregate["draft_tokens"] == 200
         assert aggregate["acceptance_rate"] == 50.0
         assert answer.console().count("[all]") == 1
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["aggregate"] == answer.body["aggregate"]
 
     def test_merge_recomputes_the_aggregate_from_counts(self):
         def result(drafts, tokens, accepted):
