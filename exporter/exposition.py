@@ -157,6 +157,8 @@ class MetricsWriter:
     def __init__(self, service: ExporterService, *, process_metrics: bool = True):
         self.service = service
         self._cache: dict[str, _TargetLines] = {}
+        self._last_key: tuple | None = None
+        self._last_lines: dict[Family, list[str]] = {}
         self._process = CollectorRegistry(auto_describe=False)
         if process_metrics:
             ProcessCollector(registry=self._process)
@@ -195,6 +197,16 @@ class MetricsWriter:
         return "".join(out).encode() + generate_latest(self._process)
 
     def _last_window(self) -> dict[Family, list[str]]:
+        # Changes only when a window stops or the config (target labels) reloads.
+        window = self.service.last_window
+        key = (window.answer if window else None, self.service.config)
+        if self._last_key is None or any(a is not b for a, b in zip(key, self._last_key,
+                                                                      strict=True)):
+            self._last_lines = self._last_window_lines()
+            self._last_key = key
+        return self._last_lines
+
+    def _last_window_lines(self) -> dict[Family, list[str]]:
         out: dict[Family, list[str]] = {LAST_RATIO: [], LAST_LENGTH: [], LAST_POS_RATIO: [],
                                         LAST_INFO: []}
         window = self.service.last_window

@@ -80,7 +80,7 @@ class TestResultsNotWritable:
         exp = await _exp(exporter, pair)
         real = store.atomic_write
 
-        def full(path, data):
+        def full(path, data, **_):
             raise OSError(errno.ENOSPC, "No space left on device")
 
         answer = await self._stop_fails_then_succeeds(
