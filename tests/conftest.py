@@ -56,6 +56,18 @@ class ExporterUnderTest:
     async def round(self) -> None:
         await self.service.scrape_round()
 
+    async def start(self, **body) -> dict:
+        """POST a window start; its answer (201 or 200)."""
+        response = await self.client.post("/api/v1/windows", json=body)
+        assert response.status in (200, 201), await response.text()
+        return await response.json()
+
+    async def stop(self, window_id: str) -> dict:
+        """POST a window stop; its answer."""
+        response = await self.client.post(f"/api/v1/windows/{window_id}/stop")
+        assert response.status == 200, await response.text()
+        return await response.json()
+
 
 @pytest.fixture
 def exporter(aiohttp_client, tmp_path):

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -123,17 +121,6 @@ def _substitute(expr: str) -> str:
     for var, value in sorted(GRAFANA_SUBSTITUTIONS.items(), key=lambda kv: -len(kv[0])):
         expr = expr.replace(var, value)
     return expr
-
-
-@pytest.fixture(scope="module")
-def promtool() -> str:
-    """Path of promtool; missing is a skip on a workstation and a failure in CI."""
-    path = shutil.which("promtool")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is not installed (Debian package prometheus); CI needs it")
-        pytest.skip("promtool not installed (apt-get install prometheus): rule checks not run")
-    return path
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:

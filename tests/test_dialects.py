@@ -257,28 +257,16 @@ class TestGaugeAccounting:
         assert Accumulator.from_dict(old).gauge_means() == {}
 
 
-async def _start(exp, **body):
-    response = await exp.client.post("/api/v1/windows", json=body)
-    assert response.status in (200, 201), await response.text()
-    return await response.json()
-
-
-async def _stop(exp, window_id):
-    response = await exp.client.post(f"/api/v1/windows/{window_id}/stop")
-    assert response.status == 200, await response.text()
-    return await response.json()
-
-
 class TestWindowsPerDialect:
     async def test_llamacpp(self, fake_vllm, exporter):
         fake = await fake_vllm(dialect="llamacpp", k=3)
         fake.server.add(0, 50, 150, [40, 30, 20])
         exp = await exporter({"targets": [{"name": "l", "url": fake.url}]})
-        await _start(exp, id="wl")
+        await exp.start(id="wl")
         fake.server.add(0, 10, 30, [9, 6, 3])
         await exp.round()
         fake.server.add(0, 10, 28, [5, 2, 0])
-        answer = await _stop(exp, "wl")
+        answer = await exp.stop("wl")
         result = answer["results"]["l"]
         assert result["status"] == "ok" and result["dialect"] == "llamacpp"
         assert result["data"]["num_drafts"] == 20 and result["data"]["draft_tokens"] == 58
@@ -288,9 +276,9 @@ class TestWindowsPerDialect:
     async def test_vllm_v0(self, fake_vllm, exporter):
         fake = await fake_vllm(dialect="vllm-v0", k=2)
         exp = await exporter({"targets": [{"name": "v0", "url": fake.url}]})
-        await _start(exp, id="w0")
+        await exp.start(id="w0")
         fake.server.add(0, 10, 20, [8, 4])
-        answer = await _stop(exp, "w0")
+        answer = await exp.stop("w0")
         result = answer["results"]["v0"]
         assert result["dialect"] == "vllm-v0"
         assert result["data"]["draft_tokens"] == 20 and result["data"]["accepted_tokens"] == 12
@@ -306,11 +294,11 @@ class TestWindowsPerDialect:
         exp = await exporter({"targets": [
             {"name": "t", "host": fake.http.host, "port": fake.http.port, "dialect": "trtllm"}
         ]})
-        await _start(exp, id="wt")
+        await exp.start(id="wt")
         fake.server.add(0, 10, 30, [9, 6, 3])
         await exp.round()
         fake.server.add(0, 10, 25, [5, 2, 1])
-        answer = await _stop(exp, "wt")
+        answer = await exp.stop("wt")
         result = answer["results"]["t"]
         assert result["url"].endswith("/prometheus/metrics")
         assert result["status"] == "ok" and result["dialect"] == "trtllm"
@@ -322,8 +310,8 @@ class TestWindowsPerDialect:
     async def test_trtllm_plain_metrics_is_not_prometheus(self, fake_vllm, exporter):
         fake = await fake_vllm(dialect="trtllm", k=3)
         exp = await exporter({"targets": [{"name": "t", "url": fake.url}]})  # .../metrics
-        await _start(exp, id="wj")
-        answer = await _stop(exp, "wj")
+        await exp.start(id="wj")
+        answer = await exp.stop("wj")
         assert answer["results"]["t"]["status"] == "na"
         assert "not Prometheus text" in answer["results"]["t"]["error"]
 
@@ -331,14 +319,14 @@ class TestWindowsPerDialect:
         now = [1000.0]
         fake = await fake_vllm(dialect="sglang", k=3, engines=2)
         exp = await exporter({"targets": [{"name": "s", "url": fake.url}]}, clock=lambda: now[0])
-        await _start(exp, id="ws")  # baseline at 1000: no rank has logged yet
+        await exp.start(id="ws")  # baseline at 1000: no rank has logged yet
         fake.server.add(0, 10, 30, [9, 6, 3])  # rank 0: length 2.8, rate 0.6
         now[0] = 1010.0
         await exp.round()
         fake.server.add(0, 10, 30, [5, 2, 1])  # rank 0: length 1.8, rate 8/30
         fake.server.add(1, 10, 20, [10, 10])  # rank 1: length 3.0, rate 1.0
         now[0] = 1040.0
-        answer = await _stop(exp, "ws")
+        answer = await exp.stop("ws")
         acc = exp.service.get_window("ws").accumulators["s"]
         assert acc.dialect == "sglang" and acc.scrapes == 3
         # 10 s at rank 0's first interval; 30 s at the mean of both ranks' latest.

@@ -9,29 +9,17 @@ import pytest
 from exporter.console import format_window
 
 
-async def _start(exp, **body):
-    response = await exp.client.post("/api/v1/windows", json=body)
-    assert response.status in (200, 201), await response.text()
-    return await response.json()
-
-
-async def _stop(exp, window_id):
-    response = await exp.client.post(f"/api/v1/windows/{window_id}/stop")
-    assert response.status == 200, await response.text()
-    return await response.json()
-
-
 class TestWindowNumbers:
     async def test_one_engine_exact(self, fake_vllm, exporter):
         fake = await fake_vllm(k=5)
         fake.server.add(0, 50, 250, [50, 50, 50, 50, 50])  # warm-up before the window
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
-        started = await _start(exp, id="w1", name="run one")
+        started = await exp.start(id="w1", name="run one")
         assert started["id"] == "w1" and started["targets"] == ["a"]
         fake.server.add(0, 100, 500, [99, 99, 99, 99])
         await exp.round()
         fake.server.add(0, 63, 315, [63, 63, 63, 63, 62])
-        answer = await _stop(exp, "w1")
+        answer = await exp.stop("w1")
         result = answer["results"]["a"]
         assert result["status"] == "ok" and result["error"] is None
         assert result["url"] == fake.url
@@ -53,10 +41,10 @@ class TestWindowNumbers:
     async def test_two_engines_summed_before_dividing(self, fake_vllm, exporter):
         fake = await fake_vllm(k=3, engines=2)
         exp = await exporter({"targets": [{"name": "dp", "url": fake.url}]})
-        await _start(exp, id="w2")
+        await exp.start(id="w2")
         fake.server.add(0, 10, 30, [9, 6, 3])
         fake.server.add(1, 30, 90, [15, 6, 0])
-        answer = await _stop(exp, "w2")
+        answer = await exp.stop("w2")
         data = answer["results"]["dp"]["data"]
         assert data["num_drafts"] == 40 and data["draft_tokens"] == 120
         assert data["accepted_tokens"] == 39
@@ -68,9 +56,9 @@ class TestWindowNumbers:
     async def test_twelve_positions_in_numeric_order(self, fake_vllm, exporter):
         fake = await fake_vllm(k=12)
         exp = await exporter({"targets": [{"name": "k12", "url": fake.url}]})
-        await _start(exp, id="w12")
+        await exp.start(id="w12")
         fake.server.add(0, 100, 1200, [100 - 5 * i for i in range(12)])
-        answer = await _stop(exp, "w12")
+        answer = await exp.stop("w12")
         rates = answer["results"]["k12"]["data"]["per_position_acceptance_rates"]
         assert list(rates) == [str(i) for i in range(12)]
         assert rates["10"] == 0.5 and rates["11"] == 0.45
@@ -82,9 +70,9 @@ class TestWindowNumbers:
         fake = await fake_vllm(k=3)
         fake.server.add(0, 5, 15, [5, 5, 5])
         exp = await exporter({"targets": [{"name": "z", "url": fake.url}]})
-        await _start(exp, id="wz")
+        await exp.start(id="wz")
         fake.server.add(0, 10, 30, [6, 2, 0])
-        answer = await _stop(exp, "wz")
+        answer = await exp.stop("wz")
         rates = answer["results"]["z"]["data"]["per_position_acceptance_rates"]
         assert rates == {"0": 0.6, "1": 0.2, "2": 0.0}
 
@@ -92,14 +80,14 @@ class TestWindowNumbers:
         fake = await fake_vllm(k=2)
         fake.server.add(0, 1000, 2000, [900, 800])
         exp = await exporter({"targets": [{"name": "r", "url": fake.url}]})
-        await _start(exp, id="wr")
+        await exp.start(id="wr")
         fake.server.add(0, 10, 20, [8, 6])
         await exp.round()
         fake.server.restart()
         fake.server.add(0, 5, 10, [5, 1])
         await exp.round()
         fake.server.add(0, 5, 10, [3, 1])
-        answer = await _stop(exp, "wr")
+        answer = await exp.stop("wr")
         result = answer["results"]["r"]
         assert result["data"]["num_drafts"] == 20
         assert result["data"]["draft_tokens"] == 40
@@ -113,10 +101,10 @@ class TestWindowNumbers:
         fake = await fake_vllm(k=1)
         fake.server.add(0, 10, 10, [5])
         exp = await exporter({"targets": [{"name": "c", "url": fake.url}]})
-        await _start(exp, id="wc")
+        await exp.start(id="wc")
         fake.server.restart()
         fake.server.add(0, 30, 30, [20])
-        answer = await _stop(exp, "wc")
+        answer = await exp.stop("wc")
         result = answer["results"]["c"]
         assert result["data"]["num_drafts"] == 30 and result["data"]["accepted_tokens"] == 20
         assert result["resets"] == 1
@@ -127,9 +115,9 @@ class TestWindowNumbers:
             {"name": "up", "url": fake.url},
             {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"},
         ]})
-        await _start(exp, id="wd")
+        await exp.start(id="wd")
         fake.server.add(0, 10, 20, [10, 5])
-        answer = await _stop(exp, "wd")
+        answer = await exp.stop("wd")
         down = answer["results"]["down"]
         assert down["status"] == "na"
         url = f"http://127.0.0.1:{unused_tcp_port}/metrics"
@@ -142,11 +130,11 @@ class TestWindowNumbers:
     async def test_server_down_at_stop_is_partial(self, fake_vllm, exporter):
         fake = await fake_vllm(k=2)
         exp = await exporter({"targets": [{"name": "p", "url": fake.url}]})
-        await _start(exp, id="wp")
+        await exp.start(id="wp")
         fake.server.add(0, 10, 20, [10, 5])
         await exp.round()
         await fake.stop()
-        answer = await _stop(exp, "wp")
+        answer = await exp.stop("wp")
         result = answer["results"]["p"]
         assert result["status"] == "ok"
         assert result["data"]["num_drafts"] == 10
@@ -156,9 +144,9 @@ class TestWindowNumbers:
     async def test_server_down_at_stop_without_activity_says_stop(self, fake_vllm, exporter):
         fake = await fake_vllm(k=2)
         exp = await exporter({"targets": [{"name": "p", "url": fake.url}]})
-        await _start(exp, id="wq")
+        await exp.start(id="wq")
         await fake.stop()
-        answer = await _stop(exp, "wq")
+        answer = await exp.stop("wq")
         result = answer["results"]["p"]
         assert result["status"] == "na"
         assert "at window stop" in result["error"]
@@ -167,8 +155,8 @@ class TestWindowNumbers:
     async def test_server_without_spec_decode(self, fake_vllm, exporter):
         fake = await fake_vllm(spec_decode=False)
         exp = await exporter({"targets": [{"name": "plain", "url": fake.url}]})
-        await _start(exp, id="wn")
-        answer = await _stop(exp, "wn")
+        await exp.start(id="wn")
+        answer = await exp.stop("wn")
         assert answer["results"]["plain"]["status"] == "na"
         assert answer["results"]["plain"]["error"] == "No spec decode metrics found on server"
 
@@ -176,8 +164,8 @@ class TestWindowNumbers:
         fake = await fake_vllm(k=2)
         fake.server.add(0, 10, 20, [10, 5])
         exp = await exporter({"targets": [{"name": "idle", "url": fake.url}]})
-        await _start(exp, id="wi")
-        answer = await _stop(exp, "wi")
+        await exp.start(id="wi")
+        answer = await exp.stop("wi")
         result = answer["results"]["idle"]
         assert result["status"] == "na"
         assert result["error"] == "No spec decode activity detected during benchmark window"
@@ -187,10 +175,10 @@ class TestWindowNumbers:
         a, b = await fake_vllm(k=2), await fake_vllm(k=2)
         exp = await exporter({"targets": [{"name": "a", "url": a.url},
                                           {"name": "b", "url": b.url}]})
-        await _start(exp, id="wa")
+        await exp.start(id="wa")
         a.server.add(0, 100, 200, [100, 100])  # ratio 1.0 over 200 tokens
         b.server.add(0, 10, 20, [0, 0])  # ratio 0.0 over 20 tokens
-        answer = await _stop(exp, "wa")
+        answer = await exp.stop("wa")
         aggregate = answer["aggregate"]["data"]
         assert aggregate["acceptance_rate"] == round(100 * 200 / 220, 2)  # not the mean, 50.0
         assert aggregate["num_drafts"] == 110
@@ -202,9 +190,9 @@ class TestWindowFiles:
     async def test_files_written(self, fake_vllm, exporter, tmp_path):
         fake = await fake_vllm(k=2)
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
-        await _start(exp, id="files")
+        await exp.start(id="files")
         fake.server.add(0, 4, 8, [3, 1])
-        answer = await _stop(exp, "files")
+        answer = await exp.stop("files")
         host, port = fake.host_port.rsplit(":", 1)
         path = tmp_path / "out" / "files" / "performances" / f"spec_decode_{host}_{port}.json"
         assert json.loads(path.read_text()) == answer["results"]["a"]
@@ -223,9 +211,9 @@ class TestWindowApi:
     async def test_stop_twice_same_body(self, fake_vllm, exporter):
         fake = await fake_vllm()
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
-        await _start(exp, id="twice")
+        await exp.start(id="twice")
         fake.server.add(0, 1, 3, [1, 1, 0])
-        assert await _stop(exp, "twice") == await _stop(exp, "twice")
+        assert await exp.stop("twice") == await exp.stop("twice")
 
     @pytest.mark.parametrize(
         ("body", "status", "needle"),
@@ -259,7 +247,7 @@ class TestWindowApi:
     async def test_target_by_host_port(self, fake_vllm, exporter):
         fake = await fake_vllm()
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
-        started = await _start(exp, targets=[fake.host_port])
+        started = await exp.start(targets=[fake.host_port])
         assert started["targets"] == ["a"]
 
     async def test_token_required_for_posts(self, fake_vllm, exporter, monkeypatch):
@@ -280,8 +268,8 @@ class TestWindowApi:
     async def test_open_window_cap(self, fake_vllm, exporter):
         fake = await fake_vllm()
         exp = await exporter({"max_open_windows": 2, "targets": [{"name": "a", "url": fake.url}]})
-        await _start(exp, id="c1")
-        await _start(exp, id="c2")
+        await exp.start(id="c1")
+        await exp.start(id="c2")
         response = await exp.client.post("/api/v1/windows", json={"id": "c3"})
         assert response.status == 429
 
