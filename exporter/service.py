@@ -145,7 +145,7 @@ class ExporterService:
             for name in window.targets:
                 if name not in self.targets and name not in window.removed:
                     window.removed[name] = f"target {why} at {now:.3f}"
-        self._persist(self.open_windows())
+        self._save_open()
 
     # -- scraping ----------------------------------------------------------------------
 
@@ -216,7 +216,7 @@ class ExporterService:
         self.ready = True
         self.generation += 1
         if time.monotonic() - self._saved_at >= self.config.state_save_interval:
-            self._persist(self.open_windows())
+            self._save_open()
 
     async def run(self) -> None:
         """Scrape rounds every `scrape_interval` until cancelled; a slow round skips no beat."""
@@ -245,9 +245,11 @@ class ExporterService:
         return [w for w in self.windows.values() if w.is_open]
 
     def _persist(self, windows: list[Window]) -> None:
-        if len(windows) == len(self.open_windows()):
-            self._saved_at = time.monotonic()
         self.store.save([w.to_dict() for w in windows])
+
+    def _save_open(self) -> None:
+        self._persist(self.open_windows())
+        self._saved_at = time.monotonic()
 
     def _restore(self) -> None:
         for doc in self.store.load_open():
@@ -426,10 +428,11 @@ class ExporterService:
     def close(self) -> None:
         """Save open windows and close the store (SIGTERM, app shutdown)."""
         try:
-            self._persist(self.open_windows())
+            self._save_open()
         except StoreError as exc:
-            # Saved after every scrape round and every start and stop: only the last round's
-            # scrapes are lost, and the next start scrapes again.
+            # Saved at every start and stop and every state_save_interval: what is lost is the
+            # progress since then, which the next start's scrapes make up unless a server
+            # restarted meanwhile (then the result notes the restart).
             log.error("open windows not saved at shutdown error=%s", exc)
         finally:
             self.store.close()
