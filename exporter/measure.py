@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
-import json
 import signal
 import time
 from collections.abc import Sequence
@@ -154,8 +153,3 @@ async def measure(
     answer = window_answer(window)
     write_results(work_dir, answer)
     return code, answer
-
-
-def answer_json(answer: dict) -> str:
-    """Pretty JSON of an answer, for --json output."""
-    return json.dumps(answer, indent=2)
