@@ -75,6 +75,9 @@ LAST_INFO = Family("specdec_last_window_info", "gauge",
 WINDOWS_OPEN = Family("specdec_windows_open", "gauge", "Benchmark windows open now.")
 RELOAD_OK = Family("specdec_config_last_reload_successful", "gauge",
                    "1 if the last config (re)load succeeded, 0 if it was refused.")
+DISCOVERY_UP = Family("specdec_discovery_source_up", "gauge",
+                      "1 if the discovery source (file_sd file or http_sd URL) was last read "
+                      "fine, 0 if not (its last good target list is still used).")
 RELOAD_AT = Family("specdec_config_last_reload_success_timestamp_seconds", "gauge",
                    "Unix time of the last successful config load.")
 
@@ -194,6 +197,13 @@ class MetricsWriter:
             RELOAD_OK.header(), _line(RELOAD_OK.name, "", 1.0 if service.reload_ok else 0.0),
             RELOAD_AT.header(), _line(RELOAD_AT.name, "", service.reload_at),
         ]
+        if service.discovery.sources:
+            out.append(DISCOVERY_UP.header())
+            out.extend(
+                _line(DISCOVERY_UP.name, label_text({"source": name}),
+                      0.0 if source.error else 1.0)
+                for name, source in service.discovery.sources.items()
+            )
         return "".join(out).encode() + generate_latest(self._process)
 
     def _last_window(self) -> dict[Family, list[str]]:

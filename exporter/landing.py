@@ -136,6 +136,10 @@ def render_landing(service: ExporterService) -> str:
     target_rows = "".join(_target_row(v) for v in views) or '<tr><td colspan="6">none</td></tr>'
     window_rows = "".join(_window_row(w) for w in windows) or '<tr><td colspan="8">none</td></tr>'
     live_span = f"{service.config.live_window:g}s"
+    discovery = "".join(
+        f'<div class="err">discovery: {escape(error)}</div>'
+        for error in service.discovery.errors().values()
+    )
     recent = service.list_windows()[:1]
     chart = ""
     if recent and (svg := series_chart(window_series(recent[0]))):
@@ -149,6 +153,7 @@ def render_landing(service: ExporterService) -> str:
 <a href="/api/v1/windows">/api/v1/windows</a> · <a href="/-/healthy">/-/healthy</a> ·
 <a href="/-/ready">/-/ready</a></p>
 <h2>Targets</h2>
+{discovery}
 <table><tr><th>target</th><th>state</th><th>model</th><th>acceptance rate % ({live_span})</th>
 <th>acceptance length ({live_span})</th><th>per-position acceptance</th></tr>
 {target_rows}</table>

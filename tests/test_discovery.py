@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 
 import aiohttp
 import pytest
@@ -112,7 +113,7 @@ class TestHttpSD:
 
 class TestDiscoveryInTheExporter:
     async def test_targets_come_and_go_and_windows_close_them(self, fake_vllm, exporter,
-                                                              tmp_path):
+                                                              tmp_path, promtool):
         a, b = await fake_vllm(k=2), await fake_vllm(k=2)
         sd = tmp_path / "fleet.json"
         sd.write_text(json.dumps([{"targets": [a.host_port], "labels": {"pool": "x"}}]))
@@ -126,6 +127,7 @@ class TestDiscoveryInTheExporter:
         assert names == ["static", a.host_port]
         metrics = await (await exp.client.get("/metrics")).text()
         assert f'specdec_target_up{{pool="x",target="{a.host_port}"}} 1.0' in metrics
+        assert f'specdec_discovery_source_up{{source="{sd}"}} 1.0' in metrics
 
         started = await (await exp.client.post("/api/v1/windows", json={"id": "d"})).json()
         assert sorted(started["targets"]) == sorted(["static", a.host_port])
@@ -136,6 +138,13 @@ class TestDiscoveryInTheExporter:
         _bump(sd)
         await exp.round()  # a broken file keeps its last good list
         assert a.host_port in exp.service.targets
+        metrics = await (await exp.client.get("/metrics")).text()
+        assert f'specdec_discovery_source_up{{source="{sd}"}} 0.0' in metrics
+        checked = subprocess.run([promtool, "check", "metrics"], input=metrics.encode(),
+                                 capture_output=True, timeout=60)
+        assert (checked.returncode, checked.stdout, checked.stderr) == (0, b"", b"")
+        page = await (await exp.client.get("/")).text()
+        assert "discovery: " in page and "fleet.json: not valid json" in page.lower()
 
         sd.write_text("[]")
         _bump(sd)
