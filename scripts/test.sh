@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Install what the tests need (Python extras, Debian's prometheus for prometheus/promtool) and run
-# the whole suite. Extra arguments go to pytest. README's test command; .ci/run calls it.
+# Install what the tests need (Python extras; Debian's prometheus for prometheus/promtool, and
+# nginx-light, the static server of the bench smoke test's fleet) and run the whole suite.
+# Extra arguments go to pytest. README's test command; .ci/run calls it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 \
+    || { ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; }; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus nginx-light >/dev/null
   else
     echo "note: no apt-get; tests needing prometheus/promtool will be skipped outside CI" >&2
   fi
