@@ -153,7 +153,10 @@ class Window:
             "labels": self.labels,
             "started_at": self.started_at,
             "stopped_at": self.stopped_at,
-            "accumulators": {t: a.to_dict() for t, a in self.accumulators.items()},
+            # A stopped window is its answer: the per-series state is not needed again, and
+            # leaving it out halves what a stop over 1000 targets writes on the event loop.
+            "accumulators": {t: a.to_dict() for t, a in self.accumulators.items()}
+            if self.answer is None else {},
             "start_errors": self.start_errors,
             "stop_errors": self.stop_errors,
             "last_errors": self.last_errors,
@@ -174,7 +177,9 @@ class Window:
             labels=dict(data["labels"]),
             started_at=data["started_at"],
             stopped_at=data["stopped_at"],
-            accumulators={t: Accumulator.from_dict(a) for t, a in data["accumulators"].items()},
+            accumulators={
+                t: Accumulator.from_dict(a) for t, a in data.get("accumulators", {}).items()
+            },
             start_errors=dict(data["start_errors"]),
             stop_errors=dict(data["stop_errors"]),
             last_errors=dict(data["last_errors"]),

@@ -100,7 +100,15 @@ class TestResultsNotWritable:
         def free() -> None:
             db.execute("PRAGMA max_page_count=1073741823")
 
-        await self._stop_fails_then_succeeds(exp, pair, fill, free)
+        def refuse_writes() -> None:
+            # A stopped window's state is its answer, often no bigger than the open window's:
+            # a full disk may well take it. A database that refuses every write does not.
+            db.execute("PRAGMA query_only=1")
+
+        def allow_writes() -> None:
+            db.execute("PRAGMA query_only=0")
+
+        await self._stop_fails_then_succeeds(exp, pair, refuse_writes, allow_writes)
         # A start that cannot be saved is refused, not half-made: a retry creates it.
         fill()
         big = {"note": "x" * 30_000}  # needs new pages
