@@ -33,6 +33,7 @@ def make_app(
     config: Config,
     *,
     config_path: str | Path | None = None,
+    overrides: dict | None = None,
     clock: Callable[[], float] = time.time,
     scrape_loop: bool = True,
 ) -> web.Application:
@@ -41,7 +42,7 @@ def make_app(
         client_max_size=MAX_BODY,
         middlewares=[errors_middleware, body_limit_middleware, auth_middleware],
     )
-    service = ExporterService(config, config_path=config_path, clock=clock)
+    service = ExporterService(config, config_path=config_path, overrides=overrides, clock=clock)
     app[SERVICE] = service
     app[WRITER] = MetricsWriter(service)
     app[METRICS_CACHE] = {}

@@ -44,25 +44,24 @@ def _config_path(arg: str | None) -> str:
     return arg or os.environ.get("SPECDEC_CONFIG") or "config/exporter.yaml"
 
 
-def _shard_from_env(config):
-    """Replicas of a StatefulSet learn their shard from the environment (Helm sets these)."""
-    shards = os.environ.get("SPECDEC_SHARDS")
+def env_overrides() -> dict:
+    """Config keys set by the environment, kept across reloads (Helm sets these per replica).
+
+    `SPECDEC_SHARDS`, `SPECDEC_SHARD_INDEX` (or the StatefulSet ordinal at the end of
+    `SPECDEC_POD_NAME`) and `SPECDEC_LISTEN`.
+    """
+    overrides: dict = {}
     index = os.environ.get("SPECDEC_SHARD_INDEX")
     pod = os.environ.get("SPECDEC_POD_NAME")
     if index is None and pod and (match := re.search(r"-(\d+)$", pod)):
         index = match.group(1)
-    update = {}
-    if shards:
-        update["shards"] = int(shards)
+    if shards := os.environ.get("SPECDEC_SHARDS"):
+        overrides["shards"] = shards
     if index is not None:
-        update["shard_index"] = int(index)
+        overrides["shard_index"] = index
     if listen := os.environ.get("SPECDEC_LISTEN"):
-        update["listen"] = listen
-    if not update:
-        return config
-    from exporter.config import validate_config
-
-    return validate_config(config.model_dump(mode="python") | update, "environment")
+        overrides["listen"] = listen
+    return overrides
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
@@ -85,12 +84,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     path = _config_path(args.config)
     try:
-        config = _shard_from_env(load_config(path))
+        overrides = env_overrides()
+        config = load_config(path, overrides)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"{path}: {problem}", file=sys.stderr)
         return 1
-    app = make_app(config, config_path=path)
+    app = make_app(config, config_path=path, overrides=overrides)
 
     async def on_startup(app: web.Application) -> None:
         loop = asyncio.get_running_loop()

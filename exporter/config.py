@@ -289,8 +289,8 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
     return config
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a YAML config file."""
+def load_config(path: str | Path, overrides: dict | None = None) -> Config:
+    """Read and validate a YAML config file; `overrides` (top-level keys) win over the file's."""
     source = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -303,4 +303,6 @@ def load_config(path: str | Path) -> Config:
         where = f"line {mark.line + 1}" if mark else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(source, [f"(yaml): invalid YAML at {where}: {problem}"]) from None
+    if overrides and (data is None or isinstance(data, dict)):
+        data = (data or {}) | overrides
     return validate_config(data, source)

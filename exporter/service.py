@@ -73,10 +73,12 @@ class ExporterService:
         config: Config,
         *,
         config_path: str | Path | None = None,
+        overrides: dict | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.config = config
         self.config_path = config_path
+        self.overrides = overrides or {}  # from the environment: every reload keeps them
         self.clock = clock
         self.scraper: Scraper | None = None
         self.targets: dict[str, TargetState] = {}
@@ -120,7 +122,7 @@ class ExporterService:
         if self.config_path is None:
             raise RequestError("no config file to reload", status=409)
         try:
-            config = load_config(self.config_path)
+            config = load_config(self.config_path, self.overrides)
         except Exception:
             self.reload_ok = False
             self.generation += 1

@@ -300,3 +300,29 @@ class TestRouting:
         response = await exp.client.get("/metrics")
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain; version=")
+
+
+class TestEnvironmentOverrides:
+    def test_shard_from_the_environment_survives_a_reload(self, tmp_path, monkeypatch):
+        from exporter.cli import env_overrides
+        from exporter.config import load_config
+        from exporter.service import ExporterService
+
+        path = tmp_path / "exporter.yaml"
+        targets = [{"host": f"10.0.0.{i}", "port": 8000} for i in range(1, 9)]
+        _write_config(path, targets)
+        monkeypatch.setenv("SPECDEC_SHARDS", "2")
+        monkeypatch.setenv("SPECDEC_POD_NAME", "specdec-exporter-1")
+        overrides = env_overrides()
+        assert overrides == {"shards": "2", "shard_index": "1"}
+        config = load_config(path, overrides)  # host + port targets take the overrides too
+        assert (config.shards, config.shard_index) == (2, 1)
+        service = ExporterService(config, config_path=path, overrides=overrides)
+        try:
+            mine = set(service.targets)
+            assert mine and len(mine) < len(targets)  # this replica's share only
+            service.reload()
+            assert (service.config.shards, service.config.shard_index) == (2, 1)
+            assert set(service.targets) == mine
+        finally:
+            service.close()
