@@ -43,7 +43,33 @@ def exporter_config(fleet: NginxFleet, n: int, workdir: Path, *, interval: float
     return config
 
 
-class ExporterProcess:
+class _ServingProcess:
+    """A child process serving HTTP on `self.base`, started and waited for until ready."""
+
+    base: str
+    child: Child
+
+    def _launch(self, cmd: list[str], log: Path, what: str, timeout: float,
+                env: dict | None = None) -> None:
+        self.child = Child(cmd, log, env=env)
+        try:
+            wait_until(lambda: http_status(self.base + "/-/ready") == 200, timeout, what,
+                       self.child.proc)
+        except RuntimeError as exc:
+            self.child.stop()
+            raise RuntimeError(f"{exc}\n{self.child.tail()}") from None
+
+    @property
+    def pid(self) -> int:
+        """The child's pid."""
+        return self.child.pid
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        self.child.stop()
+
+
+class ExporterProcess(_ServingProcess):
     """`python -m exporter serve --config FILE` over n fleet targets; ready after one round."""
 
     def __init__(self, fleet: NginxFleet, n: int, workdir: Path, *, interval: float = 5.0,
@@ -58,28 +84,11 @@ class ExporterProcess:
         ))
         env = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_TOKEN",)}
         env["PYTHONUNBUFFERED"] = "1"
-        self.child = Child(
-            [sys.executable, "-m", "exporter", "serve", "--config", str(path)],
-            workdir / "exporter.log", env=env,
-        )
-        try:
-            wait_until(lambda: http_status(self.base + "/-/ready") == 200, 60 + n * 0.05,
-                       "exporter ready", self.child.proc)
-        except RuntimeError as exc:
-            self.child.stop()
-            raise RuntimeError(f"{exc}\n{self.child.tail()}") from None
-
-    @property
-    def pid(self) -> int:
-        """The exporter's pid."""
-        return self.child.pid
-
-    def stop(self) -> None:
-        """SIGTERM and wait."""
-        self.child.stop()
+        self._launch([sys.executable, "-m", "exporter", "serve", "--config", str(path)],
+                     workdir / "exporter.log", "exporter ready", 60 + n * 0.05, env=env)
 
 
-class PrometheusProcess:
+class PrometheusProcess(_ServingProcess):
     """A real Prometheus scraping n fleet targets at `interval`; TSDB in workdir."""
 
     def __init__(self, fleet: NginxFleet, n: int, workdir: Path, *, interval: float = 5.0,
@@ -106,26 +115,10 @@ class PrometheusProcess:
         }
         path = workdir / "prometheus.yml"
         path.write_text(json.dumps(config))
-        self.child = Child(
+        self._launch(
             [binary, f"--config.file={path}", f"--storage.tsdb.path={workdir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-            workdir / "prometheus.log",
-        )
-        try:
-            wait_until(lambda: http_status(self.base + "/-/ready") == 200, 60,
-                       "prometheus ready", self.child.proc)
-        except RuntimeError as exc:
-            self.child.stop()
-            raise RuntimeError(f"{exc}\n{self.child.tail()}") from None
-
-    @property
-    def pid(self) -> int:
-        """Prometheus's pid."""
-        return self.child.pid
-
-    def stop(self) -> None:
-        """SIGTERM and wait."""
-        self.child.stop()
+            workdir / "prometheus.log", "prometheus ready", 60)
 
 
 @dataclass

@@ -244,18 +244,22 @@ def _hanging_listener() -> socket.socket:
     return sock
 
 
+def _serve_with_a_slow_target(tmp_path, vllm: int, hang) -> tuple[str, list[str]]:
+    """(base URL, serve command) of an exporter over a fake vLLM and a target that never answers."""
+    port = free_port()
+    config = write_config(
+        tmp_path / "c.yaml", port,
+        [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"},
+         {"name": "slow", "url": f"http://127.0.0.1:{hang.getsockname()[1]}/metrics"}],
+        scrape_interval="3s", scrape_timeout="2s")
+    return f"http://127.0.0.1:{port}", CLI + ["serve", "--config", str(config)]
+
+
 class TestSigtermDuringStop:
     def test_stop_in_flight_completes_and_a_retry_after_restart_agrees(self, tmp_path):
         hang = _hanging_listener()
         with fake_vllm("--k", "2") as vllm:
-            port = free_port()
-            base = f"http://127.0.0.1:{port}"
-            config = write_config(
-                tmp_path / "c.yaml", port,
-                [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"},
-                 {"name": "slow", "url": f"http://127.0.0.1:{hang.getsockname()[1]}/metrics"}],
-                scrape_interval="3s", scrape_timeout="2s")
-            serve = CLI + ["serve", "--config", str(config)]
+            base, serve = _serve_with_a_slow_target(tmp_path, vllm, hang)
             with process(serve) as first:
                 wait_http(f"{base}/-/healthy")
                 assert http("POST", f"{base}/api/v1/windows", {"id": "t1"})[0] == 201
@@ -282,14 +286,7 @@ class TestSigtermDuringStop:
     def test_sigterm_during_start_then_stop_after_restart(self, tmp_path):
         hang = _hanging_listener()
         with fake_vllm("--k", "2") as vllm:
-            port = free_port()
-            base = f"http://127.0.0.1:{port}"
-            config = write_config(
-                tmp_path / "c.yaml", port,
-                [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"},
-                 {"name": "slow", "url": f"http://127.0.0.1:{hang.getsockname()[1]}/metrics"}],
-                scrape_interval="3s", scrape_timeout="2s")
-            serve = CLI + ["serve", "--config", str(config)]
+            base, serve = _serve_with_a_slow_target(tmp_path, vllm, hang)
             with process(serve) as first:
                 wait_http(f"{base}/-/healthy")
                 answers = []
