@@ -64,6 +64,8 @@ class Accumulator:
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart."""
         baseline = self.scrapes == 0
+        if not baseline:
+            self._carry_relabelled(snapshot)
         usable = {k: v for k, v in snapshot.values.items() if _usable(v)}
         # A restart zeroes every counter of an engine at once, but one whose old value was small
         # (a late position, say) can be past it again by the next scrape. A series that shows
@@ -138,6 +140,29 @@ class Accumulator:
             for name, seconds in sorted(self.gauge_seconds.items())
             if seconds > 0
         }
+
+    def _carry_relabelled(self, snapshot: Snapshot) -> None:
+        """A series that gains (or loses) its `engine` label is the same series renamed.
+
+        A server that starts labelling `engine="0"` mid-window would otherwise show a new
+        series whose whole value (warm-up included) counts as increase. The old series' state
+        moves to the new name, so the increase is counted from it; a changed `_created` still
+        reads as a restart.
+        """
+        for key in snapshot.values:
+            if key in self.last:
+                continue
+            if key.engine:
+                olds = [key._replace(engine="")]
+            else:
+                olds = sorted(k for k in self.last if k._replace(engine="") == key and k.engine)
+            for old in olds[:1]:
+                if old in self.last and old not in snapshot.values:
+                    self.last[key] = self.last.pop(old)
+                    if old in self.seen:
+                        self.seen[key] = self.seen.pop(old)
+                    if old in self.increase:
+                        self.increase[key] = self.increase.get(key, 0.0) + self.increase.pop(old)
 
     def _seen_at(self, key: SeriesKey) -> float:
         return self.seen.get(key, self.last_at or 0.0)

@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from exporter.accounting import Accumulator
 from exporter.errors import RequestError
 from exporter.scrape import ScrapeResult
-from exporter.snapshot import Snapshot
 
 # Ids name directories of results: letters, digits and . _ - only, so no path can escape.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -34,28 +33,6 @@ def new_window_id(now: float) -> str:
     """A fresh id that sorts by start time: `w-20261202-134501-3fa2c1`."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
     return f"w-{stamp}-{secrets.token_hex(3)}"
-
-
-def _carry_relabelled(acc: Accumulator, snapshot: Snapshot) -> None:
-    """A series that gains (or loses) its `engine` label is the same series renamed.
-
-    A server that starts labelling `engine="0"` mid-window would otherwise show a new series
-    whose whole value (warm-up included) counts as increase. The old series' last value moves
-    to the new name, so the increase is counted from it; a changed `_created` still reads as a
-    restart.
-    """
-    for key in snapshot.values:
-        if key in acc.last:
-            continue
-        if key.engine:
-            olds = [key._replace(engine="")]
-        else:
-            olds = sorted(k for k in acc.last if k._replace(engine="") == key and k.engine)
-        for old in olds[:1]:
-            if old in acc.last and old not in snapshot.values:
-                acc.last[key] = acc.last.pop(old)
-                if old in acc.increase:
-                    acc.increase[key] = acc.increase.get(key, 0.0) + acc.increase.pop(old)
 
 
 @dataclass
@@ -109,8 +86,6 @@ class Window:
             return
         self.last_errors.pop(result.target, None)
         acc = self.accumulators.setdefault(result.target, Accumulator())
-        if acc.scrapes:
-            _carry_relabelled(acc, result.snapshot)
         acc.feed(result.snapshot, result.at)
         totals = acc.totals()
         points = self.series.setdefault(result.target, [])
