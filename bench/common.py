@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -55,6 +56,14 @@ class CaseResult:
             "rows": [asdict(r) for r in self.rows],
             "data": self.data,
         }
+
+
+def find_binary(*candidates: str) -> str | None:
+    """The first of `candidates` (names on PATH or absolute paths) that exists, or None."""
+    for name in candidates:
+        if path := shutil.which(name):
+            return path
+    return None
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Child, Skip, wait_until
+from bench.common import Child, Skip, find_binary, wait_until
 from exporter.fakevllm import FakeServer
 
 NGINX_CANDIDATES = ("nginx", "/usr/sbin/nginx")
@@ -25,11 +25,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def find_nginx() -> str | None:
     """The nginx binary, or None."""
-    for name in NGINX_CANDIDATES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+    return find_binary(*NGINX_CANDIDATES)
 
 
 def address(index: int) -> str:

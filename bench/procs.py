@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Child, Skip, cpu_seconds, free_port, http_status, peak_rss_mb, wait_until
+from bench.common import (
+    Child,
+    Skip,
+    cpu_seconds,
+    find_binary,
+    free_port,
+    http_status,
+    peak_rss_mb,
+    wait_until,
+)
 from bench.fleet import NginxFleet
 from exporter.config import validate_config
 
@@ -21,11 +29,7 @@ PROMETHEUS_CANDIDATES = ("prometheus", "/usr/bin/prometheus")
 
 def find_prometheus() -> str | None:
     """The prometheus binary, or None."""
-    for name in PROMETHEUS_CANDIDATES:
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+    return find_binary(*PROMETHEUS_CANDIDATES)
 
 
 def exporter_config(fleet: NginxFleet, n: int, workdir: Path, *, interval: float, port: int,
