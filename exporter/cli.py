@@ -81,6 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.api import SERVICE
     from exporter.app import make_app
     from exporter.config import load_config
+    from exporter.redact import redact_logs
 
     path = _config_path(args.config)
     try:
@@ -91,6 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             print(f"{path}: {problem}", file=sys.stderr)
         return 1
     app = make_app(config, config_path=path, overrides=overrides)
+    redact_logs(lambda: app[SERVICE].config)  # before the first line that could quote one
 
     async def on_startup(app: web.Application) -> None:
         loop = asyncio.get_running_loop()

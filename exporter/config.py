@@ -20,6 +20,7 @@ from pydantic import (
 
 from exporter.errors import ConfigError
 from exporter.parse import Dialect, default_path
+from exporter.redact import redact_url
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -151,7 +152,17 @@ class TargetConfig(_Strict):
             object.__setattr__(self, "url", f"{self.scheme}://{host}:{self.port}{path}")
         if not self.name:
             object.__setattr__(self, "name", self.host_port)
+        sets_auth = self.token_env or any(h.lower() == "authorization" for h in self.headers)
+        if "@" in urlsplit(self.url).netloc and sets_auth:
+            # aiohttp refuses the request at every scrape: say so once, here.
+            raise ValueError("credentials in the url and an Authorization header (token_env or "
+                             "headers) both set Authorization: give one")
         return self
+
+    @property
+    def display_url(self) -> str:
+        """The URL as pages, the API and result files show it: credentials as `<secret>`."""
+        return redact_url(self.url)
 
     @property
     def host_port(self) -> str:

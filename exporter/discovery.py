@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from exporter.config import Config, HttpSDConfig, TargetConfig
 from exporter.errors import ExporterError
+from exporter.redact import redact_text, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,8 @@ class Discovery:
 
     def errors(self) -> dict[str, str]:
         """Source -> the reason its last read failed (its last good list is still used)."""
-        return {name: s.error for name, s in self.sources.items() if s.error}
+        return {redact_url(name): redact_text(s.error) for name, s in self.sources.items()
+                if s.error}
 
     async def refresh(self, session: aiohttp.ClientSession | None, now: float) -> bool:
         """Re-read changed files and due URLs; whether the target list changed."""

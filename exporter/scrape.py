@@ -16,6 +16,7 @@ from exporter import __version__
 from exporter.config import TargetConfig
 from exporter.errors import ExporterError
 from exporter.parse import parse_page
+from exporter.redact import redact_text
 from exporter.snapshot import Snapshot
 
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
@@ -160,7 +161,7 @@ def _tidy(text: str) -> str:
     if match := _AIOHTTP_MESSAGE.search(text):
         text = match.group(1)
     text = _AIOHTTP_PREFIX.sub("", text)
-    return " ".join(text.split())[:300]
+    return redact_text(" ".join(text.split()))[:300]
 
 
 def make_session(total_connections: int) -> aiohttp.ClientSession:

@@ -14,7 +14,7 @@ def target_view(state: TargetState, live: LiveTrack, now: float) -> dict:
     span = live.over_span(now)
     view = {
         "name": state.config.name,
-        "url": state.config.url,
+        "url": state.config.display_url,
         "labels": state.config.labels,
         "up": state.up,
         "last_scrape_at": last.at if last else None,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from exporter.accounting import Accumulator
 from exporter.errors import RequestError
+from exporter.redact import redact_url
 from exporter.scrape import ScrapeResult
 
 # Ids name directories of results: letters, digits and . _ - only, so no path can escape.
@@ -40,8 +41,11 @@ class TargetRef:
     """What a window remembers of a target, even if the config later drops it."""
 
     name: str
-    url: str
+    url: str  # for display only, so without credentials: the scrape uses the target's config
     host_port: str
+
+    def __post_init__(self) -> None:
+        self.url = redact_url(self.url)
 
 
 @dataclass

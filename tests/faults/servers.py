@@ -99,6 +99,7 @@ class RawTarget:
         self.counters = counters or Counters()
         self.mode = "ok"
         self.requests = 0
+        self.last_head = b""  # the last request's line and headers, as received
         self.page_options: dict = {}
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -128,6 +129,7 @@ class RawTarget:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             self.requests += 1
+            self.last_head = head
             path = head.split(b" ", 2)[1].decode()
             await getattr(self, f"_mode_{self.mode}")(writer, path)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,

@@ -1,0 +1,108 @@
+"""Credentials kept out of everything we show or write: URLs, error texts and log records.
+
+A target's URL may carry `user:password@`, its `headers` and `token_env` hold secrets: the
+request needs them, nobody reading a page, a result file or a log line does. Like Prometheus we
+write `<secret>` in their place.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+SECRET = "<secret>"
+# scheme://userinfo@ anywhere in a text (error messages quote URLs).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s?#]*@")
+# A header line or a Python dict repr of one: the value goes, the name stays.
+_AUTH_HEADER = re.compile(
+    r"(?i)((?:authorization|proxy-authorization|cookie|set-cookie|x-api-key)['\"]?\s*[:=]\s*"
+    r"['\"]?)(?:(?:bearer|basic|token)\s+)?[^\r\n'\",}]+"
+)
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+")
+_SHORTEST = 4  # a "secret" shorter than this would redact ordinary words of every log line
+
+
+def redact_url(url: str) -> str:
+    """The URL with its user and password replaced by `<secret>` (the rest as given)."""
+    if "@" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _USERINFO.sub(rf"\1{SECRET}@", url)
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{SECRET}@{host}"))
+
+
+def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` without URL userinfo, authorization header values or any of `secrets`."""
+    text = _USERINFO.sub(rf"\1{SECRET}@", text)
+    text = _AUTH_HEADER.sub(rf"\1{SECRET}", text)
+    text = _BEARER.sub(rf"\1 {SECRET}", text)
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= _SHORTEST:
+            text = text.replace(secret, SECRET)
+    return text
+
+
+def config_secrets(config: Any) -> frozenset[str]:
+    """Every credential a config points at: header values, URL passwords, tokens it names."""
+    found: set[str] = set()
+    env_names = {config.auth.token_env}
+    for source in [*config.targets, *config.http_sd]:
+        found.update(source.headers.values())
+        if source.token_env:
+            env_names.add(source.token_env)
+        parts = urlsplit(source.url)
+        found.update(p for p in (parts.password, parts.username) if p)
+    found.update(v for name in env_names if (v := os.environ.get(name)))
+    return frozenset(found)
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites each record (message and traceback) without credentials, at every level.
+
+    On the handler, not a logger: aiohttp's own loggers (malformed requests quote their
+    header lines) pass through it too. `config` returns the running config; its secrets are
+    worked out again only when it is replaced.
+    """
+
+    def __init__(self, config: Callable[[], Any] | None = None):
+        super().__init__()
+        self.config = config
+        self._seen: Any = None
+        self._secrets: frozenset[str] = frozenset()
+
+    def _known(self) -> frozenset[str]:
+        if self.config is None:
+            return frozenset()
+        config = self.config()
+        if config is not self._seen:
+            self._seen, self._secrets = config, config_secrets(config)
+        return self._secrets
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = self._known()
+        record.msg = redact_text(record.getMessage(), secrets)
+        record.args = None
+        if record.exc_info:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = redact_text(text, secrets)
+            record.exc_info = None
+        elif record.exc_text:
+            record.exc_text = redact_text(record.exc_text, secrets)
+        return True
+
+
+def redact_logs(config: Callable[[], Any]) -> None:
+    """Put a `RedactingFilter` over `config()`'s secrets on every handler of the root logger."""
+    for handler in logging.getLogger().handlers:
+        for old in [f for f in handler.filters if isinstance(f, RedactingFilter)]:
+            handler.removeFilter(old)
+        handler.addFilter(RedactingFilter(config))
