@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from clitools import CLI, free_port, http, process, wait_http, write_config
+
 from exporter.redact import SECRET, redact_text, redact_url
 from faults.servers import Counters, RawTarget
 
