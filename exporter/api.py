@@ -16,6 +16,7 @@ from exporter.exposition import CONTENT_TYPE, MetricsWriter
 from exporter.landing import render_landing
 from exporter.results import window_series as series_view
 from exporter.service import ExporterService
+from exporter.text import TextError, clean_tree
 from exporter.views import target_view
 from exporter.window import check_window_id
 
@@ -112,7 +113,12 @@ async def _json_body(request: web.Request) -> dict:
         raise RequestError("body is not valid JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError("body must be a JSON object")
-    return body
+    try:
+        return clean_tree(body)
+    except TextError as exc:
+        raise RequestError(str(exc)) from None
+    except RecursionError:
+        raise RequestError("body is nested too deeply") from None
 
 
 def _validation_message(exc: ValidationError) -> str:

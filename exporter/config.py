@@ -21,6 +21,7 @@ from pydantic import (
 from exporter.errors import ConfigError
 from exporter.parse import Dialect, default_path
 from exporter.redact import redact_url
+from exporter.text import TextError, clean_tree
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -280,6 +281,10 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top): must be a mapping of keys"])
+    try:
+        data = clean_tree(data)
+    except TextError as exc:
+        raise ConfigError(source, [str(exc)]) from None
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:

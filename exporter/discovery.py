@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from exporter.config import Config, HttpSDConfig, TargetConfig
 from exporter.errors import ExporterError
 from exporter.redact import redact_text, redact_url
+from exporter.text import TextError, clean_tree
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +36,26 @@ class DiscoveryError(ExporterError):
     """A discovery source whose content cannot be used; the message says where and why."""
 
 
-def targets_from_document(data: Any, source: str) -> list[TargetConfig]:
-    """A parsed `[{targets, labels}]` document -> targets, or `DiscoveryError` naming the entry."""
+def targets_from_document(
+    data: Any, source: str, refused: list[str] | None = None
+) -> list[TargetConfig]:
+    """A parsed `[{targets, labels}]` document -> targets, or `DiscoveryError` naming the entry.
+
+    A group whose text is not Unicode (a lone surrogate) is left out and its reason added to
+    `refused`: the other groups' targets stay.
+    """
     if not isinstance(data, list):
         raise DiscoveryError(f"{source}: must be a list of {{targets, labels}} groups")
     found: list[TargetConfig] = []
     for index, group in enumerate(data):
         where = f"{source}: {index}"
+        try:
+            group = clean_tree(group, str(index))
+        except TextError as exc:
+            if refused is not None:
+                refused.append(f"{source}: {exc}")
+            log.error("discovery entry refused source=%s error=%s", source, exc)
+            continue
         if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
             raise DiscoveryError(f"{where}: each group needs a `targets` list")
         labels = group.get("labels")
@@ -67,7 +81,7 @@ def targets_from_document(data: Any, source: str) -> list[TargetConfig]:
     return found
 
 
-def read_sd_file(path: Path) -> list[TargetConfig]:
+def read_sd_file(path: Path, refused: list[str] | None = None) -> list[TargetConfig]:
     """One file_sd file: JSON, or YAML by its `.yml`/`.yaml` name."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -78,7 +92,7 @@ def read_sd_file(path: Path) -> list[TargetConfig]:
     except (ValueError, yaml.YAMLError) as exc:
         raise DiscoveryError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: "
                              f"{str(exc).splitlines()[0]}") from None
-    return targets_from_document(data, str(path))
+    return targets_from_document(data, str(path), refused)
 
 
 @dataclass
@@ -138,9 +152,10 @@ class Discovery:
         if stamp == source.stamp:
             return
         source.stamp = stamp
+        refused: list[str] = []
         try:
-            source.targets = read_sd_file(path)
-            source.error = None
+            source.targets = read_sd_file(path, refused)
+            source.error = "; ".join(refused) or None
         except DiscoveryError as exc:
             source.error = str(exc)
             log.error("discovery failed source=%s error=%s", path, exc)
@@ -161,8 +176,9 @@ class Discovery:
                 data = json.loads(body)
             except ValueError as exc:
                 raise DiscoveryError(f"{sd.url}: not valid JSON: {exc}") from None
-            source.targets = targets_from_document(data, sd.url)
-            source.error = None
+            refused: list[str] = []
+            source.targets = targets_from_document(data, sd.url, refused)
+            source.error = "; ".join(refused) or None
         except DiscoveryError as exc:
             source.error = str(exc)
             log.error("discovery failed source=%s error=%s", sd.url, exc)
