@@ -227,6 +227,58 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from exporter.compare import GateError, apply_gates, compare_answers, parse_gate
+    from exporter.sources import SourceError, load_source
+    from exporter.tables import format_comparison
+
+    # 2 for anything that keeps the comparison from being made: a CI gate must not read a
+    # typo or an unreachable exporter as a regression (1).
+    try:
+        gates = [parse_gate(text) for text in args.fail_if_worse]
+        a = load_source(args.a, args.exporter, args.token)
+        b = load_source(args.b, args.exporter, args.token)
+    except (GateError, SourceError) as exc:
+        print(f"specdec-exporter compare: {exc}", file=sys.stderr)
+        return 2
+    body = apply_gates({"a": a.label, "b": b.label} | compare_answers(a.answer, b.answer), gates)
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(format_comparison(body), end="")
+    return 1 if body["tripped"] else 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from exporter.advise import DEFAULT_COSTS, window_advice
+    from exporter.sources import SourceError, load_source
+    from exporter.tables import format_window_advice
+
+    costs = args.draft_cost or list(DEFAULT_COSTS)
+    try:
+        source = load_source(args.window, args.exporter, args.token)
+    except SourceError as exc:
+        print(f"specdec-exporter advise: {exc}", file=sys.stderr)
+        return 2
+    body = window_advice(source.answer, costs)
+    if args.json:
+        print(json.dumps({"window": source.label} | body, indent=2))
+    else:
+        print(format_window_advice(source.label, body), end="")
+    advised = [a for a in [*body["results"].values(), body["aggregate"]] if a and "error" not in a]
+    return 0 if advised else 1
+
+
+def _draft_cost(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1e6:
+        raise argparse.ArgumentTypeError(f"{text!r}: a draft cost is a number >= 0")
+    return value
+
+
 def _command(args: argparse.Namespace) -> list[str]:
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -326,6 +378,37 @@ def build_parser() -> argparse.ArgumentParser:
     measure.add_argument("--timeout", type=float, default=10.0)
     measure.add_argument("cmd", nargs=argparse.REMAINDER)
     measure.set_defaults(func=cmd_measure)
+
+    compare = sub.add_parser(
+        "compare", help="is B better than A? per target and overall, with 95% intervals",
+        description="Compare two stopped windows (ids on --exporter) or two result folders "
+                    "holding performances/spec_decode_*.json (ours or AISBench's). Exit 0, "
+                    "1 when a --fail-if-worse gate trips, 2 when they cannot be compared.")
+    compare.add_argument("a", metavar="A", help="window id (with --exporter) or result folder")
+    compare.add_argument("b", metavar="B", help="window id (with --exporter) or result folder")
+    compare.add_argument("--exporter", help="exporter base URL: A and B are window ids on it")
+    compare.add_argument("--token", help="bearer token (default $SPECDEC_TOKEN)")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.add_argument(
+        "--fail-if-worse", action="append", default=[], metavar="METRIC=LIMIT",
+        help="exit 1 when B is significantly worse than A by more than LIMIT: "
+             "acceptance_length=2%% (relative) or acceptance_rate=1.5 (absolute, in the "
+             "metric's unit); metrics: acceptance_rate, acceptance_length, position_<i>")
+    compare.set_defaults(func=cmd_compare)
+
+    advise = sub.add_parser(
+        "advise", help="which number of speculative tokens to run, from a stopped window",
+        description="Expected tokens per step L(k') and speed-up S(k') = L / (1 + c k') for "
+                    "k' = 1..2k (past k: a geometric-tail estimate), best k' per draft cost c.")
+    advise.add_argument("window", metavar="WINDOW",
+                        help="window id (with --exporter) or result folder")
+    advise.add_argument("--exporter", help="exporter base URL: WINDOW is a window id on it")
+    advise.add_argument("--token", help="bearer token (default $SPECDEC_TOKEN)")
+    advise.add_argument("--draft-cost", action="append", type=_draft_cost, metavar="C",
+                        help="cost of drafting one token relative to one target forward pass "
+                             "(repeatable; default 0, 0.05, 0.1, 0.25)")
+    advise.add_argument("--json", action="store_true", help="print the advice as JSON")
+    advise.set_defaults(func=cmd_advise)
     return parser
 
 

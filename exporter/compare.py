@@ -247,3 +247,36 @@ def apply_gates(comparison: dict, gates: list[Gate]) -> dict:
                         "verdict": row["verdict"], "tripped": gate.trips(row),
                     })
     return comparison | {"gates": checks, "tripped": any(c["tripped"] for c in checks)}
+
+
+def summed_result(results: Mapping[str, Mapping]) -> dict | None:
+    """The aggregate of several RESULTs (counts summed, then divided), in AISBench's shape.
+
+    For result folders without our window.json, e.g. AISBench's own. Estimates (no counts)
+    stay out, as they do in the exporter's aggregate.
+    """
+    drafts = draft_tokens = accepted = 0.0
+    per_position: dict[int, float] = {}
+    used = []
+    for name, result in results.items():
+        s = sample(result)
+        if s is None or not s.drafts or s.draft_tokens is None or s.accepted is None:
+            continue
+        used.append(name)
+        drafts += s.drafts
+        draft_tokens += s.draft_tokens
+        accepted += s.accepted
+        for i, rate in enumerate(s.rates):
+            per_position[i] = per_position.get(i, 0.0) + rate * s.drafts
+    if not used or drafts <= 0:
+        return None
+    return {
+        "status": "ok", "url": None, "error": None, "targets": used,
+        "data": {
+            "num_drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
+            "acceptance_rate": 100 * accepted / draft_tokens if draft_tokens > 0 else None,
+            "acceptance_length": 1 + accepted / drafts,
+            "per_position_acceptance_rates": {
+                str(i): per_position[i] / drafts for i in sorted(per_position)},
+        },
+    }

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 # Rates computed from float counters can exceed each other by rounding alone.
 _TOLERANCE = 1e-12
+# Real drafters propose a handful of tokens; a position number past this is corrupt input
+# that would otherwise allocate a list that long.
+MAX_POSITIONS = 10_000
 
 
 def isotonic_non_increasing(
@@ -115,6 +118,6 @@ def rates_from_mapping(per_position: dict) -> list[float]:
     if not per_position:
         return []
     by_pos = {int(pos): float(rate) for pos, rate in per_position.items()}
-    if min(by_pos) < 0:
-        raise ValueError("negative position")
+    if min(by_pos) < 0 or max(by_pos) >= MAX_POSITIONS:
+        raise ValueError(f"position outside 0..{MAX_POSITIONS - 1}")
     return [by_pos.get(pos, 0.0) for pos in range(max(by_pos) + 1)]
