@@ -68,6 +68,7 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await service.scraper.close()
             await session.close()
             service.close()
 

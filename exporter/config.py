@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -90,6 +90,12 @@ class TargetConfig(_Strict):
     # `auto` reads the dialect off the page's first spec-decode name (free: the parser looks
     # for that line anyway); name one to ignore other engines' names on the page.
     dialect: Dialect = Dialect.AUTO
+    # A forward proxy for this target alone (http://host:port); unset: HTTP(S)_PROXY/NO_PROXY.
+    # Either is resolved once per config load, never per scrape.
+    proxy_url: str | None = None
+    # `none` for loopback/LAN targets: inflating ~100 KB of gzip costs more CPU than the
+    # bytes it saves on a fast link.
+    compression: Literal["gzip", "none"] = "gzip"
 
     @model_validator(mode="before")
     @classmethod
@@ -124,6 +130,20 @@ class TargetConfig(_Strict):
             raise ValueError(f"must be an http:// or https:// URL with a host, not {value!r}")
         try:
             _ = parts.port  # urlsplit checks the port only when asked
+        except ValueError as exc:
+            raise ValueError(f"has a bad port: {value!r}") from exc
+        return value
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"must be an http:// URL with a host, not {value!r}")
+        try:
+            _ = parts.port
         except ValueError as exc:
             raise ValueError(f"has a bad port: {value!r}") from exc
         return value

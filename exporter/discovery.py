@@ -19,10 +19,12 @@ from typing import Any
 import aiohttp
 import yaml
 from pydantic import ValidationError
+from yarl import URL
 
 from exporter.config import Config, HttpSDConfig, TargetConfig
 from exporter.errors import ExporterError
 from exporter.redact import redact_text, redact_url
+from exporter.scrape import proxy_for
 from exporter.text import TextError, clean_tree
 
 log = logging.getLogger(__name__)
@@ -166,7 +168,10 @@ class Discovery:
             headers["Authorization"] = f"Bearer {token}"
         try:
             timeout = aiohttp.ClientTimeout(total=min(sd.refresh_interval, 30.0))
-            async with session.get(sd.url, headers=headers, timeout=timeout) as response:
+            # The session does not read the proxy environment per request (see make_session).
+            proxy, proxy_headers = proxy_for(URL(sd.url), None)
+            async with session.get(sd.url, headers=headers, timeout=timeout, proxy=proxy,
+                                   proxy_headers=proxy_headers) as response:
                 if response.status != 200:
                     raise DiscoveryError(f"{sd.url}: HTTP {response.status}")
                 body = await response.content.read(MAX_SD_BYTES + 1)

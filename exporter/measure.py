@@ -149,6 +149,7 @@ async def measure(
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
         await scrape_all(window.stop_errors)
+        await scraper.close()
     window.stopped_at = time.time()
     answer = window_answer(window)
     write_results(work_dir, answer)

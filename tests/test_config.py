@@ -48,6 +48,10 @@ INVALID = {
     "invalid-yaml-syntax.yaml": [
         "(yaml): invalid YAML at line 4: mapping values are not allowed here"
     ],
+    "invalid-proxy-url.yaml": [
+        "targets.0.proxy_url: must be an http:// URL with a host, not 'socks5://10.0.0.9:1080'"
+    ],
+    "invalid-compression.yaml": ["targets.0.compression: must be 'gzip' or 'none'"],
     "invalid-shard-index.yaml": ["shard_index: must be below shards (2)"],
     "invalid-target-timeout-over-interval.yaml": [
         "targets.1.timeout: must not be longer than scrape_interval (60s > 5s)"

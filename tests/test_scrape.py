@@ -37,19 +37,25 @@ def _target(url: str, **fields) -> TargetConfig:
     return validate_config({"targets": [{"name": "t", "url": url} | fields]}).targets[0]
 
 
-@pytest.fixture
-async def scraper():
-    """Factory: `scraper(max_bytes=..., concurrency=...)` over one real ClientSession."""
-    sessions = []
+@pytest.fixture(params=["lean", "aiohttp"])
+async def scraper(request):
+    """Factory: `scraper(max_bytes=..., concurrency=...)`; every test runs on both client paths.
+
+    `lean`: plain HTTP through our httptools client, TLS and proxies through aiohttp, as
+    served; `aiohttp`: everything through the aiohttp session.
+    """
+    made = []
 
     def make(*, max_bytes: int = 16 * 1024 * 1024, concurrency: int = 8) -> Scraper:
         session = make_session(concurrency)
-        sessions.append(session)
-        return Scraper(session, max_bytes=max_bytes, concurrency=concurrency)
+        made.append(Scraper(session, max_bytes=max_bytes, concurrency=concurrency,
+                            lean=request.param == "lean"))
+        return made[-1]
 
     yield make
-    for session in sessions:
-        await session.close()
+    for scr in made:
+        await scr.close()
+        await scr.session.close()
 
 
 async def _serve(aiohttp_server, handler, path: str = "/metrics", **kwargs):
@@ -566,3 +572,153 @@ class TestFailingTargetInService:
         await exp.round()
         assert exp.service.targets["slow"].last_error == "timeout after 0.2s"
 
+
+
+class TestProxyPlan:
+    """Proxies are worked out once per target and config, never per request."""
+
+    @staticmethod
+    def _clear_proxy_env(monkeypatch) -> None:
+        for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "all_proxy",
+                     "ALL_PROXY", "HTTP_PROXY", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+
+    @staticmethod
+    async def _proxy(aiohttp_server, seen: list):
+        async def proxy(request: web.Request) -> web.Response:
+            seen.append((request.raw_path, request.headers.get("Proxy-Authorization")))
+            return web.Response(body=PAGE)
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", proxy)
+        return await aiohttp_server(app)
+
+    async def test_environment_read_once_per_config(self, aiohttp_server, scraper, monkeypatch):
+        first, second = [], []
+        proxy_a = await self._proxy(aiohttp_server, first)
+        proxy_b = await self._proxy(aiohttp_server, second)
+        self._clear_proxy_env(monkeypatch)
+        monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy_a.port}")
+        scr = scraper()
+        target = _target("http://vllm-behind-proxy.invalid:8000/metrics")
+        assert (await scr.scrape(target, 2.0)).ok
+        # The environment changes under a running exporter: the same config keeps its proxy...
+        monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{proxy_b.port}")
+        assert (await scr.scrape(target, 2.0)).ok
+        assert len(first) == 2 and second == []
+        # ...and a reload works it out again.
+        scr.reconfigure(max_bytes=scr.max_bytes, concurrency=8)
+        assert (await scr.scrape(target, 2.0)).ok
+        assert len(first) == 2 and len(second) == 1
+
+    async def test_target_proxy_url_with_credentials(self, aiohttp_server, scraper, monkeypatch):
+        seen = []
+        proxy = await self._proxy(aiohttp_server, seen)
+        self._clear_proxy_env(monkeypatch)
+        target = _target("http://vllm-behind-proxy.invalid:8000/metrics",
+                         proxy_url=f"http://user:pw@127.0.0.1:{proxy.port}")
+        result = await scraper().scrape(target, 2.0)
+        assert result.ok, result.error
+        assert seen == [("http://vllm-behind-proxy.invalid:8000/metrics", "Basic dXNlcjpwdw==")]
+
+    async def test_target_proxy_url_beats_no_proxy(self, aiohttp_server, scraper, monkeypatch):
+        seen = []
+        proxy = await self._proxy(aiohttp_server, seen)
+        self._clear_proxy_env(monkeypatch)
+        monkeypatch.setenv("NO_PROXY", "*")
+        target = _target("http://vllm-behind-proxy.invalid:8000/metrics",
+                         proxy_url=f"http://127.0.0.1:{proxy.port}")
+        assert (await scraper().scrape(target, 2.0)).ok
+        assert [path for path, _ in seen] == ["http://vllm-behind-proxy.invalid:8000/metrics"]
+
+
+class TestConnectionsAndCompression:
+    async def test_one_connection_reused_across_scrapes(self, aiohttp_server, scraper):
+        peers = []
+
+        async def handler(request):
+            peers.append(request.transport.get_extra_info("peername"))
+            return await _page(request)
+
+        server = await _serve(aiohttp_server, handler)
+        scr = scraper()
+        target = _target(str(server.make_url("/metrics")))
+        for _ in range(4):
+            assert (await scr.scrape(target, 2.0)).ok
+        assert len(peers) == 4 and len(set(peers)) == 1
+
+    async def test_idle_connection_closed_by_server_is_retried(self, scraper):
+        # uvicorn drops idle kept-alive connections after 5 s: a scrape that lands on one just
+        # as it closes must open a new one, not fail.
+        connections = []
+
+        async def answer_once(reader, writer):
+            connections.append(writer)
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(PAGE) + PAGE)
+            await writer.drain()
+            await reader.readuntil(b"\r\n\r\n")  # the next request on this connection...
+            writer.close()  # ...is dropped unanswered
+
+        server, port = await _raw_server(answer_once)
+        async with server:
+            scr = scraper()
+            target = _target(f"http://127.0.0.1:{port}/metrics")
+            first = await scr.scrape(target, 2.0)
+            second = await scr.scrape(target, 2.0)
+        assert first.ok and second.ok, (first.error, second.error)
+        assert len(connections) == 2
+
+    @pytest.mark.parametrize(("compression", "asked"), [("gzip", "gzip"), ("none", "identity")])
+    async def test_compression_option(self, aiohttp_server, scraper, compression, asked):
+        seen = []
+
+        async def handler(request):
+            seen.append(request.headers.get("Accept-Encoding"))
+            if "gzip" in request.headers.get("Accept-Encoding", ""):
+                return web.Response(body=gzip.compress(PAGE),
+                                    headers={"Content-Encoding": "gzip"})
+            return await _page(request)
+
+        server = await _serve(aiohttp_server, handler)
+        target = _target(str(server.make_url("/metrics")), compression=compression)
+        result = await scraper().scrape(target, 2.0)
+        assert result.ok, result.error
+        assert seen == [asked] and result.size == len(PAGE)
+
+    async def test_redirect_to_another_server(self, aiohttp_server, scraper):
+        real = await _serve(aiohttp_server, _page, path="/real")
+
+        async def moved(request):
+            raise web.HTTPFound(str(real.make_url("/real")))
+
+        first = await _serve(aiohttp_server, moved)
+        result = await scraper().scrape(_target(str(first.make_url("/metrics"))), 2.0)
+        assert result.ok, result.error
+        assert result.snapshot.totals().drafts == 10
+
+    async def test_body_without_length_ends_at_close(self, scraper):
+        async def until_close(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n" + PAGE)
+            await writer.drain()
+            writer.close()
+
+        server, port = await _raw_server(until_close)
+        async with server:
+            result = await scraper().scrape(_target(f"http://127.0.0.1:{port}/metrics"), 2.0)
+        assert result.ok, result.error
+        assert result.size == len(PAGE)
+
+    async def test_not_http_at_all(self, scraper):
+        async def garbage(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"SSH-2.0-OpenSSH_9.2\r\n" + bytes(range(256)))
+            await writer.drain()
+            await asyncio.sleep(0.5)
+            writer.close()
+
+        server, port = await _raw_server(garbage)
+        async with server:
+            result = await scraper().scrape(_target(f"http://127.0.0.1:{port}/metrics"), 2.0)
+        assert result.ok is False and result.error and "\n" not in result.error
