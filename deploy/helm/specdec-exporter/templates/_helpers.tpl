@@ -29,6 +29,39 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{ include "specdec-exporter.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The image reference: registry/repository, then @digest when pinned, else :tag. */}}
+{{- define "specdec-exporter.image" -}}
+{{- $repo := .Values.image.repository }}
+{{- if .Values.image.registry }}{{ $repo = printf "%s/%s" .Values.image.registry $repo }}{{ end }}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" $repo .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" $repo (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+{{- end }}
+
+{{/* The pods' ServiceAccount: the created one, a named existing one, or the default. */}}
+{{- define "specdec-exporter.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "specdec-exporter.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* Every shard's base URL in ordinal order, through the headless Service (SPECDEC_PEERS). */}}
+{{- define "specdec-exporter.peers" -}}
+{{- $full := include "specdec-exporter.fullname" . }}
+{{- $urls := list }}
+{{- range $i := until (int .Values.shards) }}
+{{- $urls = append $urls (printf "http://%s-%d.%s-headless.%s.svc:%v" $full $i $full $.Release.Namespace $.Values.service.port) }}
+{{- end }}
+{{- join "," $urls }}
 {{- end }}
 
 {{/* Name of the Secret holding the marker token. */}}
