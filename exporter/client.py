@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from exporter.advise import window_advice
 from exporter.console import format_window
 from exporter.derive import has_activity, result_data
 from exporter.errors import ExporterError
@@ -204,12 +205,14 @@ def merge_answers(answers: Sequence[dict]) -> dict:
             "increase": total.as_raw(),
             "resets": sum(results[n].get("resets", 0) for n in used),
         }
-    return answers[0] | {
+    merged = answers[0] | {
         "targets": [t for a in answers for t in a.get("targets", [])],
         "stopped_at": max(a.get("stopped_at") or 0 for a in answers),
         "results": results,
         "aggregate": aggregate,
     }
+    # Each shard's advice covers only its own targets: advise again over the merged whole.
+    return merged | {"advice": window_advice(merged)}
 
 
 def unreachable_answer(window_id: str | None, label: str, reason: str) -> dict:

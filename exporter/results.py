@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from exporter.accounting import Accumulator
+from exporter.advise import window_advice
 from exporter.derive import acceptance_length, acceptance_ratio, has_activity, result_data
 from exporter.parse import SGLANG_LENGTH, SGLANG_RATE, dialect_note
 from exporter.snapshot import Counts
@@ -167,11 +168,12 @@ def aggregate_result(window: Window, results: dict[str, dict]) -> dict:
 def window_answer(window: Window) -> dict:
     """The whole stop answer of a stopped window."""
     results = {name: target_result(window, name) for name in window.targets}
-    return window.summary() | {
+    answer = window.summary() | {
         "stopped_at": window.stopped_at,
         "results": results,
         "aggregate": aggregate_result(window, results),
     }
+    return answer | {"advice": window_advice(answer)}
 
 
 def window_series(window: Window) -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from exporter.advise import (
@@ -13,6 +15,7 @@ from exporter.advise import (
     tail_ratio,
     window_advice,
 )
+from exporter.client import merge_answers
 from exporter.distribution import distribution
 
 RATES = [0.8, 0.5, 0.2]
@@ -122,3 +125,49 @@ class TestFromResults:
         body = window_advice(answer)
         assert body["results"]["b"] is None
         assert body["results"]["a"]["k"] == 1 and body["aggregate"]["k"] == 1
+
+
+class TestWindowAnswerAdvice:
+    async def test_stop_answer_window_json_and_api_carry_advice(
+        self, fake_vllm, exporter, tmp_path
+    ):
+        fake = await fake_vllm(k=3)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.start(id="adv")
+        fake.server.add(0, 1000, 3000, [800, 500, 200])
+        answer = await exp.stop("adv")
+        advice = answer["advice"]
+        assert [r["length"] for r in advice["results"]["a"]["rows"][:3]] == pytest.approx(
+            [1.8, 2.3, 2.5])
+        assert advice["aggregate"]["tail_ratio"] == pytest.approx(0.5)
+        folder = tmp_path / "out" / "adv"
+        assert json.loads((folder / "window.json").read_text())["advice"] == advice
+        response = await exp.client.get("/api/v1/windows/adv")
+        assert (await response.json())["advice"] == advice
+        # The per-target file stays in AISBench's format: no advice in it.
+        (path,) = (folder / "performances").glob("spec_decode_*.json")
+        assert "advice" not in json.loads(path.read_text())
+
+    async def test_target_without_activity_has_none(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=3)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.start(id="idle")
+        answer = await exp.stop("idle")
+        assert answer["advice"]["results"] == {"a": None}
+        assert answer["advice"]["aggregate"] is None
+
+    def test_merged_shards_are_advised_over_the_whole(self):
+        def shard(name: str, per_pos: list[int]) -> dict:
+            raw = {"num_drafts": 100, "num_draft_tokens": 200, "num_accepted_tokens": sum(per_pos),
+                   "accepted_per_pos": {str(i): c for i, c in enumerate(per_pos)}}
+            zero = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                    "accepted_per_pos": {"0": 0, "1": 0}}
+            result = {"status": "ok", "data": {}, "increase": raw,
+                      "raw": {"before": zero, "after": raw}}
+            return {"id": "w", "targets": [name], "results": {name: result}}
+
+        merged = merge_answers([shard("a", [80, 40]), shard("b", [60, 20])])
+        # (80 + 60) / 200 and (40 + 20) / 200.
+        assert merged["advice"]["aggregate"]["distribution"]["rates"] == pytest.approx(
+            [0.7, 0.3])
+        assert set(merged["advice"]["results"]) == {"a", "b"}
