@@ -11,6 +11,7 @@ import time
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from exporter.compare_page import render_compare, render_picker
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
 from exporter.exposition import CONTENT_TYPE, MetricsWriter
 from exporter.landing import render_landing
@@ -156,6 +157,24 @@ async def landing(request: web.Request) -> web.Response:
     return web.Response(text=render_landing(request.app[SERVICE]), content_type="text/html")
 
 
+async def compare_page(request: web.Request) -> web.Response:
+    """Two stopped windows side by side; without `a` and `b`, a form to pick them."""
+    service = request.app[SERVICE]
+    a_id, b_id = request.query.get("a"), request.query.get("b")
+    if not a_id and not b_id:
+        windows = [w.state() for w in service.list_windows()]
+        return web.Response(text=render_picker(windows), content_type="text/html")
+    if not a_id or not b_id:
+        raise RequestError("give both windows: /compare?a=ID&b=ID")
+    pair = [service.get_window(check_window_id(i)) for i in (a_id, b_id)]
+    for window in pair:
+        if window.answer is None:
+            raise RequestError(f'window "{window.id}" is still open; stop it first', status=409)
+    windows = [w.state() for w in service.list_windows()]
+    text = render_compare(pair[0].answer, pair[1].answer, windows)
+    return web.Response(text=text, content_type="text/html")
+
+
 async def healthy(request: web.Request) -> web.Response:
     """Alive."""
     return web.Response(text="OK\n")
@@ -232,6 +251,7 @@ def add_routes(app: web.Application) -> None:
     """Every route of CONTRACT.md's HTTP API."""
     app.router.add_get("/", landing)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/compare", compare_page)
     app.router.add_get("/-/healthy", healthy)
     app.router.add_get("/-/ready", ready)
     app.router.add_post("/-/reload", reload)

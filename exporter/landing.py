@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from html import escape
 
 from exporter import __version__
+from exporter.compare_page import compare_form
 from exporter.results import window_series
 from exporter.service import ExporterService
 from exporter.views import target_view
@@ -161,6 +162,7 @@ def render_landing(service: ExporterService) -> str:
 <table><tr><th>id</th><th>name</th><th>state</th><th>started</th><th>stopped</th><th>targets</th>
 <th>acceptance rate %</th><th>acceptance length</th></tr>
 {window_rows}</table>
+{compare_form(windows)}
 {chart}
 </body></html>
 """

@@ -1,0 +1,103 @@
+"""The compare page and the landing page's picker, over real HTTP against make_app."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+
+async def record(exp, fakes, window_id: str, per_pos: list[int], name: str | None = None):
+    await exp.start(id=window_id, **({"name": name} if name else {}))
+    for fake in fakes:
+        fake.server.add(0, 1000, 1000 * len(per_pos), per_pos)
+    await exp.stop(window_id)
+
+
+@pytest.fixture
+async def setup(fake_vllm, exporter):
+    fakes = [await fake_vllm(k=3), await fake_vllm(k=3)]
+    exp = await exporter({"targets": [{"name": f"t{i}", "url": f.url}
+                                      for i, f in enumerate(fakes)]})
+    await record(exp, fakes, "wa", [800, 500, 200], name="<b>eagle</b> k=3")
+    await record(exp, fakes, "wb", [700, 400, 100])
+    return exp, fakes
+
+
+def section(html: str, title: str) -> str:
+    """The part of the page from the <h3> `title` to the next <h3>."""
+    start = html.index(f"<h3>{title}")
+    end = html.find("<h3>", start + 4)
+    return html[start:end if end != -1 else None]
+
+
+class TestComparePage:
+    async def test_side_by_side_with_intervals_and_verdicts(self, setup):
+        exp, _ = setup
+        response = await exp.client.get("/compare", params={"a": "wa", "b": "wb"})
+        assert response.status == 200
+        assert response.content_type == "text/html"
+        html = await response.text()
+        assert '<a href="/windows/wa">wa</a>' in html and '<a href="/windows/wb">wb</a>' in html
+        assert "&lt;b&gt;eagle&lt;/b&gt; k=3" in html and "<b>eagle</b>" not in html
+        for title in ("t0", "t1", "all targets"):
+            part = section(html, title)
+            length_row = part[part.index("acceptance length"):].split("</tr>")[0]
+            # A 2.500, B 2.200, B - A -0.300, each with an interval; verdict worse.
+            assert "2.500" in length_row and "2.200" in length_row and "-0.300" in length_row
+            assert re.search(r"\[-0\.3\d\d, -0\.2\d\d\]", length_row)
+            assert 'class="worse">worse<' in length_row
+            assert "<svg" in length_row  # the two intervals drawn on one scale
+        assert "treat drafts as independent" in html
+        # Both windows' advice side by side, with the distribution of X as bars.
+        assert html.count("A: which k") == 1 and html.count("B: which k") == 1
+        assert "P(X = 3) = 0.2000" in html  # A: p2 = 0.2
+        assert "P(X = 3) = 0.1000" in html  # B: p2 = 0.1
+
+    async def test_reversed_says_better(self, setup):
+        exp, _ = setup
+        html = await (await exp.client.get("/compare?a=wb&b=wa")).text()
+        assert 'class="better">better<' in html and 'class="worse"' not in html
+
+    @pytest.mark.parametrize(
+        ("query", "status", "message"),
+        [("?a=wa", 400, "give both windows"), ("?a=wa&b=nope", 404, 'unknown window "nope"'),
+         ("?a=wa&b=bad%20id!", 400, "")],
+    )
+    async def test_bad_queries_are_json_errors(self, setup, query, status, message):
+        exp, _ = setup
+        response = await exp.client.get("/compare" + query)
+        assert response.status == status
+        assert message in (await response.json())["error"]
+
+    async def test_open_window_is_409(self, setup):
+        exp, _ = setup
+        await exp.start(id="still-open")
+        response = await exp.client.get("/compare?a=wa&b=still-open")
+        assert response.status == 409
+        assert "still open" in (await response.json())["error"]
+
+    async def test_picker_without_query(self, setup):
+        exp, _ = setup
+        html = await (await exp.client.get("/compare")).text()
+        assert '<form action="/compare" method="get">' in html
+        # Newest is B by default, the one before it A.
+        assert '<option value="wa" selected>' in html.split('name="b"')[0]
+        assert '<option value="wb" selected>' in html.split('name="b"')[1]
+
+
+class TestLandingPicker:
+    async def test_form_lists_stopped_windows_only(self, setup):
+        exp, _ = setup
+        await exp.start(id="open-one")
+        html = await (await exp.client.get("/")).text()
+        form = html[html.index('<form action="/compare"'):html.index("</form>")]
+        assert 'value="wa"' in form and 'value="wb"' in form
+        assert "open-one" not in form
+
+    async def test_no_form_with_one_window(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=3)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await record(exp, [fake], "only", [800, 500, 200])
+        html = await (await exp.client.get("/")).text()
+        assert '<form action="/compare"' not in html
