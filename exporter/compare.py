@@ -84,8 +84,11 @@ def length_estimate(s: Sample) -> tuple[Estimate | None, str | None]:
     """
     if s.acceptance_length is None:
         return None, None
-    if not s.drafts:
+    if s.drafts is None:
         return Estimate(s.acceptance_length), "an estimate without counts: no interval"
+    if s.drafts <= 0:
+        # AISBench writes length 0.0 when draft tokens grew but drafts did not: no length.
+        return None, "no drafts counted: no acceptance length"
     mean = s.acceptance_length - 1
     if s.rates:
         variance, note = distribution(s.rates).variance, None

@@ -83,7 +83,9 @@ def _entry_table(name: str, entry: Mapping) -> str:
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in entry.get("notes", []))
     table = ""
     if rows:
-        table = ("<table><tr><th>metric</th><th>A</th><th>B</th><th>A · B</th><th>B − A</th>"
+        table = ("<table><tr><th>metric</th><th>A</th><th>B</th><th>"
+                 '<span style="color:#888">● A</span> <span style="color:#3b7dd8">● B</span>'
+                 "</th><th>B − A</th>"
                  f"<th>verdict</th></tr>{''.join(rows)}</table>")
     return f"<h3>{escape(name)}{drafts}</h3>{table}{notes}"
 

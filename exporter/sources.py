@@ -8,6 +8,7 @@ beside it is not needed). Every problem is a `SourceError` saying which input an
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,9 +95,9 @@ def _read_result(path: Path) -> dict:
     rates = (result.get("data") or {}).get("per_position_acceptance_rates") or {}
     if not isinstance(rates, dict) or not all(
         re.fullmatch(r"[0-9]{1,4}", str(pos)) and isinstance(rate, int | float)
-        and not isinstance(rate, bool)
+        and not isinstance(rate, bool) and math.isfinite(rate)
         for pos, rate in rates.items()
     ):
         raise SourceError(f"{path}: per_position_acceptance_rates must map positions "
-                          "0..9999 to numbers")
+                          "0..9999 to finite numbers")
     return result

@@ -61,6 +61,8 @@ def format_comparison(body: Mapping) -> str:
         if body.get(key):
             lines.append(f"only in {side}: {', '.join(body[key])}")
     for check in body.get("gates", []):
+        if check["verdict"] == "unknown":
+            lines.append(f"SKIP {check['gate']} [{check['target']}]: no interval to test")
         if check["tripped"]:
             lines.append(f"FAIL {check['gate']} [{check['target']}]: B is worse by "
                          f"{check['drop']:.4g}{'%' if check['gate'].endswith('%') else ''}")

@@ -178,6 +178,7 @@ class TestCompareFolders:
          (["compare", "{a}", "{a}", "--fail-if-worse", "acceptance_length"], "METRIC=LIMIT"),
          (["compare", "{a}", "{empty}"], "no performances/spec_decode_*.json"),
          (["compare", "{a}", "{broken}"], "not valid JSON"),
+         (["compare", "{a}", "{nan}"], "finite numbers"),
          (["compare", "{a}"], "required"),
          (["advise", "{a}", "--draft-cost", "-1"], "draft cost")],
     )
@@ -186,8 +187,11 @@ class TestCompareFolders:
         broken = tmp_path / "broken" / "performances"
         broken.mkdir(parents=True)
         (broken / "spec_decode_x_1.json").write_text('{"status": "ok", "data": {')
+        nan = write_run(tmp_path / "nan", {"h:1": (10, [5])})
+        (path,) = (nan / "performances").glob("*.json")
+        path.write_text(path.read_text().replace('"0": 0.5', '"0": NaN'))
         paths = {"a": runs[0], "missing": tmp_path / "missing", "empty": tmp_path / "empty",
-                 "broken": tmp_path / "broken"}
+                 "broken": tmp_path / "broken", "nan": nan}
         code, out, err = await run_cli(*[arg.format(**paths) for arg in args])
         assert code == 2 and out == ""
         assert message in err

@@ -136,3 +136,41 @@ class TestGates:
         body = compare_answers(answer(t=result(20, [0.8])), answer(t=result(20, [0.7])))
         gated = apply_gates(body, [parse_gate("acceptance_length=1%")])
         assert gated["gates"][0]["drop"] > 1 and not gated["tripped"]
+
+
+class TestOddInputs:
+    def test_aisbench_zero_drafts_has_no_length(self):
+        # AISBench writes acceptance_length 0.0 when drafts did not grow.
+        res = result(100, [0.5])
+        res["data"].update(num_drafts=0, acceptance_length=0.0, per_position_acceptance_rates={})
+        estimates, notes = metric_estimates(sample(res))
+        assert "acceptance_length" not in estimates
+        assert notes == ["no drafts counted: no acceptance length"]
+
+    def test_different_k_compares_common_positions(self):
+        body = compare_answers(answer(t=result(100, [0.8, 0.5, 0.2])),
+                               answer(t=result(100, [0.8, 0.5, 0.2, 0.1, 0.05])))
+        metrics = [r["metric"] for r in body["targets"]["t"]["metrics"]]
+        assert "position_2" in metrics and "position_3" not in metrics
+
+    def test_estimate_gate_never_trips(self):
+        est = {"status": "ok", "estimate": True, "data": {
+            "num_drafts": None, "draft_tokens": None, "accepted_tokens": None,
+            "acceptance_rate": 60.0, "acceptance_length": 2.8,
+            "per_position_acceptance_rates": {}}}
+        worse = est | {"data": est["data"] | {"acceptance_length": 1.5}}
+        body = apply_gates(compare_answers(answer(s=est), answer(s=worse)),
+                           [parse_gate("acceptance_length=1%")])
+        assert body["gates"][0]["verdict"] == "unknown" and not body["tripped"]
+
+    def test_summed_result(self):
+        from exporter.compare import summed_result
+
+        total = summed_result({"a": result(100, [0.8, 0.4]), "b": result(300, [0.4, 0.0]),
+                               "c": {"status": "na", "error": "down", "data": None}})
+        assert total["targets"] == ["a", "b"]
+        # (80 + 120) / 400 and (40 + 0) / 400; length 1 + 240 / 400.
+        assert total["data"]["per_position_acceptance_rates"] == pytest.approx(
+            {"0": 0.5, "1": 0.1})
+        assert total["data"]["acceptance_length"] == pytest.approx(1.6)
+        assert summed_result({}) is None
