@@ -47,6 +47,11 @@ BUILD = Family("specdec_build_info", "gauge", "Version of specdec-exporter; alwa
 UP = Family("specdec_target_up", "gauge", "1 if the last scrape of the target succeeded.")
 DURATION = Family("specdec_scrape_duration_seconds", "gauge",
                   "How long the last scrape of the target took.")
+LAST_SCRAPE = Family("specdec_target_last_scrape_timestamp_seconds", "gauge",
+                     "Unix time of the target's last scrape, good or failed (a stuck scrape "
+                     "loop shows here: alert when it falls several scrape intervals behind).")
+INTERVAL = Family("specdec_scrape_interval_seconds", "gauge",
+                  "The configured scrape_interval of the exporter's targets.")
 ERRORS = Family("specdec_scrape_errors_total", "counter",
                 "Failed scrapes of the target since we started.")
 PRESENT = Family("specdec_target_spec_decode_present", "gauge",
@@ -81,7 +86,8 @@ DISCOVERY_UP = Family("specdec_discovery_source_up", "gauge",
 RELOAD_AT = Family("specdec_config_last_reload_success_timestamp_seconds", "gauge",
                    "Unix time of the last successful config load.")
 
-_TARGET_FAMILIES = (UP, DURATION, ERRORS, PRESENT, DRAFTS, DRAFT_TOKENS, ACCEPTED, PER_POS)
+_TARGET_FAMILIES = (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, DRAFTS, DRAFT_TOKENS, ACCEPTED,
+                    PER_POS)
 
 
 def escape(value: str) -> str:
@@ -135,6 +141,7 @@ class _TargetLines:
         last, labels = state.last, self.labels
         lines[UP] = _line(UP.name, labels, 1.0 if state.up else 0.0)
         lines[DURATION] = _line(DURATION.name, labels, last.duration) if last else ""
+        lines[LAST_SCRAPE] = _line(LAST_SCRAPE.name, labels, last.at) if last else ""
         lines[ERRORS] = _line(ERRORS.name, labels, float(state.errors_total))
         counters: dict[Family, list[str]] = {f: [] for f in (PRESENT, DRAFTS, DRAFT_TOKENS,
                                                               ACCEPTED, PER_POS)}
@@ -196,6 +203,7 @@ class MetricsWriter:
             WINDOWS_OPEN.header(), _line(WINDOWS_OPEN.name, "", float(len(service.open_windows()))),
             RELOAD_OK.header(), _line(RELOAD_OK.name, "", 1.0 if service.reload_ok else 0.0),
             RELOAD_AT.header(), _line(RELOAD_AT.name, "", service.reload_at),
+            INTERVAL.header(), _line(INTERVAL.name, "", service.config.scrape_interval),
         ]
         if service.discovery.sources:
             out.append(DISCOVERY_UP.header())

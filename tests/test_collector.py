@@ -165,6 +165,24 @@ class TestContractMetrics:
         assert _samples(families, "specdec_drafts", "specdec_drafts_total") == {}
         assert _samples(families, "specdec_acceptance_ratio") == {}
 
+    async def test_last_scrape_time_and_interval(self, exporter, fake_vllm, unused_tcp_port):
+        """What SpecDecTargetNotScraped compares: last scrape time (good or failed), interval."""
+        clock = Clock(1234.5)
+        fake = await fake_vllm()
+        exp = await exporter({"scrape_interval": "7s", "scrape_timeout": "1s", "targets": [
+            {"name": "a", "url": fake.url},
+            {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}]},
+            clock=clock)
+        families = await _families(exp)
+        assert _samples(families, "specdec_target_last_scrape_timestamp_seconds") == {}
+        assert _value(families, "specdec_scrape_interval_seconds", {}) == 7
+        await exp.round()
+        clock.now = 2000.0
+        families = await _families(exp)
+        for target in ("a", "down"):
+            assert _value(families, "specdec_target_last_scrape_timestamp_seconds",
+                          {"target": target}) == 1234.5
+
     async def test_before_first_round(self, exporter, fake_vllm):
         fake = await fake_vllm()
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
@@ -373,6 +391,7 @@ GOLDEN_TYPES = [
     "# TYPE specdec_build_info gauge",
     "# TYPE specdec_target_up gauge",
     "# TYPE specdec_scrape_duration_seconds gauge",
+    "# TYPE specdec_target_last_scrape_timestamp_seconds gauge",
     "# TYPE specdec_scrape_errors_total counter",
     "# TYPE specdec_target_spec_decode_present gauge",
     "# TYPE specdec_drafts_total counter",
@@ -389,6 +408,7 @@ GOLDEN_TYPES = [
     "# TYPE specdec_windows_open gauge",
     "# TYPE specdec_config_last_reload_successful gauge",
     "# TYPE specdec_config_last_reload_success_timestamp_seconds gauge",
+    "# TYPE specdec_scrape_interval_seconds gauge",
 ]
 
 GOLDEN_HELP = {

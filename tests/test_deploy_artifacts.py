@@ -38,6 +38,11 @@ EXPORTER_METRICS = {
     "specdec_windows_open",
     "specdec_config_last_reload_successful",
     "specdec_build_info",
+    "specdec_discovery_source_up",
+    "specdec_target_last_scrape_timestamp_seconds",
+    "specdec_scrape_interval_seconds",
+    "specdec_state_write_errors_total",
+    "specdec_result_write_errors_total",
 }
 PROMQL_KEYWORDS = {
     "and",
@@ -272,6 +277,34 @@ class TestPrometheusRules:
             assert len(a["annotations"]["description"]) > 80, a["alert"]
             assert a["labels"]["severity"] in {"info", "warning", "critical"}
 
+    def test_every_alert_has_a_runbook_section(self):
+        runbooks = (ROOT / "docs" / "runbooks.md").read_text()
+        sections = {m.group(1): m.end() for m in re.finditer(r"(?m)^## (\w+)$", runbooks)}
+        names = {a["alert"] for a in _alerts()}
+        assert set(sections) == names, set(sections) ^ names
+        for a in _alerts():
+            url = a["annotations"]["runbook_url"]
+            assert url.startswith("https://") and url.endswith(
+                "/docs/runbooks.md#" + a["alert"].lower()), url
+            start = sections[a["alert"]]
+            body = runbooks[start : runbooks.find("\n## ", start)]
+            for part in ("**What it means.**", "**What to check.**", "**What to do.**"):
+                assert part in body, (a["alert"], part)
+
+    def test_new_alerts_exist(self):
+        assert {
+            "SpecDecExporterDown", "SpecDecExporterAbsent", "SpecDecDiscoverySourceFailing",
+            "SpecDecStateWriteErrors", "SpecDecResultWriteErrors", "SpecDecTargetNotScraped",
+        } <= {a["alert"] for a in _alerts()}
+
+    def test_aggregations_keep_job_namespace_cluster(self):
+        for g in _rules()["groups"]:
+            for r in g["rules"]:
+                for m in re.finditer(r"\b(sum|max|min|count)\s+by\s*\(([^)]*)\)", r["expr"]):
+                    kept = {x.strip() for x in m.group(2).split(",")}
+                    assert {"job", "namespace", "cluster"} <= kept, (r.get("record"), m.group(0))
+                assert not re.search(r"\bsum\s*\(", r["expr"]), (r.get("record"), "bare sum")
+
     def test_every_alert_is_tested_firing_and_not_firing(self):
         cases: dict[str, list[bool]] = {}
         for t in yaml.safe_load(RULES_TEST.read_text())["tests"]:
@@ -294,7 +327,8 @@ class TestPrometheusRules:
         recorded = _recorded_names()
         for g in _rules()["groups"]:
             for r in g["rules"]:
-                unknown = metric_names(r["expr"]) - EXPORTER_METRICS - recorded
+                # `up`: Prometheus's own series of each scrape, for SpecDecExporterDown.
+                unknown = metric_names(r["expr"]) - EXPORTER_METRICS - recorded - {"up"}
                 assert not unknown, (r.get("record") or r.get("alert"), unknown)
 
     def test_helm_chart_carries_the_same_rules(self):
