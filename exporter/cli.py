@@ -81,6 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.api import SERVICE
     from exporter.app import make_app
     from exporter.config import load_config
+    from exporter.eventloop import new_event_loop
     from exporter.redact import redact_logs
 
     path = _config_path(args.config)
@@ -100,11 +101,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     app.on_startup.append(on_startup)
     host, _, port = config.listen.rpartition(":")
-    log.info("starting version=%s listen=http://%s:%s/ targets=%d", __version__, host, port,
-             len(config.targets))
+    loop = new_event_loop()
+    log.info("starting version=%s listen=http://%s:%s/ targets=%d loop=%s", __version__, host,
+             port, len(config.targets), type(loop).__module__.split(".")[0])
     # run_app answers SIGTERM/SIGINT by finishing in-flight requests, then the cleanup
     # context saves every open window.
-    web.run_app(app, host=host.strip("[]"), port=int(port), print=None,
+    web.run_app(app, host=host.strip("[]"), port=int(port), print=None, loop=loop,
                 access_log=logging.getLogger("aiohttp.access"), shutdown_timeout=30.0)
     return 0
 

@@ -108,7 +108,8 @@ class Scraper:
         async with self._slots:
             started = time.monotonic()
             try:
-                page = await asyncio.wait_for(self._fetch(target), timeout)
+                async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
+                    page = await self._fetch(target)
                 snapshot = parse_page(page, target.dialect)
                 if not snapshot.has_spec_decode and not _looks_like_exposition(page):
                     raise ScrapeFailure("response is not Prometheus text format")

@@ -1,0 +1,30 @@
+"""The event loop the server runs on: uvloop when installed (the `fast` extra), else asyncio's.
+
+uvloop (libuv) runs the same asyncio code with cheaper callbacks and socket I/O; `bench/`
+measures the exporter's CPU per scrape with each. `SPECDEC_EVENT_LOOP=asyncio` opts out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+
+def loop_kind() -> str:
+    """`uvloop` if it is installed and not opted out, else `asyncio`."""
+    if os.environ.get("SPECDEC_EVENT_LOOP", "").strip().lower() == "asyncio":
+        return "asyncio"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new loop of `loop_kind()`."""
+    if loop_kind() == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
