@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter.snapshot import Counts, Field, SeriesKey, Snapshot, counts_by_model, sum_series
+
+# What restarts as one: model name, engine, extra labels (see `_engine_of`).
+Engine = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
 def counter_increase(
@@ -73,7 +77,7 @@ class Accumulator:
         # every series of the engine last seen no later than that counts from zero too; a
         # series seen since (one skipped across the restart shows it a scrape late) keeps its
         # own evidence and is not counted twice.
-        bounds: dict[tuple, float] = {}
+        bounds: dict[Engine, float] = {}
         for key, value in usable.items():
             previous = self.last.get(key)
             if previous is not None and counter_increase(
@@ -184,7 +188,7 @@ class Accumulator:
         """Model names whose series this accumulator has seen."""
         return sorted({k.model_name for k in self.last})
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able state."""
         return {
             "last": [[_key_list(k), v, c] for k, (v, c) in self.last.items()],
@@ -203,7 +207,7 @@ class Accumulator:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> Accumulator:
+    def from_dict(cls, data: Mapping[str, Any]) -> Accumulator:
         """Inverse of `to_dict`."""
         return cls(
             last={_key_from(k): (v, c) for k, v, c in data["last"]},
@@ -222,16 +226,16 @@ class Accumulator:
         )
 
 
-def _engine_of(key: SeriesKey) -> tuple:
+def _engine_of(key: SeriesKey) -> Engine:
     """The series' engine: what restarts as one (per model and extra labels too)."""
     return key.model_name, key.engine, key.extra
 
 
-def _key_list(key: SeriesKey) -> list:
+def _key_list(key: SeriesKey) -> list[Any]:
     return [key.field.value, key.model_name, key.engine, key.position, [list(p) for p in key.extra]]
 
 
-def _key_from(data: list) -> SeriesKey:
+def _key_from(data: Sequence[Any]) -> SeriesKey:
     fld, model, engine, position, extra = data
     return SeriesKey(Field(fld), model, engine, position, tuple(tuple(p) for p in extra))
 

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -33,7 +34,7 @@ def make_app(
     config: Config,
     *,
     config_path: str | Path | None = None,
-    overrides: dict | None = None,
+    overrides: dict[str, Any] | None = None,
     clock: Callable[[], float] = time.time,
     scrape_loop: bool = True,
 ) -> web.Application:

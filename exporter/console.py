@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 _LABEL_WIDTH = 46
 
@@ -19,7 +20,7 @@ def _or_na(value: float | None, spec: str) -> str:
     return "N/A" if value is None else format(value, spec)
 
 
-def format_block(label: str, result: Mapping) -> str:
+def format_block(label: str, result: Mapping[str, Any]) -> str:
     """One RESULT as the console block titled `[label]` (host:port, or `all`)."""
     data = result.get("data") or {}
     rate, length = data.get("acceptance_rate"), data.get("acceptance_length")
@@ -43,9 +44,9 @@ def format_block(label: str, result: Mapping) -> str:
     return _frame(label, rows)
 
 
-def format_window(answer: Mapping, labels: Mapping[str, str] | None = None) -> str:
+def format_window(answer: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
     """Every target's block of a stopped window, then `all` when it covers two or more."""
-    results: Mapping = answer.get("results") or {}
+    results: Mapping[str, Any] = answer.get("results") or {}
     blocks = []
     for name, result in results.items():
         label = (labels or {}).get(name) or result.get("host_port") or name

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from exporter.snapshot import Counts
 
 
@@ -26,7 +28,7 @@ def position_ratios(counts: Counts) -> dict[int, float]:
     return {pos: counts.per_position[pos] / counts.drafts for pos in sorted(counts.per_position)}
 
 
-def result_data(counts: Counts) -> dict:
+def result_data(counts: Counts) -> dict[str, Any]:
     """The `data` part of an AISBench RESULT (rounded as AISBench rounds); needs drafts > 0."""
     ratio = acceptance_ratio(counts)
     length = acceptance_length(counts)

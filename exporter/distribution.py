@@ -9,8 +9,9 @@ by their isotonic (pool-adjacent-violators) fit, and the distribution says so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # Rates computed from float counters can exceed each other by rounding alone.
 _TOLERANCE = 1e-12
@@ -78,7 +79,7 @@ class Distribution:
         second = sum((2 * i + 1) * p for i, p in enumerate(self.rates))
         return max(second - self.mean**2, 0.0)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON shape: measured and used rates, P(X = j), mean, variance, the monotone flag."""
         return {
             "k": self.k,
@@ -110,7 +111,7 @@ def distribution(
     return Distribution(measured, fitted, False)
 
 
-def rates_from_mapping(per_position: dict) -> list[float]:
+def rates_from_mapping(per_position: Mapping[str, float] | Mapping[int, float]) -> list[float]:
     """Rates in numeric position order from {"0": p0, "1": p1, ...} (keys str or int).
 
     A missing position in the middle is a 0 rate: nothing was accepted there.

@@ -11,12 +11,14 @@ come from prometheus_client's collectors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
+from exporter.config import Config
 from exporter.derive import acceptance_length, acceptance_ratio, position_ratios
 from exporter.service import ExporterService, TargetState
 from exporter.snapshot import Counts
@@ -167,7 +169,7 @@ class MetricsWriter:
     def __init__(self, service: ExporterService, *, process_metrics: bool = True):
         self.service = service
         self._cache: dict[str, _TargetLines] = {}
-        self._last_key: tuple | None = None
+        self._last_key: tuple[dict[str, Any] | None, Config] | None = None
         self._last_lines: dict[Family, list[str]] = {}
         self._process = CollectorRegistry(auto_describe=False)
         if process_metrics:

@@ -10,8 +10,11 @@ from __future__ import annotations
 import zlib
 from types import ModuleType
 
+_fastest: ModuleType | None
 try:
-    from isal import isal_zlib as _fastest
+    from isal import isal_zlib
+
+    _fastest = isal_zlib
 except ImportError:  # pragma: no cover - depends on what is installed
     _fastest = None
 
@@ -34,7 +37,7 @@ def inflate(body: bytes, cap: int, *, gzip: bool = True, backend: str = BACKEND)
     module = BACKENDS[backend]
     inflater = module.decompressobj(31 if gzip else 15)
     try:
-        page = inflater.decompress(body, cap + 1)
+        page: bytes = inflater.decompress(body, cap + 1)
     except module.error as exc:
         raise InflateError(str(exc)) from None
     if len(page) > cap:

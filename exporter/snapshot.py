@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Field(StrEnum):
@@ -60,7 +60,7 @@ class Counts:
             per_pos,
         )
 
-    def as_raw(self) -> dict:
+    def as_raw(self) -> dict[str, Any]:
         """The counters as AISBench's `raw` dump names them, positions in numeric order."""
         return {
             Field.DRAFTS.value: self.drafts,
@@ -70,7 +70,7 @@ class Counts:
         }
 
     @classmethod
-    def from_raw(cls, raw: Mapping) -> Counts:
+    def from_raw(cls, raw: Mapping[str, Any]) -> Counts:
         """Inverse of `as_raw`."""
         return cls(
             float(raw.get(Field.DRAFTS.value, 0.0)),

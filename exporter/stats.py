@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 from statistics import NormalDist
+from typing import Any
 
 CONFIDENCE = 0.95
 Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)  # 1.959963984540054
@@ -40,7 +41,7 @@ class Estimate:
     high: float | None = None
     se: float | None = None  # standard error, for normal intervals (differences need it)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON shape: value, low, high."""
         return {"value": self.value, "low": self.low, "high": self.high}
 
@@ -85,7 +86,7 @@ def normal_difference(a: Estimate, b: Estimate, z: float = Z) -> Estimate:
 def newcombe_difference(a: Estimate, b: Estimate) -> Estimate:
     """B - A for two independent proportions from their Wilson intervals (Newcombe 1998, #10)."""
     diff = b.value - a.value
-    if None in (a.low, a.high, b.low, b.high):
+    if a.low is None or a.high is None or b.low is None or b.high is None:
         return Estimate(diff)
     low = diff - math.hypot(b.value - b.low, a.high - a.value)
     high = diff + math.hypot(b.high - b.value, a.value - a.low)

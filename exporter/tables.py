@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from exporter.stats import ASSUMPTION
 
@@ -14,7 +15,7 @@ def _spec(metric: str) -> str:
     return _FORMATS.get(metric, ".4f")
 
 
-def _value(estimate: Mapping, spec: str, signed: bool = False) -> str:
+def _value(estimate: Mapping[str, Any], spec: str, signed: bool = False) -> str:
     sign = "+" if signed else ""
     text = format(estimate["value"], sign + spec)
     if estimate.get("low") is None:
@@ -27,7 +28,7 @@ def _drafts(value: float | None) -> str:
     return "?" if value is None else f"{value:.0f}"
 
 
-def format_entry(name: str, entry: Mapping) -> list[str]:
+def format_entry(name: str, entry: Mapping[str, Any]) -> list[str]:
     """One target's (or the aggregate's) comparison as table lines."""
     lines = [f"[{name}]  A: {_drafts(entry.get('a_drafts'))} drafts, "
              f"B: {_drafts(entry.get('b_drafts'))} drafts"]
@@ -48,7 +49,7 @@ def format_entry(name: str, entry: Mapping) -> list[str]:
     return lines
 
 
-def format_comparison(body: Mapping) -> str:
+def format_comparison(body: Mapping[str, Any]) -> str:
     """The whole `compare` console output."""
     lines = [f"A: {body['a']}", f"B: {body['b']}", ASSUMPTION + ".", ""]
     for name, entry in body["targets"].items():
@@ -71,7 +72,7 @@ def format_comparison(body: Mapping) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def format_advice(name: str, advice: Mapping | None) -> str:
+def format_advice(name: str, advice: Mapping[str, Any] | None) -> str:
     """One target's advisor table."""
     title = f"========== Speculation advisor  [{name}] =========="
     lines = [title]
@@ -112,7 +113,7 @@ def format_advice(name: str, advice: Mapping | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_window_advice(label: str, body: Mapping) -> str:
+def format_window_advice(label: str, body: Mapping[str, Any]) -> str:
     """Every target's advisor table, then the aggregate's when there are two or more."""
     parts = [f"window: {label}\n"]
     results = body["results"]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from exporter.accounting import LiveTrack
 from exporter.derive import acceptance_length, acceptance_ratio, position_ratios
 from exporter.service import TargetState
 
 
-def target_view(state: TargetState, live: LiveTrack, now: float) -> dict:
+def target_view(state: TargetState, live: LiveTrack, now: float) -> dict[str, Any]:
     """One target: health, last error, counters and live figures."""
     last = state.last
     snapshot = last.snapshot if last is not None else None

@@ -7,6 +7,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from exporter.accounting import Accumulator
 from exporter.errors import RequestError
@@ -67,7 +68,7 @@ class Window:
     # Per target, (at, drafts, draft tokens, accepted) increased since the baseline, per scrape.
     # Saved with the closed window only: an open window's is rebuilt from its restore on.
     series: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
-    answer: dict | None = None
+    answer: dict[str, Any] | None = None
 
     @property
     def is_open(self) -> bool:
@@ -102,7 +103,7 @@ class Window:
         times = [a.last_at for a in self.accumulators.values() if a.last_at is not None]
         return max(times, default=self.started_at)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """The start answer: id, name, targets, started_at (and labels)."""
         return {
             "id": self.id,
@@ -112,7 +113,7 @@ class Window:
             "started_at": self.started_at,
         }
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """The GET answer: the stop answer once stopped, else the open state."""
         if self.answer is not None:
             return self.answer
@@ -123,7 +124,7 @@ class Window:
             "errors": dict(self.last_errors),
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able durable state."""
         return {
             "id": self.id,
@@ -147,7 +148,7 @@ class Window:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> Window:
+    def from_dict(cls, data: Mapping[str, Any]) -> Window:
         """Inverse of `to_dict`."""
         return cls(
             id=data["id"],
