@@ -1,8 +1,10 @@
 """Pure comparison of two runs' RESULTs: per metric A, B, B - A with 95% intervals, a verdict.
 
 Metrics: `acceptance_rate` (percent), `acceptance_length`, `position_<i>` (0..1). Every one is
-better when higher. Regression gates (`acceptance_length=2%`) trip when B is significantly
-worse than A (the interval of B - A is below 0) and the drop is larger than the limit.
+better when higher. A regression gate (`acceptance_length=2%`) trips when B is worse than A by
+more than the limit with 95% confidence: even the interval's end nearest to no change loses
+more than the limit. A difference that is merely significant, or merely large, does not trip
+it: a CI gate that cried wolf on noise would soon be switched off.
 """
 
 from __future__ import annotations
@@ -190,7 +192,7 @@ class GateError(ExporterError):
 
 @dataclass(frozen=True)
 class Gate:
-    """`METRIC=LIMIT`: trip when B is significantly worse than A by more than LIMIT."""
+    """`METRIC=LIMIT`: trip when B is worse than A by more than LIMIT with 95% confidence."""
 
     metric: str
     limit: float
@@ -207,11 +209,17 @@ class Gate:
             return (a - b) / abs(a) * 100
         return a - b
 
+    def least_drop(self, row: Mapping) -> float | None:
+        """The smallest drop the 95% interval of B - A allows; None without an interval."""
+        high = row["difference"].get("high")
+        if high is None:
+            return None
+        return self.drop(row["a"]["value"], row["a"]["value"] + high)
+
     def trips(self, row: Mapping) -> bool:
         """Whether this comparison row breaks the gate."""
-        if row["verdict"] != Verdict.WORSE:
-            return False
-        return self.drop(row["a"]["value"], row["b"]["value"]) > self.limit
+        least = self.least_drop(row)
+        return row["verdict"] == Verdict.WORSE and least is not None and least > self.limit
 
 
 def parse_gate(text: str) -> Gate:
@@ -247,6 +255,7 @@ def apply_gates(comparison: dict, gates: list[Gate]) -> dict:
                     checks.append({
                         "gate": str(gate), "target": name,
                         "drop": gate.drop(row["a"]["value"], row["b"]["value"]),
+                        "least_drop": gate.least_drop(row),
                         "verdict": row["verdict"], "tripped": gate.trips(row),
                     })
     return comparison | {"gates": checks, "tripped": any(c["tripped"] for c in checks)}

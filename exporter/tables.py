@@ -65,8 +65,10 @@ def format_comparison(body: Mapping[str, Any]) -> str:
         if check["verdict"] == "unknown":
             lines.append(f"SKIP {check['gate']} [{check['target']}]: no interval to test")
         if check["tripped"]:
+            unit = "%" if check["gate"].endswith("%") else ""
             lines.append(f"FAIL {check['gate']} [{check['target']}]: B is worse by "
-                         f"{check['drop']:.4g}{'%' if check['gate'].endswith('%') else ''}")
+                         f"{check['drop']:.4g}{unit}, at least {check['least_drop']:.4g}{unit} "
+                         "with 95% confidence")
     if body.get("gates"):
         lines.append("gates: tripped" if body.get("tripped") else "gates: passed")
     return "\n".join(lines).rstrip("\n") + "\n"

@@ -119,11 +119,16 @@ class TestGates:
     @pytest.mark.parametrize(
         ("gate", "tripped"),
         [
-            ("acceptance_length=2%", True),  # drop 0.3 / 2.5 = 12% > 2%
-            ("acceptance_length=15%", False),
-            ("acceptance_length=0.25", True),  # absolute drop 0.3
-            ("acceptance_length=0.5", False),
-            ("position_2=0.05", True),  # 0.2 -> 0.1
+            # B - A = -0.3, interval high -0.3 + 1.96 * 0.044833 = -0.21213: the drop is
+            # at least 0.21213, 8.485% of A's 2.5.
+            ("acceptance_length=2%", True),
+            ("acceptance_length=8.4%", True),
+            ("acceptance_length=8.6%", False),
+            ("acceptance_length=10%", False),  # the point drop (12%) alone does not trip
+            ("acceptance_length=0.21", True),
+            ("acceptance_length=0.22", False),
+            ("position_2=0.05", True),  # 0.2 -> 0.1: Newcombe's high is -0.0689
+            ("position_2=0.07", False),
             ("position_7=0", False),  # no such position: nothing to trip
         ],
     )
