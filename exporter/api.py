@@ -189,8 +189,10 @@ async def ready(request: web.Request) -> web.Response:
 
 async def reload(request: web.Request) -> web.Response:
     """Re-read the config file; an invalid one is refused and the old one keeps serving."""
+    from exporter.app import reload_config  # app imports this module
+
     try:
-        config = request.app[SERVICE].reload()
+        config = await reload_config(request.app[SERVICE])
     except ConfigError as exc:
         return error_response(400, str(exc), problems=exc.problems)
     return web.json_response({"status": "reloaded", "targets": len(config.targets)})

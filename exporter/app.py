@@ -22,7 +22,8 @@ from exporter.api import (
     body_limit_middleware,
     errors_middleware,
 )
-from exporter.config import Config
+from exporter.config import Config, load_config
+from exporter.errors import ConfigError
 from exporter.exposition import MetricsWriter
 from exporter.scrape import Scraper, make_session
 from exporter.service import ExporterService
@@ -74,3 +75,20 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
             service.close()
 
     return lifecycle
+
+
+async def reload_config(service: ExporterService) -> Config:
+    """`POST /-/reload` and SIGHUP: read and check the file off the loop, then swap it in.
+
+    Reading and validating a 1 MiB config takes seconds of pure Python; on the loop, /metrics
+    and every window call would wait for it.
+    """
+    if service.config_path is None:
+        return service.reload()  # says why there is nothing to reload
+    try:
+        config = await asyncio.to_thread(load_config, service.config_path, service.overrides)
+    except ConfigError:
+        service.reload_ok = False
+        service.generation += 1
+        raise
+    return service.reload(config)

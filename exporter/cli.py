@@ -68,7 +68,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     from exporter.config import load_config
 
     try:
-        config = load_config(args.file)
+        config = load_config(args.file, allow_empty=args.allow_empty)
     except ConfigError as exc:
         for problem in exc.problems:
             print(problem)
@@ -87,7 +87,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     path = _config_path(args.config)
     try:
         overrides = env_overrides()
-        config = load_config(path, overrides)
+        # At start an empty config is allowed (a Helm install before any target is set);
+        # a reload to one is refused.
+        config = load_config(path, overrides, allow_empty=True)
     except ConfigError as exc:
         for problem in exc.problems:
             print(f"{path}: {problem}", file=sys.stderr)
@@ -97,7 +99,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     async def on_startup(app: web.Application) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, _reload_on_signal, app[SERVICE])
+        reloads: set[asyncio.Task] = set()  # held until done: the loop keeps weak references
+
+        def on_hup() -> None:
+            task = asyncio.ensure_future(_reload_on_signal(app[SERVICE]))
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
 
     app.on_startup.append(on_startup)
     host, _, port = config.listen.rpartition(":")
@@ -111,9 +120,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _reload_on_signal(service) -> None:
+async def _reload_on_signal(service) -> None:
+    from exporter.app import reload_config
+
     try:
-        service.reload()
+        await reload_config(service)
     except ConfigError as exc:
         log.error("config reload refused problems=%s", "; ".join(exc.problems))
 
@@ -319,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check-config", help="validate a config file")
     check.add_argument("file")
+    check.add_argument("--allow-empty", action="store_true",
+                       help="accept a file with no targets and no discovery")
     check.set_defaults(func=cmd_check_config)
 
     demo = sub.add_parser("demo", help="simulated servers plus the exporter, no network needed")

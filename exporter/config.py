@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -26,11 +27,19 @@ from exporter.text import TextError, clean_tree
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
 _UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEFAULT_MAX_TARGETS = 10_000
 _RESERVED_LABELS = {"target", "model_name", "position", "engine", "le", "quantile"}
 
 
+# A config is read whole and parsed on every reload: 1 MiB holds ~10,000 static targets (the
+# default max_targets) with room to spare; fleets larger than that belong in file_sd/http_sd.
+MAX_CONFIG_BYTES = 1024 * 1024
+# Longer than a week is a typo (h for m, a stray zero); asyncio's timers misbehave near inf.
+MAX_DURATION = 7 * 24 * 3600.0
+
+
 def parse_duration(value: Any) -> float:
-    """`250ms`, `5s`, `1m`, `1h` or a number of seconds -> seconds; must be positive."""
+    """`250ms`, `5s`, `1m`, `1h` or a number of seconds -> seconds; finite, positive, <= 7d."""
     if isinstance(value, bool):
         raise ValueError("must be a duration like 250ms, 5s or 1m")
     if isinstance(value, int | float):
@@ -39,8 +48,12 @@ def parse_duration(value: Any) -> float:
         seconds = float(match.group(1)) * _UNIT[match.group(2)]
     else:
         raise ValueError(f"must be a duration like 250ms, 5s or 1m, not {value!r}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"must be a finite duration, not {value!r}")
     if seconds <= 0:
         raise ValueError("must be greater than 0")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"must be at most 7 days ({MAX_DURATION:g}s), not {seconds:g}s")
     return seconds
 
 
@@ -228,6 +241,9 @@ class Config(_Strict):
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     scrape_concurrency: int = Field(default=64, ge=1, le=10000)
     max_open_windows: int = Field(default=1000, ge=1)
+    # Static plus discovered. Every target costs state, a scrape per interval and lines on
+    # /metrics (~40 us each): past ~10,000 one exporter misses its beat; shard instead.
+    max_targets: int = Field(default=DEFAULT_MAX_TARGETS, ge=1)
     shards: int = Field(default=1, ge=1)
     shard_index: int = Field(default=0, ge=0)
     auth: AuthConfig = AuthConfig()
@@ -301,10 +317,19 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top): must be a mapping of keys"])
+    targets = data.get("targets")
+    limit = data.get("max_targets", DEFAULT_MAX_TARGETS)
+    if isinstance(targets, list) and isinstance(limit, int) and len(targets) > limit:
+        # Before validating them: 100,000 targets take seconds and hundreds of MB to build.
+        raise ConfigError(source, [
+            f"targets: {len(targets)} targets is over max_targets ({limit}); raise "
+            "max_targets if this is meant, or split the targets over shards"])
     try:
         data = clean_tree(data)
     except TextError as exc:
         raise ConfigError(source, [str(exc)]) from None
+    except RecursionError:
+        raise ConfigError(source, ["(top): nested too deeply"]) from None
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
@@ -325,13 +350,31 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
     return config
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> Config:
-    """Read and validate a YAML config file; `overrides` (top-level keys) win over the file's."""
+def load_config(
+    path: str | Path, overrides: dict | None = None, *, allow_empty: bool = False
+) -> Config:
+    """Read and validate a YAML config file; `overrides` (top-level keys) win over the file's.
+
+    A file with no targets and no discovery is refused unless `allow_empty`: an editor that
+    truncates before it writes, or a ConfigMap caught mid-update, would otherwise drop every
+    target and close every open window as N/A.
+    """
     source = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(source, [f"(file): cannot read: {exc.strerror or exc}"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(source, [
+            f"(file): over {MAX_CONFIG_BYTES} bytes (1 MiB); put large target lists in "
+            "file_sd or http_sd"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [
+            f"(file): not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+        ]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -339,6 +382,22 @@ def load_config(path: str | Path, overrides: dict | None = None) -> Config:
         where = f"line {mark.line + 1}" if mark else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(source, [f"(yaml): invalid YAML at {where}: {problem}"]) from None
+    except RecursionError:
+        raise ConfigError(source, ["(yaml): nested too deeply to read"]) from None
     if overrides and (data is None or isinstance(data, dict)):
         data = (data or {}) | overrides
-    return validate_config(data, source)
+    config = validate_config(data, source)
+    if not allow_empty and not (config.targets or config.file_sd or config.http_sd):
+        problem = "(file): empty" if not raw.strip() else "targets: no targets and no discovery"
+        raise ConfigError(source, [
+            f"{problem}: refused so that a file caught mid-write does not drop every target "
+            "(check-config --allow-empty accepts it)"])
+    return config
+
+
+def check_reload(old: Config, new: Config, source: str) -> None:
+    """What a reload cannot change while we run: `ConfigError` saying so."""
+    if new.listen != old.listen:
+        raise ConfigError(source, [
+            f"listen: changed from {old.listen} to {new.listen}: the listening socket is "
+            "bound at start, restart the exporter to move it"])

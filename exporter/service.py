@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exporter.accounting import LiveTrack
-from exporter.config import Config, TargetConfig, load_config
+from exporter.config import Config, TargetConfig, check_reload, load_config
 from exporter.discovery import Discovery
 from exporter.errors import RequestError, StoreError, UnknownTargetError, UnknownWindowError
 from exporter.results import window_answer
@@ -117,12 +117,15 @@ class ExporterService:
         for track in self.live.values():
             track.span = config.live_window
 
-    def reload(self) -> Config:
-        """Re-read the config file; keep the old config if the new one is invalid."""
+    def reload(self, config: Config | None = None) -> Config:
+        """Re-read the config file (or take `config`, read off the loop); keep the old one if
+        the new one is invalid or changes what needs a restart."""
         if self.config_path is None:
             raise RequestError("no config file to reload", status=409)
         try:
-            config = load_config(self.config_path, self.overrides)
+            if config is None:
+                config = load_config(self.config_path, self.overrides)
+            check_reload(self.config, config, str(self.config_path))
         except Exception:
             self.reload_ok = False
             self.generation += 1

@@ -107,7 +107,7 @@ class TestValidFiles:
     def test_empty_file_is_all_defaults(self, tmp_path):
         path = tmp_path / "empty.yaml"
         path.write_text("")
-        config = load_config(path)
+        config = load_config(path, allow_empty=True)
         assert config.targets == [] and config.listen == "127.0.0.1:9400"
         assert config.max_response_bytes == 16 * 1024 * 1024
 
