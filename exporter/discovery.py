@@ -144,6 +144,13 @@ class Discovery:
             del self.sources[gone]
         return self.targets() != before
 
+    def _bounded(self, targets: list[TargetConfig], source: str) -> list[TargetConfig]:
+        # A source gone wild (a generator loop, a wrong glob) keeps its last good list.
+        if len(targets) > self.config.max_targets:
+            raise DiscoveryError(f"{source}: {len(targets)} targets is over max_targets "
+                                 f"({self.config.max_targets})")
+        return targets
+
     def _refresh_file(self, path: Path) -> None:
         source = self.sources.setdefault(str(path), _Source())
         try:
@@ -156,7 +163,7 @@ class Discovery:
         source.stamp = stamp
         refused: list[str] = []
         try:
-            source.targets = read_sd_file(path, refused)
+            source.targets = self._bounded(read_sd_file(path, refused), str(path))
             source.error = "; ".join(refused) or None
         except DiscoveryError as exc:
             source.error = str(exc)
@@ -182,7 +189,7 @@ class Discovery:
             except ValueError as exc:
                 raise DiscoveryError(f"{sd.url}: not valid JSON: {exc}") from None
             refused: list[str] = []
-            source.targets = targets_from_document(data, sd.url, refused)
+            source.targets = self._bounded(targets_from_document(data, sd.url, refused), sd.url)
             source.error = "; ".join(refused) or None
         except DiscoveryError as exc:
             source.error = str(exc)

@@ -190,3 +190,17 @@ class TestHugeReloads:
         # Were the reading and checking on the loop, no /metrics answer could come before the
         # reload's (they would queue behind it); off the loop, they keep coming.
         assert answered >= 5, answered
+
+    async def test_a_discovery_source_over_max_targets_keeps_its_last_list(
+        self, exporter, target, tmp_path
+    ):
+        sd = tmp_path / "sd.json"
+        sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{target.port}"]}]))
+        exp = await exporter({"max_targets": 20, "file_sd": [{"files": [str(sd)]}]})
+        await exp.round()
+        assert list(exp.service.targets) == [f"127.0.0.1:{target.port}"]
+        sd.write_text(json.dumps([{"targets": [f"10.0.0.{i}:1" for i in range(21)]}]))
+        await exp.round()
+        assert list(exp.service.targets) == [f"127.0.0.1:{target.port}"]
+        errors = list(exp.service.discovery.errors().values())
+        assert errors == [f"{sd}: 21 targets is over max_targets (20)"]
