@@ -66,6 +66,9 @@ GRAFANA_SUBSTITUTIONS = {
     "$__interval": "15s",
     "$target": ".*",
     "$model_name": ".*",
+    "$job": "specdec-exporter",
+    "$instance": ".*",
+    "$cluster": ".*",
 }
 
 
@@ -161,9 +164,53 @@ class TestDashboard:
             if "expr" in a:
                 assert a["datasource"] == DS, a["name"]
 
+    def test_every_selector_is_scoped_to_one_deployment(self):
+        """Two deployments (jobs) or clusters in one Prometheus never merge on a panel."""
+        for where, expr in _dashboard_exprs(_dashboard()):
+            selectors = re.findall(r"specdec_\w+(\{[^}]*\})?", expr)
+            assert selectors, where
+            for sel in selectors:
+                assert sel and 'job=~"$job"' in sel and 'instance=~"$instance"' in sel, (
+                    where, expr)
+                if "target=~" in sel:
+                    assert 'cluster=~"$cluster"' in sel, (where, expr)
+        variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
+        assert variables["job"]["multi"] is False and variables["job"]["includeAll"] is False
+
+    def test_per_position_panels_sort_positions_as_numbers(self):
+        """Zero-padded positions (00..15), and range queries (matrix results come sorted)."""
+        for p in _panels(_dashboard()):
+            for t in p.get("targets", []):
+                if "per_position" not in t["expr"] or p["type"] == "table":
+                    continue
+                assert t["expr"].startswith("label_replace("), p["title"]
+                assert t["expr"].endswith('"position", "0$1", "position", "([0-9])")'), p["title"]
+                assert not t.get("instant"), p["title"]
+
+    def test_fleet_position_ratio_divides_by_drafts_of_targets_drafting_it(self):
+        for p in _panels(_dashboard()):
+            for t in p.get("targets", []):
+                if "per_position" in t["expr"] and "drafts_total" in t["expr"]:
+                    assert "group_right ()" in t["expr"], p["title"]
+                    assert "ignoring (position)" not in t["expr"], p["title"]
+
+    def test_units_and_down_colours(self):
+        panels = {p["title"]: p for p in _panels(_dashboard())}
+        assert panels["Accepted tokens / s"]["fieldConfig"]["defaults"]["unit"] == (
+            "suffix: tokens/s")
+        assert panels["Draft acceptance rate"]["fieldConfig"]["defaults"]["unit"] == (
+            "percentunit")
+        health = panels["Targets up / down"]
+        (override,) = health["fieldConfig"]["overrides"]
+        assert override["matcher"]["options"] == "down"
+        steps = next(p["value"]["steps"] for p in override["properties"]
+                     if p["id"] == "thresholds")
+        assert steps[-1] == {"color": "red", "value": 1}
+        assert health["options"]["colorMode"] == "background"
+
     def test_label_variables(self):
         variables = {v["name"]: v for v in _dashboard()["templating"]["list"]}
-        for name in ("target", "model_name"):
+        for name in ("job", "instance", "cluster", "target", "model_name"):
             v = variables[name]
             assert v["type"] == "query" and v["datasource"] == DS
             query = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]

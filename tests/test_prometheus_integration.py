@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -44,15 +45,16 @@ TRAFFIC_SECONDS = 10.0
 # evaluation by up to one interval (hash-slotted): its records may take ~60 s to appear, and
 # the first evaluation that sees live counters up to 60 s after they reached Prometheus.
 BASELINE_GROUP_WAIT = 70.0
-# Fake servers: name -> fake-vllm arguments. Different k, one with two engines, k > 10 so
-# position "10" exists.
+# Fake servers: name -> fake-vllm arguments. Different k, one with two engines, k = 12 so
+# positions "10" and "11" exist (text order would put them before "2").
 FAKES = {
     "k5": ["--k", "5", "--acceptance", "0.8", "--drafts-per-second", "30", "--seed", "1"],
     "k3dp2": ["--k", "3", "--engines", "2", "--acceptance", "0.6", "--drafts-per-second", "30",
               "--model-name", "fake/qwen-7b", "--seed", "2"],
-    # Acceptance 0.7 at k=11: positions 9 and 10 accept nothing (p ~ 3e-9 per draft).
-    "k11": ["--k", "11", "--acceptance", "0.7", "--drafts-per-second", "20", "--seed", "3"],
+    # Acceptance 0.7 at k=12: positions 9 to 11 accept nothing (p ~ 3e-9 per draft).
+    "k12": ["--k", "12", "--acceptance", "0.7", "--drafts-per-second", "20", "--seed", "3"],
 }
+CLUSTER = "it-east"  # a target label the dashboard's cluster variable must find
 DOWN = "down"  # a target on a closed port: target_up 0, scrape errors growing
 # Synthetic history for the day-before baseline: these counters end HISTORY_END_AGO seconds
 # ago, inside rate30m's range but outside every 5m / 1m range the other checks use.
@@ -235,7 +237,7 @@ def stack(tmp_path_factory):
         "auth": {"token_env": "SPECDEC_TOKEN"},
         "targets": [
             *({"name": name, "url": f"http://127.0.0.1:{ports[name]}/metrics",
-               "labels": {"pool": "it"}} for name in FAKES),
+               "labels": {"pool": "it", "cluster": CLUSTER}} for name in FAKES),
             {"name": DOWN, "url": f"http://127.0.0.1:{ports[DOWN]}/metrics"},
         ],
     }, sort_keys=False))
@@ -327,12 +329,14 @@ def _panel_queries() -> list[tuple[str, str]]:
 def _substitute(expr: str, target_regex: str) -> str:
     values = {
         "target": target_regex, "model_name": ".*", "__rate_interval": "1m",
+        "job": JOB, "instance": ".*", "cluster": ".*",
         "__interval": "15s", "__range": "5m", "datasource": "prometheus",
     }
     # Longest names first: $__range must not eat the start of $__rate_interval.
     for name in sorted(values, key=len, reverse=True):
         expr = expr.replace("${" + name + "}", values[name]).replace("$" + name, values[name])
-    assert "$" not in expr, f"unsubstituted variable in {expr!r}"
+    # `$1` is label_replace's capture group, not a dashboard variable.
+    assert not re.search(r"\$[A-Za-z_{]", expr), f"unsubstituted variable in {expr!r}"
     return expr
 
 
@@ -406,12 +410,19 @@ class TestAgainstRealPrometheus:
 
     def test_dashboard_variables_and_annotations(self, stack):
         templating = {v["name"]: v for v in _dashboard()["templating"]["list"]}
-        assert "label_values(specdec_target_up, target)" in templating["target"]["definition"]
-        targets = stack.api_get("label/target/values", **{"match[]": "specdec_target_up"})
-        assert set(targets) == set(stack.targets)
-        match = _substitute('specdec_drafts_total{target=~"$target"}', stack.target_regex)
-        models = stack.api_get("label/model_name/values", **{"match[]": match})
-        assert set(models) == {"fake/llama-3-8b", "fake/qwen-7b"}
+        expected = {
+            "job": {JOB},
+            "instance": {stack.exporter_url.removeprefix("http://")},
+            "cluster": {CLUSTER},
+            "target": set(stack.targets),
+            "model_name": {"fake/llama-3-8b", "fake/qwen-7b"},
+        }
+        for name, values in expected.items():
+            query = templating[name]["definition"]
+            match, label = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query).groups()
+            got = stack.api_get(f"label/{label}/values",
+                                **{"match[]": _substitute(match, stack.target_regex)})
+            assert set(got) == values, (name, got)
         # Annotations are range queries over the dashboard's time span: the window's.
         start = stack.window_started - 5
         for annotation in _dashboard()["annotations"]["list"]:
@@ -487,14 +498,46 @@ class TestAgainstRealPrometheus:
         assert abs(info - stack.window_stopped) <= 1e-3, (info, stack.window_stopped)
 
     def test_last_window_reports_every_draft_position(self, stack):
-        # k11's server exposes all 11 position counters; positions 9 and 10 stay at 0 in the
+        # k12's server exposes all 12 position counters; positions 9 to 11 stay at 0 in the
         # window and must read 0, not vanish (fixed in e49b035), in numeric order.
-        rates = stack.window["results"]["k11"]["data"]["per_position_acceptance_rates"]
+        rates = stack.window["results"]["k12"]["data"]["per_position_acceptance_rates"]
         gauges = {r["metric"]["position"]: float(r["value"][1]) for r in stack.query(
-            'specdec_last_window_position_acceptance_ratio{target="k11"}')}
-        assert list(rates) == [str(i) for i in range(11)], rates
-        assert rates["10"] == 0.0 and gauges.get("10") == 0.0, gauges
-        assert len(gauges) == 11
+            'specdec_last_window_position_acceptance_ratio{target="k12"}')}
+        assert list(rates) == [str(i) for i in range(12)], rates
+        assert rates["11"] == 0.0 and gauges.get("11") == 0.0, gauges
+        assert len(gauges) == 12
+
+    def test_per_position_panels_come_in_numeric_order(self, stack):
+        """What Grafana gets for each per-position panel: series in order 0, 1, ..., 10, 11."""
+        checked = []
+        end = time.time()
+        for title, expr in _panel_queries():
+            if "per_position" not in expr or title.startswith(("Last window", "Live")):
+                continue  # the tables convert the column to a number and sort by it
+            promql = _substitute(expr, stack.target_regex)
+            result = _wait_for(f"{title} over a minute", lambda q=promql: stack.query_range(
+                q, end - 60, end, "5s"), 20)
+            order = [r["metric"]["position"] for r in result]
+            assert [int(p) for p in order] == list(range(12)), (title, order)
+            checked.append(title)
+        assert len(checked) == 3, checked  # time series, bar gauge, heatmap
+
+    def test_fleet_position_divides_by_the_drafts_of_targets_drafting_it(self, stack):
+        """Mixed k: position 3 is drafted by k5 and k12, not by k3dp2 (k=3: positions 0-2)."""
+        (title, expr), = [(t, e) for t, e in _panel_queries()
+                          if t.startswith("Acceptance rate by draft position")]
+        at = f"{time.time() - 2:.3f}"
+        fleet = {r["metric"]["position"]: float(r["value"][1]) for r in stack.query(
+            _substitute(expr, stack.target_regex), at)}
+        own = _one(stack.query(
+            'sum(rate(specdec_accepted_tokens_per_position_total{target=~"k5|k12",position="3"}'
+            '[1m])) / sum(rate(specdec_drafts_total{target=~"k5|k12"}[1m]))', at),
+            "position 3 over the drafts of k5 and k12")
+        assert own > 0 and _close(fleet["03"], own), (fleet, own)
+        diluted = _one(stack.query(
+            'sum(rate(specdec_accepted_tokens_per_position_total{position="3"}[1m]))'
+            ' / sum(rate(specdec_drafts_total[1m]))', at), "position 3 over all drafts")
+        assert diluted < fleet["03"] * 0.95, (fleet["03"], diluted)
 
     def test_fleet_recording_rule_equals_direct_query(self, stack):
         """At one rule evaluation time, the recorded fleet ratio equals the ratio of sums.
