@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from html import escape
+from typing import Any
 
 from exporter.advise import window_advice
 
@@ -42,7 +43,7 @@ def distribution_bars(probabilities: Mapping[str, float], width: int = 260,
     return "".join(parts)
 
 
-def advice_table(advice: Mapping) -> str:
+def advice_table(advice: Mapping[str, Any]) -> str:
     """The advisor table: k', L(k'), S(k') per draft cost, best per cost in bold."""
     costs = list(advice["best"])
     head = "".join(f"<th>S, c={escape(c)}</th>" for c in costs)
@@ -73,7 +74,7 @@ def advice_table(advice: Mapping) -> str:
     )
 
 
-def advice_section(name: str, advice: Mapping | None) -> str:
+def advice_section(name: str, advice: Mapping[str, Any] | None) -> str:
     """One target's (or the aggregate's) distribution bars and advisor table."""
     title = f"<h3>{escape(name)}</h3>"
     if advice is None or advice.get("error"):
@@ -88,7 +89,7 @@ def advice_section(name: str, advice: Mapping | None) -> str:
     )
 
 
-def window_advice_html(answer: Mapping) -> str:
+def window_advice_html(answer: Mapping[str, Any]) -> str:
     """The advice part of a stopped window's page (empty for an open window)."""
     if answer.get("results") is None:
         return ""

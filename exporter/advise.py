@@ -12,12 +12,30 @@ them to 2k, and every such row is marked as an estimate.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 from exporter.distribution import Distribution, distribution, rates_from_mapping
 
 DEFAULT_COSTS = (0.0, 0.05, 0.1, 0.25)
 TAIL_FIT = "least squares of log p_i on i over the measured positions with p_i > 0"
+
+
+class AdviceRow(TypedDict):
+    """One k' of the advisor table: L, and S per draft cost key."""
+
+    k: int
+    length: float
+    estimate: bool  # past the measured k: rates from the tail fit
+    speedup: dict[str, float]
+
+
+class Best(TypedDict):
+    """The best k' for one draft cost."""
+
+    k: int
+    speedup: float
+    estimate: bool
 
 
 def expected_length(rates: Sequence[float], k: int) -> float:
@@ -69,7 +87,7 @@ def cost_key(cost: float) -> str:
     return format(cost, "g")
 
 
-def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict:
+def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict[str, Any]:
     """The advisor table: per k' = 1..2k, L and S per cost; the best k' per cost.
 
     k' = 0 (no speculation, S = 1) is a candidate too: with a costly drafter it can win.
@@ -78,7 +96,7 @@ def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict:
     if k == 0:
         return {"k": 0, "error": "no per-position rates: the advisor needs them"}
     rates, ratio = extended_rates(dist.rates, 2 * k)
-    rows = []
+    rows: list[AdviceRow] = []
     for kk in range(1, 2 * k + 1):
         length = expected_length(rates, kk)
         rows.append({
@@ -87,10 +105,10 @@ def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict:
             "estimate": kk > k,
             "speedup": {cost_key(c): speedup(length, c, kk) for c in costs},
         })
-    best = {}
+    best: dict[str, Best] = {}
     for c in costs:
         key = cost_key(c)
-        top = {"k": 0, "speedup": 1.0, "estimate": False}
+        top: Best = {"k": 0, "speedup": 1.0, "estimate": False}
         for row in rows:
             if row["speedup"][key] > top["speedup"] + 1e-12:
                 top = {"k": row["k"], "speedup": row["speedup"][key], "estimate": row["estimate"]}
@@ -107,7 +125,7 @@ def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict:
     }
 
 
-def result_rates(result: dict | None) -> list[float] | None:
+def result_rates(result: Mapping[str, Any] | None) -> list[float] | None:
     """Per-position rates of one RESULT (ours or AISBench's); None when it has none."""
     if not result or result.get("status") != "ok":
         return None
@@ -123,13 +141,17 @@ def result_rates(result: dict | None) -> list[float] | None:
     return rates or None
 
 
-def result_advice(result: dict | None, costs: Sequence[float] = DEFAULT_COSTS) -> dict | None:
+def result_advice(
+    result: Mapping[str, Any] | None, costs: Sequence[float] = DEFAULT_COSTS
+) -> dict[str, Any] | None:
     """The advisor table of one RESULT; None when it has no per-position rates."""
     rates = result_rates(result)
     return None if rates is None else advice(distribution(rates), costs)
 
 
-def window_advice(answer: dict, costs: Sequence[float] = DEFAULT_COSTS) -> dict:
+def window_advice(
+    answer: Mapping[str, Any], costs: Sequence[float] = DEFAULT_COSTS
+) -> dict[str, Any]:
     """`advice` of a stop answer: per target (None without rates) and for the aggregate."""
     return {
         "draft_costs": [float(c) for c in costs],

@@ -13,6 +13,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from exporter.distribution import distribution, rates_from_mapping
 from exporter.errors import ExporterError
@@ -46,7 +47,7 @@ class Sample:
     acceptance_length: float | None
 
 
-def sample(result: Mapping | None) -> Sample | None:
+def sample(result: Mapping[str, Any] | None) -> Sample | None:
     """The numbers of an `ok` RESULT, ours or AISBench's; None for N/A."""
     if not result or result.get("status") != "ok" or not result.get("data"):
         return None
@@ -128,7 +129,7 @@ def metric_estimates(s: Sample) -> tuple[dict[str, Estimate], list[str]]:
     return estimates, notes
 
 
-def compare_samples(a: Sample, b: Sample) -> dict:
+def compare_samples(a: Sample, b: Sample) -> dict[str, Any]:
     """One comparison entry: per metric present in both, A, B, B - A and the verdict."""
     ea, notes_a = metric_estimates(a)
     eb, notes_b = metric_estimates(b)
@@ -156,7 +157,7 @@ def _ordered(metrics: set[str]) -> list[str]:
     return fixed + positions
 
 
-def compare_answers(a: Mapping, b: Mapping) -> dict:
+def compare_answers(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     """Compare two windows' answers ({"results": {name: RESULT}, "aggregate": RESULT})."""
     ra, rb = a.get("results") or {}, b.get("results") or {}
     targets = {}
@@ -178,7 +179,7 @@ def compare_answers(a: Mapping, b: Mapping) -> dict:
     }
 
 
-def _na_note(a: Mapping | None, b: Mapping | None) -> str:
+def _na_note(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str:
     parts = []
     for side, result in (("A", a), ("B", b)):
         if sample(result) is None:
@@ -209,14 +210,14 @@ class Gate:
             return (a - b) / abs(a) * 100
         return a - b
 
-    def least_drop(self, row: Mapping) -> float | None:
+    def least_drop(self, row: Mapping[str, Any]) -> float | None:
         """The smallest drop the 95% interval of B - A allows; None without an interval."""
         high = row["difference"].get("high")
         if high is None:
             return None
         return self.drop(row["a"]["value"], row["a"]["value"] + high)
 
-    def trips(self, row: Mapping) -> bool:
+    def trips(self, row: Mapping[str, Any]) -> bool:
         """Whether this comparison row breaks the gate."""
         least = self.least_drop(row)
         return row["verdict"] == Verdict.WORSE and least is not None and least > self.limit
@@ -242,7 +243,7 @@ def parse_gate(text: str) -> Gate:
     return Gate(metric, value, relative)
 
 
-def apply_gates(comparison: dict, gates: list[Gate]) -> dict:
+def apply_gates(comparison: dict[str, Any], gates: list[Gate]) -> dict[str, Any]:
     """The comparison with `gates` (each gate per target and aggregate) and `tripped`."""
     entries = [(name, entry) for name, entry in comparison["targets"].items()]
     if comparison["aggregate"] is not None:
@@ -261,7 +262,7 @@ def apply_gates(comparison: dict, gates: list[Gate]) -> dict:
     return comparison | {"gates": checks, "tripped": any(c["tripped"] for c in checks)}
 
 
-def summed_result(results: Mapping[str, Mapping]) -> dict | None:
+def summed_result(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
     """The aggregate of several RESULTs (counts summed, then divided), in AISBench's shape.
 
     For result folders without our window.json, e.g. AISBench's own. Estimates (no counts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from html import escape
+from typing import Any
 
 from exporter.advice_html import STYLE as ADVICE_STYLE
 from exporter.advice_html import advice_section
@@ -32,7 +33,7 @@ def _when(ts: float | None) -> str:
     return "–" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
-def _estimate(e: Mapping, spec: str, signed: bool = False) -> str:
+def _estimate(e: Mapping[str, Any], spec: str, signed: bool = False) -> str:
     sign = "+" if signed else ""
     text = format(e["value"], sign + spec)
     if e.get("low") is None:
@@ -41,9 +42,11 @@ def _estimate(e: Mapping, spec: str, signed: bool = False) -> str:
             f"{format(e['high'], sign + spec)}]</small>")
 
 
-def interval_svg(a: Mapping, b: Mapping, width: int = 180, height: int = 30) -> str:
+def interval_svg(
+    a: Mapping[str, Any], b: Mapping[str, Any], width: int = 180, height: int = 30
+) -> str:
     """A and B with their intervals on one scale: do the whiskers overlap?"""
-    values = [v for e in (a, b) for v in (e["value"], e.get("low"), e.get("high"))
+    values: list[float] = [v for e in (a, b) for v in (e["value"], e.get("low"), e.get("high"))
               if v is not None]
     lo, hi = min(values), max(values)
     span = (hi - lo) or abs(hi) or 1.0
@@ -64,7 +67,7 @@ def interval_svg(a: Mapping, b: Mapping, width: int = 180, height: int = 30) -> 
     return "".join(parts)
 
 
-def _entry_table(name: str, entry: Mapping) -> str:
+def _entry_table(name: str, entry: Mapping[str, Any]) -> str:
     drafts = ""
     if entry.get("a_drafts") is not None or entry.get("b_drafts") is not None:
         drafts = (f" <small>A: {entry.get('a_drafts') or 0:.0f} drafts, "
@@ -90,7 +93,7 @@ def _entry_table(name: str, entry: Mapping) -> str:
     return f"<h3>{escape(name)}{drafts}</h3>{table}{notes}"
 
 
-def _window_head(side: str, answer: Mapping) -> str:
+def _window_head(side: str, answer: Mapping[str, Any]) -> str:
     wid = str(answer.get("id", ""))
     return (f'<div><h2>{side}: <a href="/windows/{escape(wid, quote=True)}">{escape(wid)}</a>'
             f"</h2><p>{escape(str(answer.get('name') or ''))}<br><small>"
@@ -98,7 +101,7 @@ def _window_head(side: str, answer: Mapping) -> str:
             "</small></p></div>")
 
 
-def _advice_column(side: str, answer: Mapping) -> str:
+def _advice_column(side: str, answer: Mapping[str, Any]) -> str:
     advice = answer.get("advice") or window_advice(answer)
     results = advice.get("results") or {}
     parts = [f"<div><h2>{side}: which k</h2>"]
@@ -109,7 +112,9 @@ def _advice_column(side: str, answer: Mapping) -> str:
     return "".join(parts) + "</div>"
 
 
-def render_compare(a: Mapping, b: Mapping, windows: Sequence[Mapping] = ()) -> str:
+def render_compare(
+    a: Mapping[str, Any], b: Mapping[str, Any], windows: Sequence[Mapping[str, Any]] = ()
+) -> str:
     """The whole compare page of two stopped windows' answers."""
     body = compare_answers(a, b)
     sections = [_entry_table(name, entry) for name, entry in body["targets"].items()]
@@ -138,7 +143,9 @@ def render_compare(a: Mapping, b: Mapping, windows: Sequence[Mapping] = ()) -> s
 """
 
 
-def compare_form(windows: Sequence[Mapping], a: str | None = None, b: str | None = None) -> str:
+def compare_form(
+    windows: Sequence[Mapping[str, Any]], a: str | None = None, b: str | None = None
+) -> str:
     """A small GET form to pick two stopped windows (newest first); empty with fewer than 2."""
     stopped = [w for w in windows if w.get("stopped_at") is not None]
     if len(stopped) < 2:
@@ -160,7 +167,7 @@ def compare_form(windows: Sequence[Mapping], a: str | None = None, b: str | None
             '<button type="submit">compare</button></form>')
 
 
-def render_picker(windows: Sequence[Mapping]) -> str:
+def render_picker(windows: Sequence[Mapping[str, Any]]) -> str:
     """`/compare` without a and b: the form alone."""
     form = compare_form(windows) or "<p>Compare needs two stopped windows.</p>"
     return f"""<!doctype html>

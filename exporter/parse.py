@@ -10,9 +10,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
+from typing import Final
 
 from exporter.snapshot import Field, SeriesKey, Snapshot
+
+Labels = tuple[tuple[str, str], ...]  # a gauge series' sorted label pairs
+# What a line's text before its value resolves to: (name, kind, key), the key a `SeriesKey`
+# for counters and the sorted labels for gauges (kind "gauge").
+Head = tuple[str, str, SeriesKey | Labels]
 
 
 class Dialect(StrEnum):
@@ -45,7 +51,7 @@ class DialectSpec:
     names: dict[bytes, tuple[Field | None, str]] = field(init=False, default_factory=dict)
     # Line text before the value -> what it resolves to: the same few dozen series come back
     # on every scrape, so their labels are parsed once, not once per scrape.
-    heads: dict[bytes, tuple | None] = field(init=False, default_factory=dict, compare=False)
+    heads: dict[bytes, Head | None] = field(init=False, default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for base, fld in self.counters.items():
@@ -207,7 +213,9 @@ def parse_labels(line: bytes, start: int) -> tuple[dict[str, str], int] | None:
             return None
 
 
-def parse_line(line: bytes, spec: DialectSpec) -> tuple[str, Field | None, str, dict, float] | None:
+def parse_line(
+    line: bytes, spec: DialectSpec
+) -> tuple[str, Field | None, str, dict[str, str], float] | None:
     """One sample line -> (name, field, kind, labels, value); None when it is not ours or bad."""
     cut = len(line)
     for sep in (b"{", b" ", b"\t"):
@@ -234,12 +242,18 @@ def parse_line(line: bytes, spec: DialectSpec) -> tuple[str, Field | None, str, 
     return name.decode(), entry[0], entry[1], labels, value
 
 
-_UNSEEN = object()
+class _Unseen(Enum):
+    """A head not resolved yet (a resolved head that is not ours is None)."""
+
+    TOKEN = 0
+
+
+_UNSEEN: Final = _Unseen.TOKEN
 _MAX_HEADS = 65536
 _MAX_HEAD_BYTES = 1024
 
 
-def _resolve_head(head: bytes, spec: DialectSpec) -> tuple | None:
+def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
     """(name, kind, series key or gauge labels) of a line's text before its value."""
     parsed = parse_line(head + b" 0", spec)
     if parsed is None:
@@ -286,7 +300,7 @@ def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
     spec = DIALECTS[dialect]
     values: dict[SeriesKey, float] = {}
     created: dict[SeriesKey, float] = {}
-    gauge_series: dict[tuple[str, tuple], float] = {}
+    gauge_series: dict[tuple[str, SeriesKey | Labels], float] = {}
     duplicates = 0
     is_v0 = False
     needle = b"\n" + spec.prefix
@@ -326,13 +340,17 @@ def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
         if key in target:
             duplicates += 1
             continue
-        target[key] = value
+        # Not a gauge, so `_resolve_head` made the key a SeriesKey; an isinstance check here
+        # would cost on every line of every scrape.
+        target[key] = value  # type: ignore[index]
     gauges = _gauge_means(gauge_series, spec.gauge_gate)
     dialect_name = "vllm-v0" if is_v0 else spec_name(dialect)
     return Snapshot(values, created, gauges, dialect_name, duplicates)
 
 
-def _gauge_means(series: dict[tuple[str, tuple], float], gate: str | None) -> dict[str, float]:
+def _gauge_means(
+    series: dict[tuple[str, SeriesKey | Labels], float], gate: str | None
+) -> dict[str, float]:
     if gate is not None:
         # Series of a rank that has measured nothing yet (gate at 0) are left out entirely.
         live = {labels for (name, labels), value in series.items() if name == gate and value > 0}
