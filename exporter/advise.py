@@ -153,9 +153,14 @@ def window_advice(
     answer: Mapping[str, Any], costs: Sequence[float] = DEFAULT_COSTS
 ) -> dict[str, Any]:
     """`advice` of a stop answer: per target (None without rates) and for the aggregate."""
-    return {
-        "draft_costs": [float(c) for c in costs],
-        "results": {name: result_advice(r, costs)
-                    for name, r in (answer.get("results") or {}).items()},
-        "aggregate": result_advice(answer.get("aggregate"), costs),
-    }
+    results = {name: result_advice(r, costs) for name, r in (answer.get("results") or {}).items()}
+    ks = sorted({a["k"] for a in results.values() if a and "error" not in a})
+    if len(ks) > 1:
+        # Servers with k = 3 never draft position 4: summed, they dilute the deeper rates of
+        # the k = 5 ones, and the "best k" of the mixture is nobody's best k.
+        aggregate: dict | None = {
+            "k": 0, "error": f"targets run different k ({', '.join(map(str, ks))}): advice "
+                             "is per target only"}
+    else:
+        aggregate = result_advice(answer.get("aggregate"), costs)
+    return {"draft_costs": [float(c) for c in costs], "results": results, "aggregate": aggregate}

@@ -171,3 +171,16 @@ class TestWindowAnswerAdvice:
         assert merged["advice"]["aggregate"]["distribution"]["rates"] == pytest.approx(
             [0.7, 0.3])
         assert set(merged["advice"]["results"]) == {"a", "b"}
+
+
+class TestMixedK:
+    def test_aggregate_of_different_k_is_not_advised(self):
+        def ok(rates):
+            return {"status": "ok", "data": {"per_position_acceptance_rates": {
+                str(i): r for i, r in enumerate(rates)}}}
+
+        answer = {"results": {"k3": ok([0.8, 0.5, 0.2]), "k5": ok([0.8, 0.5, 0.2, 0.1, 0.05])},
+                  "aggregate": ok([0.8, 0.5, 0.2, 0.05, 0.02])}
+        body = window_advice(answer)
+        assert body["aggregate"]["error"].startswith("targets run different k (3, 5)")
+        assert body["results"]["k3"]["k"] == 3 and body["results"]["k5"]["k"] == 5
