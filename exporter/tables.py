@@ -64,11 +64,12 @@ def format_comparison(body: Mapping[str, Any]) -> str:
     for check in body.get("gates", []):
         if check["verdict"] == "unknown":
             lines.append(f"SKIP {check['gate']} [{check['target']}]: no interval to test")
-        if check["tripped"]:
+        if check["verdict"] == "worse":
+            # Worse but within the limit is worth a line too: the next run may trip it.
             unit = "%" if check["gate"].endswith("%") else ""
-            lines.append(f"FAIL {check['gate']} [{check['target']}]: B is worse by "
-                         f"{check['drop']:.4g}{unit}, at least {check['least_drop']:.4g}{unit} "
-                         "with 95% confidence")
+            lines.append(f"{'FAIL' if check['tripped'] else 'pass'} {check['gate']} "
+                         f"[{check['target']}]: B is worse by {check['drop']:.4g}{unit}, "
+                         f"at least {check['least_drop']:.4g}{unit} with 95% confidence")
     if body.get("gates"):
         lines.append("gates: tripped" if body.get("tripped") else "gates: passed")
     return "\n".join(lines).rstrip("\n") + "\n"
