@@ -158,7 +158,7 @@ def window_advice(
     if len(ks) > 1:
         # Servers with k = 3 never draft position 4: summed, they dilute the deeper rates of
         # the k = 5 ones, and the "best k" of the mixture is nobody's best k.
-        aggregate: dict | None = {
+        aggregate: dict[str, Any] | None = {
             "k": 0, "error": f"targets run different k ({', '.join(map(str, ks))}): advice "
                              "is per target only"}
     else:

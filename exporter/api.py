@@ -166,12 +166,14 @@ async def compare_page(request: web.Request) -> web.Response:
         return web.Response(text=render_picker(windows), content_type="text/html")
     if not a_id or not b_id:
         raise RequestError("give both windows: /compare?a=ID&b=ID")
-    pair = [service.get_window(check_window_id(i)) for i in (a_id, b_id)]
-    for window in pair:
+    answers = []
+    for window_id in (a_id, b_id):
+        window = service.get_window(check_window_id(window_id))
         if window.answer is None:
             raise RequestError(f'window "{window.id}" is still open; stop it first', status=409)
+        answers.append(window.answer)
     windows = [w.state() for w in service.list_windows()]
-    text = render_compare(pair[0].answer, pair[1].answer, windows)
+    text = render_compare(answers[0], answers[1], windows)
     return web.Response(text=text, content_type="text/html")
 
 

@@ -12,6 +12,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from exporter.client import ClientError, ExporterClient
 from exporter.compare import summed_result
@@ -29,7 +30,7 @@ class Source:
     """One side of a comparison: where it came from and its answer-shaped body."""
 
     label: str  # "window w1 on http://..." or the folder path
-    answer: dict  # {"results": {name: RESULT}, "aggregate": RESULT or None, ...}
+    answer: dict[str, Any]  # {"results": {name: RESULT}, "aggregate": RESULT or None, ...}
 
 
 def load_source(spec: str, exporter: str | None, token: str | None = None) -> Source:
@@ -50,10 +51,11 @@ def load_window(window_id: str, exporter: str, token: str | None = None) -> Sour
     return Source(f"window {window_id} on {exporter}", state)
 
 
-def _label(result: dict, path: Path) -> str:
+def _label(result: dict[str, Any], path: Path) -> str:
     # Ours and AISBench's files for the same server must meet under one name.
-    if isinstance(result.get("host_port"), str):
-        return result["host_port"]
+    host_port = result.get("host_port")
+    if isinstance(host_port, str):
+        return host_port
     url = result.get("url")
     if isinstance(url, str) and url:
         return re.sub(r"^https?://", "", url).rstrip("/").removesuffix("/metrics")
@@ -69,7 +71,7 @@ def load_folder(folder: Path) -> Source:
     files = sorted(directory.glob("spec_decode_*.json"))
     if not files:
         raise SourceError(f"{folder}: no performances/spec_decode_*.json in it")
-    results: dict[str, dict] = {}
+    results: dict[str, dict[str, Any]] = {}
     for path in files:
         result = _read_result(path)
         name = _label(result, path)
@@ -79,7 +81,7 @@ def load_folder(folder: Path) -> Source:
     return Source(str(folder), {"results": results, "aggregate": summed_result(results)})
 
 
-def _read_result(path: Path) -> dict:
+def _read_result(path: Path) -> dict[str, Any]:
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
             raise SourceError(f"{path}: larger than {MAX_FILE_BYTES} bytes; not a result file")
