@@ -18,6 +18,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import ErrorDetails
 
 from exporter.errors import ConfigError
 from exporter.parse import Dialect, default_path
@@ -289,7 +290,7 @@ class Config(_Strict):
         return None
 
 
-def _location(error: dict) -> str:
+def _location(error: ErrorDetails) -> str:
     # pydantic puts validator names like "function-after[...]" in loc for model validators.
     parts = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
     cause = (error.get("ctx") or {}).get("error")
@@ -298,7 +299,7 @@ def _location(error: dict) -> str:
     return ".".join(parts) or "(top)"
 
 
-def _message(error: dict) -> str:
+def _message(error: ErrorDetails) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         return "unknown key"
@@ -351,7 +352,7 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
 
 
 def load_config(
-    path: str | Path, overrides: dict | None = None, *, allow_empty: bool = False
+    path: str | Path, overrides: dict[str, Any] | None = None, *, allow_empty: bool = False
 ) -> Config:
     """Read and validate a YAML config file; `overrides` (top-level keys) win over the file's.
 

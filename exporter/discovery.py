@@ -100,7 +100,7 @@ def read_sd_file(path: Path, refused: list[str] | None = None) -> list[TargetCon
 @dataclass
 class _Source:
     targets: list[TargetConfig] = field(default_factory=list)
-    stamp: object = None  # file mtime/size, or the time of the last poll
+    stamp: tuple[int, int] | float | None = None  # file mtime_ns/size, or the last poll's time
     error: str | None = None
 
 
@@ -133,13 +133,15 @@ class Discovery:
                 for name in sorted(glob.glob(pattern)):
                     live.add(name)
                     self._refresh_file(Path(name))
-        for sd in self.config.http_sd:
-            live.add(sd.url)
-            source = self.sources.setdefault(sd.url, _Source())
-            due = source.stamp is None or now - float(source.stamp) >= sd.refresh_interval
+        for http_sd in self.config.http_sd:
+            live.add(http_sd.url)
+            source = self.sources.setdefault(http_sd.url, _Source())
+            stamp = source.stamp
+            due = (stamp is None or isinstance(stamp, tuple)
+                   or now - stamp >= http_sd.refresh_interval)
             if due and session is not None:
                 source.stamp = now
-                await self._poll(session, sd, source)
+                await self._poll(session, http_sd, source)
         for gone in set(self.sources) - live:  # a deleted file takes its targets with it
             del self.sources[gone]
         return self.targets() != before
@@ -169,7 +171,9 @@ class Discovery:
             source.error = str(exc)
             log.error("discovery failed source=%s error=%s", path, exc)
 
-    async def _poll(self, session: aiohttp.ClientSession, sd: HttpSDConfig, source: _Source):
+    async def _poll(
+        self, session: aiohttp.ClientSession, sd: HttpSDConfig, source: _Source
+    ) -> None:
         headers = dict(sd.headers)
         if sd.token_env and (token := os.environ.get(sd.token_env)):
             headers["Authorization"] = f"Bearer {token}"

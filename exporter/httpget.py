@@ -13,6 +13,7 @@ import asyncio
 import os
 import socket
 from dataclasses import dataclass
+from typing import cast
 
 import httptools
 
@@ -51,7 +52,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.open = True
-        self._waiter: asyncio.Future | None = None
+        self._waiter: asyncio.Future[Answer] | None = None
         self._cap = 0
         self._reset()
 
@@ -69,8 +70,10 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A TCP connection's transport has all of `Transport` (uvloop's without subclassing
+        # it, so a cast and not an isinstance check).
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -168,6 +171,7 @@ class _Connection(asyncio.Protocol):
         self._cap = cap
         self._waiter = asyncio.get_running_loop().create_future()
         try:
+            assert self.transport is not None, "request before the connection was made"
             self.transport.write(data)
             answer = await self._waiter
         except BaseException:
@@ -183,7 +187,10 @@ class _Connection(asyncio.Protocol):
     @property
     def reusable(self) -> bool:
         """Open, idle and not told to close."""
-        return self.open and self._keep_alive and not self.transport.is_closing()
+        return (
+            self.open and self._keep_alive
+            and self.transport is not None and not self.transport.is_closing()
+        )
 
     def close(self) -> None:
         """Close the transport now (idempotent)."""

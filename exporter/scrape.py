@@ -9,6 +9,7 @@ import re
 import socket
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -103,7 +104,9 @@ class Scraper:
         """Close the lean client's kept-alive connections (the session is the caller's)."""
         self._pool.close()
 
-    async def scrape(self, target: TargetConfig, timeout: float, clock=time.time) -> ScrapeResult:
+    async def scrape(
+        self, target: TargetConfig, timeout: float, clock: Callable[[], float] = time.time
+    ) -> ScrapeResult:
         """Fetch and parse one target; every failure becomes `error`."""
         async with self._slots:
             started = time.monotonic()
@@ -146,7 +149,7 @@ class Scraper:
         if target.token_env and (token := os.environ.get(target.token_env)):
             headers["Authorization"] = f"Bearer {token}"
         lean = None
-        if self.lean and url.scheme == "http" and proxy is None:
+        if self.lean and url.scheme == "http" and proxy is None and url.host and url.port:
             lean = (url.host, url.port, _request_bytes(url, headers))
         return _Plan(target, headers, proxy, proxy_headers, self._ssl_for(target), lean)
 
@@ -165,7 +168,8 @@ class Scraper:
             if hop == 5:
                 break
             url = url.join(URL(answer.location.decode("latin-1"), encoded=True))
-            if url.scheme != "http":  # to TLS: aiohttp follows from here
+            if url.scheme != "http" or not url.host or not url.port:
+                # To TLS (or to no host at all): aiohttp follows (or fails) from here.
                 return await self._fetch_aiohttp(str(url), plan, 4 - hop)
             host, port = url.host, url.port
             request = _request_bytes(url, plan.headers)
@@ -223,10 +227,10 @@ def proxy_for(url: URL, proxy_url: str | None) -> tuple[URL | None, dict[str, st
         auth = {"Proxy-Authorization": "Basic " + base64.b64encode(secret).decode("ascii")}
         return proxy.with_user(None), auth
     try:
-        proxy, auth = get_env_proxy_for_url(url)
+        proxy, basic = get_env_proxy_for_url(url)
     except LookupError:
         return None, None
-    return proxy, ({"Proxy-Authorization": auth.encode()} if auth is not None else None)
+    return proxy, ({"Proxy-Authorization": basic.encode()} if basic is not None else None)
 
 
 def _request_bytes(url: URL, headers: dict[str, str]) -> bytes:

@@ -10,6 +10,7 @@ import sqlite3
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from exporter.errors import StoreError
 
@@ -56,7 +57,7 @@ def result_file_name(host_port: str) -> str:
     return f"spec_decode_{safe}_{port}.json"
 
 
-def write_results(directory: Path, answer: dict) -> list[Path]:
+def write_results(directory: Path, answer: dict[str, Any]) -> list[Path]:
     """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all."""
     # One fsync for window.json (which holds every result) and one per directory, not one per
     # target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
@@ -151,7 +152,7 @@ class StateStore:
             raise
         return db
 
-    def save(self, docs: list[dict]) -> None:
+    def save(self, docs: list[dict[str, Any]]) -> None:
         """Upsert windows (their `to_dict` form) in one transaction."""
         if not docs:
             return
@@ -169,12 +170,12 @@ class StateStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot save window state to {self.path}: {exc}") from exc
 
-    def load_open(self) -> list[dict]:
+    def load_open(self) -> list[dict[str, Any]]:
         """Every window still open, oldest first; unreadable rows are logged and skipped."""
         rows = self._query("SELECT id, doc FROM windows WHERE open=1 ORDER BY started_at")
         return [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
 
-    def load(self, window_id: str) -> dict | None:
+    def load(self, window_id: str) -> dict[str, Any] | None:
         """One window by id, open or closed; `StoreError` if its row is unreadable."""
         row = self._query("SELECT doc FROM windows WHERE id=?", (window_id,))
         if not row:
@@ -184,14 +185,14 @@ class StateStore:
             raise StoreError(f'window "{window_id}" state is unreadable in {self.path}')
         return doc
 
-    def recent_closed(self, limit: int) -> list[dict]:
+    def recent_closed(self, limit: int) -> list[dict[str, Any]]:
         """The most recently started closed windows, newest first (unreadable rows skipped)."""
         rows = self._query(
             "SELECT id, doc FROM windows WHERE open=0 ORDER BY started_at DESC LIMIT ?", (limit,)
         )
         return [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
 
-    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+    def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         try:
             return self._db.execute(sql, params).fetchall()
         except sqlite3.Error as exc:
@@ -205,8 +206,9 @@ class StateStore:
 _REQUIRED = ("id", "name", "targets", "labels", "started_at", "stopped_at", "accumulators")
 
 
-def _readable(window_id: str, raw: object) -> dict | None:
+def _readable(window_id: str, raw: Any) -> dict[str, Any] | None:
     """A row's document if it is a window's state, else None, logged (the row is kept)."""
+    # `raw` is whatever the column holds (any SQLite value): json.loads refuses a non-text one.
     try:
         doc = json.loads(raw)
     except (TypeError, ValueError) as exc:
@@ -214,7 +216,7 @@ def _readable(window_id: str, raw: object) -> dict | None:
                   window_id, exc)
         return None
     missing = [k for k in _REQUIRED if k not in doc] if isinstance(doc, dict) else ["(object)"]
-    if missing or doc["id"] != window_id:
+    if not isinstance(doc, dict) or missing or doc["id"] != window_id:
         log.error("window state unreadable id=%s error=missing or wrong keys %s "
                   "(row kept in the database)", window_id, ", ".join(missing) or "id")
         return None
