@@ -89,9 +89,16 @@ class TestCompareWindows:
         # B is worse everywhere here: a gate within its limit still says so, as "pass".
         assert f"{'FAIL' if code else 'pass'} {gate} [all]: B is worse by" in out
 
-    async def test_unknown_or_open_window_is_a_usage_error(self, two_windows):
+    async def test_unknown_window_is_a_usage_error(self, two_windows):
         code, _, err = await run_cli("compare", "wa", "nope", "--exporter", two_windows)
         assert code == 2 and "'nope'" in err and "404" in err
+
+    async def test_open_window_is_a_usage_error(self, two_windows):
+        from exporter.client import ExporterClient
+
+        await asyncio.to_thread(ExporterClient(two_windows).start, "wopen")
+        code, out, err = await run_cli("advise", "wopen", "--exporter", two_windows)
+        assert code == 2 and out == "" and "still open" in err
 
     async def test_advise(self, two_windows):
         code, out, err = await run_cli("advise", "wa", "--exporter", two_windows, "--json",
@@ -195,6 +202,16 @@ class TestCompareFolders:
         code, out, err = await run_cli(*[arg.format(**paths) for arg in args])
         assert code == 2 and out == ""
         assert message in err
+
+    async def test_advise_with_nothing_to_advise_exits_1(self, tmp_path):
+        performances = tmp_path / "na" / "performances"
+        performances.mkdir(parents=True)
+        (performances / "spec_decode_h_1.json").write_text(json.dumps(
+            {"status": "na", "url": "http://h:1/metrics",
+             "error": "No spec decode metrics found on server", "data": None,
+             "raw": {"before": None, "after": None}}, indent=2))
+        code, out, _ = await run_cli("advise", str(tmp_path / "na"))
+        assert code == 1 and "nothing to advise" in out
 
     async def test_advise_folder(self, runs):
         code, out, err = await run_cli("advise", str(runs[0]))
