@@ -7,13 +7,15 @@ import json
 import logging
 import os
 import time
+from functools import partial
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from exporter.compare_page import render_compare, render_picker
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
-from exporter.exposition import CONTENT_TYPE, MetricsWriter
+from exporter.exposition import MetricsWriter
+from exporter.formats import Format, accepts_gzip, gzipped, negotiate, to_openmetrics
 from exporter.landing import render_landing
 from exporter.results import window_series as series_view
 from exporter.service import ExporterService
@@ -132,9 +134,19 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus text exposition of the exporter."""
-    body = _cached(request, "metrics", request.app[WRITER].render)
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+    """The exporter's exposition: text or OpenMetrics by `Accept`, gzip when accepted."""
+    try:
+        kind, content_type = negotiate(request.headers.get("Accept"), request.query.get("format"))
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    text = partial(_cached, request, "metrics", request.app[WRITER].render)
+    body = partial(_cached, request, "metrics:om", lambda: to_openmetrics(text()))
+    plain = body if kind is Format.OPENMETRICS else text
+    headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
+    if accepts_gzip(request.headers.get("Accept-Encoding")):
+        packed = _cached(request, f"metrics:{kind}:gzip", lambda: gzipped(plain()))
+        return web.Response(body=packed, headers=headers | {"Content-Encoding": "gzip"})
+    return web.Response(body=plain(), headers=headers)
 
 
 def _cached(request: web.Request, key: str, render) -> bytes:

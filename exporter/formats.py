@@ -1,0 +1,100 @@
+"""What `/metrics` answers in: text 0.0.4 or OpenMetrics by `Accept`, gzip by `Accept-Encoding`.
+
+Pure functions on bytes; the exposition renders the text format once, and OpenMetrics is that
+text with counter families named without `_total` and `# EOF` at the end (the only differences
+for the families we expose: no timestamps, exemplars, units or `_created` samples).
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from enum import StrEnum
+
+TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TYPE = "application/openmetrics-text; version={version}; charset=utf-8"
+OPENMETRICS_VERSIONS = ("1.0.0", "0.0.1")
+# Fast enough to run once per state change (about 15 ms per MB), most of the size win of 9.
+GZIP_LEVEL = 6
+
+_COUNTER_TOTAL = re.compile(rb"^# TYPE ([A-Za-z_:][A-Za-z0-9_:]*)_total counter$", re.M)
+
+
+class Format(StrEnum):
+    """Exposition formats we can answer in."""
+
+    TEXT = "text"
+    OPENMETRICS = "openmetrics"
+
+
+def _media_ranges(accept: str) -> list[tuple[str, dict[str, str], float]]:
+    ranges = []
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        media = fields[0].lower()
+        if not media:
+            continue
+        params: dict[str, str] = {}
+        for field in fields[1:]:
+            key, _, value = field.partition("=")
+            params[key.strip().lower()] = value.strip().strip('"')
+        try:
+            q = float(params.pop("q", "1"))
+        except ValueError:
+            q = 0.0
+        ranges.append((media, params, q))
+    return ranges
+
+
+def negotiate(accept: str | None, asked: str | None = None) -> tuple[Format, str]:
+    """(format, Content-Type) for an `Accept` header: OpenMetrics only when preferred to text.
+
+    `asked` (the `format` query parameter) wins: a scrape config's `params` can pick the
+    format where the scraper's `Accept` cannot be changed. `ValueError` for an unknown one.
+    """
+    if asked is not None:
+        try:
+            kind = Format(asked)
+        except ValueError:
+            raise ValueError(f"format must be text or openmetrics, not {asked!r}") from None
+        if kind is Format.TEXT:
+            return kind, TEXT_TYPE
+        return kind, OPENMETRICS_TYPE.format(version=OPENMETRICS_VERSIONS[0])
+    best_om: tuple[float, str] | None = None
+    best_text = 0.0
+    for media, params, q in _media_ranges(accept or ""):
+        if media == "application/openmetrics-text" and q > 0:
+            version = params.get("version", OPENMETRICS_VERSIONS[0])
+            if version in OPENMETRICS_VERSIONS and (best_om is None or q > best_om[0]):
+                best_om = (q, version)
+        elif media in ("text/plain", "text/*", "*/*"):
+            best_text = max(best_text, q)
+    if best_om is not None and best_om[0] >= best_text:
+        return Format.OPENMETRICS, OPENMETRICS_TYPE.format(version=best_om[1])
+    return Format.TEXT, TEXT_TYPE
+
+
+def to_openmetrics(text: bytes) -> bytes:
+    """Text format 0.0.4 -> OpenMetrics 1.0: counter families lose `_total`; `# EOF` ends it."""
+    counters = {m.group(1) for m in _COUNTER_TOTAL.finditer(text)}
+    if counters:
+        names = b"|".join(re.escape(name) for name in sorted(counters, key=len, reverse=True))
+        pattern = re.compile(rb"^# (HELP|TYPE) (" + names + rb")_total ", re.M)
+        text = pattern.sub(rb"# \1 \2 ", text)
+    text = re.sub(rb"^(# TYPE \S+) untyped$", rb"\1 unknown", text, flags=re.M)
+    if text and not text.endswith(b"\n"):
+        text += b"\n"
+    return text + b"# EOF\n"
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """Whether `Accept-Encoding` allows gzip (q > 0), as Prometheus always sends it."""
+    for media, _, q in _media_ranges(accept_encoding or ""):
+        if media in ("gzip", "*") and q > 0:
+            return True
+    return False
+
+
+def gzipped(body: bytes) -> bytes:
+    """gzip with a fixed mtime, so the same body compresses to the same bytes."""
+    return gzip.compress(body, GZIP_LEVEL, mtime=0)
