@@ -146,6 +146,8 @@ class Scraper:
             "User-Agent": _USER_AGENT,
         }
         headers.update(target.headers)
+        if url.user is not None:  # userinfo in the URL: Basic auth, on the lean path too
+            headers["Authorization"] = aiohttp.BasicAuth(url.user, url.password or "").encode()
         if target.token_env and (token := os.environ.get(target.token_env)):
             headers["Authorization"] = f"Bearer {token}"
         lean = None
@@ -156,7 +158,8 @@ class Scraper:
     async def _fetch(self, target: TargetConfig) -> bytes:
         plan = self._plan(target)
         if plan.lean is None:
-            return await self._fetch_aiohttp(target.url, plan, 5)
+            # The userinfo is in the Authorization header now; aiohttp refuses both at once.
+            return await self._fetch_aiohttp(str(URL(target.url).with_user(None)), plan, 5)
         url = URL(target.url)
         host, port, request = plan.lean
         for hop in range(6):
