@@ -18,8 +18,9 @@ import secrets
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from exporter.advise import window_advice
@@ -41,12 +42,13 @@ class ClientError(ExporterError):
 class WindowAnswer:
     """A stop answer (CONTRACT.md's shape) with the console rendering at hand."""
 
-    body: dict
+    body: dict[str, Any]
 
     @property
     def id(self) -> str:
         """The window id."""
-        return self.body["id"]
+        window_id: str = self.body["id"]
+        return window_id
 
     def console(self) -> str:
         """Every target's console block, then `all` when there are two or more."""
@@ -84,7 +86,9 @@ class ExporterClient:
         self.timeout = timeout
         self._opener = opener_for(self.url)
 
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+    def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")
@@ -92,7 +96,8 @@ class ExporterClient:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
-                return json.loads(response.read())
+                answer: dict[str, Any] = json.loads(response.read())  # the API answers objects
+                return answer
         except urllib.error.HTTPError as exc:
             try:
                 reason = json.loads(exc.read()).get("error", exc.reason)
@@ -110,9 +115,9 @@ class ExporterClient:
         name: str | None = None,
         targets: Sequence[str] | None = None,
         labels: dict[str, str] | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Open a window; returns {"id", "name", "targets", "started_at"}."""
-        body: dict = {}
+        body: dict[str, Any] = {}
         if window_id:
             body["id"] = window_id
         if name:
@@ -127,7 +132,7 @@ class ExporterClient:
         """Close a window; returns its results."""
         return WindowAnswer(self._call("POST", f"/api/v1/windows/{window_id}/stop"))
 
-    def get(self, window_id: str) -> dict:
+    def get(self, window_id: str) -> dict[str, Any]:
         """A window's state or results."""
         return self._call("GET", f"/api/v1/windows/{window_id}")
 
@@ -144,8 +149,11 @@ class FleetClient:
             raise ClientError("no exporter URL given")
         self.clients = [ExporterClient(url, token, timeout) for url in urls]
 
-    def _each(self, call) -> tuple[list[dict], dict[str, str]]:
-        answers, errors = [], {}
+    def _each(
+        self, call: Callable[[ExporterClient], dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        answers: list[dict[str, Any]] = []
+        errors: dict[str, str] = {}
         for client in self.clients:
             try:
                 answers.append(call(client))
@@ -161,7 +169,7 @@ class FleetClient:
         name: str | None = None,
         targets: Sequence[str] | None = None,
         labels: dict[str, str] | None = None,
-    ) -> dict:
+    ) -> dict[str, Any]:
         """Open the window on every exporter under one id."""
         if len(self.clients) == 1:
             return self.clients[0].start(window_id, name, targets, labels)
@@ -181,9 +189,9 @@ class FleetClient:
         return WindowAnswer(merged | ({"errors": errors} if errors else {}))
 
 
-def merge_answers(answers: Sequence[dict]) -> dict:
+def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One answer from several exporters' (shards') answers for the same window."""
-    results: dict = {}
+    results: dict[str, Any] = {}
     total, before, after = Counts(), Counts(), Counts()
     used = []
     for answer in answers:
@@ -194,7 +202,7 @@ def merge_answers(answers: Sequence[dict]) -> dict:
                 before = before + Counts.from_raw(result["raw"]["before"])
                 after = after + Counts.from_raw(result["raw"]["after"])
                 used.append(name)
-    aggregate: dict = {
+    aggregate: dict[str, Any] = {
         "status": "na", "url": None, "targets": used, "data": None, "raw": None,
         "error": "No spec decode activity detected during benchmark window",
     }
@@ -215,7 +223,7 @@ def merge_answers(answers: Sequence[dict]) -> dict:
     return merged | {"advice": window_advice(merged)}
 
 
-def unreachable_answer(window_id: str | None, label: str, reason: str) -> dict:
+def unreachable_answer(window_id: str | None, label: str, reason: str) -> dict[str, Any]:
     """What to print when no exporter answered: one N/A block saying why."""
     result = {"status": "na", "url": None, "error": reason, "data": None, "raw": None,
               "host_port": label}

@@ -16,6 +16,7 @@ from exporter.app import make_app
 from exporter.config import Config, TargetConfig
 from exporter.console import format_window
 from exporter.fakevllm import FakeServer, make_fake_app
+from exporter.service import TargetState
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,11 @@ def demo_fleet() -> list[DemoServer]:
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
-def _why_no_figures(state) -> str:
+def _why_no_figures(state: TargetState) -> str:
     if state.last_error:
         return state.last_error
     snapshot = state.last.snapshot if state.last else None
@@ -108,6 +110,7 @@ async def run_demo(port: int, duration: float | None, output_dir: str | None) ->
         print(f"window {window.id} started; recording {window_length:g}s of traffic", flush=True)
         await asyncio.sleep(window_length)
         window = await service.stop_window(window.id)
+        assert window.answer is not None, "a stopped window has its answer"
         print(format_window(window.answer), flush=True)
         print(f"results written to {out}/{window.id}/", flush=True)
         while duration is None or (left := duration - (time.monotonic() - started)) > 0:

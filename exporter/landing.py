@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from html import escape
+from typing import Any
 
 from exporter import __version__
 from exporter.compare_page import compare_form
@@ -54,7 +55,7 @@ def position_bars(per_position: Mapping[str, float], width: int = 220, height: i
 _COLOURS = ("#3b7dd8", "#d8743b", "#3bd87d", "#b03bd8", "#d83b5b", "#7d7d3b", "#3bc4d8")
 
 
-def series_chart(series: Mapping, width: int = 640, height: int = 180) -> str:
+def series_chart(series: Mapping[str, Any], width: int = 640, height: int = 180) -> str:
     """Inline SVG line chart: each target's acceptance ratio between consecutive scrapes.
 
     Warm-up, drift and the steady state show here, where the window's average hides them.
@@ -94,7 +95,7 @@ def series_chart(series: Mapping, width: int = 640, height: int = 180) -> str:
     return "".join(parts)
 
 
-def _target_row(view: dict) -> str:
+def _target_row(view: dict[str, Any]) -> str:
     live = view["live"] or {}
     state = '<span class="up">up</span>' if view["up"] else '<span class="down">down</span>'
     error = (
@@ -115,7 +116,7 @@ def _target_row(view: dict) -> str:
     )
 
 
-def _window_row(state: dict) -> str:
+def _window_row(state: dict[str, Any]) -> str:
     status = "open" if state.get("stopped_at") is None else "stopped"
     aggregate = (state.get("aggregate") or {}).get("data") or {}
     rate = aggregate.get("acceptance_rate")
