@@ -36,9 +36,87 @@ def _known(created: float | None) -> bool:
     return created is not None and math.isfinite(created)
 
 
-def _usable(value: float) -> bool:
-    # NaN, infinities and negative numbers are not counter values: skip, keep the last good one.
-    return math.isfinite(value) and value >= 0
+def value_text(value: float) -> str:
+    """A sample value as an exposition writes it: NaN, +Inf, -Inf, or the number."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def series_text(key: SeriesKey) -> str:
+    """A series as a person looks it up: AISBench's counter name and the labels that tell it."""
+    labels = [("engine", key.engine), ("model_name", key.model_name)]
+    if key.position >= 0:
+        labels.append(("position", str(key.position)))
+    labels += list(key.extra)
+    inner = ",".join(f'{name}="{value}"' for name, value in labels if value)
+    return f"{key.field.value}{{{inner}}}" if inner else key.field.value
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """A counter value no counter can have (NaN, infinite, negative) in one scrape."""
+
+    at: float
+    series: str
+    value: str
+    others: int = 0  # further unusable values in the same scrape
+
+
+def find_anomaly(snapshot: Snapshot, at: float) -> Anomaly | None:
+    """The scrape's first unusable counter value (by series), or None when all are usable."""
+    # One chained comparison per value (NaN fails it too): this runs on every scrape.
+    bad = [key for key, value in snapshot.values.items() if not 0.0 <= value < math.inf]
+    if not bad:
+        return None
+    first = min(bad, key=series_text)
+    return Anomaly(at, series_text(first), value_text(snapshot.values[first]), len(bad) - 1)
+
+
+@dataclass
+class AnomalyTally:
+    """Anomalous scrapes of one stretch: the first and the last, and how many (bounded state)."""
+
+    count: int = 0
+    first: Anomaly | None = None
+    last: Anomaly | None = None
+
+    def add(self, anomaly: Anomaly) -> None:
+        """One more anomalous scrape."""
+        self.count += 1
+        self.first = self.first or anomaly
+        self.last = anomaly
+
+    def absorb(self, other: AnomalyTally) -> None:
+        """Take over another tally's scrapes (a later stretch)."""
+        if other.count:
+            self.count += other.count
+            self.first = self.first or other.first
+            self.last = other.last
+
+    def to_dict(self) -> dict:
+        """JSON-able state."""
+        return {"count": self.count, "first": _anomaly_list(self.first),
+                "last": _anomaly_list(self.last)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping | None) -> AnomalyTally:
+        """Inverse of `to_dict`."""
+        if not data:
+            return cls()
+        return cls(data["count"], _anomaly_from(data["first"]), _anomaly_from(data["last"]))
+
+
+def _anomaly_list(anomaly: Anomaly | None) -> list | None:
+    if anomaly is None:
+        return None
+    return [anomaly.at, anomaly.series, anomaly.value, anomaly.others]
+
+
+def _anomaly_from(data: list | None) -> Anomaly | None:
+    return Anomaly(*data) if data else None
 
 
 @dataclass
@@ -64,13 +142,31 @@ class Accumulator:
     # sum(value * dt) and sum(dt) over the intervals between consecutive scrapes.
     gauge_weighted: dict[str, float] = field(default_factory=dict)
     gauge_seconds: dict[str, float] = field(default_factory=dict)
+    # Scrapes with an unusable counter value are not taken (as if they had failed): the counts
+    # then cover only spans whose both ends had every series usable. Those before the first
+    # usable scrape move the span's start, those after the last usable one its end, and those
+    # between are bridged exactly by the counters' next usable values.
+    anomalies_before: AnomalyTally = field(default_factory=AnomalyTally)
+    anomalies_inside: AnomalyTally = field(default_factory=AnomalyTally)
+    anomalies_after: AnomalyTally = field(default_factory=AnomalyTally)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
-        """Take one scrape into account; returns whether it showed a server restart."""
+        """Take one scrape into account; returns whether it showed a server restart.
+
+        A scrape with a NaN, infinite or negative counter value is an anomaly: it is recorded
+        and otherwise ignored, whichever series it hit, so that every figure of the result
+        covers the same span.
+        """
+        anomaly = find_anomaly(snapshot, at)
+        if anomaly is not None:
+            (self.anomalies_after if self.scrapes else self.anomalies_before).add(anomaly)
+            return False
         baseline = self.scrapes == 0
         if not baseline:
             self._carry_relabelled(snapshot)
-        usable = {k: v for k, v in snapshot.values.items() if _usable(v)}
+            self.anomalies_inside.absorb(self.anomalies_after)
+            self.anomalies_after = AnomalyTally()
+        values = snapshot.values
         # A restart zeroes every counter of an engine at once, but one whose old value was small
         # (a late position, say) can be past it again by the next scrape. A series that shows
         # the restart bounds it from below (it happened after that series was last seen), so
@@ -78,7 +174,7 @@ class Accumulator:
         # series seen since (one skipped across the restart shows it a scrape late) keeps its
         # own evidence and is not counted twice.
         bounds: dict[Engine, float] = {}
-        for key, value in usable.items():
+        for key, value in values.items():
             previous = self.last.get(key)
             if previous is not None and counter_increase(
                 previous[0], previous[1], value, snapshot.created.get(key)
@@ -86,7 +182,7 @@ class Accumulator:
                 engine, seen = _engine_of(key), self._seen_at(key)
                 bounds[engine] = max(bounds.get(engine, seen), seen)
         reset = bool(bounds)
-        for key, value in usable.items():
+        for key, value in values.items():
             created = snapshot.created.get(key)
             previous = self.last.get(key)
             if previous is not None:
@@ -108,8 +204,7 @@ class Accumulator:
             self.engines.add(key.engine)
         self._feed_gauges(snapshot, at, baseline)
         if baseline:
-            # The same usable values the increases start from, not a NaN that poisons the sum.
-            self.before = sum_series((k, v) for k, v in snapshot.values.items() if _usable(v))
+            self.before = sum_series(snapshot.values.items())
         if reset:
             self.resets += 1
             self.reset_spans.append((self.last_at or at, at))
@@ -204,7 +299,12 @@ class Accumulator:
             "seen": [[_key_list(k), t] for k, t in self.seen.items()],
             "gauge_weighted": dict(self.gauge_weighted),
             "gauge_seconds": dict(self.gauge_seconds),
+            "anomalies": [t.to_dict() for t in self.tallies()],
         }
+
+    def tallies(self) -> tuple[AnomalyTally, AnomalyTally, AnomalyTally]:
+        """Anomalous scrapes before, inside and after the span the counts cover."""
+        return self.anomalies_before, self.anomalies_inside, self.anomalies_after
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Accumulator:
@@ -223,6 +323,11 @@ class Accumulator:
             seen={_key_from(k): t for k, t in data.get("seen", [])},
             gauge_weighted=dict(data.get("gauge_weighted", {})),
             gauge_seconds=dict(data.get("gauge_seconds", {})),
+            **dict(zip(
+                ("anomalies_before", "anomalies_inside", "anomalies_after"),
+                (AnomalyTally.from_dict(t) for t in data.get("anomalies", [None] * 3)),
+                strict=True,
+            )),
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.snapshot import Counts
+from exporter.snapshot import Counts, integral
 
 
 def acceptance_ratio(counts: Counts) -> float | None:
@@ -22,24 +22,35 @@ def acceptance_length(counts: Counts) -> float | None:
 
 
 def position_ratios(counts: Counts) -> dict[int, float]:
-    """Per position, accepted at that position / drafts, in numeric position order."""
-    if counts.drafts <= 0:
-        return {}
-    return {pos: counts.per_position[pos] / counts.drafts for pos in sorted(counts.per_position)}
+    """Per position, accepted at it / the drafts behind it, in numeric position order.
+
+    The drafts behind position i are those of the parts that draft position i (see `Counts`):
+    a k=3 target does not dilute position 4 of a k=5 one.
+    """
+    ratios = {}
+    for pos in sorted(counts.per_position):
+        drafts = counts.drafts_at(pos)
+        if drafts > 0:
+            ratios[pos] = counts.per_position[pos] / drafts
+    return ratios
 
 
 def result_data(counts: Counts) -> dict[str, Any]:
-    """The `data` part of an AISBench RESULT (rounded as AISBench rounds); needs drafts > 0."""
+    """The `data` part of an AISBench RESULT, in full precision as AISBench's code writes it.
+
+    Only displays round (AISBench's tools print these with `:.2f`; rounding here first would
+    print the wrong second decimal for a share of windows).
+    """
     ratio = acceptance_ratio(counts)
     length = acceptance_length(counts)
     return {
-        "num_drafts": _int(counts.drafts),
-        "draft_tokens": _int(counts.draft_tokens),
-        "accepted_tokens": _int(counts.accepted),
-        "acceptance_rate": round(100.0 * ratio, 2) if ratio is not None else None,
-        "acceptance_length": round(length, 3) if length is not None else None,
+        "num_drafts": integral(counts.drafts),
+        "draft_tokens": integral(counts.draft_tokens),
+        "accepted_tokens": integral(counts.accepted),
+        "acceptance_rate": 100.0 * ratio if ratio is not None else None,
+        "acceptance_length": length,
         "per_position_acceptance_rates": {
-            str(pos): round(rate, 4) for pos, rate in position_ratios(counts).items()
+            str(pos): rate for pos, rate in position_ratios(counts).items()
         },
     }
 
@@ -47,8 +58,3 @@ def result_data(counts: Counts) -> dict[str, Any]:
 def has_activity(counts: Counts) -> bool:
     """Whether any draft happened (the condition for an `ok` result)."""
     return counts.drafts > 0 or counts.draft_tokens > 0
-
-
-def _int(value: float) -> int | float:
-    # Counters are integral in vLLM; keep a fraction rather than hide it if one ever shows up.
-    return int(value) if float(value).is_integer() else value

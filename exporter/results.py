@@ -1,16 +1,45 @@
-"""A stopped window's RESULTs: per target and aggregate, in AISBench's format plus our extras."""
+"""A stopped window's RESULTs: per target and aggregate, in AISBench's format plus our extras.
+
+Pure: no I/O, no aiohttp, no pydantic, so the stdlib-only client merges shards' answers with
+the same `aggregate` the exporter uses.
+"""
 
 from __future__ import annotations
 
-from exporter.accounting import Accumulator
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from exporter.accounting import Accumulator, AnomalyTally
 from exporter.advise import window_advice
 from exporter.derive import acceptance_length, acceptance_ratio, has_activity, result_data
+from exporter.isotime import iso_utc
 from exporter.parse import SGLANG_LENGTH, SGLANG_RATE, dialect_note
 from exporter.snapshot import Counts
 from exporter.window import TargetRef, Window
 
 NO_METRICS = "No spec decode metrics found on server"
 NO_ACTIVITY = "No spec decode activity detected during benchmark window"
+NO_USABLE_SPAN = "No span of the window with every spec decode counter usable"
+PER_POSITION_NOTE = (
+    "position i is over the drafts of the targets that draft position i (those with a series "
+    "for it): per_position_drafts"
+)
+
+
+class Status(StrEnum):
+    """A RESULT's `status`, as AISBench writes it."""
+
+    OK = "ok"
+    NA = "na"
+
+
+class Coverage(StrEnum):
+    """Whether the numbers cover the whole window or only a span of it."""
+
+    FULL = "full"
+    PARTIAL = "partial"
 
 
 def fetch_error(url: str, reason: str, when: str) -> str:
@@ -18,160 +47,352 @@ def fetch_error(url: str, reason: str, when: str) -> str:
     return f"Failed to fetch metrics from {url} at window {when}: {reason}"
 
 
-def _na(ref: TargetRef, error: str, extra: dict) -> dict:
-    return {"status": "na", "url": ref.url, "error": error, "data": None, "raw": None} | extra
+@dataclass(frozen=True)
+class Result:
+    """One RESULT (a target's, or the aggregate when `url` is None and `targets` is set).
+
+    `data` is derived from `increase` (or from `gauge_means` for an estimate); `to_json` is
+    the file and API form, `from_json` reads it back (a shard's answer, an older file).
+    """
+
+    status: Status
+    url: str | None
+    error: str | None = None
+    increase: Counts | None = None
+    before: Counts | None = None
+    after: Counts | None = None
+    per_model: Mapping[str, Counts] = field(default_factory=dict)
+    gauge_means: Mapping[str, float] | None = None  # set: an estimate from interval gauges
+    coverage: Coverage | None = None
+    coverage_note: str | None = None
+    reset_note: str | None = None
+    anomaly_note: str | None = None
+    target: str | None = None
+    host_port: str | None = None
+    targets: tuple[str, ...] | None = None  # the aggregate's summed targets
+    model_names: tuple[str, ...] = ()
+    engines: int = 0
+    dialect: str | None = None
+    dialect_note: str | None = None
+    resets: int = 0
+    scrapes: int | None = None
+    first_scrape_at: float | None = None
+    last_scrape_at: float | None = None
+    increase_until_removed: Counts | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Numbers to report."""
+        return self.status is Status.OK
+
+    @property
+    def summable(self) -> bool:
+        """Exact counts an aggregate can add (an estimate's gauge means cannot be)."""
+        return self.ok and self.increase is not None and self.gauge_means is None
+
+    def data(self) -> dict | None:
+        """AISBench's `data`: full precision, rounded only where displayed."""
+        if not self.ok:
+            return None
+        if self.gauge_means is not None:
+            means = self.gauge_means
+            return {
+                "num_drafts": None, "draft_tokens": None, "accepted_tokens": None,
+                "acceptance_rate": 100 * means[SGLANG_RATE] if SGLANG_RATE in means else None,
+                "acceptance_length": means.get(SGLANG_LENGTH),
+                "per_position_acceptance_rates": {},
+            }
+        return result_data(self.increase or Counts())
+
+    def to_json(self) -> dict:
+        """The RESULT as the API answers it and the file holds it: AISBench's keys first."""
+        body: dict[str, Any] = {
+            "status": self.status.value,
+            "url": self.url,
+            "error": self.error,
+            "data": self.data(),
+            "raw": {"before": _raw(self.before), "after": _raw(self.after)},
+        }
+        if self.ok and self.increase is not None:
+            body["increase"] = self.increase.as_raw()
+        if self.targets is not None:
+            body["targets"] = list(self.targets)
+        else:
+            body |= {"target": self.target, "host_port": self.host_port}
+        body |= {"model_names": list(self.model_names), "engines": self.engines}
+        if self.targets is None:
+            body |= {
+                "dialect": self.dialect, "scrapes": self.scrapes,
+                "first_scrape_at": self.first_scrape_at, "last_scrape_at": self.last_scrape_at,
+            }
+        body["resets"] = self.resets
+        optional = {
+            "dialect_note": self.dialect_note, "reset_note": self.reset_note,
+            "anomaly_note": self.anomaly_note,
+            "increase_until_removed": _raw(self.increase_until_removed),
+        }
+        body |= {k: v for k, v in optional.items() if v is not None}
+        if self.gauge_means is not None:
+            body |= {"estimate": True, "gauge_means": dict(self.gauge_means)}
+        if self.coverage is not None:
+            body |= {"coverage": self.coverage.value, "coverage_note": self.coverage_note}
+        if self.ok and self.increase is not None:
+            body["per_model"] = {
+                model: result_data(counts) | {"increase": counts.as_raw()}
+                for model, counts in sorted(self.per_model.items()) if has_activity(counts)
+            }
+            if self.targets is not None:
+                body["per_position_drafts"] = {
+                    str(p): self.increase.drafts_at(p) for p in sorted(self.increase.per_position)
+                }
+                body["per_position_note"] = PER_POSITION_NOTE
+        return body
+
+    @classmethod
+    def from_json(cls, body: Mapping) -> Result:
+        """Read a RESULT back (a shard's answer); keys it lacks keep their defaults."""
+        raw = body.get("raw") or {}
+        per_model = {
+            model: Counts.from_raw(entry["increase"])
+            for model, entry in (body.get("per_model") or {}).items()
+            if isinstance(entry, Mapping) and entry.get("increase")
+        }
+        coverage = body.get("coverage")
+        return cls(
+            status=Status(body.get("status", Status.NA)),
+            url=body.get("url"),
+            error=body.get("error"),
+            increase=_counts(body.get("increase")),
+            before=_counts(raw.get("before")),
+            after=_counts(raw.get("after")),
+            per_model=per_model,
+            gauge_means=body.get("gauge_means") if body.get("estimate") else None,
+            coverage=Coverage(coverage) if coverage else None,
+            coverage_note=body.get("coverage_note"),
+            reset_note=body.get("reset_note"),
+            anomaly_note=body.get("anomaly_note"),
+            target=body.get("target"),
+            host_port=body.get("host_port"),
+            targets=tuple(body["targets"]) if "targets" in body else None,
+            model_names=tuple(body.get("model_names") or ()),
+            engines=body.get("engines") or 0,
+            dialect=body.get("dialect"),
+            dialect_note=body.get("dialect_note"),
+            resets=body.get("resets") or 0,
+            scrapes=body.get("scrapes"),
+            first_scrape_at=body.get("first_scrape_at"),
+            last_scrape_at=body.get("last_scrape_at"),
+            increase_until_removed=_counts(body.get("increase_until_removed")),
+        )
 
 
-def target_result(window: Window, name: str) -> dict:
+def _raw(counts: Counts | None) -> dict | None:
+    return counts.as_raw() if counts is not None else None
+
+
+def _counts(raw: object) -> Counts | None:
+    return Counts.from_raw(raw) if isinstance(raw, Mapping) else None
+
+
+def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
+    """All targets with exact counts summed, then divided (never an average of ratios).
+
+    The one aggregate: the exporter's stop answer and the client's merge of shards' answers
+    both use it. Estimates (SGLang's gauge means) cannot be summed with counts: they stay out.
+    """
+    used = [(name, r) for name, r in results if r.summable]
+    total, before, after = Counts(), Counts(), Counts()
+    per_model: dict[str, Counts] = {}
+    for _, result in used:
+        total = total + (result.increase or Counts())
+        before = before + (result.before or Counts())
+        after = after + (result.after or Counts())
+        for model, counts in result.per_model.items():
+            per_model[model] = per_model.get(model, Counts()) + counts
+    partial = [name for name, r in used if r.coverage is Coverage.PARTIAL]
+    base = Result(
+        status=Status.NA, url=None, error=NO_ACTIVITY,
+        targets=tuple(name for name, _ in used),
+        resets=sum(r.resets for _, r in used),
+        engines=sum(r.engines for _, r in used),
+        model_names=tuple(sorted({m for _, r in used for m in r.model_names} | set(per_model))),
+    )
+    if not used or not has_activity(total):
+        return base
+    return replace(
+        base, status=Status.OK, error=None, increase=total, before=before, after=after,
+        per_model=per_model,
+        coverage=Coverage.PARTIAL if partial else Coverage.FULL,
+        coverage_note=(
+            f"partial: includes targets whose numbers cover part of the window: "
+            f"{', '.join(partial)}" if partial else None
+        ),
+    )
+
+
+def target_result(window: Window, name: str) -> Result:
     """The RESULT of one target of a stopped window."""
     ref = window.targets[name]
     acc = window.accumulators.get(name)
-    start_error = window.start_errors.get(name)
-    stop_error = window.stop_errors.get(name)
-    extra = _extras(ref, acc)
     notes = []
-    if start_error:
+    if start_error := window.start_errors.get(name):
         notes.append(fetch_error(ref.url, start_error, "start"))
-    if stop_error:
+    if stop_error := window.stop_errors.get(name):
         notes.append(fetch_error(ref.url, stop_error, "stop"))
+    base = _described(ref, acc, started=name not in window.start_errors)
     if name in window.removed:
         # The target left the window before its stop: N/A, with what was seen until then.
-        if acc is not None and acc.scrapes >= 2 and has_activity(acc.totals()):
-            extra["increase_until_removed"] = acc.totals().as_raw()
-        return _na(ref, "; ".join([window.removed[name], *notes]), extra)
+        until = acc.totals() if acc and acc.scrapes >= 2 and has_activity(acc.totals()) else None
+        return replace(base, error="; ".join([window.removed[name], *notes]),
+                       increase_until_removed=until)
+    anomalies = _anomaly_texts(acc)
     if acc is None or acc.scrapes == 0:
-        return _na(ref, "; ".join(notes) or NO_METRICS, extra)
+        if anomalies:
+            return replace(base, error=_no_usable_span(anomalies, notes))
+        return replace(base, error="; ".join(notes) or NO_METRICS)
     if acc.dialect == "sglang":
-        return _estimate_result(window, name, ref, acc, extra, notes)
+        return _estimate_result(window, acc, base, notes)
     if not acc.last:
-        return _na(ref, NO_METRICS, extra)
+        return replace(base, error=NO_METRICS)
     if acc.scrapes < 2:
-        # One good scrape is a baseline with nothing to compare it to.
-        return _na(ref, "; ".join(notes) or NO_ACTIVITY, extra)
+        # One usable scrape is a baseline with nothing to compare it to.
+        if anomalies:
+            return replace(base, error=_no_usable_span(anomalies, notes))
+        return replace(base, error="; ".join(notes) or NO_ACTIVITY)
     counts = acc.totals()
     if not has_activity(counts):
         reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
-        return _na(ref, reason, extra)
-    coverage = _coverage(window, name, acc, notes)
-    if acc.resets:
-        extra["reset_note"] = (
-            f"server restart seen {acc.resets} time(s) inside the window; "
-            "the increase before and after each restart is counted"
-        )
-        while_down = [
-            (down, up) for down, up in window.downtimes
-            if any(prev <= down and seen >= up for prev, seen in acc.reset_spans)
-        ]
-        if while_down:
-            down, up = while_down[-1]
-            extra["reset_note"] += (
-                f"; the server restarted while the exporter was down ({down:.3f} to {up:.3f}):"
-                " what it counted between our last scrape and its restart is lost"
-            )
-    return {
-        "status": "ok",
-        "url": ref.url,
-        "error": None,
-        "data": result_data(counts),
-        "raw": {"before": _before(acc).as_raw(), "after": acc.current().as_raw()},
-        "increase": counts.as_raw(),
-    } | extra | coverage | {"per_model": _per_model(acc)}
+        return replace(base, error=reason)
+    return replace(
+        base, status=Status.OK, increase=counts, per_model=acc.by_model(),
+        reset_note=_reset_note(window, acc),
+        anomaly_note=_anomaly_inside_note(acc.anomalies_inside),
+        **_coverage(window, acc, notes + anomalies),
+    )
 
 
-def _estimate_result(
-    window: Window, name: str, ref: TargetRef, acc: Accumulator, extra: dict, notes: list[str]
-) -> dict:
+def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> Result:
+    """An N/A RESULT with everything known of the target filled in: what others build on."""
+    return Result(
+        status=Status.NA, url=ref.url, target=ref.name, host_port=ref.host_port,
+        model_names=tuple(acc.model_names) if acc else (),
+        engines=len(acc.engines) if acc else 0,
+        dialect=(acc.dialect or None) if acc else None,
+        dialect_note=dialect_note(acc.dialect) if acc else None,
+        resets=acc.resets if acc else 0,
+        scrapes=acc.scrapes if acc else 0,
+        first_scrape_at=acc.first_at if acc else None,
+        last_scrape_at=acc.last_at if acc else None,
+        **_raw_pair(acc, started),
+    )
+
+
+def _raw_pair(acc: Accumulator | None, started: bool) -> dict:
+    """AISBench's before/after: the first and last usable scrape; None where there is none."""
+    if acc is None or acc.scrapes == 0 or acc.dialect == "sglang":
+        return {"before": None, "after": None}
+    before = acc.before or Counts()
+    if acc.scrapes >= 2:
+        return {"before": before, "after": acc.current()}
+    # One usable scrape: the start's, unless the start failed or was not usable.
+    if started and not acc.anomalies_before.count:
+        return {"before": before, "after": None}
+    return {"before": None, "after": before}
+
+
+def _estimate_result(window: Window, acc: Accumulator, base: Result, notes: list[str]) -> Result:
     """SGLang has no counters: the time-weighted means of its interval gauges, flagged."""
     means = acc.gauge_means()
     if acc.scrapes < 2 or SGLANG_LENGTH not in means:
         reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
-        return _na(ref, reason, extra)
-    data = {
-        "num_drafts": None,
-        "draft_tokens": None,
-        "accepted_tokens": None,
-        "acceptance_rate": round(100 * means[SGLANG_RATE], 2) if SGLANG_RATE in means else None,
-        "acceptance_length": round(means[SGLANG_LENGTH], 3),
-        "per_position_acceptance_rates": {},
-    }
-    return {
-        "status": "ok", "url": ref.url, "error": None, "data": data, "raw": None,
-        "estimate": True, "gauge_means": means,
-    } | extra | _coverage(window, name, acc, notes)
+        return replace(base, error=reason)
+    return replace(base, status=Status.OK, gauge_means=means, **_coverage(window, acc, notes))
 
 
-def _before(acc: Accumulator) -> Counts:
-    return acc.before if acc.before is not None else Counts()
-
-
-def _coverage(window: Window, name: str, acc: Accumulator, notes: list[str]) -> dict:
+def _coverage(window: Window, acc: Accumulator, notes: list[str]) -> dict:
     if not notes:
-        return {"coverage": "full", "coverage_note": None}
+        return {"coverage": Coverage.FULL, "coverage_note": None}
+    stopped = window.stopped_at or acc.last_at or window.started_at
     note = (
-        f"partial: the numbers cover {acc.first_at:.3f} to {acc.last_at:.3f} "
-        f"(window {window.started_at:.3f} to {window.stopped_at or acc.last_at:.3f}); "
-        + "; ".join(notes)
+        f"partial: the numbers cover {iso_utc(acc.first_at or 0.0)} to "
+        f"{iso_utc(acc.last_at or 0.0)} of the window {iso_utc(window.started_at)} to "
+        f"{iso_utc(stopped)}; " + "; ".join(notes)
     )
-    return {"coverage": "partial", "coverage_note": note}
+    return {"coverage": Coverage.PARTIAL, "coverage_note": note}
 
 
-def _extras(ref: TargetRef, acc: Accumulator | None) -> dict:
-    return {
-        "target": ref.name,
-        "host_port": ref.host_port,
-        "model_names": acc.model_names if acc else [],
-        "engines": len(acc.engines) if acc else 0,
-        "dialect": (acc.dialect or None) if acc else None,
-        "resets": acc.resets if acc else 0,
-        "scrapes": acc.scrapes if acc else 0,
-        "first_scrape_at": acc.first_at if acc else None,
-        "last_scrape_at": acc.last_at if acc else None,
-    } | ({"dialect_note": note} if acc and (note := dialect_note(acc.dialect)) else {})
+def _reset_note(window: Window, acc: Accumulator) -> str | None:
+    if not acc.resets:
+        return None
+    note = (
+        f"server restart seen {acc.resets} time(s) inside the window; "
+        "the increase before and after each restart is counted"
+    )
+    while_down = [
+        (down, up) for down, up in window.downtimes
+        if any(prev <= down and seen >= up for prev, seen in acc.reset_spans)
+    ]
+    if while_down:
+        down, up = while_down[-1]
+        note += (
+            f"; the server restarted while the exporter was down ({iso_utc(down)} to "
+            f"{iso_utc(up)}): what it counted between our last scrape and its restart is lost"
+        )
+    return note
 
 
-def _per_model(acc: Accumulator) -> dict:
-    return {m: result_data(c) for m, c in acc.by_model().items() if has_activity(c)}
+def _anomaly_text(tally: AnomalyTally) -> str | None:
+    """`<series> was NaN at <time> (scrape not used)`, and how many more scrapes alike."""
+    first = tally.first
+    if first is None:
+        return None
+    text = f"{first.series} was {first.value} at {iso_utc(first.at)}"
+    if first.others:
+        text += f" ({first.others} more unusable value(s) in that scrape)"
+    if tally.count > 1 and tally.last is not None:
+        text += f" (scrape not used, nor {tally.count - 1} more until {iso_utc(tally.last.at)})"
+    else:
+        text += " (scrape not used)"
+    return text
 
 
-def aggregate_result(window: Window, results: dict[str, dict]) -> dict:
-    """All targets with activity summed, then divided (never an average of ratios)."""
-    # Estimates (SGLang's gauge means) cannot be summed with counts: they stay out.
-    used = [n for n, r in results.items() if r["status"] == "ok" and not r.get("estimate")]
-    total, before, after = Counts(), Counts(), Counts()
-    per_model: dict[str, Counts] = {}
-    for name in used:
-        acc = window.accumulators[name]
-        total = total + acc.totals()
-        before = before + _before(acc)
-        after = after + acc.current()
-        for model, counts in acc.by_model().items():
-            per_model[model] = per_model.get(model, Counts()) + counts
-    base = {
-        "url": None,
-        "targets": used,
-        "resets": sum(results[n].get("resets", 0) for n in used),
-        "engines": sum(results[n].get("engines", 0) for n in used),
-        "model_names": sorted(per_model),
-    }
-    if not used:
-        return {"status": "na", "error": NO_ACTIVITY, "data": None, "raw": None} | base
-    return {
-        "status": "ok",
-        "error": None,
-        "data": result_data(total),
-        "raw": {"before": before.as_raw(), "after": after.as_raw()},
-        "increase": total.as_raw(),
-        "per_model": {m: result_data(c) for m, c in sorted(per_model.items()) if has_activity(c)},
-    } | base
+def _anomaly_texts(acc: Accumulator | None) -> list[str]:
+    """Why the span the numbers cover starts late or ends early (unusable scrapes at its ends)."""
+    if acc is None:
+        return []
+    texts = [_anomaly_text(acc.anomalies_before), _anomaly_text(acc.anomalies_after)]
+    return [t for t in texts if t]
+
+
+def _no_usable_span(anomalies: list[str], notes: list[str]) -> str:
+    return f"{NO_USABLE_SPAN}: " + "; ".join(notes + anomalies)
+
+
+def _anomaly_inside_note(tally: AnomalyTally) -> str | None:
+    first = tally.first
+    if first is None:
+        return None
+    what = f"{first.series} was {first.value} at {iso_utc(first.at)}"
+    scrapes = "1 scrape" if tally.count == 1 else f"{tally.count} scrapes"
+    first_of = "" if tally.count == 1 else "first: "
+    return (
+        f"{scrapes} inside the span not used: {first_of}{what}; "
+        "the next usable values bridge it exactly"
+    )
+
+
+def window_results(window: Window) -> dict[str, Result]:
+    """Every target's RESULT of a stopped window, by target name."""
+    return {name: target_result(window, name) for name in window.targets}
 
 
 def window_answer(window: Window) -> dict:
-    """The whole stop answer of a stopped window."""
-    results = {name: target_result(window, name) for name in window.targets}
+    """The whole stop answer of a stopped window, as JSON."""
+    results = window_results(window)
     answer = window.summary() | {
         "stopped_at": window.stopped_at,
-        "results": results,
-        "aggregate": aggregate_result(window, results),
+        "results": {name: result.to_json() for name, result in results.items()},
+        "aggregate": aggregate(results.items()).to_json(),
     }
     return answer | {"advice": window_advice(answer)}
 

@@ -23,7 +23,7 @@ from exporter.httpget import Answer, CutOff, GetError, Pool
 from exporter.inflate import InflateError, OverCapError, inflate, use_fastest_zlib
 from exporter.parse import parse_page
 from exporter.redact import redact_text
-from exporter.snapshot import Snapshot
+from exporter.snapshot import ScrapeResult
 
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 # The first sample line of a text exposition: a metric name, optional labels, then a number.
@@ -34,23 +34,6 @@ _SAMPLE_LINE = re.compile(
 _AIOHTTP_MESSAGE = re.compile(r"message='([^']*)'")
 _AIOHTTP_PREFIX = re.compile(r"^\d{3}, message:\s*")
 _USER_AGENT = f"specdec-exporter/{__version__}"
-
-
-@dataclass(frozen=True, slots=True)
-class ScrapeResult:
-    """What one scrape of one target gave: a snapshot, or the reason there is none."""
-
-    target: str
-    at: float  # wall-clock time the answer was complete, Unix seconds
-    duration: float
-    snapshot: Snapshot | None
-    error: str | None = None
-    size: int = 0
-
-    @property
-    def ok(self) -> bool:
-        """The page was fetched and read."""
-        return self.snapshot is not None
 
 
 class ScrapeFailure(ExporterError):

@@ -176,9 +176,10 @@ class ExporterService:
         state = self.targets.get(name)
         if state is None:  # removed by a reload while the scrape was in flight
             return
-        result = _usable_only(result)
         if result.ok:
-            self.targets[name] = replace(state, last=result)
+            # Our counters never show a NaN or negative value; windows and the live track see
+            # the page as it was, and treat such a scrape as an anomaly (accounting).
+            self.targets[name] = replace(state, last=_usable_only(result))
             self.live[name].feed(result.snapshot, result.at)
         else:
             log.debug("scrape failed target=%s error=%s", name, result.error)

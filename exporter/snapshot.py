@@ -30,22 +30,36 @@ class SeriesKey(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """Counter totals summed over engines: what the derived figures are computed from."""
+    """Counter totals summed over engines: what the derived figures are computed from.
+
+    Position i's rate is over the drafts of the parts (engines, targets) that draft position i,
+    those with a series for it: a sum of a k=3 and a k=5 part has position 4 over the k=5
+    part's drafts only. `position_drafts` holds those drafts where they differ from `drafts`.
+    """
 
     drafts: float = 0.0
     draft_tokens: float = 0.0
     accepted: float = 0.0
     per_position: Mapping[int, float] = field(default_factory=dict)
+    position_drafts: Mapping[int, float] = field(default_factory=dict)
+
+    def drafts_at(self, pos: int) -> float:
+        """The drafts behind position `pos`: of the parts that have a series for it."""
+        if pos not in self.per_position:
+            return 0.0
+        return self.position_drafts.get(pos, self.drafts)
 
     def __add__(self, other: Counts) -> Counts:
         per_pos = dict(self.per_position)
         for pos, value in other.per_position.items():
             per_pos[pos] = per_pos.get(pos, 0.0) + value
+        drafts = self.drafts + other.drafts
         return Counts(
-            self.drafts + other.drafts,
+            drafts,
             self.draft_tokens + other.draft_tokens,
             self.accepted + other.accepted,
             per_pos,
+            _uneven(per_pos, drafts, lambda p: self.drafts_at(p) + other.drafts_at(p)),
         )
 
     def __sub__(self, other: Counts) -> Counts:
@@ -53,21 +67,34 @@ class Counts:
             pos: value - other.per_position.get(pos, 0.0)
             for pos, value in self.per_position.items()
         }
+        drafts = self.drafts - other.drafts
         return Counts(
-            self.drafts - other.drafts,
+            drafts,
             self.draft_tokens - other.draft_tokens,
             self.accepted - other.accepted,
             per_pos,
+            _uneven(per_pos, drafts, lambda p: self.drafts_at(p) - other.drafts_at(p)),
         )
 
     def as_raw(self) -> dict[str, Any]:
-        """The counters as AISBench's `raw` dump names them, positions in numeric order."""
-        return {
-            Field.DRAFTS.value: self.drafts,
-            Field.DRAFT_TOKENS.value: self.draft_tokens,
-            Field.ACCEPTED.value: self.accepted,
-            Field.PER_POS.value: {str(p): self.per_position[p] for p in sorted(self.per_position)},
+        """The counters as AISBench's `raw` dump names them, positions in numeric order.
+
+        Integral values are ints, as AISBench writes them; `num_drafts_per_pos` appears only
+        where positions have different drafts behind them (parts of different k).
+        """
+        raw: dict[str, Any] = {
+            Field.DRAFTS.value: integral(self.drafts),
+            Field.DRAFT_TOKENS.value: integral(self.draft_tokens),
+            Field.ACCEPTED.value: integral(self.accepted),
+            Field.PER_POS.value: {
+                str(p): integral(self.per_position[p]) for p in sorted(self.per_position)
+            },
         }
+        if self.position_drafts:
+            raw[DRAFTS_PER_POS] = {
+                str(p): integral(self.position_drafts[p]) for p in sorted(self.position_drafts)
+            }
+        return raw
 
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> Counts:
@@ -77,7 +104,27 @@ class Counts:
             float(raw.get(Field.DRAFT_TOKENS.value, 0.0)),
             float(raw.get(Field.ACCEPTED.value, 0.0)),
             {int(p): float(v) for p, v in raw.get(Field.PER_POS.value, {}).items()},
+            {int(p): float(v) for p, v in raw.get(DRAFTS_PER_POS, {}).items()},
         )
+
+
+DRAFTS_PER_POS = "num_drafts_per_pos"
+
+
+def integral(value: float) -> int | float:
+    """An integral count as an int (AISBench writes `2043630`, not `2043630.0`)."""
+    # Counters are integral in vLLM; keep a fraction rather than hide it if one ever shows up.
+    return int(value) if float(value).is_integer() else value
+
+
+def _uneven(per_pos: Mapping[int, float], drafts: float, drafts_at) -> dict[int, float]:
+    """Per position, its drafts where they differ from `drafts` (empty in the usual case)."""
+    uneven = {}
+    for pos in per_pos:
+        at = drafts_at(pos)
+        if at != drafts:
+            uneven[pos] = at
+    return uneven
 
 
 # Enum member look-ups cost a descriptor call each; this loop runs for every series of every
@@ -88,20 +135,40 @@ _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (
 
 
 def sum_series(values: Iterable[tuple[SeriesKey, float]]) -> Counts:
-    """Sum series values into one `Counts` (over engines, models and extra labels)."""
+    """Sum series values into one `Counts` (over engines, models and extra labels).
+
+    A position's drafts are those of the engines with a series for that position, so engines
+    of different k (two models on one server, say) each weigh only where they draft.
+    """
     drafts = draft_tokens = accepted = 0.0
     per_pos: dict[int, float] = {}
+    engine_drafts: dict[tuple, float] = {}
+    position_engines: dict[int, set[tuple]] = {}
     for key, value in values:
         f = key.field
         if f is _DRAFTS:
             drafts += value
+            engine = (key.model_name, key.engine, key.extra)
+            engine_drafts[engine] = engine_drafts.get(engine, 0.0) + value
         elif f is _DRAFT_TOKENS:
             draft_tokens += value
         elif f is _ACCEPTED:
             accepted += value
         elif f is _PER_POS:
-            per_pos[key.position] = per_pos.get(key.position, 0.0) + value
-    return Counts(drafts, draft_tokens, accepted, per_pos)
+            pos = key.position
+            per_pos[pos] = per_pos.get(pos, 0.0) + value
+            engines = position_engines.get(pos)
+            if engines is None:
+                engines = position_engines[pos] = set()
+            engines.add((key.model_name, key.engine, key.extra))
+    uneven: dict[int, float] = {}
+    if len(engine_drafts) > 1:
+        for pos, engines in position_engines.items():
+            # A position whose engines show no drafts series of their own (labels that differ
+            # between the two families) cannot be matched: it keeps every draft behind it.
+            if len(engines) < len(engine_drafts) and engines <= engine_drafts.keys():
+                uneven[pos] = sum(engine_drafts[e] for e in engines)
+    return Counts(drafts, draft_tokens, accepted, per_pos, uneven)
 
 
 def counts_by_model(values: Mapping[SeriesKey, float]) -> dict[str, Counts]:
@@ -148,3 +215,20 @@ class Snapshot:
 
 
 EMPTY_SNAPSHOT = Snapshot(values={}, created={})
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """What one scrape of one target gave: a snapshot, or the reason there is none."""
+
+    target: str
+    at: float  # wall-clock time the answer was complete, Unix seconds
+    duration: float
+    snapshot: Snapshot | None
+    error: str | None = None
+    size: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """The page was fetched and read."""
+        return self.snapshot is not None

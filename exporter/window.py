@@ -12,7 +12,7 @@ from typing import Any
 from exporter.accounting import Accumulator
 from exporter.errors import RequestError
 from exporter.redact import redact_url
-from exporter.scrape import ScrapeResult
+from exporter.snapshot import ScrapeResult
 
 # Ids name directories of results: letters, digits and . _ - only, so no path can escape.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

@@ -7,7 +7,14 @@ import math
 
 import pytest
 
-from exporter.accounting import Accumulator, LiveTrack, counter_increase
+from exporter.accounting import (
+    Accumulator,
+    Anomaly,
+    AnomalyTally,
+    LiveTrack,
+    counter_increase,
+    find_anomaly,
+)
 from exporter.snapshot import Counts, Field, SeriesKey, Snapshot
 
 NAN = math.nan
@@ -80,11 +87,15 @@ class TestAccumulator:
             ([5], 0, 0),
             ([10, 20, 3, 8], 10 + 3 + 5, 1),  # restart between 20 and 3
             ([10, 20, 0, 4, 2, 6], 10 + 0 + 4 + 2 + 4, 2),
-            ([10, NAN, 14], 4, 0),  # NaN skipped, the last good value kept
+            ([10, NAN, 14], 4, 0),  # the NaN scrape not taken, bridged by the next one
             ([10, INF, 14], 4, 0),
             ([10, -3, 14], 4, 0),
             ([10, NAN, 7], 7, 1),
-            ([NAN, 10, 14], 14, 0),  # no usable baseline: counted from zero when first usable
+            # No usable baseline: the first usable scrape is the baseline, not zero (counting
+            # from zero put a server's whole lifetime count into the window).
+            ([NAN, 10, 14], 4, 0),
+            ([NAN, -1, 10, 14], 4, 0),
+            ([10, 14, NAN], 4, 0),
             ([0.5, 1.25, 2.0], 1.5, 0),
         ],
     )
@@ -93,7 +104,50 @@ class TestAccumulator:
         feed_all(acc, [snap({key(D): v}) for v in sequence])
         assert acc.totals().drafts == pytest.approx(want)
         assert acc.resets == resets
-        assert acc.scrapes == len(sequence)
+        usable = [v for v in sequence if 0 <= v < INF]
+        assert acc.scrapes == len(usable)
+        anomalies = sum(t.count for t in acc.tallies())
+        assert anomalies == len(sequence) - len(usable)
+
+    def test_anomalies_before_inside_and_after_the_span(self):
+        acc = Accumulator()
+        tokens = key(T)
+        pages = [
+            snap({key(D): NAN, tokens: 1.0}),  # 100: before the first usable scrape
+            snap({key(D): 1.0, tokens: -2.0}),  # 101: before, too
+            snap({key(D): 2.0, tokens: 6.0}),  # 102: baseline
+            snap({key(D): INF, tokens: NAN}),  # 103: inside (bridged by 104)
+            snap({key(D): 4.0, tokens: 12.0}),  # 104
+            snap({key(D): NAN, tokens: 20.0}),  # 105: after the last usable scrape
+        ]
+        feed_all(acc, pages)
+        assert (acc.first_at, acc.last_at, acc.scrapes) == (102.0, 104.0, 2)
+        assert acc.totals() == Counts(2.0, 6.0, 0.0, {})
+        before, inside, after = acc.tallies()
+        drafts = 'num_drafts{engine="0",model_name="m"}'
+        tokens_text = 'num_draft_tokens{engine="0",model_name="m"}'
+        assert before == AnomalyTally(2, Anomaly(100.0, drafts, "NaN"),
+                                      Anomaly(101.0, tokens_text, "-2"))
+        assert inside == AnomalyTally(1, Anomaly(103.0, tokens_text, "NaN", others=1),
+                                      Anomaly(103.0, tokens_text, "NaN", others=1))
+        last = Anomaly(105.0, drafts, "NaN")
+        assert after == AnomalyTally(1, last, last)
+        back = Accumulator.from_dict(json.loads(json.dumps(acc.to_dict())))
+        assert back == acc
+
+    @pytest.mark.parametrize("value,text", [
+        (NAN, "NaN"), (INF, "+Inf"), (-INF, "-Inf"), (-5.0, "-5"), (-0.25, "-0.25"),
+    ])
+    def test_anomaly_names_series_and_value(self, value, text):
+        position = SeriesKey(P, "org/model", "1", 11, (("job", "vllm"),))
+        found = find_anomaly(snap({position: value, key(D): 3.0}), 7.0)
+        assert found == Anomaly(
+            7.0, 'accepted_per_pos{engine="1",model_name="org/model",position="11",job="vllm"}',
+            text,
+        )
+
+    def test_negative_zero_is_usable(self):
+        assert find_anomaly(snap({key(D): -0.0}), 1.0) is None
 
     @pytest.mark.parametrize(
         "sequence,want,resets",
@@ -193,11 +247,12 @@ class TestAccumulator:
         assert acc.by_model()["a"].per_position[11] == 2 * 12
         assert acc.model_names == ["a", "b"]
 
-    def test_nan_baseline_does_not_poison_before(self):
+    def test_nan_baseline_is_not_the_baseline(self):
         acc = Accumulator()
         feed_all(acc, [snap({key(D, "0"): 10, key(D, "1"): NAN}), snap({key(D, "0"): 12})])
-        assert acc.before == Counts(drafts=10)
+        assert acc.before == Counts(drafts=12)
         assert acc.current().drafts == 12
+        assert acc.scrapes == 1
 
     def test_times_and_dialect(self):
         acc = Accumulator()
@@ -300,9 +355,21 @@ class TestRestartSeenLate:
         acc = Accumulator()
         acc.feed(snap({drafts: 100.0, accepted: 50.0}), 1.0)  # baseline
         acc.feed(snap({drafts: 110.0, accepted: 55.0}), 2.0)  # +10, +5
-        acc.feed(snap({drafts: 4.0, accepted: float("nan")}), 3.0)  # restart; accepted skipped
+        acc.feed(snap({drafts: 4.0}), 3.0)  # restart; accepted missing from this page
         acc.feed(snap({drafts: 9.0, accepted: 3.0}), 4.0)  # accepted shows it a scrape late
         totals = acc.totals()
         assert totals.drafts == 10 + 4 + 5  # not 10 + 4 + 9
         assert totals.accepted == 5 + 3
         assert acc.resets == 2  # both scrapes showed a restart of some series
+
+    def test_restart_behind_an_unusable_scrape_counts_once(self):
+        drafts, accepted = key(Field.DRAFTS), key(Field.ACCEPTED)
+        acc = Accumulator()
+        acc.feed(snap({drafts: 100.0, accepted: 50.0}), 1.0)  # baseline
+        acc.feed(snap({drafts: 110.0, accepted: 55.0}), 2.0)  # +10, +5
+        acc.feed(snap({drafts: 4.0, accepted: float("nan")}), 3.0)  # restart; scrape not taken
+        acc.feed(snap({drafts: 9.0, accepted: 3.0}), 4.0)  # the restart, seen here
+        totals = acc.totals()
+        assert totals.drafts == 10 + 9
+        assert totals.accepted == 5 + 3
+        assert acc.resets == 1

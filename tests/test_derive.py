@@ -84,12 +84,20 @@ class TestResultData:
             "num_drafts": 163,
             "draft_tokens": 815,
             "accepted_tokens": 809,
-            "acceptance_rate": 99.26,
-            "acceptance_length": 5.963,
+            # Full precision, as AISBench's own code writes them: only displays round.
+            "acceptance_rate": 99.2638036809816,
+            "acceptance_length": 5.96319018404908,
             "per_position_acceptance_rates": {
-                "0": 0.9939, "1": 0.9939, "2": 0.9939, "3": 0.9939, "4": 0.9877
+                "0": 0.9938650306748467, "1": 0.9938650306748467, "2": 0.9938650306748467,
+                "3": 0.9938650306748467, "4": 0.9877300613496932,
             },
         }
+
+    def test_no_double_rounding(self):
+        # DFlash-like: the true length 2.6146 prints 2.61; stored as 2.615 it printed 2.62.
+        data = result_data(Counts(5000, 35000, 8073, {}))
+        assert data["acceptance_length"] == 1 + 8073 / 5000  # 2.6146000000000003
+        assert f"{data['acceptance_length']:.2f}" == "2.61"
 
     def test_counts_are_ints(self):
         data = result_data(Counts(163.0, 815.0, 809.0, {0: 162.0}))
@@ -111,8 +119,8 @@ class TestResultData:
                 Counts(3, 9, 2, {0: 1, 1: 1, 2: 0}),
                 {
                     "num_drafts": 3, "draft_tokens": 9, "accepted_tokens": 2,
-                    "acceptance_rate": 22.22, "acceptance_length": 1.667,
-                    "per_position_acceptance_rates": {"0": 0.3333, "1": 0.3333, "2": 0.0},
+                    "acceptance_rate": 2 / 9 * 100, "acceptance_length": 1 + 2 / 3,
+                    "per_position_acceptance_rates": {"0": 1 / 3, "1": 1 / 3, "2": 0.0},
                 },
             ),
             (

@@ -1,0 +1,191 @@
+"""A stopped window's RESULTs end to end: a loopback page server, the exporter, exact answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+from aiohttp import web
+
+T0 = 1796234400.0  # 2026-12-02T18:00:00Z
+SERIES_LABELS = 'engine="0",model_name="m"'
+NAMES = {
+    "drafts": "vllm:spec_decode_num_drafts_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted": "vllm:spec_decode_num_accepted_tokens_total",
+}
+
+
+class Clock:
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Page:
+    """The counters a loopback server shows, and values to show as written instead of them."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    per_position: list[int] = field(default_factory=list)
+    text: dict[str, str] = field(default_factory=dict)  # counter -> value text (NaN, +Inf)
+
+    def set(self, counts: tuple[int, int, list[int]], text: dict[str, str]) -> None:
+        self.drafts, self.draft_tokens, self.per_position = counts
+        self.text = text
+
+    def render(self) -> str:
+        values = {"drafts": self.drafts, "draft_tokens": self.draft_tokens,
+                  "accepted": sum(self.per_position)}
+        lines = []
+        for counter, name in NAMES.items():
+            lines.append(f"# TYPE {name[:-6]} counter")
+            lines.append(f"{name}{{{SERIES_LABELS}}} {self.text.get(counter, values[counter])}")
+        lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+        for pos, value in enumerate(self.per_position):
+            lines.append(f"vllm:spec_decode_num_accepted_tokens_per_pos_total"
+                         f'{{{SERIES_LABELS},position="{pos}"}} {value}')
+        return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def page_server(aiohttp_server):
+    """Factory: `await page_server()` -> (Page, its /metrics URL) on a loopback port."""
+
+    async def make() -> tuple[Page, str]:
+        page = Page()
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=page.render(), content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        server = await aiohttp_server(app)
+        return page, str(server.make_url("/metrics"))
+
+    return make
+
+
+# Three states of the server's counters, 10 s apart. From the first to the second: 20 drafts,
+# 60 draft tokens, 30 accepted (10 per position); from the second to the third: 40 drafts,
+# 120 draft tokens, 30 accepted (20, 10, 0).
+STATES = [(100, 300, [70, 50, 30]), (120, 360, [80, 60, 40]), (160, 480, [100, 70, 40])]
+RAW = [
+    {"num_drafts": d, "num_draft_tokens": t, "num_accepted_tokens": sum(p),
+     "accepted_per_pos": {str(i): v for i, v in enumerate(p)}}
+    for d, t, p in STATES
+]
+FIRST_SPAN = {"num_drafts": 20, "draft_tokens": 60, "accepted_tokens": 30,
+              "acceptance_rate": 50.0, "acceptance_length": 2.5,
+              "per_position_acceptance_rates": {"0": 0.5, "1": 0.5, "2": 0.5}}
+SECOND_SPAN = {"num_drafts": 40, "draft_tokens": 120, "accepted_tokens": 30,
+               "acceptance_rate": 25.0, "acceptance_length": 1.75,
+               "per_position_acceptance_rates": {"0": 0.5, "1": 0.25, "2": 0.0}}
+
+
+async def _window(page_server, exporter, bad: dict[int, dict[str, str]], states=(0, 1, 2)):
+    """Start at T0, one scrape round at T0+10 (unless left out), stop at T0+20.
+
+    `bad` maps a state's index to counters shown with an unusable value in that scrape.
+    """
+    page, url = await page_server()
+    clock = Clock()
+    exp = await exporter({"targets": [{"name": "a", "url": url}]}, clock=clock)
+    for step, state in enumerate(states):
+        page.set(STATES[state], bad.get(state, {}))
+        clock.now = T0 + 10 * state
+        if step == 0:
+            await exp.start(id="w")
+        elif step < len(states) - 1:
+            await exp.round()
+    answer = await exp.stop("w")
+    return answer, answer["results"]["a"]
+
+
+class TestUnusableCounterValues:
+    """A NaN, infinite or negative counter value is an anomaly of its scrape, never a number."""
+
+    @pytest.mark.parametrize("counter,text,series", [
+        ("accepted", "NaN", 'num_accepted_tokens{engine="0",model_name="m"}'),
+        ("draft_tokens", "+Inf", 'num_draft_tokens{engine="0",model_name="m"}'),
+    ])
+    async def test_at_stop_the_numbers_end_at_the_last_usable_scrape(
+        self, page_server, exporter, counter, text, series
+    ):
+        answer, result = await _window(page_server, exporter, {2: {counter: text}})
+        assert result["status"] == "ok" and result["error"] is None
+        assert result["data"] == FIRST_SPAN
+        assert result["raw"] == {"before": RAW[0], "after": RAW[1]}
+        assert result["coverage"] == "partial"
+        assert result["coverage_note"] == (
+            "partial: the numbers cover 2026-12-02T18:00:00.000Z to 2026-12-02T18:00:10.000Z"
+            " of the window 2026-12-02T18:00:00.000Z to 2026-12-02T18:00:20.000Z; "
+            f"{series} was {text} at 2026-12-02T18:00:20.000Z (scrape not used)"
+        )
+        assert (result["first_scrape_at"], result["last_scrape_at"]) == (T0, T0 + 10)
+
+    @pytest.mark.parametrize("counter,text,series", [
+        ("accepted", "NaN", 'num_accepted_tokens{engine="0",model_name="m"}'),
+        ("draft_tokens", "+Inf", 'num_draft_tokens{engine="0",model_name="m"}'),
+    ])
+    async def test_at_start_the_numbers_begin_at_the_first_usable_scrape(
+        self, page_server, exporter, counter, text, series
+    ):
+        answer, result = await _window(page_server, exporter, {0: {counter: text}})
+        assert result["status"] == "ok" and result["error"] is None
+        assert result["data"] == SECOND_SPAN
+        assert result["raw"] == {"before": RAW[1], "after": RAW[2]}
+        assert result["coverage"] == "partial"
+        assert result["coverage_note"] == (
+            "partial: the numbers cover 2026-12-02T18:00:10.000Z to 2026-12-02T18:00:20.000Z"
+            " of the window 2026-12-02T18:00:00.000Z to 2026-12-02T18:00:20.000Z; "
+            f"{series} was {text} at 2026-12-02T18:00:00.000Z (scrape not used)"
+        )
+        assert (result["first_scrape_at"], result["last_scrape_at"]) == (T0 + 10, T0 + 20)
+
+    @pytest.mark.parametrize("bad_state,counter,text,series,raw", [
+        (2, "accepted", "NaN", 'num_accepted_tokens{engine="0",model_name="m"}',
+         {"before": RAW[0], "after": None}),
+        (0, "accepted", "NaN", 'num_accepted_tokens{engine="0",model_name="m"}',
+         {"before": None, "after": RAW[2]}),
+        (2, "draft_tokens", "+Inf", 'num_draft_tokens{engine="0",model_name="m"}',
+         {"before": RAW[0], "after": None}),
+        (0, "draft_tokens", "+Inf", 'num_draft_tokens{engine="0",model_name="m"}',
+         {"before": None, "after": RAW[2]}),
+    ])
+    async def test_no_usable_span_left_is_na(
+        self, page_server, exporter, bad_state, counter, text, series, raw
+    ):
+        answer, result = await _window(
+            page_server, exporter, {bad_state: {counter: text}}, states=(0, 2)
+        )
+        at = "2026-12-02T18:00:20.000Z" if bad_state else "2026-12-02T18:00:00.000Z"
+        assert result["status"] == "na"
+        assert result["error"] == (
+            "No span of the window with every spec decode counter usable: "
+            f"{series} was {text} at {at} (scrape not used)"
+        )
+        assert result["data"] is None
+        assert result["raw"] == raw
+        assert answer["aggregate"]["status"] == "na"
+
+    async def test_negative_value_inside_the_window_is_bridged_and_said(
+        self, page_server, exporter
+    ):
+        answer, result = await _window(page_server, exporter, {1: {"drafts": "-5"}})
+        assert result["status"] == "ok"
+        assert result["data"] == {
+            "num_drafts": 60, "draft_tokens": 180, "accepted_tokens": 60,
+            # AISBench's expression, to the last bit: (accepted / draft tokens) * 100
+            "acceptance_rate": 60 / 180 * 100, "acceptance_length": 2.0,
+            "per_position_acceptance_rates": {"0": 0.5, "1": 20 / 60, "2": 10 / 60},
+        }
+        assert result["coverage"] == "full" and result["coverage_note"] is None
+        assert result["anomaly_note"] == (
+            '1 scrape inside the span not used: num_drafts{engine="0",model_name="m"} was -5 '
+            "at 2026-12-02T18:00:10.000Z; the next usable values bridge it exactly"
+        )
+        assert result["raw"] == {"before": RAW[0], "after": RAW[2]}
