@@ -96,26 +96,26 @@ class AnomalyTally:
             self.first = self.first or other.first
             self.last = other.last
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able state."""
         return {"count": self.count, "first": _anomaly_list(self.first),
                 "last": _anomaly_list(self.last)}
 
     @classmethod
-    def from_dict(cls, data: Mapping | None) -> AnomalyTally:
+    def from_dict(cls, data: Mapping[str, Any] | None) -> AnomalyTally:
         """Inverse of `to_dict`."""
         if not data:
             return cls()
         return cls(data["count"], _anomaly_from(data["first"]), _anomaly_from(data["last"]))
 
 
-def _anomaly_list(anomaly: Anomaly | None) -> list | None:
+def _anomaly_list(anomaly: Anomaly | None) -> list[Any] | None:
     if anomaly is None:
         return None
     return [anomaly.at, anomaly.series, anomaly.value, anomaly.others]
 
 
-def _anomaly_from(data: list | None) -> Anomaly | None:
+def _anomaly_from(data: Sequence[Any] | None) -> Anomaly | None:
     return Anomaly(*data) if data else None
 
 

@@ -90,7 +90,7 @@ class Result:
         """Exact counts an aggregate can add (an estimate's gauge means cannot be)."""
         return self.ok and self.increase is not None and self.gauge_means is None
 
-    def data(self) -> dict | None:
+    def data(self) -> dict[str, Any] | None:
         """AISBench's `data`: full precision, rounded only where displayed."""
         if not self.ok:
             return None
@@ -104,7 +104,7 @@ class Result:
             }
         return result_data(self.increase or Counts())
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The RESULT as the API answers it and the file holds it: AISBench's keys first."""
         body: dict[str, Any] = {
             "status": self.status.value,
@@ -149,7 +149,7 @@ class Result:
         return body
 
     @classmethod
-    def from_json(cls, body: Mapping) -> Result:
+    def from_json(cls, body: Mapping[str, Any]) -> Result:
         """Read a RESULT back (a shard's answer); keys it lacks keep their defaults."""
         raw = body.get("raw") or {}
         per_model = {
@@ -186,7 +186,7 @@ class Result:
         )
 
 
-def _raw(counts: Counts | None) -> dict | None:
+def _raw(counts: Counts | None) -> dict[str, Any] | None:
     return counts.as_raw() if counts is not None else None
 
 
@@ -287,7 +287,7 @@ def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> Res
     )
 
 
-def _raw_pair(acc: Accumulator | None, started: bool) -> dict:
+def _raw_pair(acc: Accumulator | None, started: bool) -> dict[str, Any]:
     """AISBench's before/after: the first and last usable scrape; None where there is none."""
     if acc is None or acc.scrapes == 0 or acc.dialect == "sglang":
         return {"before": None, "after": None}
@@ -309,7 +309,7 @@ def _estimate_result(window: Window, acc: Accumulator, base: Result, notes: list
     return replace(base, status=Status.OK, gauge_means=means, **_coverage(window, acc, notes))
 
 
-def _coverage(window: Window, acc: Accumulator, notes: list[str]) -> dict:
+def _coverage(window: Window, acc: Accumulator, notes: list[str]) -> dict[str, Any]:
     if not notes:
         return {"coverage": Coverage.FULL, "coverage_note": None}
     stopped = window.stopped_at or acc.last_at or window.started_at
@@ -386,7 +386,7 @@ def window_results(window: Window) -> dict[str, Result]:
     return {name: target_result(window, name) for name in window.targets}
 
 
-def window_answer(window: Window) -> dict:
+def window_answer(window: Window) -> dict[str, Any]:
     """The whole stop answer of a stopped window, as JSON."""
     results = window_results(window)
     answer = window.summary() | {
@@ -397,7 +397,7 @@ def window_answer(window: Window) -> dict:
     return answer | {"advice": window_advice(answer)}
 
 
-def window_series(window: Window) -> dict:
+def window_series(window: Window) -> dict[str, Any]:
     """Per target, per scrape: cumulative and since-the-previous-scrape ratio and length."""
     targets = {}
     for name, points in window.series.items():
@@ -417,6 +417,6 @@ def window_series(window: Window) -> dict:
             "stopped_at": window.stopped_at, "targets": targets}
 
 
-def _ratio_pair(prefix: str, counts: Counts) -> dict:
+def _ratio_pair(prefix: str, counts: Counts) -> dict[str, Any]:
     return {f"{prefix}acceptance_ratio": acceptance_ratio(counts),
             f"{prefix}acceptance_length": acceptance_length(counts)}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -117,7 +117,9 @@ def integral(value: float) -> int | float:
     return int(value) if float(value).is_integer() else value
 
 
-def _uneven(per_pos: Mapping[int, float], drafts: float, drafts_at) -> dict[int, float]:
+def _uneven(
+    per_pos: Mapping[int, float], drafts: float, drafts_at: Callable[[int], float]
+) -> dict[int, float]:
     """Per position, its drafts where they differ from `drafts` (empty in the usual case)."""
     uneven = {}
     for pos in per_pos:
@@ -126,6 +128,8 @@ def _uneven(per_pos: Mapping[int, float], drafts: float, drafts_at) -> dict[int,
             uneven[pos] = at
     return uneven
 
+
+_Engine = tuple[str, str, tuple[tuple[str, str], ...]]  # model name, engine, extra labels
 
 # Enum member look-ups cost a descriptor call each; this loop runs for every series of every
 # scrape, so the members are bound once.
@@ -142,8 +146,8 @@ def sum_series(values: Iterable[tuple[SeriesKey, float]]) -> Counts:
     """
     drafts = draft_tokens = accepted = 0.0
     per_pos: dict[int, float] = {}
-    engine_drafts: dict[tuple, float] = {}
-    position_engines: dict[int, set[tuple]] = {}
+    engine_drafts: dict[_Engine, float] = {}
+    position_engines: dict[int, set[_Engine]] = {}
     for key, value in values:
         f = key.field
         if f is _DRAFTS:
