@@ -363,6 +363,12 @@ class LiveTrack:
 
     def over_span(self, now: float) -> Counts | None:
         """Increase over the last `span` seconds, or None with fewer than two scrapes in it."""
+        ends = self.span_ends(now)
+        return None if ends is None else ends[1][1] - ends[0][1]
+
+    def span_ends(self, now: float) -> tuple[tuple[float, Counts], tuple[float, Counts]] | None:
+        """The (time, totals) points `over_span` subtracts; the same objects until one of them
+        changes, so a reader can cache what it derives from them."""
         if len(self.points) < 2:
             return None
         start = self.points[0]
@@ -374,4 +380,4 @@ class LiveTrack:
         end = self.points[-1]
         if end[0] <= start[0]:
             return None
-        return end[1] - start[1]
+        return start, end

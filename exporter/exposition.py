@@ -18,6 +18,7 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
+from exporter.accounting import LiveTrack
 from exporter.config import Config
 from exporter.derive import acceptance_length, acceptance_ratio, position_ratios
 from exporter.service import ExporterService, TargetState
@@ -25,6 +26,7 @@ from exporter.snapshot import Counts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INF = float("inf")
+_Point = tuple[float, Counts]
 
 _LIVE_NOTE = (
     "Computed from the exporter's own background scrapes over live_window (not at the time "
@@ -131,36 +133,112 @@ def _ratio_lines(labels: str, counts: Counts, out: dict[Family, list[str]],
         out[pos_family].append(_line(pos_family.name, f'{labels},position="{pos}"', value))
 
 
+class _Labels:
+    """A target's sample prefixes (`name{labels} `), kept while its config object lives.
+
+    A scrape brings new numbers, never new labels (except a new model name or position, added
+    here once): a block of lines is then one concatenation and one `repr` per sample.
+    """
+
+    __slots__ = ("config", "text", "fixed", "models", "live_positions")
+
+    def __init__(self, name: str, state: TargetState):
+        self.config = state.config
+        self.text = label_text({"target": name} | state.config.labels)
+        self.fixed = {f: f"{f.name}{{{self.text}}} "
+                      for f in (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, RATIO, LENGTH)}
+        self.models: dict[str, tuple[str, str, str, dict[int, str]]] = {}
+        self.live_positions: dict[int, str] = {}
+
+    def model(self, model: str) -> tuple[str, str, str, dict[int, str]]:
+        """Prefixes of the drafts, draft tokens and accepted lines, and per position, of a model."""
+        found = self.models.get(model)
+        if found is None:
+            with_model = f'{self.text},model_name="{escape(model)}"'
+            found = self.models[model] = (
+                f"{DRAFTS.name}{{{with_model}}} ", f"{DRAFT_TOKENS.name}{{{with_model}}} ",
+                f"{ACCEPTED.name}{{{with_model}}} ", {},
+            )
+        return found
+
+    def position(self, per_model: dict[int, str], model: str, pos: int) -> str:
+        """Prefix of the per-position counter line of `model` at `pos`."""
+        found = per_model.get(pos)
+        if found is None:
+            labels = f'{self.text},model_name="{escape(model)}",position="{pos}"'
+            found = per_model[pos] = f"{PER_POS.name}{{{labels}}} "
+        return found
+
+    def live_position(self, pos: int) -> str:
+        """Prefix of the live per-position ratio line at `pos`."""
+        found = self.live_positions.get(pos)
+        if found is None:
+            found = self.live_positions[pos] = f'{POS_RATIO.name}{{{self.text},position="{pos}"}} '
+        return found
+
+
 class _TargetLines:
     """One target's lines for every per-scrape family; valid while its state object lives."""
 
-    __slots__ = ("state", "labels", "lines")
+    __slots__ = ("state", "labels", "lines", "live_key", "live")
 
-    def __init__(self, name: str, state: TargetState):
+    def __init__(self, state: TargetState, labels: _Labels):
         self.state = state
-        self.labels = label_text({"target": name} | state.config.labels)
-        lines: dict[Family, str] = {}
-        last, labels = state.last, self.labels
-        lines[UP] = _line(UP.name, labels, 1.0 if state.up else 0.0)
-        lines[DURATION] = _line(DURATION.name, labels, last.duration) if last else ""
-        lines[LAST_SCRAPE] = _line(LAST_SCRAPE.name, labels, last.at) if last else ""
-        lines[ERRORS] = _line(ERRORS.name, labels, float(state.errors_total))
-        counters: dict[Family, list[str]] = {f: [] for f in (PRESENT, DRAFTS, DRAFT_TOKENS,
-                                                              ACCEPTED, PER_POS)}
+        self.labels = labels
+        # The live track's (start, end) points behind `live`.
+        self.live_key: tuple[_Point, _Point] | None = None
+        self.live: tuple[str, str, str] = ("", "", "")
+        fixed = labels.fixed
+        last = state.last
+        lines: dict[Family, str] = {
+            UP: f"{fixed[UP]}{1.0 if state.up else 0.0}\n",
+            DURATION: f"{fixed[DURATION]}{number(last.duration)}\n" if last else "",
+            LAST_SCRAPE: f"{fixed[LAST_SCRAPE]}{number(last.at)}\n" if last else "",
+            ERRORS: f"{fixed[ERRORS]}{number(state.errors_total)}\n",
+            PRESENT: "", DRAFTS: "", DRAFT_TOKENS: "", ACCEPTED: "", PER_POS: "",
+        }
         if state.up and last is not None and last.snapshot is not None:
             snapshot = last.snapshot
-            counters[PRESENT].append(
-                _line(PRESENT.name, labels, 1.0 if snapshot.has_spec_decode else 0.0))
+            lines[PRESENT] = f"{fixed[PRESENT]}{1.0 if snapshot.has_spec_decode else 0.0}\n"
+            drafts, tokens, accepted, per_pos = [], [], [], []
             for model, c in snapshot.by_model().items():
-                with_model = f'{labels},model_name="{escape(model)}"'
-                counters[DRAFTS].append(_line(DRAFTS.name, with_model, c.drafts))
-                counters[DRAFT_TOKENS].append(_line(DRAFT_TOKENS.name, with_model, c.draft_tokens))
-                counters[ACCEPTED].append(_line(ACCEPTED.name, with_model, c.accepted))
+                p_drafts, p_tokens, p_accepted, p_positions = labels.model(model)
+                drafts.append(f"{p_drafts}{number(c.drafts)}\n")
+                tokens.append(f"{p_tokens}{number(c.draft_tokens)}\n")
+                accepted.append(f"{p_accepted}{number(c.accepted)}\n")
                 for pos in sorted(c.per_position):
-                    counters[PER_POS].append(_line(
-                        PER_POS.name, f'{with_model},position="{pos}"', c.per_position[pos]))
-        lines.update({family: "".join(items) for family, items in counters.items()})
+                    prefix = p_positions.get(pos) or labels.position(p_positions, model, pos)
+                    value = c.per_position[pos]
+                    # repr inline for the usual finite float: a call per sample adds up here.
+                    per_pos.append(f"{prefix}{value!r}\n" if value.__class__ is float
+                                   and value - value == 0.0 else f"{prefix}{number(value)}\n")
+            lines[DRAFTS] = "".join(drafts)
+            lines[DRAFT_TOKENS] = "".join(tokens)
+            lines[ACCEPTED] = "".join(accepted)
+            lines[PER_POS] = "".join(per_pos)
         self.lines = lines
+
+    def live_lines(self, track: LiveTrack, now: float) -> tuple[str, str, str]:
+        """The live ratio, length and per-position lines; built again only when the span moved."""
+        ends = track.span_ends(now)
+        key = self.live_key
+        if ends is None:
+            self.live_key, self.live = None, ("", "", "")
+        elif key is None or key[0] is not ends[0] or key[1] is not ends[1]:
+            counts = ends[1][1] - ends[0][1]
+            fixed = self.labels.fixed
+            ratio = acceptance_ratio(counts)
+            length = acceptance_length(counts)
+            self.live_key = ends
+            self.live = (
+                f"{fixed[RATIO]}{number(ratio)}\n" if ratio is not None else "",
+                f"{fixed[LENGTH]}{number(length)}\n" if length is not None else "",
+                "".join([f"{self.labels.live_position(pos)}{value!r}\n"
+                         if value.__class__ is float and value - value == 0.0 else
+                         f"{self.labels.live_position(pos)}{number(value)}\n"
+                         for pos, value in position_ratios(counts).items()]),
+            )
+        return self.live
 
 
 class MetricsWriter:
@@ -169,6 +247,7 @@ class MetricsWriter:
     def __init__(self, service: ExporterService, *, process_metrics: bool = True):
         self.service = service
         self._cache: dict[str, _TargetLines] = {}
+        self._labels: dict[str, _Labels] = {}
         self._last_key: tuple[dict[str, Any] | None, Config] | None = None
         self._last_lines: dict[Family, list[str]] = {}
         self._process = CollectorRegistry(auto_describe=False)
@@ -178,11 +257,21 @@ class MetricsWriter:
 
     def _target_lines(self) -> list[_TargetLines]:
         cache: dict[str, _TargetLines] = {}
+        labels_cache: dict[str, _Labels] = {}
         for name, state in self.service.targets.items():
             entry = self._cache.get(name)
-            cache[name] = entry if entry is not None and entry.state is state else (
-                _TargetLines(name, state))
+            if entry is None or entry.state is not state:
+                labels = entry.labels if entry is not None else self._labels.get(name)
+                if labels is None or labels.config is not state.config:
+                    labels = _Labels(name, state)
+                old = entry
+                entry = _TargetLines(state, labels)
+                if old is not None:  # the live lines depend on the track, not on this scrape
+                    entry.live_key, entry.live = old.live_key, old.live
+            cache[name] = entry
+            labels_cache[name] = entry.labels
         self._cache = cache  # targets gone from the config leave the cache too
+        self._labels = labels_cache
         return list(cache.values())
 
     def render(self) -> bytes:
@@ -193,13 +282,12 @@ class MetricsWriter:
         targets = self._target_lines()
         for family in _TARGET_FAMILIES:
             out.append(family.header())
-            out.extend(entry.lines[family] for entry in targets)
-        live: dict[Family, list[str]] = {RATIO: [], LENGTH: [], POS_RATIO: []}
-        for entry in targets:
-            span = service.live[entry.state.config.name].over_span(now)
-            if span is not None:
-                _ratio_lines(entry.labels, span, live, (RATIO, LENGTH, POS_RATIO))
-        _extend(out, live)
+            out.extend([entry.lines[family] for entry in targets])
+        live_tracks = service.live
+        live = [entry.live_lines(live_tracks[entry.state.config.name], now) for entry in targets]
+        for index, family in enumerate((RATIO, LENGTH, POS_RATIO)):
+            out.append(family.header())
+            out.extend([lines[index] for lines in live])
         _extend(out, self._last_window())
         out += [
             WINDOWS_OPEN.header(), _line(WINDOWS_OPEN.name, "", float(len(service.open_windows()))),
