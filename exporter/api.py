@@ -7,9 +7,12 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from exporter.compare_page import render_compare, render_picker
@@ -25,7 +28,8 @@ from exporter.window import check_window_id
 
 SERVICE = web.AppKey("service", ExporterService)
 WRITER = web.AppKey("writer", MetricsWriter)
-METRICS_CACHE = web.AppKey("metrics_cache", dict)
+# key -> (service generation, monotonic time, rendered bytes)
+METRICS_CACHE: web.AppKey[dict[str, tuple[int, float, bytes]]] = web.AppKey("metrics_cache", dict)
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
 # a cold render of 1000 targets costs ~30-50 ms, which must not run once per concurrent request.
@@ -50,13 +54,13 @@ class WindowRequest(BaseModel):
         return None if value is None else check_window_id(value)
 
 
-def error_response(status: int, message: str, **extra) -> web.Response:
+def error_response(status: int, message: str, **extra: Any) -> web.Response:
     """The one shape of every error answer: {"error": "..."}."""
     return web.json_response({"error": message} | extra, status=status)
 
 
 @web.middleware
-async def errors_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Turn our errors and aiohttp's HTTP exceptions into JSON errors with the right status."""
     try:
         return await handler(request)
@@ -80,7 +84,7 @@ def _text(exc: web.HTTPException) -> str:
 
 
 @web.middleware
-async def body_limit_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def body_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A declared body over MAX_BODY is 413 on every route, read by the handler or not."""
     if (request.content_length or 0) > MAX_BODY:
         return error_response(413, f"body of {request.content_length} bytes is over {MAX_BODY}")
@@ -88,7 +92,7 @@ async def body_limit_middleware(request: web.Request, handler) -> web.StreamResp
 
 
 @web.middleware
-async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every POST needs the bearer token when the configured environment variable is set."""
     if request.method == "POST":
         token = os.environ.get(request.app[SERVICE].config.auth.token_env, "")
@@ -104,7 +108,7 @@ async def auth_middleware(request: web.Request, handler) -> web.StreamResponse:
     return await handler(request)
 
 
-async def _json_body(request: web.Request) -> dict:
+async def _json_body(request: web.Request) -> dict[str, Any]:
     raw = await request.read()  # client_max_size answers 413 past MAX_BODY
     if not raw.strip():
         return {}
@@ -117,7 +121,8 @@ async def _json_body(request: web.Request) -> dict:
     if not isinstance(body, dict):
         raise RequestError("body must be a JSON object")
     try:
-        return clean_tree(body)
+        cleaned: dict[str, Any] = clean_tree(body)  # a dict in, the same shape out
+        return cleaned
     except TextError as exc:
         raise RequestError(str(exc)) from None
     except RecursionError:
@@ -149,7 +154,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=plain(), headers=headers)
 
 
-def _cached(request: web.Request, key: str, render) -> bytes:
+def _cached(request: web.Request, key: str, render: Callable[[], bytes]) -> bytes:
     """`render()`'s bytes, again only when the state changed or the last one is too old."""
     generation = request.app[SERVICE].generation
     cache = request.app[METRICS_CACHE]

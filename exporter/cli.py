@@ -11,12 +11,17 @@ import re
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from exporter import __version__
 from exporter.errors import ConfigError, ExporterError
 from exporter.fakevllm import DIALECTS as FAKE_DIALECTS
+
+if TYPE_CHECKING:  # imported where used, so each sub-command loads only what it needs
+    from exporter.client import FleetClient
+    from exporter.service import ExporterService
 
 log = logging.getLogger("exporter")
 
@@ -44,13 +49,13 @@ def _config_path(arg: str | None) -> str:
     return arg or os.environ.get("SPECDEC_CONFIG") or "config/exporter.yaml"
 
 
-def env_overrides() -> dict:
+def env_overrides() -> dict[str, Any]:
     """Config keys set by the environment, kept across reloads (Helm sets these per replica).
 
     `SPECDEC_SHARDS`, `SPECDEC_SHARD_INDEX` (or the StatefulSet ordinal at the end of
     `SPECDEC_POD_NAME`) and `SPECDEC_LISTEN`.
     """
-    overrides: dict = {}
+    overrides: dict[str, Any] = {}
     index = os.environ.get("SPECDEC_SHARD_INDEX")
     pod = os.environ.get("SPECDEC_POD_NAME")
     if index is None and pod and (match := re.search(r"-(\d+)$", pod)):
@@ -99,7 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     async def on_startup(app: web.Application) -> None:
         loop = asyncio.get_running_loop()
-        reloads: set[asyncio.Task] = set()  # held until done: the loop keeps weak references
+        reloads: set[asyncio.Task[None]] = set()  # held until done: the loop keeps weak references
 
         def on_hup() -> None:
             task = asyncio.ensure_future(_reload_on_signal(app[SERVICE]))
@@ -120,7 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _reload_on_signal(service) -> None:
+async def _reload_on_signal(service: ExporterService) -> None:
     from exporter.app import reload_config
 
     try:
@@ -158,7 +163,7 @@ def _exporters(args: argparse.Namespace) -> list[str]:
     return [url for item in args.exporter for url in item.split(",") if url]
 
 
-def _client(args: argparse.Namespace):
+def _client(args: argparse.Namespace) -> FleetClient:
     # Several exporters (shards of one fleet) act as one: same window id, merged results.
     from exporter.client import FleetClient
 
@@ -432,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level, args.log_format)
     try:
-        return args.func(args)
+        code: int = args.func(args)  # every cmd_* returns its exit code
+        return code
     except ExporterError as exc:
         print(f"specdec-exporter: {exc}", file=sys.stderr)
         return 1

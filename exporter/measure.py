@@ -14,6 +14,7 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -60,15 +61,15 @@ def targets_from_model_config(path: str | Path) -> list[TargetConfig]:
     return targets
 
 
-def _entries_from_python(text: str) -> list[dict]:
+def _entries_from_python(text: str) -> list[dict[str, Any]]:
     entries = []
     for node in ast.walk(ast.parse(text)):
-        fields: dict = {}
+        fields: dict[str, Any] = {}
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
             pairs = [(k.arg, k.value) for k in node.keywords if k.arg]
         elif isinstance(node, ast.Dict):
             pairs = [(k.value, v) for k, v in zip(node.keys, node.values, strict=True)
-                     if isinstance(k, ast.Constant)]
+                     if isinstance(k, ast.Constant) and isinstance(k.value, str)]
         else:
             continue
         for key, value in pairs:
@@ -80,7 +81,7 @@ def _entries_from_python(text: str) -> list[dict]:
     return entries
 
 
-def _entries_from_data(text: str) -> list[dict]:
+def _entries_from_data(text: str) -> list[dict[str, Any]]:
     data = yaml.safe_load(text)  # YAML is a superset of JSON
     if isinstance(data, dict):
         data = data.get("models", [data])
@@ -118,7 +119,7 @@ async def measure(
     *,
     interval: float = 5.0,
     timeout: float = 10.0,
-) -> tuple[int, dict | None]:
+) -> tuple[int, dict[str, Any] | None]:
     """Snapshot, run CMD while scraping every `interval`, snapshot; (CMD's code, answer)."""
     window = Window(
         id="measure", name="measure", labels={}, started_at=time.time(),
