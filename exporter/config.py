@@ -226,6 +226,45 @@ class HttpSDConfig(_Strict):
     _check_url = field_validator("url")(classmethod(lambda cls, v: TargetConfig._url(v)))
 
 
+_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*$')
+
+
+def parse_matcher(text: str) -> tuple[str, str, str]:
+    """`name="v"`, `name!="v"`, `name=~"re"`, `name!~"re"` -> (name, op, value); regexes checked."""
+    match = _MATCHER.match(text)
+    if match is None:
+        raise ValueError(
+            f'must be a label matcher like name="value" or name=~"regex", not {text!r}')
+    name, op, value = match.groups()
+    value = re.sub(r"\\(.)", r"\1", value)
+    if op in ("=~", "!~"):
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{text!r}: bad regex: {exc}") from None
+    return name, op, value
+
+
+class PrometheusSDConfig(_Strict):
+    """Targets from a Prometheus server's active targets (`/api/v1/targets`), by job and labels."""
+
+    url: str  # the Prometheus server's base URL, e.g. http://prometheus:9090
+    job: str | None = None  # only targets of this scrape job (scrape pool)
+    matchers: list[str] = []  # PromQL-style, on the target's labels: namespace="llm"
+    refresh_interval: Duration = 60.0
+    headers: dict[str, str] = {}
+    token_env: str | None = None
+
+    _check_url = field_validator("url")(classmethod(lambda cls, v: TargetConfig._url(v)))
+
+    @field_validator("matchers")
+    @classmethod
+    def _matchers(cls, value: list[str]) -> list[str]:
+        for text in value:
+            parse_matcher(text)
+        return value
+
+
 class Config(_Strict):
     """The whole exporter configuration; replaced whole on reload."""
 
@@ -251,6 +290,7 @@ class Config(_Strict):
     targets: list[TargetConfig] = []
     file_sd: list[FileSDConfig] = []
     http_sd: list[HttpSDConfig] = []
+    prometheus_sd: list[PrometheusSDConfig] = []
 
     _check_listen = field_validator("listen")(classmethod(lambda cls, v: _check_host_port(v)))
 
@@ -388,7 +428,8 @@ def load_config(
     if overrides and (data is None or isinstance(data, dict)):
         data = (data or {}) | overrides
     config = validate_config(data, source)
-    if not allow_empty and not (config.targets or config.file_sd or config.http_sd):
+    if not allow_empty and not (config.targets or config.file_sd or config.http_sd
+                                or config.prometheus_sd):
         problem = "(file): empty" if not raw.strip() else "targets: no targets and no discovery"
         raise ConfigError(source, [
             f"{problem}: refused so that a file caught mid-write does not drop every target "

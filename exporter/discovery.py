@@ -12,6 +12,8 @@ import glob
 import json
 import logging
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,14 @@ import yaml
 from pydantic import ValidationError
 from yarl import URL
 
-from exporter.config import Config, HttpSDConfig, TargetConfig
+from exporter.config import (
+    _RESERVED_LABELS,
+    Config,
+    HttpSDConfig,
+    PrometheusSDConfig,
+    TargetConfig,
+    parse_matcher,
+)
 from exporter.errors import ExporterError
 from exporter.redact import redact_text, redact_url
 from exporter.scrape import proxy_for
@@ -97,6 +106,60 @@ def read_sd_file(path: Path, refused: list[str] | None = None) -> list[TargetCon
     return targets_from_document(data, str(path), refused)
 
 
+# Prometheus's own labels of a scrape: our `target` names the server, and the exporter's own
+# job/instance must not be overwritten when Prometheus scrapes us with honor_labels.
+_PROMETHEUS_OWN = {"job", "instance"}
+
+
+def _matches(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bool:
+    for name, op, value in matchers:
+        have = labels.get(name, "")
+        if op == "=" and have != value or op == "!=" and have == value:
+            return False
+        if op in ("=~", "!~") and (re.fullmatch(value, have) is None) == (op == "=~"):
+            return False
+    return True
+
+
+def targets_from_prometheus(data: Any, source: str, sd: PrometheusSDConfig) -> list[TargetConfig]:
+    """A `/api/v1/targets` answer -> the active targets of `sd.job` matching `sd.matchers`.
+
+    Each keeps its scrape URL and its labels after Prometheus's relabelling (`job`, `instance`
+    and `__` labels aside); a target whose labels we cannot carry is skipped, not the list.
+    """
+    if not isinstance(data, dict) or data.get("status") != "success":
+        raise DiscoveryError(f"{source}: not a successful Prometheus API answer")
+    active = (data.get("data") or {}).get("activeTargets")
+    if not isinstance(active, list):
+        raise DiscoveryError(f"{source}: data.activeTargets must be a list")
+    matchers = [parse_matcher(m) for m in sd.matchers]
+    found: list[TargetConfig] = []
+    for index, item in enumerate(active):
+        if not isinstance(item, dict) or not isinstance(item.get("labels"), dict):
+            raise DiscoveryError(f"{source}: activeTargets.{index}: needs a labels mapping")
+        labels = {str(k): str(v) for k, v in item["labels"].items()}
+        job = str(item.get("scrapePool") or labels.get("job", ""))
+        if sd.job is not None and sd.job not in (job, labels.get("job")):
+            continue
+        if not _matches(labels, matchers):
+            continue
+        kept = {k: v for k, v in labels.items()
+                if not k.startswith("__") and k not in _PROMETHEUS_OWN | _RESERVED_LABELS}
+        try:
+            found.append(TargetConfig(url=str(item.get("scrapeUrl", "")), labels=kept))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise DiscoveryError(f"{source}: activeTargets.{index}: "
+                                 f"{first['msg'].removeprefix('Value error, ')}") from None
+    return found
+
+
+def prometheus_sd_source(sd: PrometheusSDConfig) -> str:
+    """The name of a prometheus_sd source: the API URL it reads, with its job."""
+    url = sd.url.rstrip("/") + "/api/v1/targets?state=active"
+    return url + (f"&job={sd.job}" if sd.job else "")
+
+
 @dataclass
 class _Source:
     targets: list[TargetConfig] = field(default_factory=list)
@@ -141,7 +204,22 @@ class Discovery:
                    or now - stamp >= http_sd.refresh_interval)
             if due and session is not None:
                 source.stamp = now
-                await self._poll(session, http_sd, source)
+                await self._poll(session, http_sd, source, http_sd.url, http_sd.url,
+                                 lambda data, refused, url=http_sd.url: targets_from_document(
+                                     data, url, refused))
+        for prom_sd in self.config.prometheus_sd:
+            name = prometheus_sd_source(prom_sd)
+            live.add(name)
+            source = self.sources.setdefault(name, _Source())
+            stamp = source.stamp
+            due = (stamp is None or isinstance(stamp, tuple)
+                   or now - stamp >= prom_sd.refresh_interval)
+            if due and session is not None:
+                source.stamp = now
+                api = prom_sd.url.rstrip("/") + "/api/v1/targets?state=active"
+                await self._poll(session, prom_sd, source, name, api,
+                                 lambda data, _, sd=prom_sd, n=name: targets_from_prometheus(
+                                     data, n, sd))
         for gone in set(self.sources) - live:  # a deleted file takes its targets with it
             del self.sources[gone]
         return self.targets() != before
@@ -172,32 +250,39 @@ class Discovery:
             log.error("discovery failed source=%s error=%s", path, exc)
 
     async def _poll(
-        self, session: aiohttp.ClientSession, sd: HttpSDConfig, source: _Source
+        self,
+        session: aiohttp.ClientSession,
+        sd: HttpSDConfig | PrometheusSDConfig,
+        source: _Source,
+        name: str,
+        url: str,
+        parse: Callable[[Any, list[str]], list[TargetConfig]],
     ) -> None:
+        """GET `url` as JSON and `parse` it into the source's targets; a failure keeps them."""
         headers = dict(sd.headers)
         if sd.token_env and (token := os.environ.get(sd.token_env)):
             headers["Authorization"] = f"Bearer {token}"
         try:
             timeout = aiohttp.ClientTimeout(total=min(sd.refresh_interval, 30.0))
             # The session does not read the proxy environment per request (see make_session).
-            proxy, proxy_headers = proxy_for(URL(sd.url), None)
-            async with session.get(sd.url, headers=headers, timeout=timeout, proxy=proxy,
+            proxy, proxy_headers = proxy_for(URL(url), None)
+            async with session.get(url, headers=headers, timeout=timeout, proxy=proxy,
                                    proxy_headers=proxy_headers) as response:
                 if response.status != 200:
-                    raise DiscoveryError(f"{sd.url}: HTTP {response.status}")
+                    raise DiscoveryError(f"{name}: HTTP {response.status}")
                 body = await response.content.read(MAX_SD_BYTES + 1)
                 if len(body) > MAX_SD_BYTES:
-                    raise DiscoveryError(f"{sd.url}: answer over {MAX_SD_BYTES} bytes")
+                    raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes")
             try:
                 data = json.loads(body)
             except ValueError as exc:
-                raise DiscoveryError(f"{sd.url}: not valid JSON: {exc}") from None
+                raise DiscoveryError(f"{name}: not valid JSON: {exc}") from None
             refused: list[str] = []
-            source.targets = self._bounded(targets_from_document(data, sd.url, refused), sd.url)
+            source.targets = self._bounded(parse(data, refused), name)
             source.error = "; ".join(refused) or None
         except DiscoveryError as exc:
             source.error = str(exc)
-            log.error("discovery failed source=%s error=%s", sd.url, exc)
+            log.error("discovery failed source=%s error=%s", name, exc)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            source.error = f"{sd.url}: {exc or type(exc).__name__}"
-            log.error("discovery failed source=%s error=%s", sd.url, source.error)
+            source.error = f"{name}: {exc or type(exc).__name__}"
+            log.error("discovery failed source=%s error=%s", name, source.error)

@@ -85,8 +85,8 @@ WINDOWS_OPEN = Family("specdec_windows_open", "gauge", "Benchmark windows open n
 RELOAD_OK = Family("specdec_config_last_reload_successful", "gauge",
                    "1 if the last config (re)load succeeded, 0 if it was refused.")
 DISCOVERY_UP = Family("specdec_discovery_source_up", "gauge",
-                      "1 if the discovery source (file_sd file or http_sd URL) was last read "
-                      "fine, 0 if not (its last good target list is still used).")
+                      "1 if the discovery source (file_sd file, http_sd or prometheus_sd URL) "
+                      "was last read fine, 0 if not (its last good target list is still used).")
 RELOAD_AT = Family("specdec_config_last_reload_success_timestamp_seconds", "gauge",
                    "Unix time of the last successful config load.")
 

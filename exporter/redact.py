@@ -55,7 +55,7 @@ def config_secrets(config: Any) -> frozenset[str]:
     """Every credential a config points at: header values, URL passwords, tokens it names."""
     found: set[str] = set()
     env_names = {config.auth.token_env}
-    for source in [*config.targets, *config.http_sd]:
+    for source in [*config.targets, *config.http_sd, *config.prometheus_sd]:
         found.update(source.headers.values())
         if source.token_env:
             env_names.add(source.token_env)

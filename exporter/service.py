@@ -210,7 +210,7 @@ class ExporterService:
         Prometheus offsets its scrapes) before its scrape: answers then arrive over the
         spread instead of all in one burst that holds the event loop.
         """
-        if self.config.file_sd or self.config.http_sd:
+        if self.config.file_sd or self.config.http_sd or self.config.prometheus_sd:
             await self.refresh_discovery()
 
         async def scrape(name: str) -> None:

@@ -10,8 +10,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from exporter.config import validate_config
-from exporter.discovery import Discovery, DiscoveryError, targets_from_document
+from exporter.config import PrometheusSDConfig, validate_config
+from exporter.discovery import (
+    Discovery,
+    DiscoveryError,
+    targets_from_document,
+    targets_from_prometheus,
+)
+from exporter.errors import ConfigError
 
 
 def _bump(path):
@@ -156,3 +162,146 @@ class TestDiscoveryInTheExporter:
         assert left["error"].startswith("target no longer discovered at ")
         assert left["increase_until_removed"]["num_drafts"] == 5
         assert answer["results"]["static"]["status"] == "na"  # no traffic there
+
+
+PROMETHEUS_TARGETS = {"status": "success", "data": {"activeTargets": [
+    {"scrapePool": "vllm", "scrapeUrl": "http://10.0.0.1:8000/metrics", "health": "up",
+     "labels": {"job": "vllm", "instance": "10.0.0.1:8000", "namespace": "llm",
+                "cluster": "a", "model": "llama-3-8b"}},
+    {"scrapePool": "vllm", "scrapeUrl": "https://10.0.0.2:8443/metrics?x=1", "health": "down",
+     "labels": {"job": "vllm", "instance": "10.0.0.2:8443", "namespace": "llm",
+                "cluster": "b", "model": "qwen-7b", "target": "clash"}},
+    {"scrapePool": "node", "scrapeUrl": "http://10.0.0.9:9100/metrics", "health": "up",
+     "labels": {"job": "node", "instance": "10.0.0.9:9100", "cluster": "a"}},
+], "droppedTargets": []}}
+
+
+class TestTargetsFromPrometheus:
+    def _sd(self, **fields):
+        return PrometheusSDConfig(url="http://prom:9090", **fields)
+
+    def test_every_active_target_with_its_labels(self):
+        targets = targets_from_prometheus(PROMETHEUS_TARGETS, "p", self._sd())
+        assert [t.name for t in targets] == ["10.0.0.1:8000", "10.0.0.2:8443", "10.0.0.9:9100"]
+        assert targets[0].url == "http://10.0.0.1:8000/metrics"
+        assert targets[1].url == "https://10.0.0.2:8443/metrics?x=1"  # down ones too: up=0
+        # job/instance are Prometheus's own, `target` is ours: the rest are kept.
+        assert targets[0].labels == {"namespace": "llm", "cluster": "a", "model": "llama-3-8b"}
+        assert "target" not in targets[1].labels
+
+    @pytest.mark.parametrize(("job", "matchers", "expected"), [
+        ("vllm", [], ["10.0.0.1:8000", "10.0.0.2:8443"]),
+        (None, ['cluster="a"'], ["10.0.0.1:8000", "10.0.0.9:9100"]),
+        ("vllm", ['cluster!="a"'], ["10.0.0.2:8443"]),
+        ("vllm", ['model=~"llama.*"'], ["10.0.0.1:8000"]),
+        ("vllm", ['model!~"llama.*"', 'namespace="llm"'], ["10.0.0.2:8443"]),
+        (None, ['namespace=""'], ["10.0.0.9:9100"]),  # absent label = empty, as in PromQL
+        ("nope", [], []),
+        (None, ['model=~"llama"'], []),  # regexes are anchored
+    ])
+    def test_job_and_matchers(self, job, matchers, expected):
+        targets = targets_from_prometheus(PROMETHEUS_TARGETS, "p",
+                                          self._sd(job=job, matchers=matchers))
+        assert [t.name for t in targets] == expected
+
+    @pytest.mark.parametrize(("data", "message"), [
+        ({"status": "error", "error": "x"}, "p: not a successful Prometheus API answer"),
+        ([], "p: not a successful Prometheus API answer"),
+        ({"status": "success", "data": {}}, "p: data.activeTargets must be a list"),
+        ({"status": "success", "data": {"activeTargets": [{"scrapeUrl": "http://a:1/"}]}},
+         "p: activeTargets.0: needs a labels mapping"),
+        ({"status": "success", "data": {"activeTargets": [
+            {"scrapeUrl": "ftp://a:1/", "labels": {}}]}},
+         "p: activeTargets.0: must be an http:// or https:// URL with a host, not 'ftp://a:1/'"),
+    ])
+    def test_bad_answers_name_the_problem(self, data, message):
+        with pytest.raises(DiscoveryError) as info:
+            targets_from_prometheus(data, "p", self._sd())
+        assert str(info.value) == message
+
+    @pytest.mark.parametrize(("matcher", "message"), [
+        ("cluster", 'prometheus_sd.0.matchers: must be a label matcher like name="value" or '
+                    "name=~\"regex\", not 'cluster'"),
+        ('cluster=~"("', "prometheus_sd.0.matchers: 'cluster=~\"(\"': bad regex: "
+                         "missing ), unterminated subpattern at position 0"),
+    ])
+    def test_bad_matchers_are_config_errors(self, matcher, message):
+        with pytest.raises(ConfigError) as info:
+            validate_config({"prometheus_sd": [{"url": "http://p:9090", "matchers": [matcher]}]})
+        assert info.value.problems == [message]
+
+
+def _prometheus_binary() -> str:
+    import shutil
+
+    path = shutil.which("prometheus")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("prometheus missing in CI: scripts/test.sh installs it")
+        pytest.skip("prometheus binary not installed (apt-get install prometheus)")
+    return path
+
+
+@pytest.mark.prometheus
+class TestPrometheusSDAgainstRealPrometheus:
+    def test_follows_prometheus_and_keeps_the_list_when_it_goes(self, tmp_path):
+        import time
+
+        import yaml
+        from clitools import CLI, fake_vllm, free_port, http, process, wait_http, write_config
+
+        prometheus = _prometheus_binary()
+        prom_port, port = free_port(), free_port()
+        prom_url = f"http://127.0.0.1:{prom_port}"
+        exporter_url = f"http://127.0.0.1:{port}"
+        with fake_vllm("--k", "2") as v1, fake_vllm("--k", "3") as v2:
+            config = tmp_path / "prometheus.yml"
+            config.write_text(yaml.safe_dump({
+                "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+                "scrape_configs": [
+                    {"job_name": "vllm", "static_configs": [
+                        {"targets": [f"127.0.0.1:{v1}"],
+                         "labels": {"cluster": "a", "namespace": "llm"}},
+                        {"targets": [f"127.0.0.1:{v2}"],
+                         "labels": {"cluster": "b", "namespace": "llm"}}]},
+                    {"job_name": "prometheus", "static_configs": [
+                        {"targets": [f"127.0.0.1:{prom_port}"], "labels": {"cluster": "a"}}]},
+                ]}))
+            exporter_config = write_config(tmp_path / "exporter.yaml", port, [], prometheus_sd=[
+                {"url": prom_url, "job": "vllm", "refresh_interval": "500ms"}])
+            source = f"{prom_url}/api/v1/targets?state=active&job=vllm"
+
+            def targets():
+                status, body = http("GET", f"{exporter_url}/api/v1/targets")
+                assert status == 200, body
+                return {t["name"]: t for t in body["targets"]}
+
+            def wait(what, probe, seconds=30):
+                end = time.monotonic() + seconds
+                while not (result := probe()):
+                    assert time.monotonic() < end, f"timed out waiting for {what}"
+                    time.sleep(0.25)
+                return result
+
+            prom = process([prometheus, f"--config.file={config}",
+                            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                            f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"])
+            with prom as prom_proc, process(CLI + ["serve", "--config", str(exporter_config)]):
+                wait_http(f"{prom_url}/-/ready", deadline=30)
+                wait_http(f"{exporter_url}/-/healthy")
+                found = wait("both vLLM targets", lambda: len(targets()) == 2 and targets())
+                assert set(found) == {f"127.0.0.1:{v1}", f"127.0.0.1:{v2}"}
+                assert found[f"127.0.0.1:{v1}"]["labels"] == {"cluster": "a", "namespace": "llm"}
+                assert found[f"127.0.0.1:{v2}"]["labels"] == {"cluster": "b", "namespace": "llm"}
+                wait("the targets scraped", lambda: all(t["up"] for t in targets().values()))
+                _, metrics = http("GET", f"{exporter_url}/metrics?format=text")
+                assert f'specdec_discovery_source_up{{source="{source}"}} 1.0' in metrics
+                assert f'cluster="b",namespace="llm",target="127.0.0.1:{v2}"' in metrics
+
+                prom_proc.terminate()  # Prometheus goes away
+                prom_proc.wait(30)
+                wait("the source marked down", lambda: f'specdec_discovery_source_up{{source="'
+                     f'{source}"}} 0.0' in http("GET", f"{exporter_url}/metrics?format=text")[1])
+                assert set(targets()) == set(found)  # the last good list is kept
+                page = http("GET", f"{exporter_url}/")[1]
+                assert "api/v1/targets" in page and "discovery" in page
