@@ -201,11 +201,12 @@ class TargetConfig(_Strict):
 
     @property
     def host_port(self) -> str:
-        """`host:port` of the URL, the default name and the console block's title."""
+        """`host:port` of the URL (`[::1]:8080`), the default name and the console title."""
         parts = urlsplit(self.url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname or ""
-        return f"{host}:{port}"
+        # AISBench's label: an IPv6 host in brackets, so the port stays readable.
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class FileSDConfig(_Strict):

@@ -6,6 +6,9 @@ the same `aggregate` the exporter uses.
 
 from __future__ import annotations
 
+import re
+import zlib
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -22,6 +25,7 @@ from exporter.window import TargetRef, Window
 NO_METRICS = "No spec decode metrics found on server"
 NO_ACTIVITY = "No spec decode activity detected during benchmark window"
 NO_USABLE_SPAN = "No span of the window with every spec decode counter usable"
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 PER_POSITION_NOTE = (
     "position i is over the drafts of the targets that draft position i (those with a series "
     "for it): per_position_drafts"
@@ -40,6 +44,36 @@ class Coverage(StrEnum):
 
     FULL = "full"
     PARTIAL = "partial"
+
+
+def result_file_name(label: str, suffix: str = "") -> str:
+    """`spec_decode_` + the label with every character outside [A-Za-z0-9._-] made `_`.
+
+    As AISBench names its files: `10.0.0.1:8080` -> `spec_decode_10.0.0.1_8080.json`,
+    `[::1]:8080` -> `spec_decode____1__8080.json`. A `suffix` is added after `__`.
+    """
+    name = _UNSAFE.sub("_", label) + (f"__{_UNSAFE.sub('_', suffix)}" if suffix else "")
+    return f"spec_decode_{name}.json"
+
+
+def result_file_names(results: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """Each target's file name: AISBench's when unique, else with the target name as suffix.
+
+    Two targets on one host:port (different paths) would write the same file; then each of
+    them is `spec_decode_<label>__<target name>.json` (names that still collide once made
+    safe also get `-<crc32 of the name>`), so none overwrites another.
+    """
+    plain = {t: result_file_name(str(r.get("host_port") or t)) for t, r in results.items()}
+    counts = Counter(plain.values())
+    named = {
+        t: result_file_name(str(results[t].get("host_port") or t), t) if counts[n] > 1 else n
+        for t, n in plain.items()
+    }
+    again = Counter(named.values())
+    return {
+        t: n[: -len(".json")] + f"-{zlib.crc32(t.encode()):08x}.json" if again[n] > 1 else n
+        for t, n in named.items()
+    }
 
 
 def fetch_error(url: str, reason: str, when: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sqlite3
 import tempfile
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import StoreError
+from exporter.results import result_file_names
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +50,18 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
         raise
 
 
-def result_file_name(host_port: str) -> str:
-    """`spec_decode_<host>_<port>.json`, host characters outside [A-Za-z0-9._-] made `_`."""
-    host, _, port = host_port.rpartition(":")
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", host)
-    return f"spec_decode_{safe}_{port}.json"
-
-
 def write_results(directory: Path, answer: dict[str, Any]) -> list[Path]:
-    """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all."""
+    """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all.
+
+    File names as `results.result_file_names` gives them (AISBench's, unless two collide).
+    """
     # One fsync for window.json (which holds every result) and one per directory, not one per
     # target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
     written = []
     try:
-        for result in answer["results"].values():
-            path = directory / "performances" / result_file_name(result["host_port"])
+        names = result_file_names(answer["results"])
+        for target, result in answer["results"].items():
+            path = directory / "performances" / names[target]
             atomic_write(path, _dumps(result), sync=False)
             written.append(path)
         atomic_write(directory / "window.json", _dumps(answer))

@@ -10,7 +10,7 @@ import time
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
-from exporter.store import result_file_name
+from exporter.results import result_file_name
 
 
 def _wait_scrapes(base: str, window_id: str, at_least: int, deadline: float = 10.0) -> None:

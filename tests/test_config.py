@@ -157,7 +157,8 @@ class TestTarget:
              "http://10.0.0.2:8081/metrics", "10.0.0.2:8081"),
             ({"host": "h", "port": 9, "scheme": "https", "path": "stats"}, "https://h:9/stats",
              "h:9"),
-            ({"host": "::1", "port": 8000}, "http://[::1]:8000/metrics", "::1:8000"),
+            # AISBench's label: IPv6 hosts in brackets
+            ({"host": "::1", "port": 8000}, "http://[::1]:8000/metrics", "[::1]:8000"),
             ({"name": "mine", "url": "http://[fe80::1]:8000/metrics"},
              "http://[fe80::1]:8000/metrics", "mine"),
         ],

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import zlib
 from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
+
+from exporter.console import format_window
+from exporter.results import result_file_name, result_file_names
 
 T0 = 1796234400.0  # 2026-12-02T18:00:00Z
 SERIES_LABELS = 'engine="0",model_name="m"'
@@ -189,3 +194,125 @@ class TestUnusableCounterValues:
             "at 2026-12-02T18:00:10.000Z; the next usable values bridge it exactly"
         )
         assert result["raw"] == {"before": RAW[0], "after": RAW[2]}
+
+
+class TestResultFiles:
+    """`performances/spec_decode_<label>.json` as AISBench names it, and no overwrite."""
+
+    @pytest.mark.parametrize("label,name", [
+        ("10.0.0.1:8080", "spec_decode_10.0.0.1_8080.json"),
+        ("[::1]:8080", "spec_decode____1__8080.json"),
+        ("[fe80::1%eth0]:9000", "spec_decode__fe80__1_eth0__9000.json"),
+        ("my-host.example:443", "spec_decode_my-host.example_443.json"),
+    ])
+    def test_aisbench_names(self, label, name):
+        assert result_file_name(label) == name
+
+    def test_names_unique_stay_aisbench_ones(self):
+        results = {"a": {"host_port": "h:1"}, "b": {"host_port": "h:2"}}
+        assert result_file_names(results) == {
+            "a": "spec_decode_h_1.json", "b": "spec_decode_h_2.json"}
+
+    def test_colliding_names_get_the_target_name(self):
+        results = {"eagle/k3": {"host_port": "h:1"}, "eagle k5": {"host_port": "h:1"},
+                   "c": {"host_port": "h:2"}}
+        assert result_file_names(results) == {
+            "eagle/k3": "spec_decode_h_1__eagle_k3.json",
+            "eagle k5": "spec_decode_h_1__eagle_k5.json",
+            "c": "spec_decode_h_2.json",
+        }
+
+    def test_names_that_collide_once_made_safe_get_a_hash(self):
+        results = {"a/b": {"host_port": "h:1"}, "a_b": {"host_port": "h:1"}}
+        names = result_file_names(results)
+        assert names["a/b"] == f"spec_decode_h_1__a_b-{zlib.crc32(b'a/b'):08x}.json"
+        assert names["a_b"] == f"spec_decode_h_1__a_b-{zlib.crc32(b'a_b'):08x}.json"
+
+    async def test_ipv6_target_end_to_end(self, aiohttp_server, exporter, tmp_path):
+        page = Page()
+        page.set(STATES[0], {})
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=page.render(), content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        try:
+            server = await aiohttp_server(app, host="::1")
+        except OSError as exc:  # a machine without IPv6 loopback
+            pytest.skip(f"no IPv6 loopback: {exc}")
+        exp = await exporter({"targets": [{"host": "::1", "port": server.port}]})
+        label = f"[::1]:{server.port}"
+        await exp.start(id="v6")
+        page.set(STATES[1], {})
+        answer = await exp.stop("v6")
+        result = answer["results"][label]
+        assert result["host_port"] == label and result["data"] == FIRST_SPAN
+        written = tmp_path / "out" / "v6" / "performances" / f"spec_decode____1__{server.port}.json"
+        assert json.loads(written.read_text()) == result
+        assert f"[{label}]" in format_window(answer).splitlines()[1]
+
+    async def test_two_paths_on_one_host_port_keep_both_files(
+        self, aiohttp_server, exporter, tmp_path
+    ):
+        pages = {"/a/metrics": Page(), "/b/metrics": Page()}
+        for page, state in zip(pages.values(), STATES, strict=False):
+            page.set(state, {})
+
+        async def metrics(request: web.Request) -> web.Response:
+            return web.Response(text=pages[request.path].render(), content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/a/metrics", metrics)
+        app.router.add_get("/b/metrics", metrics)
+        server = await aiohttp_server(app)
+        base = f"http://127.0.0.1:{server.port}"
+        exp = await exporter({"targets": [{"name": "pa", "url": base + "/a/metrics"},
+                                          {"name": "pb", "url": base + "/b/metrics"}]})
+        await exp.start(id="two")
+        pages["/a/metrics"].set(STATES[1], {})
+        pages["/b/metrics"].set(STATES[2], {})
+        answer = await exp.stop("two")
+        folder = tmp_path / "out" / "two" / "performances"
+        assert sorted(p.name for p in folder.iterdir()) == [
+            f"spec_decode_127.0.0.1_{server.port}__pa.json",
+            f"spec_decode_127.0.0.1_{server.port}__pb.json",
+        ]
+        a = json.loads((folder / f"spec_decode_127.0.0.1_{server.port}__pa.json").read_text())
+        b = json.loads((folder / f"spec_decode_127.0.0.1_{server.port}__pb.json").read_text())
+        assert a["data"] == FIRST_SPAN and b["data"] == SECOND_SPAN
+        assert (a, b) == (answer["results"]["pa"], answer["results"]["pb"])
+
+
+class TestRawCounters:
+    async def test_integral_counters_are_integers_in_the_file(
+        self, page_server, exporter, tmp_path
+    ):
+        answer, result = await _window(page_server, exporter, {})
+        text = next((tmp_path / "out" / "w" / "performances").iterdir()).read_text()
+        assert '"num_drafts": 100,' in text and '"num_drafts": 160,' in text
+        assert ".0," not in text.split('"raw"')[1].split('"increase"')[0]
+        assert result["raw"] == {"before": RAW[0], "after": RAW[2]}
+
+    async def test_no_activity_still_has_both_snapshots(self, page_server, exporter):
+        page, url = await page_server()
+        page.set(STATES[0], {})
+        exp = await exporter({"targets": [{"name": "a", "url": url}]})
+        await exp.start(id="idle")
+        answer = await exp.stop("idle")
+        result = answer["results"]["a"]
+        assert result["status"] == "na"
+        assert result["error"] == "No spec decode activity detected during benchmark window"
+        assert result["raw"] == {"before": RAW[0], "after": RAW[0]}
+        assert answer["aggregate"]["raw"] == {"before": None, "after": None}
+
+    async def test_failed_start_scrape_is_null_before(
+        self, page_server, exporter, unused_tcp_port
+    ):
+        exp = await exporter({"targets": [
+            {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}]})
+        await exp.start(id="dead")
+        answer = await exp.stop("dead")
+        result = answer["results"]["down"]
+        assert result["status"] == "na" and result["data"] is None
+        assert result["raw"] == {"before": None, "after": None}
