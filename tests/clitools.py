@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,13 +13,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from conftest import free_port  # noqa: F401  (re-exported for the CLI tests)
+
 CLI = [sys.executable, "-m", "exporter"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(method: str, url: str, body: dict | None = None, token: str | None = None):

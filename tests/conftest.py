@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 from dataclasses import dataclass
 
 import pytest
@@ -13,6 +15,51 @@ from exporter.app import make_app
 from exporter.config import validate_config
 from exporter.fakevllm import FakeServer, make_fake_app
 from exporter.service import ExporterService
+
+
+class Clock:
+    """A settable clock for the exporter: rounds happen when the test says, at the time it says."""
+
+    def __init__(self, now: float = 1_000_000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def free_port() -> int:
+    """A loopback port free now (a server started next will most likely get it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "may_skip_in_ci(reason): this test's skip is expected in CI too; the reason says why",
+    )
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a skip is a failure, unless the test is marked `may_skip_in_ci(why)`.
+
+    A tool the suite needs and CI forgot to install would otherwise pass as a quiet "s".
+    """
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        os.environ.get("CI") == "true"
+        and report.skipped
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("may_skip_in_ci") is None
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (
+            f"skipped under CI=true (install what it needs in scripts/test.sh): {reason}"
+        )
 
 
 @dataclass

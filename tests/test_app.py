@@ -5,17 +5,8 @@ from __future__ import annotations
 import re
 
 import yaml
+from conftest import Clock
 from prometheus_client.parser import text_string_to_metric_families
-
-
-class Clock:
-    """A settable clock for the exporter."""
-
-    def __init__(self, now: float = 2_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _write_config(path, targets: list[dict], **options) -> None:
@@ -155,7 +146,9 @@ class TestReload:
         keep, drop = await fake_vllm(k=2), await fake_vllm(k=2)
         path = tmp_path / "exporter.yaml"
         _write_config(path, [{"name": "keep", "url": keep.url}, {"name": "drop", "url": drop.url}])
-        exp = await exporter(yaml.safe_load(path.read_text()), config_path=path, clock=Clock())
+        exp = await exporter(
+            yaml.safe_load(path.read_text()), config_path=path, clock=Clock(2_000_000.0)
+        )
         start = await exp.client.post("/api/v1/windows", json={"id": "wr"})
         assert start.status == 201
         _write_config(path, [{"name": "keep", "url": keep.url}])
@@ -178,7 +171,7 @@ class TestLanding:
     async def test_page_shows_targets_errors_chart_and_links(
         self, exporter, fake_vllm, unused_tcp_port
     ):
-        clock = Clock()
+        clock = Clock(2_000_000.0)
         fake = await fake_vllm(k=3)
         down_url = f"http://127.0.0.1:{unused_tcp_port}/metrics"
         exp = await exporter({"live_window": "60s", "targets": [
@@ -205,7 +198,7 @@ class TestLanding:
         assert page.count("<svg") == 1  # only the target with live figures has a chart
 
     async def test_bars_in_numeric_position_order(self, exporter, fake_vllm):
-        clock = Clock()
+        clock = Clock(2_000_000.0)
         fake = await fake_vllm(k=12)
         exp = await exporter({"targets": [{"name": "k12", "url": fake.url}]}, clock=clock)
         await exp.round()
@@ -245,7 +238,7 @@ class TestLanding:
 
 class TestTargetsApi:
     async def test_fields(self, exporter, fake_vllm, unused_tcp_port):
-        clock = Clock()
+        clock = Clock(2_000_000.0)
         fake = await fake_vllm(k=2, engines=2)
         exp = await exporter({"live_window": "60s", "targets": [
             {"name": "a", "url": fake.url, "labels": {"cluster": "c"}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -156,13 +157,15 @@ class TestRun:
             base = f"http://127.0.0.1:{port}"
             with process(serve):
                 wait_http(f"{base}/-/ready")
+                started = tmp_path / "started"
+                command = f"open({str(started)!r}, 'w').close(); import time; time.sleep(60)"
                 with process(CLI + ["run", "--exporter", base, "--id", "cc", "--",
-                                    "python", "-c", "import time; time.sleep(60)"]) as run:
-                    end = time.monotonic() + 20
-                    while http("GET", f"{base}/api/v1/windows/cc")[0] != 200:
-                        assert time.monotonic() < end
+                                    sys.executable, "-c", command]) as run:
+                    # Ctrl-C once the command runs (so the window is open around it).
+                    end = time.monotonic() + 30
+                    while not started.exists():
+                        assert time.monotonic() < end and run.poll() is None
                         time.sleep(0.05)
-                    time.sleep(0.3)  # the command is started right after the window
                     run.send_signal(signal.SIGINT)
                     code = run.wait(timeout=30)
                     out = run.stdout.read()

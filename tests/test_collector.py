@@ -5,21 +5,12 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from conftest import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import validate_config
 from exporter.exposition import MetricsWriter
 from exporter.service import ExporterService
-
-
-class Clock:
-    """A settable clock for the exporter: rounds happen when the test says, at the time it says."""
-
-    def __init__(self, now: float = 1_000_000.0):
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def _metrics_text(exp) -> str:

@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import free_port
 
 pytestmark = pytest.mark.prometheus
 
@@ -65,12 +65,6 @@ HISTORY_RATIO = 0.5
 
 # Dashboard queries that may legitimately return nothing, with the reason. Empty on purpose.
 EXCUSED_QUERIES: dict[str, str] = {}
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -223,7 +217,7 @@ def stack(tmp_path_factory):
     """Fake servers, exporter, Prometheus; one window recorded; everything killed afterwards."""
     prometheus = _prometheus_binary()
     work = tmp_path_factory.mktemp("prom-it")
-    ports = {name: _free_port() for name in [*FAKES, DOWN, "exporter", "prometheus"]}
+    ports = {name: free_port() for name in [*FAKES, DOWN, "exporter", "prometheus"]}
     exporter_url = f"http://127.0.0.1:{ports['exporter']}"
     prometheus_url = f"http://127.0.0.1:{ports['prometheus']}"
 

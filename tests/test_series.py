@@ -3,23 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from conftest import Clock
 
 from exporter.scrape import ScrapeResult
 from exporter.snapshot import Field, SeriesKey, Snapshot
 from exporter.window import MAX_SERIES_POINTS, TargetRef, Window
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class TestSeriesEndpoint:
     async def test_cumulative_and_interval_figures(self, fake_vllm, exporter):
-        clock = Clock()
+        clock = Clock(1000.0)
         fake = await fake_vllm(k=2)
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]}, clock=clock)
         await exp.client.post("/api/v1/windows", json={"id": "s1"})

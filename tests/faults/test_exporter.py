@@ -1,4 +1,4 @@
-"""Item 2: the exporter itself fails: full or unwritable disks, corrupt state, reloads, signals."""
+"""The exporter itself fails: full or unwritable disks, corrupt state, reloads, signals."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Item 5: a long randomized run (`-m soak`): every window's result is the true increase.
+"""A long randomized run (`-m soak`): every window's result is the true increase.
 
 `SOAK_SECONDS` bounds it (default 600). Random faults per target and step, server restarts,
 exporter restarts on the same state, windows opening and closing all the time.
