@@ -13,12 +13,12 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import case_exposition, case_fleet, case_markers, case_parse, case_scale
+from bench import case_exposition, case_fleet, case_markers, case_parse, case_save, case_scale
 from bench.common import CaseResult, Row, Skip
 from bench.fleet import NginxFleet, find_nginx
 from bench.procs import find_prometheus
 
-CASES = ("parse", "fleet", "markers", "exposition", "scale")
+CASES = ("parse", "fleet", "markers", "exposition", "save", "scale")
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -94,6 +94,9 @@ class Suite:
                 result = case_exposition.run(self.fleet(), n=s.exposition_n,
                                              repeats=s.exposition_repeats,
                                              lag_seconds=s.lag_seconds, interval=s.interval)
+            elif name == "save":
+                result = case_save.run(self.fleet(), n=s.exposition_n,
+                                       repeats=s.exposition_repeats)
             elif name == "scale":
                 if "fleet" not in self.results:
                     self.results["fleet"] = self.run_case("fleet")

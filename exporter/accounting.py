@@ -7,6 +7,8 @@ can be exact: between two scrapes a series grows by `now - before`, unless the s
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -306,12 +308,48 @@ class Accumulator:
         """Anomalous scrapes before, inside and after the span the counts cover."""
         return self.anomalies_before, self.anomalies_inside, self.anomalies_after
 
+    def to_json(self) -> str:
+        """The state as JSON text, written directly: the durable store saves every changed
+        accumulator every round, and this costs a third of `json.dumps(to_dict())` (the series
+        keys' text is built once per key, and each series is one row)."""
+        increase, seen = self.increase, self.seen
+        rows = []
+        for k, (v, c) in self.last.items():
+            inc, at = increase.get(k), seen.get(k)
+            nums = f"{v!r},{c!r},{inc!r},{at!r}"
+            if "n" in nums:  # None, nan or inf: not JSON as repr spells them (rare)
+                nums = f"{_num(v)},{_num(c)},{_num(inc)},{_num(at)}"
+            rows.append(f"[{_key_json(k)},{nums}]")
+        rows += [f"[{_key_json(k)},null,null,{_num(v)},null]"
+                 for k, v in increase.items() if k not in self.last]
+        rest = json.dumps({
+            "resets": self.resets,
+            "scrapes": self.scrapes,
+            "first_at": self.first_at,
+            "last_at": self.last_at,
+            "engines": sorted(self.engines),
+            "dialect": self.dialect,
+            "before": self.before.as_raw() if self.before is not None else None,
+            "reset_spans": [list(span) for span in self.reset_spans],
+            "gauge_weighted": self.gauge_weighted,
+            "gauge_seconds": self.gauge_seconds,
+            "anomalies": [t.to_dict() for t in self.tallies()],
+        })
+        return '{"series":[' + ",".join(rows) + "]," + rest[1:]
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Accumulator:
-        """Inverse of `to_dict`."""
+        """Inverse of `to_dict` and of (parsed) `to_json`."""
+        if "series" in data:
+            rows = [(_key_from(k), v, c, inc, t) for k, v, c, inc, t in data["series"]]
+            data = dict(data) | {
+                "last": [(k, v, c) for k, v, c, _, _ in rows if v is not None],
+                "increase": [(k, inc) for k, _, _, inc, _ in rows if inc is not None],
+                "seen": [(k, t) for k, _, _, _, t in rows if t is not None],
+            }
         return cls(
-            last={_key_from(k): (v, c) for k, v, c in data["last"]},
-            increase={_key_from(k): v for k, v in data["increase"]},
+            last={_as_key(k): (v, c) for k, v, c in data["last"]},
+            increase={_as_key(k): v for k, v in data["increase"]},
             resets=data["resets"],
             scrapes=data["scrapes"],
             first_at=data["first_at"],
@@ -320,7 +358,7 @@ class Accumulator:
             dialect=data.get("dialect", ""),
             before=Counts.from_raw(data["before"]) if data.get("before") else None,
             reset_spans=[tuple(span) for span in data.get("reset_spans", [])],
-            seen={_key_from(k): t for k, t in data.get("seen", [])},
+            seen={_as_key(k): t for k, t in data.get("seen", [])},
             gauge_weighted=dict(data.get("gauge_weighted", {})),
             gauge_seconds=dict(data.get("gauge_seconds", {})),
             **dict(zip(
@@ -338,6 +376,20 @@ def _engine_of(key: SeriesKey) -> Engine:
 
 def _key_list(key: SeriesKey) -> list[Any]:
     return [key.field.value, key.model_name, key.engine, key.position, [list(p) for p in key.extra]]
+
+
+@functools.lru_cache(maxsize=65536)
+def _key_json(key: SeriesKey) -> str:
+    return json.dumps(_key_list(key))
+
+
+def _num(value: float | None) -> str:
+    # repr is JSON for finite floats; json.dumps spells None, NaN and infinities as it reads them.
+    return repr(value) if value is not None and math.isfinite(value) else json.dumps(value)
+
+
+def _as_key(data: Sequence[Any] | SeriesKey) -> SeriesKey:
+    return data if isinstance(data, SeriesKey) else _key_from(data)
 
 
 def _key_from(data: Sequence[Any]) -> SeriesKey:

@@ -273,6 +273,8 @@ def target_result(window: Window, name: str) -> Result:
         notes.append(fetch_error(ref.url, start_error, "start"))
     if stop_error := window.stop_errors.get(name):
         notes.append(fetch_error(ref.url, stop_error, "stop"))
+    if name in window.late_baselines:
+        notes.append(window.late_baselines[name])
     base = _described(ref, acc, started=name not in window.start_errors)
     if name in window.removed:
         # The target left the window before its stop: N/A, with what was seen until then.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import math
@@ -14,17 +13,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from exporter.accounting import LiveTrack
+from exporter.book import StartRequest, WindowBook
 from exporter.config import Config, TargetConfig, check_reload, load_config
 from exporter.discovery import Discovery
-from exporter.errors import RequestError, StoreError, UnknownTargetError, UnknownWindowError
-from exporter.results import window_answer
+from exporter.errors import RequestError, StoreError, UnknownTargetError
 from exporter.scrape import Scraper, ScrapeResult
-from exporter.store import StateStore, write_results
-from exporter.window import MAX_NAME, TargetRef, Window, check_window_id, new_window_id
+from exporter.store import StateStore
+from exporter.window import TargetRef, Window
 
 log = logging.getLogger(__name__)
-
-RECENT_WINDOWS = 50
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +38,6 @@ class TargetState:
     def up(self) -> bool:
         """The last scrape succeeded."""
         return self.last is not None and self.last.ok
-
-
-def _window_from(doc: dict) -> Window:
-    """A stored window, or `StoreError` when its state does not have a window's shape."""
-    try:
-        return Window.from_dict(doc)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise StoreError(f'window "{doc.get("id")}" state is unreadable: {exc!r}') from exc
 
 
 def _usable_only(result: ScrapeResult) -> ScrapeResult:
@@ -83,20 +72,19 @@ class ExporterService:
         self.scraper: Scraper | None = None
         self.targets: dict[str, TargetState] = {}
         self.live: dict[str, LiveTrack] = {}
-        self.windows: dict[str, Window] = {}  # open ones, and recently closed ones
-        self.last_window: Window | None = None
         self.ready = False
         self.generation = 0  # bumped when what /metrics shows may have changed
         self.reload_ok = True
         self.reload_at = clock()
-        self.store = StateStore(config.state_path)
+        self.book = WindowBook(StateStore(config.state_path), clock,
+                               lambda w: Path(self.config.output_dir) / w.id)
         self._locks: dict[str, asyncio.Lock] = {}
-        self._pending: dict[str, asyncio.Future] = {}  # window id -> start or stop in flight
-        self._closed_loaded = False  # recent closed windows read from the store into memory
-        self._saved_at = time.monotonic()
         self.discovery = Discovery(config)
         self._set_targets(config)
-        self._restore()
+        self.book.restore(self.targets)
+        if config.state_save_interval is not None:
+            log.warning("config key state_save_interval is ignored: what changed in open "
+                        "windows is saved after every scrape round")
 
     # -- targets and config ------------------------------------------------------------
 
@@ -145,12 +133,7 @@ class ExporterService:
         return config
 
     def _close_removed_targets(self, why: str = "removed from the config") -> None:
-        now = self.clock()
-        for window in self.open_windows():
-            for name in window.targets:
-                if name not in self.targets and name not in window.removed:
-                    window.removed[name] = f"target {why} at {now:.3f}"
-        self._save_open()
+        self.book.remove_targets(set(self.targets), why)
 
     # -- scraping ----------------------------------------------------------------------
 
@@ -190,9 +173,7 @@ class ExporterService:
         if feed is not None:  # a window's own scrape; a round bumps once at its end
             self.generation += 1
         windows = feed if feed is not None else self.open_windows()
-        for window in windows:
-            if window.takes_scrapes_of(name):
-                window.feed(result)
+        self.book.feed((w for w in windows if w.takes_scrapes_of(name)), result)
 
     async def refresh_discovery(self) -> None:
         """Re-read discovery sources; targets that came or went change the target set."""
@@ -221,8 +202,12 @@ class ExporterService:
         await asyncio.gather(*(scrape(n) for n in list(self.targets)))
         self.ready = True
         self.generation += 1
-        if time.monotonic() - self._saved_at >= self.config.state_save_interval:
-            self._save_open()
+        # Every round: only what changed, one transaction (see docs/performance.md). A failure
+        # is logged and counted; what changed stays marked, so the next round retries it.
+        try:
+            self.book.save_round()
+        except StoreError as exc:
+            log.error("window state not saved error=%s", exc)
 
     async def run(self) -> None:
         """Scrape rounds every `scrape_interval` until cancelled; a slow round skips no beat."""
@@ -248,60 +233,20 @@ class ExporterService:
 
     def open_windows(self) -> list[Window]:
         """Windows not stopped yet."""
-        return [w for w in self.windows.values() if w.is_open]
+        return self.book.open_windows()
 
-    def _persist(self, windows: list[Window]) -> None:
-        self.store.save([w.to_dict() for w in windows])
-
-    def _save_open(self) -> None:
-        self._persist(self.open_windows())
-        self._saved_at = time.monotonic()
-
-    def _restore(self) -> None:
-        for doc in self.store.load_open():
-            try:
-                window = _window_from(doc)
-            except StoreError as exc:
-                log.error("window not restored id=%s error=%s", doc.get("id"), exc)
-                continue
-            window.downtimes.append((window.last_seen(), self.clock()))
-            self.windows[window.id] = window
-            for name in window.targets:
-                if name not in self.targets and name not in window.removed:
-                    window.removed[name] = "target not in the config when the exporter restarted"
-            log.info("window restored id=%s targets=%d", window.id, len(window.targets))
-        recent = self._closed(1)
-        if recent:
-            self.last_window = recent[0]
-
-    def _closed(self, limit: int) -> list[Window]:
-        windows = []
-        for doc in self.store.recent_closed(limit):
-            with contextlib.suppress(StoreError):  # logged by the store or skipped here
-                windows.append(_window_from(doc))
-        return windows
+    @property
+    def last_window(self) -> Window | None:
+        """The most recently stopped window (its answer)."""
+        return self.book.last_window
 
     def get_window(self, window_id: str) -> Window:
         """An open or closed window by id, from memory or the store."""
-        window = self.windows.get(window_id)
-        if window is None:
-            doc = self.store.load(window_id)
-            if doc is None:
-                raise UnknownWindowError(window_id)
-            window = _window_from(doc)
-        return window
+        return self.book.get(window_id)
 
     def list_windows(self) -> list[Window]:
         """Open windows and the recent closed ones, newest first."""
-        if not self._closed_loaded:
-            # Once from the store (windows closed before a restart); then from memory, where
-            # stops keep the most recent ones.
-            for window in self._closed(RECENT_WINDOWS):
-                self.windows.setdefault(window.id, window)
-            self._closed_loaded = True
-            self._forget_old_windows()
-        known = dict(self.windows)
-        return sorted(known.values(), key=lambda w: w.started_at, reverse=True)
+        return self.book.recent()
 
     def _resolve_targets(self, names: list[str] | None, window_id: str) -> list[TargetConfig]:
         if names is None:
@@ -316,6 +261,11 @@ class ExporterService:
             chosen[target.name] = target
         return list(chosen.values())
 
+    async def _scrape_for_window(self, names: list[str], others: list[Window]
+                                 ) -> list[ScrapeResult]:
+        known = [n for n in names if n in self.targets]
+        return list(await asyncio.gather(*(self.scrape_target(n, feed=others) for n in known)))
+
     async def start_window(
         self,
         window_id: str | None = None,
@@ -324,121 +274,16 @@ class ExporterService:
         labels: dict[str, str] | None = None,
     ) -> tuple[bool, Window]:
         """Open a window (scraping its targets at once for the baseline); (created, window)."""
-        now = self.clock()
-        window_id = check_window_id(window_id) if window_id is not None else new_window_id(now)
-        if window_id in self._pending:
-            await asyncio.shield(self._pending[window_id])
-        existing = self.windows.get(window_id) or (
-            _window_from(d) if (d := self.store.load(window_id)) else None
-        )
-        if existing is not None:
-            return False, existing
-        name = name or window_id
-        if len(name) > MAX_NAME:
-            raise RequestError(f"name must be at most {MAX_NAME} characters")
-        chosen = self._resolve_targets(targets, window_id)
-        if len(self.open_windows()) >= self.config.max_open_windows:
-            raise RequestError(
-                f"too many open windows (max_open_windows={self.config.max_open_windows})",
-                status=429,
-            )
-        window = Window(
-            id=window_id, name=name, labels=dict(labels or {}), started_at=now,
-            targets={t.name: TargetRef(t.name, t.url, t.host_port) for t in chosen},
-        )
-        done = asyncio.get_running_loop().create_future()
-        self._pending[window_id] = done
-        try:
-            self.windows[window_id] = window
-            # The other open windows take these scrapes too: a server restart right after must
-            # not hide what they counted since their last scrape.
-            others = [w for w in self.open_windows() if w is not window]
-            results = await asyncio.gather(
-                *(self.scrape_target(t.name, feed=others) for t in chosen)
-            )
-            for result in results:
-                if result.ok:
-                    window.feed(result)
-                else:
-                    window.start_errors[result.target] = result.error or "scrape failed"
-            try:
-                self._persist([window])
-            except StoreError as exc:
-                # Not durable, so not started: a retry with the same id starts it afresh.
-                del self.windows[window_id]
-                raise StoreError(f'window "{window_id}" not started: {exc}') from exc
-        finally:
-            del self._pending[window_id]
-            done.set_result(None)
-        self.generation += 1
-        log.info("window started id=%s targets=%d", window_id, len(chosen))
-        return True, window
+        chosen = self._resolve_targets(targets, window_id or "(new)")
+        request = StartRequest(window_id, name, [TargetRef(t.name, t.url, t.host_port)
+                                                 for t in chosen], dict(labels or {}))
+        return await self.book.start(request, self._scrape_for_window,
+                                     self.config.max_open_windows)
 
     async def stop_window(self, window_id: str) -> Window:
         """Close a window (scraping its targets at once); a second stop gives the same answer."""
-        if window_id in self._pending:
-            await asyncio.shield(self._pending[window_id])
-        window = self.get_window(window_id)
-        if not window.is_open:
-            return window
-        done = asyncio.get_running_loop().create_future()
-        self._pending[window_id] = done
-        try:
-            live = [n for n in window.targets if n in self.targets and n not in window.removed]
-            others = [w for w in self.open_windows() if w is not window]
-            results = await asyncio.gather(*(self.scrape_target(n, feed=others) for n in live))
-            stop_errors = dict(window.stop_errors)
-            for result in results:
-                if not result.ok:
-                    window.stop_errors[result.target] = result.error or "scrape failed"
-                elif window.takes_scrapes_of(result.target):
-                    window.feed(result)
-                    acc = window.accumulators.get(result.target)
-                    if not result.snapshot.has_spec_decode and acc is not None and acc.last:
-                        window.stop_errors[result.target] = "no spec decode series on the page"
-            window.stopped_at = self.clock()
-            answer = window_answer(window)
-            try:
-                # fsync of every file: off the loop, so scrapes and requests go on meanwhile.
-                await asyncio.to_thread(
-                    write_results, Path(self.config.output_dir) / window.id, answer
-                )
-                window.answer = answer
-                self._persist([window])
-            except StoreError as exc:
-                # Stays open, its scrapes kept: a later stop retries and answers in full.
-                window.stopped_at = None
-                window.answer = None
-                window.stop_errors = stop_errors
-                with contextlib.suppress(StoreError):
-                    self._persist([window])
-                raise StoreError(
-                    f'window "{window_id}" stays open: {exc}; stop it again once fixed'
-                ) from exc
-            self.last_window = window
-            self._forget_old_windows()
-        finally:
-            del self._pending[window_id]
-            done.set_result(None)
-        self.generation += 1
-        log.info("window stopped id=%s", window_id)
-        return window
-
-    def _forget_old_windows(self) -> None:
-        closed = sorted(
-            (w for w in self.windows.values() if not w.is_open), key=lambda w: w.started_at
-        )
-        for window in closed[:-RECENT_WINDOWS]:
-            del self.windows[window.id]
+        return await self.book.stop(window_id, self._scrape_for_window)
 
     def close(self) -> None:
         """Save open windows and close the store (SIGTERM, app shutdown)."""
-        try:
-            self._save_open()
-        except StoreError as exc:
-            # Saved at every start and stop and every state_save_interval: what is lost is the
-            # progress since then, which the next start's scrapes make up unless a server
-            # restarted meanwhile (then the result notes the restart).
-            log.error("open windows not saved at shutdown error=%s", exc)
-        finally:
-            self.store.close()
+        self.book.close()

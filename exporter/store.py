@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import sqlite3
+import struct
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,18 @@ CREATE TABLE IF NOT EXISTS windows (
     doc TEXT NOT NULL
 )
 """
-_COLUMNS = {"id", "open", "started_at", "doc"}
+_ACC_SCHEMA = """
+CREATE TABLE IF NOT EXISTS accumulators (
+    window_id TEXT NOT NULL,
+    target TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (window_id, target)
+)
+"""
+_TABLES = {
+    "windows": {"id", "open", "started_at", "doc"},
+    "accumulators": {"window_id", "target", "doc"},
+}
 
 
 def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
@@ -86,11 +101,20 @@ def _dumps(value: object) -> bytes:
 
 
 class StateStore:
-    """Open and recent windows in one SQLite file; a corrupt file is moved aside, not lost."""
+    """Open and recent windows in one SQLite file; a corrupt file is moved aside, not lost.
+
+    A window's own row (`windows`) changes at its start, its stop and a few rare events; its
+    per-target accumulators (`accumulators`, one row per window x target) change with every
+    scrape and are written only when they did. In WAL mode with `synchronous=NORMAL` a commit
+    survives the death of our process (not a power cut); `sync=True` (a start, a stop) makes
+    one survive a power cut too.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         self.moved_aside: Path | None = None
+        self.errors_total = 0  # failed writes and damage found: specdec_state_write_errors_total
+        self._identity: tuple[tuple[int, int] | None, ...] = (None, None)
         self._db = self._open()
 
     def _open(self) -> sqlite3.Connection:
@@ -98,18 +122,42 @@ class StateStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create {self.path.parent}: {exc.strerror or exc}") from exc
+        self._check_wal()
         try:
-            return self._connect()
+            db = self._connect()
         except sqlite3.DatabaseError as exc:
+            self.errors_total += 1
             aside = self._move_aside()
             log.error(
                 "state database unreadable path=%s error=%s moved_to=%s: open windows it held "
                 "are not restored; the file is kept for inspection", self.path, exc, aside,
             )
             try:
-                return self._connect()
+                db = self._connect()
             except sqlite3.DatabaseError as again:
                 raise StoreError(f"cannot open state database {self.path}: {again}") from again
+        self._identity = self._files()
+        return db
+
+    def _check_wal(self) -> None:
+        # SQLite replays a write-ahead log up to its first bad frame and drops the rest without
+        # a word: committed windows would vanish silently. Say so, and keep a copy.
+        wal = self.path.with_name(self.path.name + "-wal")
+        try:
+            damage = wal_damage(wal.read_bytes()) if wal.exists() else None
+        except OSError as exc:
+            damage = f"cannot read it: {exc.strerror or exc}"
+        if damage is None:
+            return
+        self.errors_total += 1
+        copy = wal.with_name(f"{wal.name}.damaged-{int(time.time() * 1000)}")
+        with contextlib.suppress(OSError):
+            shutil.copyfile(wal, copy)
+        log.error(
+            "state write-ahead log damaged path=%s error=%s copy=%s: what was committed after "
+            "the damage is lost; windows it held restart from their last readable state",
+            wal, damage, copy,
+        )
 
     def _move_aside(self) -> Path:
         # The -wal and -shm files belong to the old file: a new database must not replay them.
@@ -134,43 +182,121 @@ class StateStore:
             (check,) = db.execute("PRAGMA quick_check").fetchone()
             if check != "ok":
                 raise sqlite3.DatabaseError(f"quick_check: {check}")
-            columns = {row[1] for row in db.execute("PRAGMA table_info(windows)")}
-            if columns and columns != _COLUMNS:
-                raise sqlite3.DatabaseError(
-                    f"table windows has columns {sorted(columns)}, expected {sorted(_COLUMNS)}"
-                )
+            for table, expected in _TABLES.items():
+                columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+                if columns and columns != expected:
+                    raise sqlite3.DatabaseError(
+                        f"table {table} has columns {sorted(columns)}, expected {sorted(expected)}"
+                    )
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute(_SCHEMA)
+            db.execute(_ACC_SCHEMA)
             # Every row must be readable, not just the page structure.
             db.execute("SELECT id, open, started_at, length(doc) FROM windows").fetchall()
+            db.execute("SELECT window_id, target, length(doc) FROM accumulators").fetchall()
         except sqlite3.DatabaseError:
             db.close()
             raise
         return db
 
-    def save(self, docs: list[dict[str, Any]]) -> None:
-        """Upsert windows (their `to_dict` form) in one transaction."""
-        if not docs:
-            return
+    def _files(self) -> tuple[tuple[int, int] | None, ...]:
+        def ident(path: Path) -> tuple[int, int] | None:
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            return st.st_dev, st.st_ino
+
+        return ident(self.path), ident(self.path.with_name(self.path.name + "-wal"))
+
+    def reopened(self) -> bool:
+        """True (logged, counted) when our files were deleted or replaced under us: a fresh
+        database is open at the path, and the caller must write back what it holds."""
+        now = self._files()
+        db_gone = now[0] != self._identity[0]
+        # Our WAL exists while we hold the database open; one gone or replaced loses commits.
+        wal_gone = self._identity[1] is not None and now[1] != self._identity[1]
+        if not db_gone and not wal_gone:
+            return False
+        self.errors_total += 1
+        log.error(
+            "state database deleted or replaced under the running exporter path=%s: "
+            "opening a fresh one and writing back every window held in memory", self.path,
+        )
+        with contextlib.suppress(sqlite3.Error):
+            self._db.close()
+        self._db = self._open()
+        return True
+
+    def save(
+        self,
+        docs: Iterable[dict[str, Any]] = (),
+        accumulators: Iterable[tuple[str, str, str]] = (),
+        *,
+        sync: bool = False,
+    ) -> None:
+        """Upsert window rows (`to_dict` form, accumulators left out) and accumulator rows
+        (window id, target, JSON) in one transaction; `sync` forces it to disk."""
         rows = [
             (d["id"], int(d["stopped_at"] is None), d["started_at"], json.dumps(d)) for d in docs
         ]
+        accs = list(accumulators)
+        if not rows and not accs:
+            return
+        try:
+            if sync:
+                self._db.execute("PRAGMA synchronous=FULL")
+            try:
+                with self._db:
+                    self._db.execute("BEGIN")
+                    self._db.executemany(
+                        "INSERT INTO windows (id, open, started_at, doc) VALUES (?, ?, ?, ?) "
+                        "ON CONFLICT(id) DO UPDATE SET open=excluded.open, doc=excluded.doc",
+                        rows,
+                    )
+                    # A stopped window is its answer: its accumulators leave the database.
+                    self._db.executemany(
+                        "DELETE FROM accumulators WHERE window_id=?",
+                        [(r[0],) for r in rows if not r[1]],
+                    )
+                    self._db.executemany(
+                        "INSERT OR REPLACE INTO accumulators (window_id, target, doc) "
+                        "VALUES (?, ?, ?)", accs,
+                    )
+            finally:
+                if sync:
+                    self._db.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error as exc:
+            self.errors_total += 1
+            raise StoreError(f"cannot save window state to {self.path}: {exc}") from exc
+        if self._identity[1] is None:
+            self._identity = self._files()  # the first commit creates the WAL
+
+    def delete(self, window_ids: Iterable[str]) -> None:
+        """Forget windows (their rows only; result files are not ours to remove)."""
+        ids = [(i,) for i in window_ids]
         try:
             with self._db:
                 self._db.execute("BEGIN")
-                self._db.executemany(
-                    "INSERT INTO windows (id, open, started_at, doc) VALUES (?, ?, ?, ?) "
-                    "ON CONFLICT(id) DO UPDATE SET open=excluded.open, doc=excluded.doc",
-                    rows,
-                )
+                self._db.executemany("DELETE FROM accumulators WHERE window_id=?", ids)
+                self._db.executemany("DELETE FROM windows WHERE id=?", ids)
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot save window state to {self.path}: {exc}") from exc
+            self.errors_total += 1
+            raise StoreError(f"cannot delete window state in {self.path}: {exc}") from exc
+
+    def stopped_before(self, started_before: float) -> list[str]:
+        """Ids of stopped windows started before that time (retention)."""
+        rows = self._query(
+            "SELECT id FROM windows WHERE open=0 AND started_at < ?", (started_before,)
+        )
+        return [r[0] for r in rows]
 
     def load_open(self) -> list[dict[str, Any]]:
         """Every window still open, oldest first; unreadable rows are logged and skipped."""
         rows = self._query("SELECT id, doc FROM windows WHERE open=1 ORDER BY started_at")
-        return [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
+        docs = [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
+        return [self._with_accumulators(doc) for doc in docs]
 
     def load(self, window_id: str) -> dict[str, Any] | None:
         """One window by id, open or closed; `StoreError` if its row is unreadable."""
@@ -180,6 +306,20 @@ class StateStore:
         doc = _readable(window_id, row[0][0])
         if doc is None:
             raise StoreError(f'window "{window_id}" state is unreadable in {self.path}')
+        return self._with_accumulators(doc)
+
+    def _with_accumulators(self, doc: dict) -> dict:
+        # Rows win over what a window row of an older version carried inside its document.
+        rows = self._query("SELECT target, doc FROM accumulators WHERE window_id=?", (doc["id"],))
+        if rows:
+            accs = dict(doc.get("accumulators") or {})
+            for target, raw in rows:
+                try:
+                    accs[target] = json.loads(raw)
+                except ValueError as exc:
+                    log.error("accumulator state unreadable id=%s target=%s error=%s",
+                              doc["id"], target, exc)
+            doc["accumulators"] = accs
         return doc
 
     def recent_closed(self, limit: int) -> list[dict[str, Any]]:
@@ -196,8 +336,62 @@ class StateStore:
             raise StoreError(f"cannot read window state from {self.path}: {exc}") from exc
 
     def close(self) -> None:
-        """Close the database (again is harmless)."""
+        """Fold the log into the database file and close it (again is harmless)."""
+        with contextlib.suppress(sqlite3.Error):
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._db.close()
+
+
+_WAL_MAGIC = (0x377F0682, 0x377F0683)
+
+
+def wal_checksum(data: bytes, big_endian: bool, s0: int = 0, s1: int = 0) -> tuple[int, int]:
+    """SQLite's WAL checksum (pairs of 32-bit words, cumulative), continued from (s0, s1)."""
+    words = struct.unpack(f"{'>' if big_endian else '<'}{len(data) // 4}I", data)
+    for i in range(0, len(words), 2):
+        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
+        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
+    return s0, s1
+
+
+def wal_damage(wal: bytes) -> str | None:
+    """Why a write-ahead log is damaged, or None when SQLite will replay all it committed.
+
+    Frames of an older generation (other salts), an unfinished or torn last frame and frames
+    after the last commit are normal leftovers of a kill mid-write; a frame whose checksum fails
+    with commits of the same generation after it is damage: SQLite stops there, losing them.
+    """
+    if len(wal) < 32:
+        return None
+    magic, _, page_size, _, salt1, salt2, c0, c1 = struct.unpack(">8I", wal[:32])
+    if magic not in _WAL_MAGIC:
+        return "bad header magic"
+    big = magic & 1 == 1
+    if wal_checksum(wal[:24], big) != (c0, c1):
+        return "header checksum mismatch"
+    sums = (c0, c1)
+    offset, frame = 32, 24 + page_size
+    while offset + frame <= len(wal):
+        head = wal[offset:offset + 24]
+        _, _, f_salt1, f_salt2, f0, f1 = struct.unpack(">6I", head)
+        if (f_salt1, f_salt2) != (salt1, salt2):
+            return None  # an older generation's frame: the log ends before it
+        sums = wal_checksum(head[:8], big, *sums)
+        sums = wal_checksum(wal[offset + 24:offset + frame], big, *sums)
+        if sums != (f0, f1):
+            # A kill between a frame's header and its page leaves a torn last frame: harmless
+            # unless a later frame of this generation ends a transaction (a commit lost).
+            lost = sum(
+                1 for at in range(offset + frame, len(wal) - frame + 1, frame)
+                if struct.unpack(">6I", wal[at:at + 24])[1:4] != (0, salt1, salt2)
+                and struct.unpack(">6I", wal[at:at + 24])[2:4] == (salt1, salt2)
+            )
+            if lost:
+                index = (offset - 32) // frame
+                return f"frame {index} checksum mismatch; {lost} committed transaction(s) after it"
+            return None
+        offset += frame
+    return None
 
 
 _REQUIRED = ("id", "name", "targets", "labels", "started_at", "stopped_at", "accumulators")

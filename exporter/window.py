@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +69,11 @@ class Window:
     # Saved with the closed window only: an open window's is rebuilt from its restore on.
     series: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
     answer: dict[str, Any] | None = None
+    # Targets whose baseline came after the start (a restore found none): their results are
+    # partial and say why.
+    late_baselines: dict[str, str] = field(default_factory=dict)
+    # Targets whose accumulator changed since it was last saved (not saved itself).
+    dirty: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def is_open(self) -> bool:
@@ -81,22 +86,74 @@ class Window:
             self.is_open
             and target in self.targets
             and target not in self.removed
-            and (target in self.accumulators or target in self.start_errors)
+            and (target in self.accumulators or target in self.start_errors
+                 or target in self.late_baselines)
         )
 
-    def feed(self, result: ScrapeResult) -> None:
-        """Take one scrape of one of the window's targets."""
+    def feed(self, result: ScrapeResult) -> bool:
+        """Take one scrape of one of the window's targets; whether it showed a server restart."""
         if result.snapshot is None:
             self.last_errors[result.target] = result.error or "scrape failed"
-            return
+            return False
         self.last_errors.pop(result.target, None)
         acc = self.accumulators.setdefault(result.target, Accumulator())
-        acc.feed(result.snapshot, result.at)
+        reset = acc.feed(result.snapshot, result.at)
+        self.dirty.add(result.target)
         totals = acc.totals()
         points = self.series.setdefault(result.target, [])
         points.append((result.at, totals.drafts, totals.draft_tokens, totals.accepted))
         if len(points) > MAX_SERIES_POINTS:
             points[:] = points[:-1:2] + points[-1:]
+        return reset
+
+    def take_baseline(self, results: list[ScrapeResult]) -> None:
+        """The start scrapes: a baseline per target, or the reason there is none."""
+        for result in results:
+            if result.ok:
+                self.feed(result)
+            else:
+                self.start_errors[result.target] = result.error or "scrape failed"
+
+    def take_final(self, results: list[ScrapeResult], at: float) -> None:
+        """The stop scrapes, then closed at `at` (`reopen` undoes it)."""
+        for result in results:
+            if not result.ok:
+                self.stop_errors[result.target] = result.error or "scrape failed"
+            elif self.takes_scrapes_of(result.target):
+                self.feed(result)
+                acc = self.accumulators.get(result.target)
+                if not result.snapshot.has_spec_decode and acc is not None and acc.last:
+                    self.stop_errors[result.target] = "no spec decode series on the page"
+        self.stopped_at = at
+
+    def baseline_at_restore(self) -> None:
+        """Targets a restored window has no baseline for take it from their next scrape."""
+        for name in self.targets:
+            if (name not in self.accumulators and name not in self.start_errors
+                    and name not in self.removed):
+                self.late_baselines[name] = (
+                    "no baseline was saved before the exporter stopped; "
+                    "counted from the first scrape after its restart"
+                )
+
+    def live_targets(self) -> list[str]:
+        """Targets still in the window (not removed)."""
+        return [n for n in self.targets if n not in self.removed]
+
+    def as_answer_only(self) -> Window:
+        """The stopped window without its per-series state: what memory keeps of it."""
+        return Window(
+            id=self.id, name=self.name, targets=self.targets, labels=self.labels,
+            started_at=self.started_at, stopped_at=self.stopped_at, answer=self.answer,
+        )
+
+    def accumulator_rows(self, targets: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
+        """(window id, target, JSON) of the given targets' accumulators (default: all)."""
+        names = self.accumulators if targets is None else targets
+        return [
+            (self.id, t, self.accumulators[t].to_json())
+            for t in names if t in self.accumulators
+        ]
 
     def last_seen(self) -> float:
         """The newest scrape any target fed, or the start: what a restored window last knew."""
@@ -124,8 +181,8 @@ class Window:
             "errors": dict(self.last_errors),
         }
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able durable state."""
+    def to_dict(self, *, accumulators: bool = True) -> dict[str, Any]:
+        """JSON-able durable state (without the accumulators: the store keeps them in rows)."""
         return {
             "id": self.id,
             "name": self.name,
@@ -136,7 +193,7 @@ class Window:
             # A stopped window is its answer: the per-series state is not needed again, and
             # leaving it out halves what a stop over 1000 targets writes on the event loop.
             "accumulators": {t: a.to_dict() for t, a in self.accumulators.items()}
-            if self.answer is None else {},
+            if self.answer is None and accumulators else {},
             "start_errors": self.start_errors,
             "stop_errors": self.stop_errors,
             "last_errors": self.last_errors,
@@ -145,6 +202,7 @@ class Window:
             "series": {t: [list(p) for p in ps] for t, ps in self.series.items()}
             if not self.is_open else {},
             "answer": self.answer,
+            "late_baselines": self.late_baselines,
         }
 
     @classmethod
@@ -167,4 +225,5 @@ class Window:
             downtimes=[tuple(d) for d in data.get("downtimes", [])],
             series={t: [tuple(p) for p in ps] for t, ps in data.get("series", {}).items()},
             answer=data["answer"],
+            late_baselines=dict(data.get("late_baselines", {})),
         )

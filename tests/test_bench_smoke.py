@@ -11,7 +11,15 @@ import pytest
 # bench/ lives beside exporter/ but is not part of the installed distribution.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import case_exposition, case_fleet, case_markers, case_parse, case_scale, run  # noqa: E402
+from bench import (  # noqa: E402
+    case_exposition,
+    case_fleet,
+    case_markers,
+    case_parse,
+    case_save,
+    case_scale,
+    run,
+)
 from bench.common import CaseResult, Row  # noqa: E402
 from bench.fleet import NginxFleet, find_nginx  # noqa: E402
 from bench.procs import find_prometheus  # noqa: E402
@@ -81,6 +89,12 @@ class TestFleetCases:
         check_rows(result, "exposition")
         assert result.data["samples"] > 3 * 8
         assert result.data["lag_scrape_only"]["probes"] > 0
+
+    def test_save_case(self, fleet):
+        result = case_save.run(fleet, n=3, repeats=2)
+        check_rows(result, "save")
+        assert result.data["rows_per_save"] == [3, 3]  # one row per window x target
+        assert len(result.data["save_cpu_s"]) == 2
 
 
 class TestScaleCase:

@@ -32,8 +32,7 @@ class TestDurability:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
             config = write_config(tmp_path / "c.yaml", port,
-                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}],
-                                  state_save_interval="250ms")
+                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
             serve = CLI + ["serve", "--config", str(config)]
             with process(serve) as first:
                 wait_http(f"{base}/-/ready")

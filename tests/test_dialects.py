@@ -277,12 +277,13 @@ class TestWindowsPerDialect:
         fake = await fake_vllm(dialect="vllm-v0", k=2)
         exp = await exporter({"targets": [{"name": "v0", "url": fake.url}]})
         await exp.start(id="w0")
+        window = exp.service.get_window("w0")  # the stopped window keeps only its answer
         fake.server.add(0, 10, 20, [8, 4])
         answer = await exp.stop("w0")
         result = answer["results"]["v0"]
         assert result["dialect"] == "vllm-v0"
         assert result["data"]["draft_tokens"] == 20 and result["data"]["accepted_tokens"] == 12
-        acc = exp.service.get_window("w0").accumulators["v0"]
+        acc = window.accumulators["v0"]
         assert result["dialect_note"] == dialect_note(acc.dialect)
         assert result["dialect_note"].startswith("vLLM V0 counters over-count")
         assert set(acc.gauge_means()) == {
@@ -326,8 +327,9 @@ class TestWindowsPerDialect:
         fake.server.add(0, 10, 30, [5, 2, 1])  # rank 0: length 1.8, rate 8/30
         fake.server.add(1, 10, 20, [10, 10])  # rank 1: length 3.0, rate 1.0
         now[0] = 1040.0
+        window = exp.service.get_window("ws")  # the stopped window keeps only its answer
         answer = await exp.stop("ws")
-        acc = exp.service.get_window("ws").accumulators["s"]
+        acc = window.accumulators["s"]
         assert acc.dialect == "sglang" and acc.scrapes == 3
         # 10 s at rank 0's first interval; 30 s at the mean of both ranks' latest.
         length = (2.8 * 10 + (1.8 + 3.0) / 2 * 30) / 40

@@ -90,7 +90,7 @@ class TestResultsNotWritable:
 
     async def test_disk_full_for_the_state_database(self, exporter, pair):
         exp = await _exp(exporter, pair)
-        db = exp.service.store._db
+        db = exp.service.book.store._db
 
         def fill() -> None:
             # SQLite's own "database or disk is full": no page may be added any more.
@@ -165,12 +165,12 @@ class TestCorruptState:
                                                              caplog):
         exp = await _exp(exporter, pair)
         assert (await exp.client.post("/api/v1/windows", json={"id": "good"})).status == 201
-        db = exp.service.store._db
+        db = exp.service.book.store._db
         db.execute("INSERT INTO windows VALUES ('bad-json', 1, 1.0, 'not json {')")
         db.execute("INSERT INTO windows VALUES ('bad-shape', 1, 2.0, '{\"id\": 3}')")
         with caplog.at_level(logging.ERROR):
             again = await _exp(exporter, pair)
-        assert "good" in again.service.windows
+        assert "good" in [w.id for w in again.service.open_windows()]
         messages = " ".join(r.getMessage() for r in caplog.records)
         assert "bad-json" in messages and "bad-shape" in messages
         for bad in ("bad-json", "bad-shape"):

@@ -1,0 +1,328 @@
+"""The window book: start, stop, restore, persist and forget benchmark windows.
+
+One place holds the window protocol, for `serve` and `measure` alike. A window is durable from
+the moment its start is acknowledged and not before; what a window has counted is saved every
+round (only accumulators that changed), and at once when a scrape shows a server restart, since
+the increase counted before a restart exists nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.errors import RequestError, StoreError, UnknownWindowError
+from exporter.results import window_answer
+from exporter.scrape import ScrapeResult
+from exporter.store import StateStore, write_results
+from exporter.window import MAX_NAME, TargetRef, Window, check_window_id, new_window_id
+
+log = logging.getLogger(__name__)
+
+RECENT_WINDOWS = 50
+
+# Scrapes the named targets now, handing each result to the given other windows too.
+ScrapeFn = Callable[[list[str], list[Window]], Awaitable[list[ScrapeResult]]]
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """What a start asks for; targets already resolved to what the window remembers."""
+
+    id: str | None
+    name: str | None
+    targets: list[TargetRef]
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def window(self, now: float) -> Window:
+        """The new (not yet durable) window."""
+        window_id = check_window_id(self.id) if self.id is not None else new_window_id(now)
+        name = self.name or window_id
+        if len(name) > MAX_NAME:
+            raise RequestError(f"name must be at most {MAX_NAME} characters")
+        return Window(id=window_id, name=name, labels=dict(self.labels), started_at=now,
+                      targets={t.name: t for t in self.targets})
+
+
+class WindowBook:
+    """Open windows and the recent stopped ones (as answers only), backed by a `StateStore`."""
+
+    def __init__(self, store: StateStore, clock: Callable[[], float],
+                 results_dir: Callable[[Window], Path]):
+        self.store = store
+        self.clock = clock
+        self.results_dir = results_dir
+        self.version = 0  # bumped whenever what readers see of the windows changes
+        self.last_window: Window | None = None
+        self._windows: dict[str, Window] = {}  # acknowledged open ones, recent stopped ones
+        self._pending: dict[str, asyncio.Future] = {}  # id -> its start or stop in flight
+        self._closed_loaded = False
+
+    # -- reading ------------------------------------------------------------------------
+
+    def open_windows(self) -> list[Window]:
+        """Acknowledged windows not stopped yet."""
+        return [w for w in self._windows.values() if w.is_open]
+
+    def taking(self, target: str) -> list[Window]:
+        """Open windows that count the scrapes of `target`."""
+        return [w for w in self.open_windows() if w.takes_scrapes_of(target)]
+
+    def get(self, window_id: str) -> Window:
+        """An open or stopped window by id, from memory or the store."""
+        window = self._windows.get(window_id)
+        if window is None:
+            window = self._load(window_id)
+            if window is None:
+                raise UnknownWindowError(window_id)
+        return window
+
+    def get_full(self, window_id: str) -> Window:
+        """Like `get`, with a stopped window's per-scrape series (kept in the store only)."""
+        window = self.get(window_id)
+        if window.is_open:
+            return window
+        return self._load(window_id) or window
+
+    def recent(self) -> list[Window]:
+        """Open windows and the recent stopped ones, newest first."""
+        if not self._closed_loaded:
+            for window in self._closed(RECENT_WINDOWS):
+                self._windows.setdefault(window.id, window.as_answer_only())
+            self._closed_loaded = True
+            self._forget_old()
+        return sorted(self._windows.values(), key=lambda w: w.started_at, reverse=True)
+
+    def _load(self, window_id: str) -> Window | None:
+        doc = self.store.load(window_id)
+        return _window_from(doc) if doc is not None else None
+
+    def _closed(self, limit: int) -> list[Window]:
+        windows = []
+        for doc in self.store.recent_closed(limit):
+            with contextlib.suppress(StoreError):  # logged by the store or skipped here
+                windows.append(_window_from(doc))
+        return windows
+
+    # -- restore, feed, save ------------------------------------------------------------
+
+    def restore(self, known_targets: Iterable[str]) -> None:
+        """Open windows from the store; the time we were away is a downtime of each."""
+        known = set(known_targets)
+        for doc in self.store.load_open():
+            try:
+                window = _window_from(doc)
+            except StoreError as exc:
+                log.error("window not restored id=%s error=%s", doc.get("id"), exc)
+                continue
+            window.downtimes.append((window.last_seen(), self.clock()))
+            for name in window.targets:
+                if name not in known and name not in window.removed:
+                    window.removed[name] = "target not in the config when the exporter restarted"
+            window.baseline_at_restore()
+            self._windows[window.id] = window
+            log.info("window restored id=%s targets=%d", window.id, len(window.targets))
+        recent = self._closed(1)
+        if recent:
+            self.last_window = recent[0].as_answer_only()
+        self._save_all_open()
+
+    def feed(self, windows: Iterable[Window], result: ScrapeResult) -> None:
+        """Hand one scrape to windows; a restart it shows is saved before anything else."""
+        for window in windows:
+            if window.feed(result) and window.id in self._windows:
+                try:
+                    self.store.save(accumulators=window.accumulator_rows([result.target]))
+                    window.dirty.discard(result.target)
+                except StoreError as exc:
+                    log.error("restart not saved id=%s target=%s error=%s",
+                              window.id, result.target, exc)
+
+    def save_round(self) -> None:
+        """One transaction: every accumulator that changed since it was last saved."""
+        if self.store.reopened():
+            self._save_all()
+            return
+        rows = []
+        for window in self.open_windows():
+            if window.dirty:
+                rows += window.accumulator_rows(window.dirty)
+        self.store.save(accumulators=rows)
+        for window in self.open_windows():
+            window.dirty.clear()
+
+    def _save_all_open(self) -> None:
+        windows = self.open_windows()
+        rows = [row for w in windows for row in w.accumulator_rows()]
+        self.store.save([w.to_dict(accumulators=False) for w in windows], rows)
+        for window in windows:
+            window.dirty.clear()
+
+    def _save_all(self) -> None:
+        # The database went away under us: what memory holds is all there is; write it back.
+        self._save_all_open()
+        closed = [w for w in self._windows.values() if not w.is_open]
+        self.store.save([w.to_dict(accumulators=False) for w in closed])
+
+    def save_windows(self, windows: Iterable[Window]) -> None:
+        """Save these acknowledged windows' own rows (their targets or errors changed)."""
+        windows = [w for w in windows if w.id in self._windows]
+        self.store.save([w.to_dict(accumulators=False) for w in windows])
+
+    def remove_targets(self, present: set[str], why: str) -> None:
+        """Targets no longer present leave every open window, which says when and why."""
+        now = self.clock()
+        changed = []
+        for window in self.open_windows():
+            for name in window.targets:
+                if name not in present and name not in window.removed:
+                    window.removed[name] = f"target {why} at {now:.3f}"
+                    changed.append(window)
+        if changed:
+            self.save_windows(changed)
+            self.version += 1
+
+    # -- start and stop -----------------------------------------------------------------
+
+    async def start(self, request: StartRequest, scrape: ScrapeFn, max_open: int
+                    ) -> tuple[bool, Window]:
+        """Open a window, its targets scraped at once for the baseline; (created, window)."""
+        window = request.window(self.clock())
+        await self._settled(window.id)
+        existing = self._windows.get(window.id) or self._load(window.id)
+        if existing is not None:
+            return False, existing
+        if len(self.open_windows()) >= max_open:
+            raise RequestError(f"too many open windows (max_open_windows={max_open})", status=429)
+        async with self._in_flight(window.id):
+            # The other open windows take these scrapes too: a server restart right after
+            # must not hide what they counted since their last scrape.
+            window.take_baseline(await scrape(list(window.targets), self.open_windows()))
+            self._commit_start(window)
+        log.info("window started id=%s targets=%d", window.id, len(window.targets))
+        return True, window
+
+    async def stop(self, window_id: str, scrape: ScrapeFn) -> Window:
+        """Close a window (its targets scraped at once); a second stop gives the same answer."""
+        await self._settled(window_id)
+        window = self.get(window_id)
+        if not window.is_open:
+            return window
+        async with self._in_flight(window_id):
+            others = [w for w in self.open_windows() if w is not window]
+            results = await scrape(window.live_targets(), others)
+            await self._commit_stop(window, results)
+        log.info("window stopped id=%s", window_id)
+        return self._windows.get(window_id, window)
+
+    def _commit_start(self, window: Window) -> None:
+        try:
+            # Durable (to the disk, not only past our death) before it is acknowledged.
+            self.store.save([window.to_dict(accumulators=False)], window.accumulator_rows(),
+                            sync=True)
+        except StoreError as exc:
+            # Not durable, so not started: a retry with the same id starts it afresh.
+            raise StoreError(f'window "{window.id}" not started: {exc}') from exc
+        window.dirty.clear()
+        self._windows[window.id] = window
+        self.version += 1
+
+    async def _commit_stop(self, window: Window, results: list[ScrapeResult]) -> None:
+        """The stop's answer written and saved, or the window exactly as it was, still open."""
+        stop_errors = dict(window.stop_errors)
+        window.take_final(results, self.clock())
+        answer = window_answer(window)
+        try:
+            # fsync of every file: off the loop, so scrapes and requests go on meanwhile.
+            await asyncio.to_thread(write_results, self.results_dir(window), answer)
+            window.answer = answer
+            self.store.save([window.to_dict(accumulators=False)], sync=True)
+        except StoreError as exc:
+            # Stays open, its scrapes kept: a later stop retries and answers in full.
+            window.stopped_at, window.answer, window.stop_errors = None, None, stop_errors
+            with contextlib.suppress(StoreError):
+                self._save_all_open()
+            raise StoreError(
+                f'window "{window.id}" stays open: {exc}; stop it again once fixed'
+            ) from exc
+        # A stopped window is its answer: memory keeps nothing per series of it.
+        self.last_window = self._windows[window.id] = window.as_answer_only()
+        self._forget_old()
+        self.version += 1
+
+    async def _settled(self, window_id: str) -> None:
+        if window_id in self._pending:
+            await asyncio.shield(self._pending[window_id])
+
+    @contextlib.asynccontextmanager
+    async def _in_flight(self, window_id: str) -> AsyncIterator[None]:
+        # One start or stop per id at a time; the next caller waits, then sees its outcome.
+        done = asyncio.get_running_loop().create_future()
+        self._pending[window_id] = done
+        try:
+            yield
+        finally:
+            del self._pending[window_id]
+            done.set_result(None)
+
+    # -- forgetting ---------------------------------------------------------------------
+
+    def delete(self, window_id: str) -> None:
+        """Forget a stopped window (its result files stay); 409 while open or in flight."""
+        if window_id in self._pending:
+            raise RequestError(f'window "{window_id}" is being started or stopped', status=409)
+        window = self.get(window_id)
+        if window.is_open:
+            raise RequestError(f'window "{window_id}" is open: stop it first', status=409)
+        self.store.delete([window_id])
+        self._windows.pop(window_id, None)
+        if self.last_window is not None and self.last_window.id == window_id:
+            recent = self._closed(1)
+            self.last_window = recent[0].as_answer_only() if recent else None
+        self.version += 1
+        log.info("window deleted id=%s", window_id)
+
+    def expire(self, retention: float) -> int:
+        """Stopped windows started more than `retention` seconds ago leave the store."""
+        old = self.store.stopped_before(self.clock() - retention)
+        if not old:
+            return 0
+        self.store.delete(old)
+        for window_id in old:
+            self._windows.pop(window_id, None)
+        if self.last_window is not None and self.last_window.id in old:
+            recent = self._closed(1)
+            self.last_window = recent[0].as_answer_only() if recent else None
+        self.version += 1
+        log.info("stopped windows past retention forgotten count=%d", len(old))
+        return len(old)
+
+    def _forget_old(self) -> None:
+        closed = sorted(
+            (w for w in self._windows.values() if not w.is_open), key=lambda w: w.started_at
+        )
+        for window in closed[:-RECENT_WINDOWS]:
+            del self._windows[window.id]
+
+    def close(self) -> None:
+        """Save open windows whole and close the store (SIGTERM, app shutdown)."""
+        try:
+            self._save_all_open()
+        except StoreError as exc:
+            # Saved every round and at every restart seen: what is lost is the last round's
+            # progress, which the next start's scrapes make up from the servers' counters.
+            log.error("open windows not saved at shutdown error=%s", exc)
+        finally:
+            self.store.close()
+
+
+def _window_from(doc: dict) -> Window:
+    """A stored window, or `StoreError` when its state does not have a window's shape."""
+    try:
+        return Window.from_dict(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StoreError(f'window "{doc.get("id")}" state is unreadable: {exc!r}') from exc
