@@ -88,7 +88,6 @@ async def reload_config(service: ExporterService) -> Config:
     try:
         config = await asyncio.to_thread(load_config, service.config_path, service.overrides)
     except ConfigError:
-        service.reload_ok = False
-        service.generation += 1
+        service.reload_refused()
         raise
     return service.reload(config)

@@ -73,7 +73,7 @@ class ExporterService:
         self.targets: dict[str, TargetState] = {}
         self.live: dict[str, LiveTrack] = {}
         self.ready = False
-        self.generation = 0  # bumped when what /metrics shows may have changed
+        self._generation = 0  # bumped when targets or config change what readers see
         self.reload_ok = True
         self.reload_at = clock()
         self.book = WindowBook(StateStore(config.state_path), clock,
@@ -105,6 +105,11 @@ class ExporterService:
         for track in self.live.values():
             track.span = config.live_window
 
+    def reload_refused(self) -> None:
+        """A reload was refused: the old config keeps serving, and /metrics says so."""
+        self.reload_ok = False
+        self._generation += 1
+
     def reload(self, config: Config | None = None) -> Config:
         """Re-read the config file (or take `config`, read off the loop); keep the old one if
         the new one is invalid or changes what needs a restart."""
@@ -115,8 +120,7 @@ class ExporterService:
                 config = load_config(self.config_path, self.overrides)
             check_reload(self.config, config, str(self.config_path))
         except Exception:
-            self.reload_ok = False
-            self.generation += 1
+            self.reload_refused()
             raise
         self.config = config
         self.discovery.config = config
@@ -128,7 +132,7 @@ class ExporterService:
         self._close_removed_targets()
         self.reload_ok = True
         self.reload_at = self.clock()
-        self.generation += 1
+        self._generation += 1
         log.info("config reloaded targets=%d", len(self.targets))
         return config
 
@@ -171,7 +175,7 @@ class ExporterService:
                 last_error=result.error, last_error_at=result.at,
             )
         if feed is not None:  # a window's own scrape; a round bumps once at its end
-            self.generation += 1
+            self._generation += 1
         windows = feed if feed is not None else self.open_windows()
         self.book.feed((w for w in windows if w.takes_scrapes_of(name)), result)
 
@@ -181,7 +185,7 @@ class ExporterService:
         if await self.discovery.refresh(session, self.clock()):
             self._set_targets(self.config)
             self._close_removed_targets("no longer discovered")
-            self.generation += 1
+            self._generation += 1
             log.info("discovery changed targets=%d", len(self.targets))
 
     async def scrape_round(self, spread: float = 0.0) -> None:
@@ -201,7 +205,7 @@ class ExporterService:
 
         await asyncio.gather(*(scrape(n) for n in list(self.targets)))
         self.ready = True
-        self.generation += 1
+        self._generation += 1
         # Every round: only what changed, one transaction (see docs/performance.md). A failure
         # is logged and counted; what changed stays marked, so the next round retries it.
         try:
@@ -228,6 +232,11 @@ class ExporterService:
                 first = False
             elapsed = time.monotonic() - started
             await asyncio.sleep(max(0.0, self.config.scrape_interval - elapsed))
+
+    @property
+    def generation(self) -> int:
+        """Changes whenever what /metrics, the views or the landing page show may have."""
+        return self._generation + self.book.version
 
     # -- windows -----------------------------------------------------------------------
 
