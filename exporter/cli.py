@@ -87,6 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.app import make_app
     from exporter.config import load_config
     from exporter.eventloop import new_event_loop
+    from exporter.guard import run_guarded
     from exporter.redact import redact_logs
 
     path = _config_path(args.config)
@@ -118,9 +119,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loop = new_event_loop()
     log.info("starting version=%s listen=http://%s:%s/ targets=%d loop=%s", __version__, host,
              port, len(config.targets), type(loop).__module__.split(".")[0])
-    # run_app answers SIGTERM/SIGINT by finishing in-flight requests, then the cleanup
-    # context saves every open window.
-    web.run_app(app, host=host.strip("[]"), port=int(port), print=None, loop=loop,
+    # As web.run_app: SIGTERM/SIGINT finish in-flight requests, then the cleanup context
+    # saves every open window; in front, the guard against slow and excess connections.
+    run_guarded(app, host.strip("[]"), int(port), loop=loop,
+                scrape_concurrency=config.scrape_concurrency,
+                header_timeout=config.header_timeout,
                 access_log=logging.getLogger("aiohttp.access"), shutdown_timeout=30.0)
     return 0
 

@@ -281,6 +281,9 @@ class Config(_Strict):
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     scrape_concurrency: int = Field(default=64, ge=1, le=10000)
     max_open_windows: int = Field(default=1000, ge=1)
+    # A client's request head must be complete this long after it connects (or after its last
+    # answer on a kept-alive connection); slower ones are cut (slowloris). Read at start.
+    header_timeout: Duration = 10.0
     # Static plus discovered. Every target costs state, a scrape per interval and lines on
     # /metrics (~40 us each): past ~10,000 one exporter misses its beat; shard instead.
     max_targets: int = Field(default=DEFAULT_MAX_TARGETS, ge=1)
