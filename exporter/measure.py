@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -42,9 +44,19 @@ def target_from_spec(spec: str) -> TargetConfig:
 
 
 def targets_from_model_config(path: str | Path) -> list[TargetConfig]:
-    """Targets from an AISBench model config: a Python file of `dict(...)`, or YAML/JSON."""
-    text = Path(path).read_text(encoding="utf-8")
-    entries = _entries_from_python(text) if str(path).endswith(".py") else _entries_from_data(text)
+    """Targets from an AISBench model config: a Python file of `dict(...)`, or YAML/JSON.
+
+    AISBench's configs inherit through mmengine's `read_base()`: where mmengine is installed
+    (it is wherever AISBench is) its own `Config` reads them; else a simple reader takes the
+    literal `dict(...)` entries of the file itself.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        entries = _entries_from_data(text)
+    else:
+        read = _entries_from_mmengine(path)
+        entries = read if read is not None else _entries_from_python(text)
     targets = []
     for entry in entries:
         if entry.get("host_ip") and entry.get("host_port"):
@@ -57,8 +69,45 @@ def targets_from_model_config(path: str | Path) -> list[TargetConfig]:
             scheme, rest = str(entry["url"]).split("://", 1)
             targets.append(target_from_spec(f"{scheme}://{rest.split('/', 1)[0]}"))
     if not targets:
-        raise ExporterError(f"{path}: no model entry with host_ip/host_port or url")
+        hint = ""
+        if "read_base" in text:
+            hint = (" (the config inherits through read_base(): install mmengine, e.g. "
+                    "pip install 'specdec-exporter[aisbench]', to read it)")
+        raise ExporterError(f"{path}: no model entry with host_ip/host_port or url{hint}")
     return targets
+
+
+def _entries_from_mmengine(path: Path) -> list[dict[str, Any]] | None:
+    """The config's `models` as mmengine evaluates them; None without mmengine."""
+    try:
+        from mmengine.config import Config  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    try:
+        # Lazy import: AISBench's classes named in the config need not be importable here.
+        config = Config.fromfile(str(path))
+        models = config.get("models") or []
+    except Exception as exc:  # mmengine raises whatever the config's code raises
+        raise ExporterError(f"{path}: mmengine cannot read it: {exc}") from exc
+    # Only the address keys: reading the others (`type=VLLMCustomAPIChat`) would import them.
+    return [
+        {key: model[key] for key in _AISBENCH_KEYS if key in model}
+        for model in models if isinstance(model, Mapping)
+    ]
+
+
+def distinct_names(targets: Sequence[TargetConfig]) -> list[TargetConfig]:
+    """The same target given twice is one; two on one host:port (other paths) keep both.
+
+    Their default names (host:port) would collide, so each is named host:port + its path.
+    """
+    unique = list({t.url: t for t in targets}.values())
+    seen = Counter(t.name for t in unique)
+    return [
+        t.model_copy(update={"name": t.host_port + urlsplit(t.url).path}) if seen[t.name] > 1
+        else t
+        for t in unique
+    ]
 
 
 def _entries_from_python(text: str) -> list[dict[str, Any]]:
@@ -121,6 +170,7 @@ async def measure(
     timeout: float = 10.0,
 ) -> tuple[int, dict[str, Any] | None]:
     """Snapshot, run CMD while scraping every `interval`, snapshot; (CMD's code, answer)."""
+    targets = distinct_names(targets)
     window = Window(
         id="measure", name="measure", labels={}, started_at=time.time(),
         targets={t.name: TargetRef(t.name, t.url, t.host_port) for t in targets},

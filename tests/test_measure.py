@@ -1,0 +1,145 @@
+"""`measure`'s target list: specs, AISBench model configs (inheriting ones through mmengine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from exporter.config import TargetConfig
+from exporter.errors import ExporterError
+from exporter.measure import distinct_names, target_from_spec, targets_from_model_config
+
+# Shaped like AISBench's shipped configs: the base imports AISBench's classes (not installed
+# here, as on a machine where only the config files are), the user's config inherits it
+# through mmengine's read_base() and overrides the server's address.
+BASE = """\
+from ais_bench.benchmark.models import VLLMCustomAPIChat
+from ais_bench.benchmark.utils.postprocess.model_postprocessors import extract_non_reasoning_content
+
+models = [
+    dict(
+        attr="service",
+        type=VLLMCustomAPIChat,
+        abbr="vllm-api-stream-chat",
+        path="",
+        model="",
+        stream=True,
+        request_rate=0,
+        retry=2,
+        api_key="",
+        host_ip="localhost",
+        host_port=8080,
+        url="",
+        max_out_len=512,
+        batch_size=1,
+        generation_kwargs=dict(temperature=0.01, ignore_eos=False),
+        pred_postprocessor=dict(type=extract_non_reasoning_content),
+    )
+]
+"""
+CHILD = """\
+from mmengine import read_base
+
+with read_base():
+    from .vllm_api_stream_chat import models
+
+models[0]['host_ip'] = "10.1.2.3"
+models[0]['host_port'] = 9001
+models[0]['request_rate'] = 50
+"""
+
+
+def _inheriting_config(tmp_path: Path) -> Path:
+    folder = tmp_path / "configs" / "models" / "vllm_api"
+    folder.mkdir(parents=True)
+    (folder / "vllm_api_stream_chat.py").write_text(BASE)
+    child = folder / "my_run.py"
+    child.write_text(CHILD)
+    return child
+
+
+@pytest.fixture
+def mmengine():
+    """mmengine's Config; the test extra installs it, so a missing one fails in CI."""
+    try:
+        import mmengine.config
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail("mmengine missing in CI: the test extra installs mmengine-lite")
+        pytest.skip("mmengine not installed (pip install mmengine-lite)")
+    return mmengine.config.Config
+
+
+class TestModelConfig:
+    def test_inheriting_config_read_with_mmengine(self, tmp_path, mmengine):
+        targets = targets_from_model_config(_inheriting_config(tmp_path))
+        assert [t.url for t in targets] == ["http://10.1.2.3:9001/metrics"]
+        assert [t.name for t in targets] == ["10.1.2.3:9001"]
+
+    def test_base_alone_read_with_mmengine(self, tmp_path, mmengine):
+        _inheriting_config(tmp_path)
+        base = tmp_path / "configs" / "models" / "vllm_api" / "vllm_api_stream_chat.py"
+        assert [t.url for t in targets_from_model_config(base)] == [
+            "http://localhost:8080/metrics"]
+
+    def _without_mmengine(self, path: Path) -> subprocess.CompletedProcess[str]:
+        # A fresh interpreter in which `import mmengine` fails, as where it is not installed.
+        code = textwrap.dedent(f"""
+            import sys
+            sys.modules["mmengine"] = None
+            from exporter.errors import ExporterError
+            from exporter.measure import targets_from_model_config
+            try:
+                print([t.url for t in targets_from_model_config({str(path)!r})])
+            except ExporterError as exc:
+                print("error:", exc)
+        """)
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, env=os.environ | {"PYTHONPATH": os.getcwd()})
+
+    def test_plain_config_without_mmengine_uses_the_simple_reader(self, tmp_path):
+        _inheriting_config(tmp_path)
+        base = tmp_path / "configs" / "models" / "vllm_api" / "vllm_api_stream_chat.py"
+        done = self._without_mmengine(base)
+        assert done.stdout == "['http://localhost:8080/metrics']\n", done.stderr
+
+    def test_inheriting_config_without_mmengine_says_what_to_install(self, tmp_path):
+        child = _inheriting_config(tmp_path)
+        done = self._without_mmengine(child)
+        assert done.stdout == (
+            f"error: {child}: no model entry with host_ip/host_port or url (the config "
+            "inherits through read_base(): install mmengine, e.g. pip install "
+            "'specdec-exporter[aisbench]', to read it)\n"
+        ), done.stderr
+
+    def test_broken_inheriting_config_names_the_file(self, tmp_path, mmengine):
+        child = _inheriting_config(tmp_path)
+        (child.parent / "vllm_api_stream_chat.py").unlink()
+        with pytest.raises(ExporterError) as caught:
+            targets_from_model_config(child)
+        assert str(caught.value).startswith(f"{child}: mmengine cannot read it: ")
+
+    def test_yaml_config(self, tmp_path):
+        path = tmp_path / "models.yaml"
+        path.write_text(json.dumps({"models": [{"host_ip": "h", "host_port": 1},
+                                               {"url": "https://s:2/v1/chat/completions"}]}))
+        assert [t.url for t in targets_from_model_config(path)] == [
+            "http://h:1/metrics", "https://s:2/metrics"]
+
+
+class TestDistinctNames:
+    def test_same_host_port_different_paths_keep_both(self):
+        targets = [target_from_spec("http://h:1/a/metrics"), target_from_spec("http://h:1/b"),
+                   target_from_spec("h:2")]
+        assert [t.name for t in distinct_names(targets)] == [
+            "h:1/a/metrics", "h:1/b", "h:2"]
+
+    def test_the_same_target_twice_is_one(self):
+        targets = [target_from_spec("h:1"), TargetConfig(host="h", port=1)]
+        assert [t.url for t in distinct_names(targets)] == ["http://h:1/metrics"]
