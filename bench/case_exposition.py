@@ -19,8 +19,8 @@ from exporter.app import make_app
 from exporter.config import validate_config
 from exporter.exposition import MetricsWriter
 
-RENDER_TARGET_S = 0.050
-LAG_TARGET_S = 0.100
+RENDER_TARGET_S = 0.020  # issue 15
+LAG_TARGET_S = 0.050  # issue 15
 PROBE_SLEEP_S = 0.010
 
 

@@ -152,10 +152,10 @@ class NginxFleet:
         return f"""
 daemon off;
 worker_processes 1;
-worker_rlimit_nofile 16384;
+worker_rlimit_nofile 65536;
 pid {d}/nginx.pid;
 error_log {d}/error.log warn;
-events {{ worker_connections 8192; }}
+events {{ worker_connections 32768; }}
 http {{
     client_body_temp_path {d}/tmp-body;
     proxy_temp_path {d}/tmp-proxy;

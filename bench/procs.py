@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -68,8 +70,18 @@ class _ServingProcess:
         """The child's pid."""
         return self.child.pid
 
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its memory and connections but uses no CPU."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT."""
+        os.kill(self.pid, signal.SIGCONT)
+
     def stop(self) -> None:
-        """SIGTERM and wait."""
+        """SIGTERM and wait (resumed first: a stopped process cannot act on SIGTERM)."""
+        with contextlib.suppress(OSError):
+            self.resume()
         self.child.stop()
 
 
@@ -77,7 +89,7 @@ class ExporterProcess(_ServingProcess):
     """`python -m exporter serve --config FILE` over n fleet targets; ready after one round."""
 
     def __init__(self, fleet: NginxFleet, n: int, workdir: Path, *, interval: float = 5.0,
-                 **extra):
+                 event_loop: str | None = None, **extra):
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -88,6 +100,8 @@ class ExporterProcess(_ServingProcess):
         ))
         env = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_TOKEN",)}
         env["PYTHONUNBUFFERED"] = "1"
+        if event_loop:  # "asyncio" opts out of uvloop (exporter/eventloop.py)
+            env["SPECDEC_EVENT_LOOP"] = event_loop
         self._launch([sys.executable, "-m", "exporter", "serve", "--config", str(path)],
                      workdir / "exporter.log", "exporter ready", 60 + n * 0.05, env=env)
 

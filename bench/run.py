@@ -13,12 +13,20 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import case_exposition, case_fleet, case_markers, case_parse, case_save, case_scale
+from bench import (
+    case_exposition,
+    case_fleet,
+    case_floor,
+    case_markers,
+    case_parse,
+    case_save,
+    case_scale,
+)
 from bench.common import CaseResult, Row, Skip
 from bench.fleet import NginxFleet, find_nginx
 from bench.procs import find_prometheus
 
-CASES = ("parse", "fleet", "markers", "exposition", "save", "scale")
+CASES = ("parse", "fleet", "floor", "markers", "exposition", "save", "scale")
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -29,12 +37,14 @@ class Settings:
 
     parse_sizes: tuple = case_parse.SIZES_FULL
     parse_repeats: int = 5
-    fleet_sizes: tuple = (100, 250, 500, 1000)
-    fleet_seconds: float = 15.0
+    fleet_sizes: tuple = (100, 500, 1000, 2500, 5000)
+    compare_at: tuple = (100, 1000)  # Prometheus and the asyncio-loop exporter beside ours
+    fleet_seconds: float = 10.0
+    rotations: int = 3
     interval: float = 5.0
-    prometheus_keep: str = "spec"
-    marker_sizes: tuple = (10, 100, 1000)
-    marker_repeats: dict = field(default_factory=lambda: {10: 5, 100: 5, 1000: 3})
+    prometheus_keep: tuple = ("spec", "all")
+    marker_sizes: tuple = (100, 1000)
+    marker_repeats: dict = field(default_factory=lambda: {100: 5, 1000: 50})
     exposition_n: int = 1000
     exposition_repeats: int = 7
     lag_seconds: float = 12.0
@@ -44,7 +54,7 @@ class Settings:
         """Tiny sizes and short spans: a smoke run of every case in well under a minute."""
         return cls(
             parse_sizes=case_parse.SIZES_QUICK, parse_repeats=3, fleet_sizes=(10, 30),
-            fleet_seconds=3.0, interval=1.0, marker_sizes=(3, 10),
+            compare_at=(30,), fleet_seconds=3.0, rotations=2, interval=1.0, marker_sizes=(3, 10),
             marker_repeats={3: 2, 10: 2}, exposition_n=30, exposition_repeats=3, lag_seconds=2.0,
         )
 
@@ -86,7 +96,11 @@ class Suite:
             elif name == "fleet":
                 result = case_fleet.run(self.fleet(), sizes=s.fleet_sizes,
                                         seconds=s.fleet_seconds, interval=s.interval,
-                                        keep=s.prometheus_keep)
+                                        keep=s.prometheus_keep, rotations=s.rotations,
+                                        compare_at=s.compare_at)
+            elif name == "floor":
+                fleet = self.results.get("fleet")
+                result = case_floor.run(self.fleet(), fleet.data if fleet else None)
             elif name == "markers":
                 result = case_markers.run(self.fleet(), sizes=s.marker_sizes,
                                           repeats=s.marker_repeats, interval=s.interval)
@@ -221,8 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"run only this case (repeatable): {', '.join(CASES)}")
     parser.add_argument("--duration", type=float,
                         help="seconds each process is measured per N in the fleet case")
-    parser.add_argument("--prometheus-keep", choices=("spec", "all"),
-                        help="Prometheus baseline keeps only spec-decode series (default) or all")
+    parser.add_argument("--prometheus-keep", choices=("spec", "all"), action="append",
+                        help="Prometheus baselines: keeping only spec-decode series, all series"
+                             " (repeatable; default both)")
     parser.add_argument("--json", type=Path, default=RESULTS / "latest.json",
                         help="where to write the results (default bench/results/latest.json)")
     parser.add_argument("--png", type=Path,
@@ -238,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.duration:
         settings.fleet_seconds = args.duration
     if args.prometheus_keep:
-        settings.prometheus_keep = args.prometheus_keep
+        settings.prometheus_keep = tuple(args.prometheus_keep)
     png = args.png or (RESULTS / "perf-scale-quick.png" if args.quick
                        else ROOT / "docs" / "perf-scale.png")
     chosen = args.only or list(CASES)

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import (  # noqa: E402
     case_exposition,
     case_fleet,
+    case_floor,
     case_markers,
     case_parse,
     case_save,
@@ -66,16 +67,25 @@ class TestFleetCases:
 
     @pytest.mark.prometheus
     def test_fleet_case(self, fleet):
-        result = case_fleet.run(fleet, sizes=(2, 4), seconds=1.0, interval=1.0)
+        result = case_fleet.run(fleet, sizes=(2, 4), seconds=1.0, interval=1.0, rotations=2,
+                                compare_at=(4,))
         check_rows(result, "fleet")
         points = result.data["points"]
         assert set(points) == {"2", "4"}
+        assert set(points["2"]) == {"exporter"}  # the scale-only size: the exporter alone
+        expected = {"exporter", "exporter-asyncio"} | (
+            {"prometheus-spec", "prometheus-all"} if find_prometheus() else set())
+        assert set(points["4"]) == expected
         for point in points.values():
-            assert point["exporter"]["peak_rss_mb"] > 0
-            if find_prometheus():
-                assert point["prometheus"]["peak_rss_mb"] > 0
+            for figures in point.values():
+                assert figures["peak_rss_mb"] > 0
+                assert len(figures["runs"]) == 2  # one per rotation; the figure is their median
         scale = case_scale.run(result.data, png=None)
         check_rows(scale, "scale")
+        floor = case_floor.run(fleet, result.data)
+        check_rows(floor, "floor")
+        assert floor.data["floor_s"] > 0 and "zlib" in floor.data["inflate_s"]
+        assert any(row.figure.startswith("N=4: exporter's CPU") for row in floor.rows)
 
     def test_markers_case(self, fleet):
         result = case_markers.run(fleet, sizes=(2,), repeats={2: 1}, interval=1.0)
@@ -83,6 +93,7 @@ class TestFleetCases:
         figures = result.data["2"]
         assert figures["ok_results_per_stop"] == [2]
         assert len(figures["stop_s"]) == 1
+        assert len(figures["rss_mb"]) == 2 and min(figures["rss_mb"]) > 0  # before, after
 
     def test_exposition_case(self, fleet):
         result = case_exposition.run(fleet, n=3, repeats=1, lag_seconds=0.5, interval=1.0)
@@ -102,7 +113,7 @@ class TestScaleCase:
         str(n): {
             "exporter": {"cpu_ms_per_target_scrape": 1.0, "cpu_s_per_round": n / 1000,
                          "core_pct": n / 50, "peak_rss_mb": 50 + n / 20},
-            "prometheus": {"cpu_ms_per_target_scrape": 3.0, "cpu_s_per_round": 3 * n / 1000,
+            "prometheus-spec": {"cpu_ms_per_target_scrape": 3.0, "cpu_s_per_round": 3 * n / 1000,
                            "core_pct": 3 * n / 50, "peak_rss_mb": 60 + n / 2},
         }
         for n in (10, 20, 40)
