@@ -9,6 +9,7 @@ import os
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -226,14 +227,18 @@ async def start_window(request: web.Request) -> web.Response:
     created, window = await request.app[SERVICE].start_window(
         body.id, body.name, body.targets, body.labels
     )
-    return web.json_response(window.summary(), status=201 if created else 200)
+    # Which targets failed their start scrape and why: the CLI says so on stderr.
+    answer = window.summary() | {"start_errors": dict(window.start_errors)}
+    return web.json_response(answer, status=201 if created else 200)
 
 
 async def stop_window(request: web.Request) -> web.Response:
     """Close a window; stopping it again answers the same body."""
     window_id = check_window_id(request.match_info["id"])
-    window = await request.app[SERVICE].stop_window(window_id)
-    return web.json_response(window.answer)
+    service = request.app[SERVICE]
+    window = await service.stop_window(window_id)
+    where = Path(service.config.output_dir).resolve() / window.id
+    return web.json_response(window.answer | {"results_dir": str(where)})
 
 
 async def list_windows(request: web.Request) -> web.Response:

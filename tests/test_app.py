@@ -133,7 +133,7 @@ class TestReload:
         response = await exp.client.post("/-/reload")
         assert response.status == 400
         assert (await response.json())["problems"] == [
-            "(file): cannot read: No such file or directory"
+            f"(file): cannot read {path}: No such file or directory"
         ]
 
     async def test_without_a_config_file(self, exporter):

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
 from exporter.results import result_file_name
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _wait_scrapes(base: str, window_id: str, at_least: int, deadline: float = 10.0) -> None:
@@ -258,3 +265,151 @@ class TestDemo:
         assert "[all]" in out
         assert "llama-eagle-k3" in out  # live figures table
         assert 'specdec_acceptance_ratio{demo="true",target="llama-eagle-k3"}' in body
+
+
+class TestListen:
+    def test_listen_flag_beats_the_config(self, tmp_path):
+        configured, flag = free_port(), free_port()
+        config = write_config(tmp_path / "c.yaml", configured, [])
+        with process(CLI + ["serve", "--config", str(config), "--listen",
+                            f"127.0.0.1:{flag}"]):
+            wait_http(f"http://127.0.0.1:{flag}/-/healthy")
+            assert http("GET", f"http://127.0.0.1:{flag}/-/healthy")[0] == 200
+
+    @pytest.mark.parametrize("command", ["serve", "fake-vllm", "demo"])
+    def test_port_in_use_is_one_line_and_exit_2(self, tmp_path, command):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            args = {
+                "serve": ["serve", "--config",
+                          str(write_config(tmp_path / "c.yaml", free_port(), [])),
+                          "--listen", f"127.0.0.1:{port}"],
+                "fake-vllm": ["fake-vllm", "--port", str(port)],
+                "demo": ["demo", "--port", str(port), "--duration", "1"],
+            }[command]
+            done = subprocess.run(CLI + args + ["--log-level", "error"], capture_output=True,
+                                  text=True, timeout=60)
+        assert done.returncode == 2
+        assert done.stderr.splitlines() == [
+            f"specdec-exporter: cannot listen on 127.0.0.1:{port}: address already in use; "
+            f"stop what listens there, or choose another address with "
+            f"{'--listen HOST:PORT' if command == 'serve' else '--port P'}"
+        ]
+
+    def test_demo_removes_its_temporary_folder(self, tmp_path):
+        # The demo's temporary folder is made under $TMPDIR: here, a folder of our own.
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        done = subprocess.run(CLI + ["demo", "--port", str(free_port()), "--duration", "6"],
+                              capture_output=True, text=True, timeout=90,
+                              env=os.environ | {"TMPDIR": str(tmp)})
+        assert done.returncode == 0, done.stderr
+        assert f"results in {tmp}/specdec-demo-" in done.stdout
+        assert "Speculative Decoding Metrics" in done.stdout
+        assert list(tmp.iterdir()) == []
+
+
+class TestLogOptions:
+    @pytest.mark.parametrize("where", ["before", "after"])
+    def test_log_level_on_either_side_of_the_command(self, tmp_path, where):
+        config = write_config(tmp_path / "c.yaml", free_port(), [])
+        with socket.socket() as taken:  # serve logs its start, then fails to listen
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            listen = ["--listen", f"127.0.0.1:{taken.getsockname()[1]}"]
+            for level, shown in (("error", False), ("debug", True)):
+                flags = ["--log-level", level, "--log-format", "json"]
+                args = (flags + ["serve", "--config", str(config)] if where == "before"
+                        else ["serve", "--config", str(config)] + flags)
+                done = subprocess.run(CLI + args + listen, capture_output=True, text=True,
+                                      timeout=30)
+                assert done.returncode == 2
+                logged = [json.loads(line) for line in done.stderr.splitlines()
+                          if line.startswith("{")]
+                assert any(entry["msg"].startswith("starting version=")
+                           for entry in logged) is shown
+
+
+class TestHelp:
+    def test_every_option_of_every_command_says_what_it_does(self):
+        from exporter.cli import build_parser
+
+        def parsers(parser, path):
+            yield path, parser
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    for name, sub in action.choices.items():
+                        yield from parsers(sub, f"{path} {name}")
+
+        missing = []
+        for path, parser in parsers(build_parser(), "specdec-exporter"):
+            assert parser.format_help()  # a stray % in a help text breaks --help
+            for action in parser._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    continue
+                if not action.help or len(action.help.split()) < 3:
+                    missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        assert missing == []
+
+    @pytest.mark.parametrize("command", ["run", "measure"])
+    def test_run_and_measure_say_the_command_goes_after_dashes(self, command):
+        done = subprocess.run(CLI + [command, "--help"], capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 0
+        assert "-- CMD" in done.stdout and "after --" in done.stdout
+
+    def test_fake_vllm_says_what_acceptance_means(self):
+        done = subprocess.run(CLI + ["fake-vllm", "--help"], capture_output=True, text=True,
+                              timeout=30)
+        assert "chance that the first draft token is accepted" in " ".join(done.stdout.split())
+
+
+class TestCheckConfig:
+    def test_every_problem_in_one_run(self):
+        done = subprocess.run(CLI + ["check-config", "tests/testdata/config/"
+                                     "invalid-four-kinds.yaml"],
+                              capture_output=True, text=True, timeout=30, cwd=ROOT)
+        assert done.returncode == 1
+        assert done.stdout.splitlines() == [
+            "listen: must be host:port, not 'nohost'",
+            "bogus: unknown key",
+            "scrape_timeout: must not be longer than scrape_interval (5s > 1s)",
+            'targets.1.name: duplicate target name "a" (also targets.0)',
+        ]
+
+    def test_yaml_syntax_error_has_line_and_column(self, tmp_path):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("listen: '127.0.0.1:9400'\ntargets: [\n  {url: x\n")
+        done = subprocess.run(CLI + ["check-config", str(bad)], capture_output=True, text=True,
+                              timeout=30)
+        assert done.returncode == 1
+        assert re.fullmatch(r"\(yaml\): invalid YAML at line 4, column 1: .+\n", done.stdout)
+
+    def test_missing_file_names_its_path(self, tmp_path):
+        missing = tmp_path / "nope" / "exporter.yaml"
+        done = subprocess.run(CLI + ["check-config", str(missing)], capture_output=True,
+                              text=True, timeout=30)
+        assert done.returncode == 1
+        assert done.stdout == f"(file): cannot read {missing}: No such file or directory\n"
+
+
+class TestProductionPath:
+    def test_serve_does_not_import_the_simulator(self, tmp_path):
+        # Everything `serve` imports, up to a built app; the simulator must not be among it.
+        probe = (
+            "import sys\n"
+            "from exporter.cli import build_parser, cmd_serve\n"
+            "from exporter.app import make_app\n"
+            "from exporter.config import load_config\n"
+            "import exporter.api, exporter.landing, exporter.exposition, exporter.results\n"
+            f"make_app(load_config({str(ROOT / 'config' / 'exporter.yaml')!r}))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('exporter.')))\n"
+        )
+        done = subprocess.run([*CLI[:1], "-c", probe], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        loaded = eval(done.stdout)  # a printed list of module names
+        assert "exporter.app" in loaded and "exporter.dialects" in loaded
+        assert [m for m in loaded if m.startswith("exporter.fakevllm")] == []

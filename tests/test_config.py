@@ -46,7 +46,7 @@ INVALID = {
     "invalid-listen.yaml": ["listen: must be host:port, not 'localhost'"],
     "invalid-not-a-mapping.yaml": ["(top): must be a mapping of keys"],
     "invalid-yaml-syntax.yaml": [
-        "(yaml): invalid YAML at line 4: mapping values are not allowed here"
+        "(yaml): invalid YAML at line 4, column 9: mapping values are not allowed here"
     ],
     "invalid-proxy-url.yaml": [
         "targets.0.proxy_url: must be an http:// URL with a host, not 'socks5://10.0.0.9:1080'"
@@ -55,6 +55,12 @@ INVALID = {
     "invalid-shard-index.yaml": ["shard_index: must be below shards (2)"],
     "invalid-target-timeout-over-interval.yaml": [
         "targets.1.timeout: must not be longer than scrape_interval (60s > 5s)"
+    ],
+    "invalid-four-kinds.yaml": [
+        "listen: must be host:port, not 'nohost'",
+        "bogus: unknown key",
+        "scrape_timeout: must not be longer than scrape_interval (5s > 1s)",
+        'targets.1.name: duplicate target name "a" (also targets.0)',
     ],
     "invalid-several.yaml": [
         "scrape_interval: must be a duration like 250ms, 5s or 1m, not '1 minute'",
@@ -85,7 +91,10 @@ class TestInvalidFiles:
     def test_missing_file(self, tmp_path):
         with pytest.raises(ConfigError) as caught:
             load_config(tmp_path / "nope.yaml")
-        assert caught.value.problems == ["(file): cannot read: No such file or directory"]
+        missing = tmp_path / "nope.yaml"
+        assert caught.value.problems == [
+            f"(file): cannot read {missing}: No such file or directory"
+        ]
 
 
 class TestValidFiles:

@@ -350,3 +350,33 @@ class TestWindowsPerDialect:
         block = format_window(answer)
         assert f"Acceptance length                             {length:.2f}\n" in block
         assert "Drafts                                        N/A\n" in block
+
+
+class TestDialectTable:
+    """`exporter.dialects` is the one home: every reader agrees with it."""
+
+    def test_every_parsed_dialect_reports_and_renders(self):
+        from exporter.dialects import DIALECTS, REPORTING, SIMULATED_DIALECTS
+        from exporter.fakevllm import RENDERERS
+
+        assert set(DIALECTS) == set(Dialect) - {Dialect.AUTO}
+        assert {d.value for d in DIALECTS} <= set(REPORTING)
+        assert set(RENDERERS) == set(REPORTING) == set(SIMULATED_DIALECTS)
+
+    @pytest.mark.parametrize("name", ["vllm", "vllm-v0", "llamacpp", "sglang", "trtllm"])
+    def test_simulated_page_parses_as_its_dialect_at_its_path(self, name):
+        from exporter.dialects import default_path, is_estimate
+
+        server = FakeServer(dialect=name, k=3, seed=1)
+        server.simulate(50)
+        snapshot = parse_page(server.render(), Dialect.AUTO)
+        assert snapshot.dialect == name
+        assert server.metrics_path == default_path(name)
+        assert is_estimate(name) is (name == "sglang")
+        assert (dialect_note(name) is None) is (name in ("vllm", "llamacpp"))
+
+    def test_config_names_the_same_dialects(self):
+        with pytest.raises(Exception) as caught:
+            validate_config({"targets": [{"url": "http://h:1/", "dialect": "tgi"}]})
+        for dialect in Dialect:
+            assert repr(dialect.value) in str(caught.value)

@@ -2,10 +2,14 @@
 
 import asyncio
 import gzip
+import json
 import re
+import subprocess
+import sys
 from collections import defaultdict
 
 import pytest
+from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.fakevllm import FAKE_SERVER, FakeServer, make_fake_app, page_for_bench
@@ -414,3 +418,130 @@ class TestPageForBench:
         models = {labels["model_name"] for labels, _ in found["vllm:prompt_tokens_total"]}
         assert len(models) > 1
         assert {labels["model_name"] for labels, _ in found[V1_DRAFTS]} == {"fake/llama-3-8b"}
+
+
+class TestCounterModel:
+    @pytest.mark.parametrize(("k", "acceptance", "ngram", "tokens"),
+                             [(3, 0.8, False, 1), (3, 0.8, False, 257), (5, 1.0, False, 64),
+                              (4, 0.0, False, 9), (4, 0.6, True, 500)])
+    def test_generate_emits_exactly_drafts_plus_accepted(self, k, acceptance, ngram, tokens):
+        server = FakeServer(k=k, acceptance=acceptance, ngram=ngram, engines=2, seed=k)
+        steps = server.generate(tokens)
+        totals = server.totals()
+        assert sum(1 + accepted for _, accepted in steps) == tokens
+        assert totals["num_drafts"] == len(steps)
+        assert totals["num_drafts"] + totals["num_accepted_tokens"] == tokens
+        assert totals["num_draft_tokens"] == sum(proposed for proposed, _ in steps)
+        per_pos = [totals["accepted_per_pos"][p] for p in range(k)]
+        assert per_pos == sorted(per_pos, reverse=True)  # an accepted prefix, every step
+
+    def test_without_spec_decode_nothing_is_counted(self):
+        server = FakeServer(spec_decode=False)
+        server.generate(40)
+        assert server.totals()["num_drafts"] == 0
+
+
+class TestOpenAI:
+    async def _client(self, aiohttp_client, **kwargs):
+        server = FakeServer(seed=5, **kwargs)
+        return server, await aiohttp_client(make_fake_app(server))
+
+    async def test_completion_counts_its_tokens(self, aiohttp_client):
+        server, client = await self._client(aiohttp_client, k=4)
+        response = await client.post("/v1/completions",
+                                     json={"model": "m", "prompt": "a b c", "max_tokens": 33})
+        body = await response.json()
+        assert response.status == 200
+        assert body["object"] == "text_completion"
+        assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 33,
+                                 "total_tokens": 36}
+        assert body["choices"][0]["text"] and body["choices"][0]["finish_reason"] == "length"
+        totals = server.totals()
+        assert totals["num_drafts"] + totals["num_accepted_tokens"] == 33
+
+    async def test_chat_stream_sends_one_chunk_per_step(self, aiohttp_client):
+        server, client = await self._client(aiohttp_client, k=2)
+        response = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20,
+            "stream": True, "stream_options": {"include_usage": True}})
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        events = [line.removeprefix("data: ") for line in (await response.text()).split("\n\n")
+                  if line]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        steps = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"] is None]
+        assert len(steps) == server.totals()["num_drafts"]
+        assert chunks[-1]["usage"]["completion_tokens"] == 20
+        assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+    @pytest.mark.parametrize(("path", "body", "message"), [
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, "max_tokens must be"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 10**9}, "max_tokens must be"),
+        ("/v1/completions", {"max_tokens": 3}, "prompt must be"),
+        ("/v1/chat/completions", {"messages": []}, "messages must be"),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "string content"),
+        ("/v1/chat/completions", [1], "JSON object"),
+    ])
+    async def test_bad_requests_are_400_and_count_nothing(self, aiohttp_client, path, body,
+                                                          message):
+        server, client = await self._client(aiohttp_client)
+        response = await client.post(path, json=body)
+        assert response.status == 400
+        assert message in (await response.json())["error"]["message"]
+        assert server.totals()["num_drafts"] == 0
+
+
+# The benchmark `run` wraps: the `openai` package against fake-vllm, every kind of request.
+OPENAI_BENCH = """
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="none")
+total = 0
+for i in range(6):
+    done = client.completions.create(model="m", prompt="p " * i, max_tokens=17 + i)
+    total += done.usage.completion_tokens
+    total += client.chat.completions.create(model="m", max_tokens=9 + 2 * i,
+        messages=[{"role": "user", "content": "hello"}]).usage.completion_tokens
+    for kind in ("completions", "chat"):
+        args = dict(model="m", max_tokens=23 + i, stream=True,
+                    stream_options={"include_usage": True})
+        if kind == "chat":
+            messages = [{"role": "user", "content": "x"}]
+            stream = client.chat.completions.create(messages=messages, **args)
+        else:
+            stream = client.completions.create(prompt="x", **args)
+        total += [c.usage for c in stream if c.usage][0].completion_tokens
+open(sys.argv[2], "w").write(str(total))
+"""
+
+
+class TestOpenAIUnderRun:
+    def test_window_counts_what_the_openai_client_was_served(self, tmp_path):
+        pytest.importorskip("openai")  # the `test` extra installs it
+        script = tmp_path / "bench.py"
+        script.write_text(OPENAI_BENCH)
+        served = tmp_path / "served"
+        with fake_vllm("--k", "4", "--acceptance", "0.7") as vllm:
+            fake_add(vllm, 100, 400, [90, 60, 30, 10])  # before the window: must not count
+            port = free_port()
+            base = f"http://127.0.0.1:{port}"
+            config = write_config(tmp_path / "c.yaml", port,
+                                  [{"name": "v", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"{base}/-/ready")
+                done = subprocess.run(
+                    CLI + ["run", "--exporter", base, "--id", "oa", "--", sys.executable,
+                           str(script), f"http://127.0.0.1:{vllm}/v1", str(served)],
+                    capture_output=True, text=True, timeout=120,
+                )
+                status, answer = http("GET", f"{base}/api/v1/windows/oa")
+        assert done.returncode == 0, done.stderr
+        assert status == 200
+        data = answer["results"]["v"]["data"]
+        output_tokens = int(served.read_text())
+        assert output_tokens > 6 * (17 + 9 + 23 + 23)
+        # vLLM's arithmetic: every step drafts and emits 1 + accepted tokens.
+        assert data["num_drafts"] + data["accepted_tokens"] == output_tokens
+        assert data["draft_tokens"] == 4 * data["num_drafts"]
+        assert 0 < data["accepted_tokens"] < data["draft_tokens"]
+        assert "window oa started" in done.stderr
+        assert f"results written to {tmp_path / 'out' / 'oa'}" in done.stderr

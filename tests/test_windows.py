@@ -195,6 +195,9 @@ class TestWindowFiles:
         host, port = fake.host_port.rsplit(":", 1)
         path = tmp_path / "out" / "files" / "performances" / f"spec_decode_{host}_{port}.json"
         assert json.loads(path.read_text()) == answer["results"]["a"]
+        # The stop answer also says where it was written; the file is the answer without that.
+        written = answer.pop("results_dir")
+        assert written == str((tmp_path / "out" / "files").resolve())
         assert json.loads((tmp_path / "out" / "files" / "window.json").read_text()) == answer
 
 

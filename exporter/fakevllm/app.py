@@ -1,0 +1,181 @@
+"""The simulator's HTTP app: /metrics, the OpenAI API, control endpoints, background traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from exporter.fakevllm import openai
+from exporter.fakevllm.model import FakeServer
+from exporter.fakevllm.pages import CONTENT_TYPE
+
+FAKE_SERVER = web.AppKey("fake_server", FakeServer)
+_TRAFFIC_ON = web.AppKey("fake_traffic_on", asyncio.Event)
+
+
+def _accepts_gzip(header: str) -> bool:
+    """Return whether an Accept-Encoding header allows gzip (q=0 refuses it)."""
+    for part in header.split(","):
+        coding, _, params = part.partition(";")
+        if coding.strip().lower() not in ("gzip", "*"):
+            continue
+        quality = params.strip().removeprefix("q=").strip()
+        try:
+            return not quality or float(quality) > 0
+        except ValueError:
+            return True
+    return False
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    """Serve the page, gzip-compressed when the client accepts it."""
+    body = request.app[FAKE_SERVER].render()
+    headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
+    if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        body = gzip.compress(body, compresslevel=1)
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=body, headers=headers)
+
+
+def _totals_json(server: FakeServer) -> dict[str, Any]:
+    """Return totals() with JSON-safe (string) position keys."""
+    totals = server.totals()
+    totals["accepted_per_pos"] = {str(p): v for p, v in totals["accepted_per_pos"].items()}
+    return totals
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    """OpenAI `POST /v1/completions`."""
+    return await openai.completions(request, request.app[FAKE_SERVER], chat=False)
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    """OpenAI `POST /v1/chat/completions`."""
+    return await openai.completions(request, request.app[FAKE_SERVER], chat=True)
+
+
+async def _models(request: web.Request) -> web.Response:
+    """OpenAI `GET /v1/models`."""
+    return web.json_response(openai.models(request.app[FAKE_SERVER]))
+
+
+async def _health(request: web.Request) -> web.Response:
+    """vLLM's liveness probe: 200, empty."""
+    return web.Response()
+
+
+async def _iteration_stats(request: web.Request) -> web.Response:
+    """Answer what trtllm-serve's /metrics answers: a JSON list of iteration stats."""
+    return web.json_response([])
+
+
+async def _totals(request: web.Request) -> web.Response:
+    """Answer the summed counters."""
+    return web.json_response(_totals_json(request.app[FAKE_SERVER]))
+
+
+async def _restart(request: web.Request) -> web.Response:
+    """Restart the simulated server."""
+    server = request.app[FAKE_SERVER]
+    server.restart()
+    return web.json_response(_totals_json(server))
+
+
+async def _add(request: web.Request) -> web.Response:
+    """Add exact increments from a JSON body."""
+    server = request.app[FAKE_SERVER]
+    try:
+        body = await request.json()
+        server.add(
+            body["engine"], body["drafts"], body["draft_tokens"], list(body["accepted_per_pos"])
+        )
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        return web.json_response({"error": what}, status=400)
+    return web.json_response(_totals_json(server))
+
+
+def _set_traffic(on: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Return a handler that pauses or resumes the simulated traffic."""
+
+    async def handler(request: web.Request) -> web.Response:
+        event = request.app[_TRAFFIC_ON]
+        if on:
+            event.set()
+        else:
+            event.clear()
+        return web.json_response({"paused": not on})
+
+    return handler
+
+
+def make_fake_app(
+    server: FakeServer, *, drafts_per_second: float = 0.0, tick: float = 0.25
+) -> web.Application:
+    """Build the aiohttp app serving the fake /metrics, control endpoints and optional traffic."""
+    app = web.Application()
+    app[FAKE_SERVER] = server
+    app[_TRAFFIC_ON] = asyncio.Event()
+    app[_TRAFFIC_ON].set()
+    app.router.add_get(server.metrics_path, _metrics)
+    if server.metrics_path != "/metrics":
+        # trtllm-serve answers /metrics with JSON iteration stats, not Prometheus text.
+        app.router.add_get("/metrics", _iteration_stats)
+    app.router.add_get("/control/totals", _totals)
+    app.router.add_post("/control/restart", _restart)
+    app.router.add_post("/control/add", _add)
+    app.router.add_post("/control/pause", _set_traffic(False))
+    app.router.add_post("/control/resume", _set_traffic(True))
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+
+    async def traffic(app: web.Application) -> AsyncIterator[None]:
+        async def run() -> None:
+            owed = 0.0
+            while True:
+                await asyncio.sleep(tick)
+                await app[_TRAFFIC_ON].wait()
+                # Carry the fraction so low rates still produce drafts on average.
+                owed += drafts_per_second * tick
+                drafts = int(owed)
+                owed -= drafts
+                if drafts:
+                    server.simulate(drafts)
+
+        task = asyncio.create_task(run())
+        yield
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    if drafts_per_second > 0:
+        app.cleanup_ctx.append(traffic)
+    return app
+
+
+async def serve_fake_vllm(
+    host: str,
+    port: int,
+    server: FakeServer,
+    drafts_per_second: float,
+    on_started: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serve a fake vLLM on host:port until cancelled; OSError when it cannot listen there."""
+    runner = web.AppRunner(make_fake_app(server, drafts_per_second=drafts_per_second))
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        if on_started is not None:
+            await on_started()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,196 @@
+"""The counter model: spec-decode counters per engine, grown by drafts the way vLLM counts them.
+
+vLLM counts per decode step of a request: one draft (`num_drafts`), the k tokens it proposed
+(`num_draft_tokens`), the prefix of them the target model accepted (`num_accepted_tokens`, and
+per position), and emits 1 + accepted tokens. So when every step drafts, the output tokens of
+all requests equal drafts + accepted tokens: `generate` keeps that exact.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.dialects import SIMULATED_DIALECTS, default_path
+
+
+@dataclass
+class EngineCounters:
+    """Counters of one data-parallel rank, as ints."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    # Draft tokens proposed at each position (TensorRT-LLM's per-position drafted counter).
+    drafted_per_pos: list[int] = field(default_factory=list)
+    # The last add(): SGLang's gauges describe only the recent logging interval.
+    last: tuple[int, int, int] = (0, 0, 0)  # drafts, draft tokens, accepted tokens
+
+
+def check_count(name: str, value: object) -> None:
+    """Raise ValueError naming the field unless value is a non-negative int."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+@dataclass
+class FakeServer:
+    """A simulated vLLM server: spec-decode counters per engine and the page that shows them."""
+
+    k: int = 3
+    acceptance: float = 0.8
+    engines: int = 1
+    model_name: str = "fake/llama-3-8b"
+    dialect: str = "vllm"
+    spec_decode: bool = True
+    ngram: bool = False
+    histograms: bool = True
+    seed: int = 0
+    emit_created: bool = True
+    # Extra model_name variants (LoRA adapters) of the non-spec-decode families, for big pages.
+    lora_adapters: int = 0
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"k must be >= 1, got {self.k}")
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ValueError(f"acceptance must be within 0..1, got {self.acceptance}")
+        if self.engines < 1:
+            raise ValueError(f"engines must be >= 1, got {self.engines}")
+        if self.dialect not in SIMULATED_DIALECTS:
+            raise ValueError(f"dialect must be one of {', '.join(SIMULATED_DIALECTS)}, "
+                             f"got {self.dialect!r}")
+        self._rng = random.Random(self.seed)
+        # The vLLM renderer's cache of the page around the spec-decode families.
+        self.page_cache: dict[str, Any] = {}
+        self.generation = 0
+        self.created = 0.0
+        self.restart()
+
+    def restart(self) -> None:
+        """Restart the server: every counter back to 0, new _created timestamps."""
+        self.engine_counters = [
+            EngineCounters(accepted_per_pos=[0] * self.k, drafted_per_pos=[0] * self.k)
+            for _ in range(self.engines)
+        ]
+        # A scraper detects a restart by a changed _created, so never reuse the old value.
+        self.created = max(time.time(), self.created + 1e-6)
+        self.generation += 1
+
+    def add(self, engine: int, drafts: int, draft_tokens: int, accepted_per_pos: list[int]) -> None:
+        """Add exact increments to one engine; accepted tokens grow by sum(accepted_per_pos)."""
+        if (
+            isinstance(engine, bool)
+            or not isinstance(engine, int)
+            or not 0 <= engine < self.engines
+        ):
+            raise ValueError(f"engine must be within 0..{self.engines - 1}, got {engine!r}")
+        check_count("drafts", drafts)
+        check_count("draft_tokens", draft_tokens)
+        if len(accepted_per_pos) > self.k:
+            raise ValueError(f"accepted_per_pos has {len(accepted_per_pos)} positions, k={self.k}")
+        for pos, count in enumerate(accepted_per_pos):
+            check_count(f"accepted_per_pos[{pos}]", count)
+        state = self.engine_counters[engine]
+        state.drafts += drafts
+        state.draft_tokens += draft_tokens
+        for pos, count in enumerate(accepted_per_pos):
+            state.accepted_per_pos[pos] += count
+        # Every draft proposes position 0; the other draft tokens fill later positions in
+        # order, at most one per draft each, so the per-position counts only ever grow.
+        remaining = draft_tokens
+        for pos in range(self.k):
+            take = drafts if pos == 0 else min(drafts, max(remaining, 0))
+            state.drafted_per_pos[pos] += take
+            remaining -= take
+        if drafts or draft_tokens:
+            state.last = (drafts, draft_tokens, sum(accepted_per_pos))
+
+    def simulate(self, drafts: int) -> None:
+        """Run `drafts` random drafts spread over the engines, accepting a prefix of each."""
+        check_count("drafts", drafts)
+        # Position i is tried only if i-1 was accepted, with conditional probability
+        # acceptance**(i+1): later positions fall off as with real draft models.
+        conditional = [self.acceptance ** (i + 1) for i in range(self.k)]
+        rng = self._rng
+        per_engine = [(0, 0, [0] * (self.k + 1)) for _ in range(self.engines)]
+        for _ in range(drafts):
+            engine = rng.randrange(self.engines)
+            proposed = rng.randint(1, self.k) if self.ngram else self.k
+            accepted = 0
+            while accepted < proposed and rng.random() < conditional[accepted]:
+                accepted += 1
+            n, tokens, by_length = per_engine[engine]
+            by_length[accepted] += 1
+            per_engine[engine] = (n + 1, tokens + proposed, by_length)
+        for engine, (n, tokens, by_length) in enumerate(per_engine):
+            # A draft that accepted L tokens counts once at every position below L.
+            per_pos = [sum(by_length[pos + 1 :]) for pos in range(self.k)]
+            self.add(engine, n, tokens, per_pos)
+
+    def totals(self) -> dict[str, Any]:
+        """Return the counters summed over engines, per position keyed by int."""
+        per_pos = {
+            pos: sum(e.accepted_per_pos[pos] for e in self.engine_counters) for pos in range(self.k)
+        }
+        return {
+            "num_drafts": sum(e.drafts for e in self.engine_counters),
+            "num_draft_tokens": sum(e.draft_tokens for e in self.engine_counters),
+            "num_accepted_tokens": sum(per_pos.values()),
+            "accepted_per_pos": per_pos,
+        }
+
+    def plan_steps(self, tokens: int) -> list[tuple[int, int]]:
+        """Decode steps that emit exactly `tokens` output tokens: (proposed, accepted) each.
+
+        Each step drafts k tokens (fewer with `ngram`), the target model accepts a random
+        prefix, and the step emits 1 + accepted tokens; the last step's acceptance is cut so
+        that exactly `tokens` come out, as a request that reaches max_tokens stops.
+        """
+        check_count("tokens", tokens)
+        rng = self._rng
+        conditional = [self.acceptance ** (i + 1) for i in range(self.k)]
+        steps = []
+        left = tokens
+        while left > 0:
+            proposed = rng.randint(1, self.k) if self.ngram else self.k
+            accepted = 0
+            while accepted < min(proposed, left - 1) and rng.random() < conditional[accepted]:
+                accepted += 1
+            steps.append((proposed, accepted))
+            left -= 1 + accepted
+        return steps
+
+    def count_step(self, engine: int, proposed: int, accepted: int) -> None:
+        """Count one decode step as vLLM does: one draft, its tokens, its accepted prefix."""
+        if self.spec_decode:
+            self.add(engine, 1, proposed, [1] * accepted)
+
+    def pick_engine(self) -> int:
+        """The data-parallel rank a new request lands on."""
+        return self._rng.randrange(self.engines)
+
+    def generate(self, tokens: int) -> list[tuple[int, int]]:
+        """Decode one request of `tokens` output tokens on one engine; returns its steps."""
+        engine = self.pick_engine()
+        steps = self.plan_steps(tokens)
+        for proposed, accepted in steps:
+            self.count_step(engine, proposed, accepted)
+        return steps
+
+    @property
+    def metrics_path(self) -> str:
+        """Where this dialect's server serves Prometheus text."""
+        return default_path(self.dialect)
+
+    def created_or_none(self) -> float | None:
+        """The _created value, or None when the page must not carry _created series."""
+        return self.created if self.emit_created else None
+
+    def render(self) -> bytes:
+        """The full /metrics page of this server's dialect, Prometheus text format 0.0.4."""
+        from exporter.fakevllm.pages import render_page  # pages build on this model
+
+        return render_page(self)

@@ -1,0 +1,151 @@
+"""An OpenAI-compatible face for the simulator: completions and chat completions, streamed too.
+
+Enough of vLLM's OpenAI server for a real benchmark client (AISBench's `vllm_api_*` models,
+`vllm bench serve`, the `openai` package) to drive it. Every request decodes `max_tokens` tokens
+through the counter model, so the spec-decode counters grow exactly as the served tokens say:
+one draft per step, 1 + accepted tokens emitted per step.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from aiohttp import web
+
+from exporter.fakevllm.model import FakeServer
+
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_CAP = 32768  # bounds the work one request can ask of the simulator
+_WORDS = ("speculative", " decoding", " drafts", " tokens", " and", " the", " target", " model",
+          " accepts", " a", " prefix", " of", " them", ",", " then", " emits", " one", " more",
+          ".")
+
+
+class BadRequest(ValueError):
+    """A request body the OpenAI API would refuse with 400."""
+
+
+def openai_error(status: int, message: str) -> web.Response:
+    """The OpenAI error shape: {"error": {"message", "type", "code"}}."""
+    return web.json_response(
+        {"error": {"message": message, "type": "invalid_request_error", "code": status}},
+        status=status,
+    )
+
+
+def max_tokens(body: dict[str, Any]) -> int:
+    """The request's output length: `max_tokens` (or chat's `max_completion_tokens`)."""
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        return DEFAULT_MAX_TOKENS
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS_CAP:
+        raise BadRequest(f"max_tokens must be an integer within 1..{MAX_TOKENS_CAP}, "
+                         f"got {value!r}")
+    return value
+
+
+def prompt_tokens(body: dict[str, Any], chat: bool) -> int:
+    """Whitespace words of the prompt or the messages, at least 1: a stand-in tokenizer."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list")
+        parts = []
+        for message in messages:
+            content = message.get("content") if isinstance(message, dict) else None
+            if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}]
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            if not isinstance(content, str):
+                raise BadRequest("each message needs a string content")
+            parts.append(content)
+        text = " ".join(parts)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            prompt = " ".join(str(p) for p in prompt)
+        if not isinstance(prompt, str):
+            raise BadRequest("prompt must be a string or a list of strings")
+        text = prompt
+    return max(1, len(text.split()))
+
+
+def step_texts(steps: list[tuple[int, int]]) -> Iterator[str]:
+    """The text of each decode step: 1 + accepted words."""
+    at = 0
+    for _, accepted in steps:
+        emitted = 1 + accepted
+        yield "".join(_WORDS[(at + i) % len(_WORDS)] for i in range(emitted))
+        at += emitted
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _choice(chat: bool, text: str | None, finish: str | None, stream: bool) -> dict[str, Any]:
+    if chat:
+        key = "delta" if stream else "message"
+        content = {} if text is None else {"role": "assistant", "content": text}
+        return {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
+    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+
+
+async def completions(request: web.Request, server: FakeServer, chat: bool) -> web.StreamResponse:
+    """Answer one (chat) completion request, streamed as server-sent events when asked."""
+    try:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise BadRequest("body must be a JSON object")
+        tokens = max_tokens(body)
+        prompt = prompt_tokens(body, chat)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return openai_error(400, str(exc) if isinstance(exc, BadRequest) else
+                            f"body is not valid JSON: {exc}")
+    engine = server.pick_engine()
+    steps = server.plan_steps(tokens)
+    head = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12),
+        "object": ("chat.completion" if chat else "text_completion")
+        + (".chunk" if chat and body.get("stream") else ""),
+        "created": int(time.time()),
+        "model": str(body.get("model") or server.model_name),
+    }
+    if not body.get("stream"):
+        texts = []
+        for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
+            server.count_step(engine, proposed, accepted)
+            texts.append(text)
+        return web.json_response(head | {
+            "choices": [_choice(chat, "".join(texts), "length", stream=False)],
+            "usage": _usage(prompt, tokens),
+        })
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+    await response.prepare(request)
+
+    async def send(payload: dict[str, Any] | str) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        await response.write(f"data: {data}\n\n".encode())
+
+    # Counters move step by step while the answer streams, as a scrape mid-request would see.
+    for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
+        server.count_step(engine, proposed, accepted)
+        await send(head | {"choices": [_choice(chat, text, None, stream=True)]})
+    await send(head | {"choices": [_choice(chat, None if chat else "", "length", stream=True)]})
+    options = body.get("stream_options")
+    if isinstance(options, dict) and options.get("include_usage"):
+        await send(head | {"choices": [], "usage": _usage(prompt, tokens)})
+    await send("[DONE]")
+    await response.write_eof()
+    return response
+
+
+def models(server: FakeServer) -> dict[str, Any]:
+    """`GET /v1/models`: the one model served."""
+    return {"object": "list", "data": [{"id": server.model_name, "object": "model",
+                                        "created": int(server.created), "owned_by": "fake-vllm"}]}

@@ -1,0 +1,332 @@
+"""One page renderer per dialect: the simulator's /metrics, as each server prints it."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from exporter.fakevllm.families import (
+    MAX_MODEL_LEN,
+    process_families,
+    rest_families,
+)
+from exporter.fakevllm.model import EngineCounters, FakeServer
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# The non-spec-decode part of the page costs most of the rendering time on big pages, so it is
+# rendered again only after a restart, a change of variants, or this many seconds.
+REST_REFRESH_SECONDS = 10.0
+
+# V1 families of vllm/v1/spec_decode/metrics.py: (name without _total, HELP, totals() key).
+_SPEC_V1 = (
+    ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "num_drafts"),
+    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "num_draft_tokens"),
+    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "num_accepted_tokens"),
+)
+_SPEC_V1_PER_POS = (
+    "vllm:spec_decode_num_accepted_tokens_per_pos",
+    "Accepted tokens per draft position.",
+)
+
+
+class _Families:
+    """Collector over a fixed list of metric families, for generate_latest."""
+
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self._families = list(families)
+
+    def collect(self) -> list[Metric]:
+        """Return the families."""
+        return self._families
+
+
+def _engine_value(state: EngineCounters, key: str) -> int:
+    """Return one engine's counter named by a totals() key."""
+    if key == "num_drafts":
+        return state.drafts
+    if key == "num_draft_tokens":
+        return state.draft_tokens
+    return sum(state.accepted_per_pos)
+
+
+def spec_families(server: FakeServer) -> list[Metric]:
+    """Build the spec-decode families of the current counters."""
+    if server.dialect == "vllm-v0":
+        return spec_families_v0(server)
+    created = server.created_or_none()
+    labels = ["engine", "model_name"]
+    families: list[Metric] = []
+    for name, help_text, key in _SPEC_V1:
+        family = CounterMetricFamily(name, help_text, labels=labels)
+        for index, state in enumerate(server.engine_counters):
+            value = _engine_value(state, key)
+            family.add_metric([str(index), server.model_name], float(value), created=created)
+        families.append(family)
+    per_pos = CounterMetricFamily(*_SPEC_V1_PER_POS, labels=[*labels, "position"])
+    # A real data-parallel page (vLLM PR 24049) lists these position-major: every engine
+    # of position 0, then of position 1, and so on.
+    for pos in range(server.k):
+        for index, state in enumerate(server.engine_counters):
+            per_pos.add_metric(
+                [str(index), server.model_name, str(pos)],
+                float(state.accepted_per_pos[pos]),
+                created=created,
+            )
+    families.append(per_pos)
+    return families
+
+
+def spec_families_v0(server: FakeServer) -> list[Metric]:
+    """Build V0's spec-decode families: model_name only, engines summed, no drafts counter."""
+    totals = server.totals()
+    drafts, tokens = totals["num_drafts"], totals["num_draft_tokens"]
+    accepted = totals["num_accepted_tokens"]
+    # Every V0 verification step emits the accepted tokens plus one token of the target model.
+    emitted = accepted + drafts
+    labels = [server.model_name]
+    rate = GaugeMetricFamily(
+        "vllm:spec_decode_draft_acceptance_rate",
+        "Speulative token acceptance rate.",
+        labels=["model_name"],
+    )
+    efficiency = GaugeMetricFamily(
+        "vllm:spec_decode_efficiency",
+        "Speculative decoding system efficiency.",
+        labels=["model_name"],
+    )
+    if drafts:
+        rate.add_metric(labels, accepted / tokens if tokens else 0.0)
+        efficiency.add_metric(labels, emitted / (drafts * (server.k + 1)))
+    families: list[Metric] = [rate, efficiency]
+    for name, help_text, value in (
+        ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", accepted),
+        ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", tokens),
+        ("vllm:spec_decode_num_emitted_tokens", "Number of emitted tokens.", emitted),
+    ):
+        family = CounterMetricFamily(name, help_text, labels=["model_name"])
+        family.add_metric(labels, float(value), created=server.created_or_none())
+        families.append(family)
+    return families
+
+
+def _render_vllm(server: FakeServer) -> bytes:
+    """vLLM's page (V1 names, or V0's with dialect vllm-v0): process, spec-decode, the rest."""
+    cache = server.page_cache
+    key = (server.generation, server.lora_adapters)
+    now = time.monotonic()
+    if key != cache.get("key") or now - cache.get("at", 0.0) >= REST_REFRESH_SECONDS:
+        cache["head"] = generate_latest(_Families(process_families(server)))
+        cache["rest"] = generate_latest(_Families(rest_families(server)))
+        cache["key"], cache["at"] = key, now
+    spec = generate_latest(_Families(spec_families(server))) if server.spec_decode else b""
+    head: bytes = cache["head"]
+    rest: bytes = cache["rest"]
+    return head + spec + rest
+
+
+def _cxx(value: float) -> str:
+    """A double as a C++ stream prints it by default (6 significant digits), as llama.cpp does."""
+    return f"{value:g}"
+
+
+def _render_llamacpp(server: FakeServer) -> bytes:
+    """llama.cpp's /metrics: server_task_result_metrics::to_metrics() in server-task.cpp."""
+    totals = server.totals()
+    drafts, tokens = totals["num_drafts"], totals["num_draft_tokens"]
+    accepted = totals["num_accepted_tokens"]
+    generated = accepted + drafts
+    counters = (
+        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+         generated * 3),
+        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", 0),
+        ("prompt_seconds_total", "Total time spent processing prompts", generated * 0.0002),
+        ("tokens_predicted_total", "Number of generation tokens processed", generated),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens",
+         generated * 0.01),
+        ("n_decode_total", "Total number of llama_decode() calls, excluding speculative "
+         "decoding and multimodal decoding", drafts),
+        ("n_tokens_max", "Largest observed sequence length (prompt + generation)",
+         min(generated, MAX_MODEL_LEN)),
+        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
+         tokens),
+        ("spec_decode_num_accepted_tokens_total",
+         "Speculative: Total draft tokens accepted by the target model", accepted),
+        ("spec_decode_num_drafts_total",
+         "Speculative: Total speculative decoding verification steps", drafts),
+    )
+    gauges = (
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s", 5000.0 if drafts else 0),
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
+         100.0 if drafts else 0),
+        ("requests_processing", "Number of requests processing", 0),
+        ("requests_deferred", "Number of requests deferred", 0),
+        ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+         1.0 if drafts else 0),
+    )
+    lines = []
+    for kind, items in (("counter", counters), ("gauge", gauges)):
+        for name, help_text, value in items:
+            lines += [
+                f"# HELP llamacpp:{name} {help_text}",
+                f"# TYPE llamacpp:{name} {kind}",
+                f"llamacpp:{name} {_cxx(float(value))}",
+            ]
+    if server.spec_decode and drafts:
+        # Sized to the draft length once a draft was verified; uint64 values print exactly.
+        name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+        lines += [f"# HELP {name} Accepted tokens per draft position", f"# TYPE {name} counter"]
+        for pos, value in totals["accepted_per_pos"].items():
+            lines.append(f'{name}{{position="{pos}"}} {value}')
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _render_sglang(server: FakeServer) -> bytes:
+    """SGLang's scheduler families (python/sglang/srt/metrics/collector.py), one rank each."""
+    label_names = ["model_name", "engine_type", "tp_rank", "pp_rank"]
+    if server.engines > 1:
+        label_names.append("dp_rank")
+    length = GaugeMetricFamily(
+        "sglang:spec_accept_length",
+        "The average acceptance length of speculative decoding.",
+        labels=label_names,
+    )
+    rate = GaugeMetricFamily(
+        "sglang:spec_accept_rate",
+        "The average acceptance rate of speculative decoding (`accepted tokens / total draft "
+        "tokens` in batch).",
+        labels=label_names,
+    )
+    running = GaugeMetricFamily(
+        "sglang:num_running_reqs", "The number of running requests.", labels=label_names
+    )
+    throughput = GaugeMetricFamily(
+        "sglang:gen_throughput", "The generation throughput (token/s).", labels=label_names
+    )
+    prompt = CounterMetricFamily(
+        "sglang:prompt_tokens", "Number of prefill tokens processed.", labels=label_names
+    )
+    generation = CounterMetricFamily(
+        "sglang:generation_tokens", "Number of generation tokens processed.", labels=label_names
+    )
+    for index, state in enumerate(server.engine_counters):
+        values = [server.model_name, "unified", "0", "0"] + (
+            [str(index)] if server.engines > 1 else []
+        )
+        drafts, tokens, accepted = state.last
+        if server.spec_decode and drafts:
+            # Over the last logging interval: length counts the bonus token of each forward.
+            length.add_metric(values, 1.0 + accepted / drafts)
+            rate.add_metric(values, accepted / tokens if tokens else 0.0)
+        else:
+            # Before any decode batch is logged, and always without spec decoding, SGLang
+            # shows both gauges at 0.
+            length.add_metric(values, 0.0)
+            rate.add_metric(values, 0.0)
+        generated = sum(state.accepted_per_pos) + state.drafts
+        running.add_metric(values, 4.0 if generated else 0.0)
+        throughput.add_metric(values, 120.5 if drafts else 0.0)
+        prompt.add_metric(values, float(generated * 3))
+        generation.add_metric(values, float(generated))
+    families = [running, throughput, length, rate, prompt, generation]
+    return generate_latest(_Families(families))
+
+
+def _render_trtllm(server: FakeServer) -> bytes:
+    """trtllm-serve's /prometheus/metrics (tensorrt_llm/metrics/collector.py), multiprocess."""
+    labels = ["model_name", "engine_type"]
+    values = [server.model_name, "trtllm"]
+    totals = server.totals()
+    drafts, tokens = totals["num_drafts"], totals["num_draft_tokens"]
+    accepted = totals["num_accepted_tokens"]
+    families: list[Metric] = []
+    running = GaugeMetricFamily(
+        "trtllm_num_requests_running", "Number of active requests", labels=labels
+    )
+    running.add_metric(values, 4.0 if drafts else 0.0)
+    families.append(running)
+    generation = CounterMetricFamily(
+        "trtllm_generation_tokens",
+        "Cumulative number of generation (output) tokens produced.",
+        labels=labels,
+    )
+    generation.add_metric(values, float(accepted + drafts))
+    families.append(generation)
+    if server.spec_decode and tokens:
+        # Counters are created on the first inc() of a label set: absent until spec activity.
+        for name, help_text, value in (
+            ("trtllm_spec_decode_num_draft_tokens",
+             "Total number of draft tokens in speculative decoding", tokens),
+            ("trtllm_spec_decode_num_accepted_tokens",
+             "Total number of accepted tokens in speculative decoding", accepted),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=labels)
+            family.add_metric(values, float(value))
+            families.append(family)
+        last = [e.last for e in server.engine_counters]
+        last_drafts = sum(d for d, _, _ in last)
+        length = GaugeMetricFamily(
+            "trtllm_spec_decode_acceptance_length",
+            "Acceptance length in speculative decoding",
+            labels=labels,
+        )
+        if last_drafts:
+            length.add_metric(values, 1.0 + sum(a for _, _, a in last) / last_drafts)
+        families.append(length)
+        pos_labels = [*labels, "token_position"]
+        drafted = CounterMetricFamily(
+            "trtllm_spec_decode_drafted_tokens",
+            "Total drafted tokens per speculative decoding position.",
+            labels=pos_labels,
+        )
+        accepted_pos = CounterMetricFamily(
+            "trtllm_spec_decode_accepted_tokens",
+            "Total accepted tokens per speculative decoding position.",
+            labels=pos_labels,
+        )
+        for pos in range(server.k):
+            n_drafted = sum(e.drafted_per_pos[pos] for e in server.engine_counters)
+            n_accepted = totals["accepted_per_pos"][pos]
+            # A position's series exists once something was drafted (accepted) there.
+            if n_drafted:
+                drafted.add_metric([*values, str(pos)], float(n_drafted))
+            if n_accepted:
+                accepted_pos.add_metric([*values, str(pos)], float(n_accepted))
+        families += [drafted, accepted_pos]
+    return generate_latest(_Families(families))
+
+
+# One entry per dialect the simulator speaks, keyed as `exporter.dialects.REPORTING` is.
+RENDERERS: dict[str, Callable[[FakeServer], bytes]] = {
+    "vllm": _render_vllm,
+    "vllm-v0": _render_vllm,
+    "llamacpp": _render_llamacpp,
+    "sglang": _render_sglang,
+    "trtllm": _render_trtllm,
+}
+
+
+def render_page(server: FakeServer) -> bytes:
+    """The /metrics page of `server` in its dialect."""
+    return RENDERERS[server.dialect](server)
+
+
+def page_for_bench(engines: int, target_bytes: int | None = None, seed: int = 0) -> bytes:
+    """Return a realistic page; with target_bytes, add LoRA model variants until it is that big."""
+    server = FakeServer(engines=engines, seed=seed)
+    server.simulate(4000 * engines)
+    page = server.render()
+    if target_bytes is None or len(page) >= target_bytes:
+        return page
+    server.lora_adapters = 1
+    per_variant = max(1, len(server.render()) - len(page))
+    server.lora_adapters = max(1, math.ceil((target_bytes - len(page)) / per_variant))
+    page = server.render()
+    while len(page) < target_bytes:
+        server.lora_adapters += 1
+        page = server.render()
+    return page

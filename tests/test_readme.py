@@ -1,0 +1,60 @@
+"""README's commands, run as written (ports moved to free ones so parallel runs do not clash)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from clitools import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _block_after(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading):]
+    return re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+
+
+def _on_path(tmp_path: Path) -> dict:
+    """An environment where `specdec-exporter` is this interpreter running this tree."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "specdec-exporter"
+    script.write_text(f'#!/bin/sh\nexec {sys.executable} -m exporter "$@"\n')
+    script.chmod(0o755)
+    return os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}",
+                         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                       os.environ.get("PYTHONPATH")]))}
+
+
+class TestAISBenchFlow:
+    def test_the_flow_prints_numbers_as_written(self, tmp_path):
+        block = _block_after("## The AISBench flow")
+        config = (ROOT / "config" / "demo.yaml").read_text()
+        ports = {port: str(free_port()) for port in ("9400", "8100", "8101", "8102")}
+        for old, new in ports.items():
+            block, config = block.replace(old, new), config.replace(old, new)
+        (tmp_path / "config").mkdir()
+        (tmp_path / "config" / "demo.yaml").write_text(config)
+        proc = subprocess.Popen(["bash", "-c", block], cwd=tmp_path, env=_on_path(tmp_path),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == 0, err
+        eagle, mtp, none = (f"127.0.0.1:{ports[p]}" for p in ("8100", "8101", "8102"))
+        blocks = out.split("========== Speculative Decoding Metrics  [")
+        titles = [b.split("]", 1)[0] for b in blocks[1:]]
+        assert titles == [eagle, mtp, none, "all"]
+        assert re.search(r"Acceptance rate \(%\) +\d+\.\d\d\n", blocks[1])
+        assert "Status                                        N/A" in blocks[3]
+        assert re.search(r"results written to \S+/outputs/w-", err)
