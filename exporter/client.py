@@ -14,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import secrets
 import time
 import urllib.error
 import urllib.request
@@ -25,9 +24,9 @@ from urllib.parse import urlsplit
 
 from exporter.advise import window_advice
 from exporter.console import format_window
-from exporter.derive import has_activity, result_data
 from exporter.errors import ExporterError
-from exporter.snapshot import Counts
+from exporter.results import Result, aggregate
+from exporter.window import new_window_id
 
 
 class ClientError(ExporterError):
@@ -173,9 +172,7 @@ class FleetClient:
         """Open the window on every exporter under one id."""
         if len(self.clients) == 1:
             return self.clients[0].start(window_id, name, targets, labels)
-        window_id = window_id or time.strftime("w-%Y%m%d-%H%M%S-", time.gmtime()) + (
-            secrets.token_hex(3)
-        )
+        window_id = window_id or new_window_id(time.time())
         answers, errors = self._each(lambda c: c.start(window_id, name, targets, labels))
         merged = answers[0] | {"targets": [t for a in answers for t in a["targets"]]}
         return merged | ({"errors": errors} if errors else {})
@@ -190,34 +187,21 @@ class FleetClient:
 
 
 def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One answer from several exporters' (shards') answers for the same window."""
+    """One answer from several exporters' (shards') answers for the same window.
+
+    The aggregate is recomputed from every shard's per-target counts with the exporter's own
+    `results.aggregate`, never from the shards' aggregates (ratios do not add).
+    """
     results: dict[str, Any] = {}
-    total, before, after = Counts(), Counts(), Counts()
-    used = []
     for answer in answers:
-        for name, result in answer.get("results", {}).items():
-            results[name] = result
-            if result.get("status") == "ok" and result.get("increase"):
-                total = total + Counts.from_raw(result["increase"])
-                before = before + Counts.from_raw(result["raw"]["before"])
-                after = after + Counts.from_raw(result["raw"]["after"])
-                used.append(name)
-    aggregate: dict[str, Any] = {
-        "status": "na", "url": None, "targets": used, "data": None, "raw": None,
-        "error": "No spec decode activity detected during benchmark window",
-    }
-    if has_activity(total):
-        aggregate |= {
-            "status": "ok", "error": None, "data": result_data(total),
-            "raw": {"before": before.as_raw(), "after": after.as_raw()},
-            "increase": total.as_raw(),
-            "resets": sum(results[n].get("resets", 0) for n in used),
-        }
+        results.update(answer.get("results", {}))
     merged = answers[0] | {
         "targets": [t for a in answers for t in a.get("targets", [])],
         "stopped_at": max(a.get("stopped_at") or 0 for a in answers),
         "results": results,
-        "aggregate": aggregate,
+        "aggregate": aggregate(
+            (name, Result.from_json(result)) for name, result in results.items()
+        ).to_json(),
     }
     # Each shard's advice covers only its own targets: advise again over the merged whole.
     return merged | {"advice": window_advice(merged)}

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import zlib
 from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
 
+from exporter.client import merge_answers
 from exporter.console import format_window
 from exporter.results import result_file_name, result_file_names
 
@@ -316,3 +319,113 @@ class TestRawCounters:
         result = answer["results"]["down"]
         assert result["status"] == "na" and result["data"] is None
         assert result["raw"] == {"before": None, "after": None}
+
+
+class TestMixedK:
+    """Position i of any aggregate is over the drafts of the targets that draft position i."""
+
+    async def _two_targets(self, fake_vllm, exporter):
+        k3, k5 = await fake_vllm(k=3), await fake_vllm(k=5)
+        exp = await exporter({"targets": [{"name": "k3", "url": k3.url},
+                                          {"name": "k5", "url": k5.url}]})
+        await exp.start(id="mixed")
+        k3.server.add(0, 50, 150, [40, 30, 20])
+        k5.server.add(0, 11, 55, [10, 9, 8, 7, 5])
+        return await exp.stop("mixed")
+
+    async def test_window_aggregate_and_per_model(self, fake_vllm, exporter):
+        answer = await self._two_targets(fake_vllm, exporter)
+        assert answer["results"]["k5"]["data"]["per_position_acceptance_rates"]["3"] == 7 / 11
+        aggregate = answer["aggregate"]
+        rates = {"0": 50 / 61, "1": 39 / 61, "2": 28 / 61, "3": 7 / 11, "4": 5 / 11}
+        assert aggregate["data"]["per_position_acceptance_rates"] == rates  # not 7/61 at 3
+        assert aggregate["data"]["num_drafts"] == 61
+        assert aggregate["per_position_drafts"] == {"0": 61, "1": 61, "2": 61, "3": 11, "4": 11}
+        assert aggregate["per_position_note"] == (
+            "position i is over the drafts of the targets that draft position i (those with a "
+            "series for it): per_position_drafts")
+        # Both fake servers serve the same model name: its breakdown follows the same rule.
+        (model,) = aggregate["per_model"].values()
+        assert model["per_position_acceptance_rates"] == rates
+        assert model["increase"]["num_drafts_per_pos"] == {"3": 11, "4": 11}
+        assert "{0: 0.8197, 1: 0.6393, 2: 0.4590, 3: 0.6364, 4: 0.4545}" in format_window(answer)
+
+    async def test_merged_shard_answers(self, fake_vllm, exporter):
+        answer = await self._two_targets(fake_vllm, exporter)
+        shards = [answer | {"targets": [name], "results": {name: answer["results"][name]}}
+                  for name in ("k3", "k5")]
+        merged = merge_answers(shards)
+        assert merged["aggregate"] == answer["aggregate"]
+        assert merged["results"] == answer["results"]
+
+
+class TestPureDomain:
+    def test_domain_and_client_import_no_io_libraries(self):
+        # A fresh interpreter: what importing the domain (and the stdlib-only client) loads.
+        modules = ("exporter.snapshot", "exporter.accounting", "exporter.window",
+                   "exporter.derive", "exporter.results", "exporter.console", "exporter.client")
+        code = (
+            "import importlib, sys\n"
+            f"for name in {modules!r}:\n"
+            "    importlib.import_module(name)\n"
+            "print(sorted(m for m in ('aiohttp', 'pydantic', 'yaml', 'multidict', 'yarl')"
+            " if m in sys.modules))\n"
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "[]\n"
+
+
+def _block(label: str, rows: list[tuple[str, str]]) -> str:
+    title = f"========== Speculative Decoding Metrics  [{label}] =========="
+    rule = "=" * (len(title) - 1)
+    return "\n".join([rule, title, rule] + [f"{n:<46}{v}" for n, v in rows]) + "\n"
+
+
+class TestConsoleCaveats:
+    """The seed's block exactly for a clean full result; one line per caveat after it."""
+
+    async def test_clean_full_result_is_the_block_alone(self, page_server, exporter):
+        answer, result = await _window(page_server, exporter, {})
+        label = result["host_port"]
+        assert format_window(answer) == _block(label, [
+            ("Acceptance rate (%)", "33.33"), ("Acceptance length", "2.00"), ("Drafts", "60"),
+            ("Draft tokens", "180"), ("Accepted tokens", "60"),
+            ("Per-position acceptance rates", "{0: 0.5000, 1: 0.3333, 2: 0.1667}"),
+        ])
+
+    async def test_partial_result_says_so_after_the_block(self, page_server, exporter):
+        answer, result = await _window(page_server, exporter, {2: {"accepted": "NaN"}})
+        assert format_window(answer) == _block(result["host_port"], [
+            ("Acceptance rate (%)", "50.00"), ("Acceptance length", "2.50"), ("Drafts", "20"),
+            ("Draft tokens", "60"), ("Accepted tokens", "30"),
+            ("Per-position acceptance rates", "{0: 0.5000, 1: 0.5000, 2: 0.5000}"),
+        ]) + (
+            "Note: partial coverage: the numbers cover 2026-12-02T18:00:00.000Z to "
+            "2026-12-02T18:00:10.000Z of the window 2026-12-02T18:00:00.000Z to "
+            '2026-12-02T18:00:20.000Z; num_accepted_tokens{engine="0",model_name="m"} was NaN '
+            "at 2026-12-02T18:00:20.000Z (scrape not used)\n"
+        )
+
+    async def test_restart_and_bridged_scrape_each_get_a_line(self, page_server, exporter):
+        page, url = await page_server()
+        clock = Clock()
+        exp = await exporter({"targets": [{"name": "a", "url": url}]}, clock=clock)
+        page.set(STATES[1], {})
+        await exp.start(id="r")
+        clock.now += 10
+        page.set((10, 30, [5, 5, 5]), {"drafts": "NaN"})  # restarted; this scrape unusable
+        await exp.round()
+        clock.now += 10
+        page.set((20, 60, [10, 10, 5]), {})
+        answer = await exp.stop("r")
+        result = answer["results"]["a"]
+        assert result["data"]["num_drafts"] == 20 and result["resets"] == 1
+        lines = format_window(answer).splitlines()
+        assert lines[9:] == [
+            "Note: server restart seen 1 time(s) inside the window; the increase before and "
+            "after each restart is counted",
+            'Note: 1 scrape inside the span not used: num_drafts{engine="0",model_name="m"} was '
+            "NaN at 2026-12-02T18:00:10.000Z; the next usable values bridge it exactly",
+        ]
