@@ -369,7 +369,8 @@ class TestReloadStatus:
         families = await _families(exp)
         assert _value(families, "specdec_config_last_reload_successful", {}) == 0
         assert _value(families, "specdec_config_last_reload_success_timestamp_seconds", {}) == 777
-        path.write_text("scrape_interval: 10s\n")
+        # A good file names a target: one with none is refused on reload (editors truncate).
+        path.write_text("scrape_interval: 10s\ntargets: [{url: 'http://127.0.0.1:9/metrics'}]\n")
         clock.now = 900.0
         assert (await exp.client.post("/-/reload")).status == 200
         families = await _families(exp)
