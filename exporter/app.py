@@ -66,6 +66,7 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
         try:
             yield
         finally:
+            log.info("shutting down: saving open windows count=%d", len(service.open_windows()))
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -87,7 +88,7 @@ async def reload_config(service: ExporterService) -> Config:
         return service.reload()  # says why there is nothing to reload
     try:
         config = await asyncio.to_thread(load_config, service.config_path, service.overrides)
-    except ConfigError:
-        service.reload_refused()
+    except ConfigError as exc:
+        service.reload_refused(exc.problems)
         raise
     return service.reload(config)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -127,6 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loop = new_event_loop()
     log.info("starting version=%s listen=http://%s:%s/ targets=%d loop=%s", __version__, host,
              port, len(config.targets), type(loop).__module__.split(".")[0])
+    _log_auth(config.auth.token_env)
     # As web.run_app: SIGTERM/SIGINT finish in-flight requests, then the cleanup context
     # saves every open window; in front, the guard against slow and excess connections.
     try:
@@ -140,13 +142,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _log_auth(token_env: str) -> None:
+    # Read per request, so setting the variable later needs no restart; say how it is now.
+    if os.environ.get(token_env):
+        log.info("auth on: every POST needs the token of token_env=%s", token_env)
+    else:
+        log.info("auth off: set %s to require a bearer token on every POST", token_env)
+
+
 async def _reload_on_signal(service: ExporterService) -> None:
     from exporter.app import reload_config
 
-    try:
+    # A refused reload is logged by the service, for SIGHUP and POST /-/reload alike.
+    with contextlib.suppress(ConfigError):
         await reload_config(service)
-    except ConfigError as exc:
-        log.error("config reload refused problems=%s", "; ".join(exc.problems))
 
 
 def cmd_fake_vllm(args: argparse.Namespace) -> int:

@@ -49,6 +49,16 @@ def _usable_only(result: ScrapeResult) -> ScrapeResult:
     return replace(result, snapshot=replace(snapshot, values=values))
 
 
+def _log_state_change(name: str, state: TargetState, result: ScrapeResult) -> None:
+    """Say once when a target goes down (with why) or comes back, not at every failed scrape."""
+    if not result.ok and (state.last is None or state.up):
+        log.warning("target down target=%s url=%s error=%s", name, state.config.display_url,
+                    result.error)
+    elif result.ok and state.last is not None and not state.up:
+        log.info("target up target=%s url=%s after=%s", name, state.config.display_url,
+                 state.last_error)
+
+
 def owns(target: TargetConfig, shards: int, index: int) -> bool:
     """Stable split of targets among exporter replicas, by a hash of the target name."""
     return shards <= 1 or zlib.crc32(target.name.encode()) % shards == index
@@ -105,8 +115,10 @@ class ExporterService:
         for track in self.live.values():
             track.span = config.live_window
 
-    def reload_refused(self) -> None:
-        """A reload was refused: the old config keeps serving, and /metrics says so."""
+    def reload_refused(self, problems: list[str]) -> None:
+        """A reload was refused: the old config keeps serving; the log and /metrics say so."""
+        log.error("config reload refused, the old config keeps serving problems=%s",
+                  "; ".join(problems))
         self.reload_ok = False
         self._generation += 1
 
@@ -119,8 +131,8 @@ class ExporterService:
             if config is None:
                 config = load_config(self.config_path, self.overrides)
             check_reload(self.config, config, str(self.config_path))
-        except Exception:
-            self.reload_refused()
+        except Exception as exc:
+            self.reload_refused(getattr(exc, "problems", None) or [str(exc)])
             raise
         self.config = config
         self.discovery.config = config
@@ -163,6 +175,7 @@ class ExporterService:
         state = self.targets.get(name)
         if state is None:  # removed by a reload while the scrape was in flight
             return
+        _log_state_change(name, state, result)
         if result.ok:
             # Our counters never show a NaN or negative value; windows and the live track see
             # the page as it was, and treat such a scrape as an anomaly (accounting).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 
 import yaml
@@ -319,3 +321,47 @@ class TestEnvironmentOverrides:
             assert set(service.targets) == mine
         finally:
             service.close()
+
+
+class TestLoudFailures:
+    """State changes are logged once, with the reason; steady states are not logged again."""
+
+    async def test_target_down_and_up_logged_once_each(self, exporter, aiohttp_server, caplog):
+        from conftest import free_port
+
+        from exporter.fakevllm import FakeServer, make_fake_app
+
+        port = free_port()
+        exp = await exporter({"targets": [
+            {"name": "a", "url": f"http://127.0.0.1:{port}/metrics"}]})
+        caplog.set_level(logging.DEBUG, logger="exporter.service")
+
+        def said(level: int, start: str) -> list[str]:
+            return [r.getMessage() for r in caplog.records
+                    if r.levelno == level and r.getMessage().startswith(start)]
+
+        for _ in range(3):
+            await exp.round()
+        down = said(logging.WARNING, "target down")
+        assert len(down) == 1
+        assert "target=a" in down[0] and f"url=http://127.0.0.1:{port}/metrics" in down[0]
+        assert "error=" in down[0] and down[0].split("error=", 1)[1]
+        await aiohttp_server(make_fake_app(FakeServer()), port=port)
+        for _ in range(3):
+            await exp.round()
+        up = said(logging.INFO, "target up")
+        assert len(up) == 1 and "target=a" in up[0]
+        assert len(said(logging.WARNING, "target down")) == 1
+
+    async def test_refused_reload_is_logged_with_the_problem(self, exporter, tmp_path, caplog):
+        path = tmp_path / "exporter.yaml"
+        path.write_text(json.dumps({"targets": [{"url": "http://127.0.0.1:1/metrics"}]}))
+        exp = await exporter({"targets": [{"url": "http://127.0.0.1:1/metrics"}]},
+                             config_path=path)
+        path.write_text("scrape_intervall: 5s\n")
+        caplog.set_level(logging.INFO)
+        response = await exp.client.post("/-/reload")
+        assert response.status == 400
+        refused = [r for r in caplog.records if r.getMessage().startswith("config reload refused")]
+        assert len(refused) == 1 and refused[0].levelno == logging.ERROR
+        assert "scrape_intervall: unknown key" in refused[0].getMessage()

@@ -413,3 +413,93 @@ class TestProductionPath:
         loaded = eval(done.stdout)  # a printed list of module names
         assert "exporter.app" in loaded and "exporter.dialects" in loaded
         assert [m for m in loaded if m.startswith("exporter.fakevllm")] == []
+
+
+def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=60, **kwargs)
+
+
+class TestLoudFailures:
+    def test_window_commands_name_failed_targets_and_exit_3(self, tmp_path):
+        dead = free_port()
+        with fake_vllm("--k", "2") as vllm:
+            port = free_port()
+            base = f"127.0.0.1:{port}"  # no scheme: http:// is meant
+            config = write_config(tmp_path / "c.yaml", port, [
+                {"name": "live", "url": f"http://127.0.0.1:{vllm}/metrics"},
+                {"name": "dead", "url": f"http://127.0.0.1:{dead}/metrics"}])
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://{base}/-/ready")
+                both = _cli("window", "start", "--exporter", base, "--id", "both")
+                only_dead = _cli("window", "start", "--exporter", base, "--id", "d",
+                                 "--target", "dead")
+                allowed = _cli("window", "start", "--exporter", base, "--id", "d2",
+                               "--target", "dead", "--allow-na")
+                fake_add(vllm, 10, 20, [8, 4])
+                stop_both = _cli("window", "stop", "--exporter", base, "both")
+                stop_dead = _cli("window", "stop", "--exporter", base, "d")
+                stop_allowed = _cli("window", "stop", "--exporter", base, "d2", "--allow-na")
+        assert (both.returncode, both.stdout) == (0, "both\n")
+        assert both.stderr.count("failed at window start") == 1
+        assert "target dead failed at window start: " in both.stderr
+        assert (only_dead.returncode, only_dead.stdout) == (3, "d\n")
+        assert "every target of window d failed at start" in only_dead.stderr
+        assert (allowed.returncode, allowed.stdout) == (0, "d2\n")
+        assert stop_both.returncode == 0
+        assert "target dead: no result: Failed to fetch metrics" in stop_both.stderr
+        assert "target live" not in stop_both.stderr
+        assert f"results written to {(tmp_path / 'out' / 'both').resolve()}" in stop_both.stderr
+        assert stop_dead.returncode == 3
+        assert "window d has no result for any target" in stop_dead.stderr
+        assert stop_allowed.returncode == 0
+
+    def test_run_says_when_the_window_has_no_result_and_keeps_the_code(self, tmp_path):
+        dead = free_port()
+        port = free_port()
+        config = write_config(tmp_path / "c.yaml", port,
+                              [{"name": "dead", "url": f"http://127.0.0.1:{dead}/metrics"}])
+        with process(CLI + ["serve", "--config", str(config)]):
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            done = _cli("run", "--exporter", f"127.0.0.1:{port}", "--id", "r1", "--",
+                        sys.executable, "-c", "raise SystemExit(5)")
+        assert done.returncode == 5
+        assert "window r1 started" in done.stderr
+        assert "target dead failed at window start" in done.stderr
+        assert "window r1 has no result" in done.stderr
+        assert "results written to" in done.stderr
+
+    def test_run_without_a_command_is_a_usage_error_and_records_nothing(self, tmp_path):
+        port = free_port()
+        config = write_config(tmp_path / "c.yaml", port, [])
+        with process(CLI + ["serve", "--config", str(config)]):
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            done = _cli("run", "--exporter", f"http://127.0.0.1:{port}", "--")
+            status, listed = http("GET", f"http://127.0.0.1:{port}/api/v1/windows")
+        assert done.returncode == 2
+        assert "give the command to run after --" in done.stderr
+        assert status == 200 and listed["windows"] == []
+
+    @pytest.mark.parametrize("targets", [[], ["--target", "not a target"],
+                                         ["--target", "host:port"]])
+    def test_measure_without_usable_target_is_a_usage_error_before_cmd(self, tmp_path,
+                                                                        targets):
+        marker = tmp_path / "ran"
+        done = _cli("measure", *targets, "--work-dir", str(tmp_path), "--",
+                    sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+        assert done.returncode == 2
+        assert "usage:" in done.stderr and "--target" in done.stderr
+        assert not marker.exists()
+
+    def test_serve_logs_auth_and_a_clean_sigterm(self, tmp_path):
+        port = free_port()
+        config = write_config(tmp_path / "c.yaml", port, [])
+        with process(CLI + ["serve", "--config", str(config)],
+                     env={"SPECDEC_TOKEN": "s3cret"}) as serve:
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            serve.send_signal(signal.SIGTERM)
+            assert serve.wait(timeout=30) == 0
+            err = serve.stderr.read()
+        assert "auth on: every POST needs the token of token_env=SPECDEC_TOKEN" in err
+        assert "s3cret" not in err
+        assert "shutting down: saving open windows count=0" in err
+        assert err.rstrip().endswith("stopped: open windows saved")
