@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.errors import RequestError, StoreError, UnknownWindowError
+from exporter.isotime import iso_utc
 from exporter.results import window_answer
 from exporter.scrape import ScrapeResult
 from exporter.store import StateStore, write_results
@@ -180,7 +181,7 @@ class WindowBook:
         for window in self.open_windows():
             for name in window.targets:
                 if name not in present and name not in window.removed:
-                    window.removed[name] = f"target {why} at {now:.3f}"
+                    window.removed[name] = f"target {why} at {iso_utc(now)}"
                     changed.append(window)
         if changed:
             self.save_windows(changed)

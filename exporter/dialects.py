@@ -15,8 +15,28 @@ from exporter.snapshot import Field, SeriesKey
 
 Labels = tuple[tuple[str, str], ...]  # a gauge series' sorted label pairs
 # What a line's text before its value resolves to: (name, kind, key), the key a `SeriesKey`
-# for counters and the sorted labels for gauges (kind "gauge").
-Head = tuple[str, str, SeriesKey | Labels]
+# for counters and the sorted labels for gauges (kind GAUGE).
+Head = tuple[str, "SampleKind", SeriesKey | Labels]
+
+
+class SampleKind(StrEnum):
+    """What one sample line of a spec-decode family is."""
+
+    VALUE = "value"  # a counter's `_total`
+    CREATED = "created"  # a counter's `_created`
+    FIRST = "first"  # position 0 of a per-position counter read as another field (TRT-LLM)
+    FIRST_CREATED = "first_created"  # its `_created`
+    GAUGE = "gauge"  # an interval gauge (SGLang, vLLM V0)
+
+    @property
+    def is_created(self) -> bool:
+        """A `_created` sample: the counter's start time, not its value."""
+        return self in (SampleKind.CREATED, SampleKind.FIRST_CREATED)
+
+    @property
+    def is_first(self) -> bool:
+        """Position 0 of a per-position counter standing for another field."""
+        return self in (SampleKind.FIRST, SampleKind.FIRST_CREATED)
 
 
 class Dialect(StrEnum):
@@ -46,20 +66,20 @@ class DialectSpec:
     # gate is not above 0 contributes no gauge.
     gauge_gate: str | None = None
     path: str = "/metrics"  # where the server serves Prometheus text by default
-    names: dict[bytes, tuple[Field | None, str]] = field(init=False, default_factory=dict)
+    names: dict[bytes, tuple[Field | None, SampleKind]] = field(init=False, default_factory=dict)
     # Line text before the value -> what it resolves to: the same few dozen series come back
     # on every scrape, so their labels are parsed once, not once per scrape.
     heads: dict[bytes, Head | None] = field(init=False, default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         for base, fld in self.counters.items():
-            self.names[(base + "_total").encode()] = (fld, "value")
-            self.names[(base + "_created").encode()] = (fld, "created")
+            self.names[(base + "_total").encode()] = (fld, SampleKind.VALUE)
+            self.names[(base + "_created").encode()] = (fld, SampleKind.CREATED)
         for base, fld in self.first_position.items():
-            self.names[(base + "_total").encode()] = (fld, "first")
-            self.names[(base + "_created").encode()] = (fld, "first_created")
+            self.names[(base + "_total").encode()] = (fld, SampleKind.FIRST)
+            self.names[(base + "_created").encode()] = (fld, SampleKind.FIRST_CREATED)
         for name in self.gauges:
-            self.names[name.encode()] = (None, "gauge")
+            self.names[name.encode()] = (None, SampleKind.GAUGE)
 
 
 def _v1_counters(prefix: str) -> dict[str, Field]:

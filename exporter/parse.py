@@ -20,6 +20,7 @@ from exporter.dialects import (
     DialectSpec,
     Head,
     Labels,
+    SampleKind,
     default_path,
     dialect_note,
     spec_name,
@@ -104,7 +105,7 @@ def parse_labels(line: bytes, start: int) -> tuple[dict[str, str], int] | None:
 
 def parse_line(
     line: bytes, spec: DialectSpec
-) -> tuple[str, Field | None, str, dict[str, str], float] | None:
+) -> tuple[str, Field | None, SampleKind, dict[str, str], float] | None:
     """One sample line -> (name, field, kind, labels, value); None when it is not ours or bad."""
     cut = len(line)
     for sep in (b"{", b" ", b"\t"):
@@ -138,6 +139,8 @@ class _Unseen(Enum):
 
 
 _UNSEEN: Final = _Unseen.TOKEN
+# Bound once: the page loop compares every line's kind (a member look-up costs a call each).
+_GAUGE, _CREATED, _FIRST_CREATED = SampleKind.GAUGE, SampleKind.CREATED, SampleKind.FIRST_CREATED
 _MAX_HEADS = 65536
 _MAX_HEAD_BYTES = 1024
 
@@ -148,7 +151,7 @@ def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
     if parsed is None:
         return None
     name, fld, kind, labels, _ = parsed
-    if kind == "gauge":
+    if kind is SampleKind.GAUGE:
         return name, kind, tuple(sorted(labels.items()))
     key = _series_key(fld, labels, spec, kind)
     return None if key is None else (name, kind, key)
@@ -221,11 +224,11 @@ def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
         name, kind, key = resolved
         if name in spec.v0_markers:
             is_v0 = True
-        if kind == "gauge":
+        if kind is _GAUGE:
             if math.isfinite(value):
                 gauge_series.setdefault((name, key), value)
             continue
-        target = created if kind.endswith("created") else values
+        target = created if kind is _CREATED or kind is _FIRST_CREATED else values
         if key in target:
             duplicates += 1
             continue
@@ -258,18 +261,19 @@ def _next_line(page: bytes, needle: bytes, frm: int) -> int:
 
 
 def _series_key(
-    fld: Field | None, labels: dict[str, str], spec: DialectSpec, kind: str = "value"
+    fld: Field | None, labels: dict[str, str], spec: DialectSpec,
+    kind: SampleKind = SampleKind.VALUE,
 ) -> SeriesKey | None:
     assert fld is not None
     model = labels.pop("model_name", "")
     engine = labels.pop("engine", "")
     position = -1
-    if fld is Field.PER_POS or kind.startswith("first"):
+    if fld is Field.PER_POS or kind.is_first:
         text = labels.pop(spec.position_label, "")
         # ASCII digits only: int() also takes " 3", "+3", "3_0" and non-ASCII digits.
         if not (text.isascii() and text.isdigit()):
             return None
-        if kind.startswith("first"):
+        if kind.is_first:
             if int(text) != 0:
                 return None
         else:
