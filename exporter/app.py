@@ -25,6 +25,7 @@ from exporter.api import (
 from exporter.config import Config, load_config
 from exporter.errors import ConfigError
 from exporter.exposition import MetricsWriter
+from exporter.fanout import FANOUT, Fanout, fanout_middleware, peer_session
 from exporter.scrape import Scraper, make_session
 from exporter.service import ExporterService
 
@@ -42,14 +43,17 @@ def make_app(
     """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds."""
     app = web.Application(
         client_max_size=MAX_BODY,
-        middlewares=[errors_middleware, body_limit_middleware, auth_middleware],
+        middlewares=[errors_middleware, body_limit_middleware, auth_middleware,
+                     fanout_middleware],
     )
     service = ExporterService(config, config_path=config_path, overrides=overrides, clock=clock)
     app[SERVICE] = service
+    app[FANOUT] = Fanout(service)
     app[WRITER] = MetricsWriter(service)
     app[METRICS_CACHE] = {}
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))
+    app.cleanup_ctx.append(peer_session)
     return app
 
 

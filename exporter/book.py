@@ -111,8 +111,12 @@ class WindowBook:
 
     # -- restore, feed, save ------------------------------------------------------------
 
-    def restore(self, known_targets: Iterable[str]) -> None:
-        """Open windows from the store; the time we were away is a downtime of each."""
+    def restore(self, known_targets: Iterable[str],
+                gone: Callable[[str], str] = lambda name: "not in the config") -> None:
+        """Open windows from the store; the time we were away is a downtime of each.
+
+        `gone(name)` says why a window's target is not ours any more (moved to another shard).
+        """
         known = set(known_targets)
         for doc in self.store.load_open():
             try:
@@ -123,7 +127,7 @@ class WindowBook:
             window.downtimes.append((window.last_seen(), self.clock()))
             for name in window.targets:
                 if name not in known and name not in window.removed:
-                    window.removed[name] = "target not in the config when the exporter restarted"
+                    window.removed[name] = f"target {gone(name)} when the exporter restarted"
             window.baseline_at_restore()
             self._windows[window.id] = window
             log.info("window restored id=%s targets=%d", window.id, len(window.targets))

@@ -60,7 +60,7 @@ def env_overrides() -> dict[str, Any]:
     """Config keys set by the environment, kept across reloads (Helm sets these per replica).
 
     `SPECDEC_SHARDS`, `SPECDEC_SHARD_INDEX` (or the StatefulSet ordinal at the end of
-    `SPECDEC_POD_NAME`) and `SPECDEC_LISTEN`.
+    `SPECDEC_POD_NAME`), `SPECDEC_PEERS` (comma-separated shard URLs) and `SPECDEC_LISTEN`.
     """
     overrides: dict[str, Any] = {}
     index = os.environ.get("SPECDEC_SHARD_INDEX")
@@ -69,6 +69,8 @@ def env_overrides() -> dict[str, Any]:
         index = match.group(1)
     if shards := os.environ.get("SPECDEC_SHARDS"):
         overrides["shards"] = shards
+    if peers := os.environ.get("SPECDEC_PEERS"):
+        overrides["peers"] = [url.strip() for url in peers.split(",") if url.strip()]
     if index is not None:
         overrides["shard_index"] = index
     if listen := os.environ.get("SPECDEC_LISTEN"):

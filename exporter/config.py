@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -289,6 +290,9 @@ class Config(_Strict):
     max_targets: int = Field(default=DEFAULT_MAX_TARGETS, ge=1)
     shards: int = Field(default=1, ge=1)
     shard_index: int = Field(default=0, ge=0)
+    # Base URL of every shard in shard_index order, this one included: a window call to any
+    # shard then acts on every shard and answers for the whole fleet.
+    peers: list[Annotated[str, AfterValidator(lambda v: TargetConfig._url(v).rstrip("/"))]] = []
     auth: AuthConfig = AuthConfig()
     targets: list[TargetConfig] = []
     file_sd: list[FileSDConfig] = []
@@ -315,6 +319,9 @@ class Config(_Strict):
                 )
         if self.shard_index >= self.shards:
             raise _KeyError("shard_index", f"must be below shards ({self.shards})")
+        if self.peers and len(self.peers) != self.shards:
+            raise _KeyError("peers", f"must list every shard: {len(self.peers)} URL(s) for "
+                                     f"shards={self.shards}")
         return self
 
     @property

@@ -18,6 +18,7 @@ from exporter.config import Config, TargetConfig, check_reload, load_config
 from exporter.discovery import Discovery
 from exporter.errors import RequestError, StoreError, UnknownTargetError
 from exporter.scrape import Scraper, ScrapeResult
+from exporter.shards import owner
 from exporter.store import StateStore
 from exporter.window import TargetRef, Window
 
@@ -60,8 +61,8 @@ def _log_state_change(name: str, state: TargetState, result: ScrapeResult) -> No
 
 
 def owns(target: TargetConfig, shards: int, index: int) -> bool:
-    """Stable split of targets among exporter replicas, by a hash of the target name."""
-    return shards <= 1 or zlib.crc32(target.name.encode()) % shards == index
+    """Whether this replica scrapes the target: rendezvous hashing on its name (shards.py)."""
+    return shards <= 1 or owner(target.name, shards) == index
 
 
 class ExporterService:
@@ -91,7 +92,7 @@ class ExporterService:
         self._locks: dict[str, asyncio.Lock] = {}
         self.discovery = Discovery(config)
         self._set_targets(config)
-        self.book.restore(self.targets)
+        self.book.restore(self.targets, lambda name: self._gone(name, "not in the config"))
         if config.state_save_interval is not None:
             log.warning("config key state_save_interval is ignored: what changed in open "
                         "windows is saved after every scrape round")
@@ -148,8 +149,22 @@ class ExporterService:
         log.info("config reloaded targets=%d", len(self.targets))
         return config
 
+    def _gone(self, name: str, why: str) -> str:
+        # Still in the fleet, only scraped by another shard now (shards changed): say where.
+        config = self.config
+        fleet = {t.name for t in config.targets} | {t.name for t in self.discovery.targets()}
+        if config.shards > 1 and name in fleet:
+            return f"moved to shard {owner(name, config.shards)} of {config.shards}"
+        return why
+
     def _close_removed_targets(self, why: str = "removed from the config") -> None:
-        self.book.remove_targets(set(self.targets), why)
+        gone = {name for w in self.open_windows() for name in w.targets} - set(self.targets)
+        moved: dict[str, set[str]] = {}
+        for name in gone:
+            moved.setdefault(self._gone(name, why), set()).add(name)
+        # One pass per reason: the book marks every target missing from `present`.
+        for reason, names in moved.items():
+            self.book.remove_targets(set(self.targets) | (gone - names), reason)
 
     # -- scraping ----------------------------------------------------------------------
 
