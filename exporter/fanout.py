@@ -12,8 +12,8 @@ import asyncio
 import json
 import logging
 import os
-from pathlib import Path
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
