@@ -79,7 +79,10 @@ def format_window(answer: Mapping[str, Any], labels: Mapping[str, str] | None = 
     blocks = []
     for name, result in results.items():
         label = (labels or {}).get(name) or result.get("host_port") or name
-        blocks.append(format_block(label, result) + format_caveats(result))
+        # The block's title is host:port, as AISBench prints it; the config's name for the
+        # target, where it differs, follows on a line of its own.
+        named = f"Target: {name}\n" if name != label else ""
+        blocks.append(format_block(label, result) + named + format_caveats(result))
     if len(results) >= 2 and answer.get("aggregate"):
         aggregate = answer["aggregate"]
         blocks.append(format_block("all", aggregate) + format_caveats(aggregate))

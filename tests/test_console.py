@@ -118,7 +118,9 @@ class TestFormatWindow:
         return {"id": "w1", "name": "n", "results": results, "aggregate": aggregate}
 
     def test_one_target_no_all_block(self):
-        text = format_window(self.answer({"a": ok(SEED, host_port="10.0.0.1:8080")}, ok(SEED)))
+        # A target named by its host:port (the default name) gets no name line.
+        results = {"10.0.0.1:8080": ok(SEED, host_port="10.0.0.1:8080")}
+        text = format_window(self.answer(results, ok(SEED)))
         assert text == (CONSOLE / "seed_block.txt").read_text()
         assert "[all]" not in text
 
@@ -127,8 +129,8 @@ class TestFormatWindow:
         results = {"a": ok(SEED, host_port="10.0.0.1:8080"), "b": ok(b, host_port="h:2")}
         text = format_window(self.answer(results, ok(SEED + b)))
         assert text == (
-            format_block("10.0.0.1:8080", results["a"])
-            + format_block("h:2", results["b"])
+            format_block("10.0.0.1:8080", results["a"]) + "Target: a\n"
+            + format_block("h:2", results["b"]) + "Target: b\n"
             + format_block("all", ok(SEED + b))
         )
         assert [line for line in text.splitlines() if "Speculative" in line] == [
@@ -147,6 +149,15 @@ class TestFormatWindow:
         text = format_window(self.answer(results, None), {"a": "10.0.0.1:8080"})
         titles = [line for line in text.splitlines() if "Speculative" in line]
         assert titles == [title_of("10.0.0.1:8080"), title_of("b")]  # no aggregate, no all
+
+    def test_config_name_follows_the_block_only_where_it_differs(self):
+        results = {"llama-eagle": ok(SEED, host_port="10.0.0.1:8080"),
+                   "h:2": ok(SEED, host_port="h:2")}
+        text = format_window(self.answer(results, ok(SEED + SEED)))
+        first = format_block("10.0.0.1:8080", results["llama-eagle"])
+        second = format_block("h:2", results["h:2"])
+        assert text.startswith(first + "Target: llama-eagle\n" + second)
+        assert text.count("Target: ") == 1
 
     def test_empty_window(self):
         assert format_window(self.answer({}, None)) == ""
