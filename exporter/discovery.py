@@ -15,6 +15,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +161,15 @@ def prometheus_sd_source(sd: PrometheusSDConfig) -> str:
     return url + (f"&job={sd.job}" if sd.job else "")
 
 
+def _http_sd_targets(url: str, data: Any, refused: list[str]) -> list[TargetConfig]:
+    return targets_from_document(data, url, refused)
+
+
+def _prometheus_sd_targets(sd: PrometheusSDConfig, name: str, data: Any,
+                           refused: list[str]) -> list[TargetConfig]:
+    return targets_from_prometheus(data, name, sd)
+
+
 @dataclass
 class _Source:
     targets: list[TargetConfig] = field(default_factory=list)
@@ -205,8 +215,7 @@ class Discovery:
             if due and session is not None:
                 source.stamp = now
                 await self._poll(session, http_sd, source, http_sd.url, http_sd.url,
-                                 lambda data, refused, url=http_sd.url: targets_from_document(
-                                     data, url, refused))
+                                 partial(_http_sd_targets, http_sd.url))
         for prom_sd in self.config.prometheus_sd:
             name = prometheus_sd_source(prom_sd)
             live.add(name)
@@ -218,8 +227,7 @@ class Discovery:
                 source.stamp = now
                 api = prom_sd.url.rstrip("/") + "/api/v1/targets?state=active"
                 await self._poll(session, prom_sd, source, name, api,
-                                 lambda data, _, sd=prom_sd, n=name: targets_from_prometheus(
-                                     data, n, sd))
+                                 partial(_prometheus_sd_targets, prom_sd, name))
         for gone in set(self.sources) - live:  # a deleted file takes its targets with it
             del self.sources[gone]
         return self.targets() != before
