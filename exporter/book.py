@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,12 @@ class WindowBook:
         self._windows: dict[str, Window] = {}  # acknowledged open ones, recent stopped ones
         self._pending: dict[str, asyncio.Future] = {}  # id -> its start or stop in flight
         self._closed_loaded = False
+        self.result_errors = 0  # stops whose result files could not be written
+
+    @property
+    def state_errors(self) -> int:
+        """Failed state writes and damage found, since we started."""
+        return self.store.errors_total
 
     # -- reading ------------------------------------------------------------------------
 
@@ -88,6 +95,10 @@ class WindowBook:
         if window.is_open:
             return window
         return self._load(window_id) or window
+
+    def in_flight(self, window_id: str) -> bool:
+        """A start or stop of that id is under way."""
+        return window_id in self._pending
 
     def recent(self) -> list[Window]:
         """Open windows and the recent stopped ones, newest first."""
@@ -191,6 +202,24 @@ class WindowBook:
             self.save_windows(changed)
             self.version += 1
 
+    def move_store(self, path: Path) -> None:
+        """The state database moves (a reload changed `output_dir` or `state_db`): its rows are
+        copied to the new file before the old one goes, so the next start finds every window.
+        `StoreError` (the reload is refused) if the new file cannot take them."""
+        old = self.store
+        with contextlib.suppress(OSError):
+            if path.exists() and os.path.samefile(path, old.path):
+                return
+        new = StateStore(path)
+        try:
+            new.copy_from(old)
+        except StoreError:
+            new.close()
+            raise
+        self.store = new
+        old.remove_files()
+        log.warning("state database moved from=%s to=%s", old.path, path)
+
     # -- start and stop -----------------------------------------------------------------
 
     async def start(self, request: StartRequest, scrape: ScrapeFn, max_open: int
@@ -242,8 +271,12 @@ class WindowBook:
         window.take_final(results, self.clock())
         answer = window_answer(window)
         try:
-            # fsync of every file: off the loop, so scrapes and requests go on meanwhile.
-            await asyncio.to_thread(write_results, self.results_dir(window), answer)
+            try:
+                # fsync of every file: off the loop, so scrapes and requests go on meanwhile.
+                await asyncio.to_thread(write_results, self.results_dir(window), answer)
+            except StoreError:
+                self.result_errors += 1
+                raise
             window.answer = answer
             self.store.save([window.to_dict(accumulators=False)], sync=True)
         except StoreError as exc:

@@ -89,6 +89,12 @@ DISCOVERY_UP = Family("specdec_discovery_source_up", "gauge",
                       "was last read fine, 0 if not (its last good target list is still used).")
 RELOAD_AT = Family("specdec_config_last_reload_success_timestamp_seconds", "gauge",
                    "Unix time of the last successful config load.")
+STATE_ERRORS = Family("specdec_state_write_errors_total", "counter",
+                      "Window state writes that failed, and damage or loss of the state "
+                      "database found (at open, or files deleted under us); see the log.")
+RESULT_ERRORS = Family("specdec_result_write_errors_total", "counter",
+                       "Window stops whose result files could not be written (the window "
+                       "stays open; a later stop retries).")
 
 _TARGET_FAMILIES = (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, DRAFTS, DRAFT_TOKENS, ACCEPTED,
                     PER_POS)
@@ -294,6 +300,8 @@ class MetricsWriter:
             RELOAD_OK.header(), _line(RELOAD_OK.name, "", 1.0 if service.reload_ok else 0.0),
             RELOAD_AT.header(), _line(RELOAD_AT.name, "", service.reload_at),
             INTERVAL.header(), _line(INTERVAL.name, "", service.config.scrape_interval),
+            STATE_ERRORS.header(), _line(STATE_ERRORS.name, "", service.book.state_errors),
+            RESULT_ERRORS.header(), _line(RESULT_ERRORS.name, "", service.book.result_errors),
         ]
         if service.discovery.sources:
             out.append(DISCOVERY_UP.header())

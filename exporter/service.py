@@ -132,6 +132,9 @@ class ExporterService:
             if config is None:
                 config = load_config(self.config_path, self.overrides)
             check_reload(self.config, config, str(self.config_path))
+            # Where the window state lives follows output_dir (or state_db): moved now, so a
+            # restart on the new config finds every open and recent window.
+            self.book.move_store(config.state_path)
         except Exception as exc:
             self.reload_refused(getattr(exc, "problems", None) or [str(exc)])
             raise

@@ -273,6 +273,27 @@ class StateStore:
         if self._identity[1] is None:
             self._identity = self._files()  # the first commit creates the WAL
 
+    def copy_from(self, other: StateStore) -> None:
+        """Every row of `other` into this database, in one transaction (a moved state path)."""
+        windows = other._query("SELECT id, open, started_at, doc FROM windows")
+        accs = other._query("SELECT window_id, target, doc FROM accumulators")
+        try:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany("INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?)", windows)
+                self._db.executemany("INSERT OR REPLACE INTO accumulators VALUES (?, ?, ?)", accs)
+        except sqlite3.Error as exc:
+            self.errors_total += 1
+            raise StoreError(f"cannot copy window state to {self.path}: {exc}") from exc
+        self.errors_total += other.errors_total
+
+    def remove_files(self) -> None:
+        """Close and delete this database's files (after `copy_from` moved its rows)."""
+        self.close()
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path.with_name(self.path.name + suffix))
+
     def delete(self, window_ids: Iterable[str]) -> None:
         """Forget windows (their rows only; result files are not ours to remove)."""
         ids = [(i,) for i in window_ids]

@@ -401,6 +401,8 @@ GOLDEN_TYPES = [
     "# TYPE specdec_config_last_reload_successful gauge",
     "# TYPE specdec_config_last_reload_success_timestamp_seconds gauge",
     "# TYPE specdec_scrape_interval_seconds gauge",
+    "# TYPE specdec_state_write_errors_total counter",
+    "# TYPE specdec_result_write_errors_total counter",
 ]
 
 GOLDEN_HELP = {
