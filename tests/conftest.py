@@ -117,8 +117,11 @@ class ExporterUnderTest:
 
 
 @pytest.fixture
-def exporter(aiohttp_client, tmp_path):
+def exporter(aiohttp_client, tmp_path, monkeypatch):
     """Factory: `await exporter({"targets": [...]})` -> ExporterUnderTest, scrape loop off."""
+    # A reloaded config without output_dir means ./outputs, where the state database then
+    # moves: inside this test's directory, never the repository.
+    monkeypatch.chdir(tmp_path)
 
     async def make(config: dict, *, config_path=None, clock=None) -> ExporterUnderTest:
         data = {"output_dir": str(tmp_path / "out")} | config
