@@ -238,7 +238,8 @@ async def stop_window(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     window = await service.stop_window(window_id)
     where = Path(service.config.output_dir).resolve() / window.id
-    return web.json_response(window.answer | {"results_dir": str(where)})
+    # state() of a stopped window is its answer (typed, unlike the optional `answer`).
+    return web.json_response(window.state() | {"results_dir": str(where)})
 
 
 async def list_windows(request: web.Request) -> web.Response:

@@ -15,11 +15,12 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from exporter.errors import RequestError, StoreError, UnknownWindowError
 from exporter.isotime import iso_utc
 from exporter.results import window_answer
-from exporter.scrape import ScrapeResult
+from exporter.snapshot import ScrapeResult
 from exporter.store import StateStore, write_results
 from exporter.window import MAX_NAME, TargetRef, Window, check_window_id, new_window_id
 
@@ -61,7 +62,7 @@ class WindowBook:
         self.version = 0  # bumped whenever what readers see of the windows changes
         self.last_window: Window | None = None
         self._windows: dict[str, Window] = {}  # acknowledged open ones, recent stopped ones
-        self._pending: dict[str, asyncio.Future] = {}  # id -> its start or stop in flight
+        self._pending: dict[str, asyncio.Future[None]] = {}  # id -> its start or stop in flight
         self._closed_loaded = False
         self.result_errors = 0  # stops whose result files could not be written
 
@@ -299,7 +300,7 @@ class WindowBook:
     @contextlib.asynccontextmanager
     async def _in_flight(self, window_id: str) -> AsyncIterator[None]:
         # One start or stop per id at a time; the next caller waits, then sees its outcome.
-        done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending[window_id] = done
         try:
             yield
@@ -358,7 +359,7 @@ class WindowBook:
             self.store.close()
 
 
-def _window_from(doc: dict) -> Window:
+def _window_from(doc: dict[str, Any]) -> Window:
     """A stored window, or `StoreError` when its state does not have a window's shape."""
     try:
         return Window.from_dict(doc)

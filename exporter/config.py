@@ -403,7 +403,7 @@ def _try_duration(value: Any, default: float) -> float | None:
         return None
 
 
-def _cross_field_problems(data: dict) -> list[str]:
+def _cross_field_problems(data: dict[str, Any]) -> list[str]:
     """Checks across keys on the raw document, skipping values that are wrong on their own."""
     problems = []
     interval = _try_duration(data.get("scrape_interval"), 5.0)

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import resource
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -138,7 +139,7 @@ class GuardedSite(web.TCPSite):
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
                  header_timeout: float = HEADER_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
-                 **kwargs):
+                 **kwargs: Any) -> None:
         super().__init__(runner, host, port, **kwargs)
         self.guard: ConnectionGuard | None = None
         self._guard_args = (header_timeout, max_connections)
@@ -157,7 +158,7 @@ class GuardedSite(web.TCPSite):
 
 def run_guarded(app: web.Application, host: str, port: int, *,
                 loop: asyncio.AbstractEventLoop, scrape_concurrency: int,
-                header_timeout: float = HEADER_TIMEOUT, **runner_kwargs) -> None:
+                header_timeout: float = HEADER_TIMEOUT, **runner_kwargs: Any) -> None:
     """`web.run_app` with the guard: serve until SIGTERM/SIGINT, then clean up the same way."""
     fd_limit = raise_fd_limit()
     cap = connection_cap(fd_limit, scrape_concurrency)

@@ -11,14 +11,16 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from exporter.accounting import LiveTrack
 from exporter.book import StartRequest, WindowBook
 from exporter.config import Config, TargetConfig, check_reload, load_config
 from exporter.discovery import Discovery
 from exporter.errors import RequestError, StoreError, UnknownTargetError
-from exporter.scrape import Scraper, ScrapeResult
+from exporter.scrape import Scraper
 from exporter.shards import owner
+from exporter.snapshot import ScrapeResult
 from exporter.store import StateStore
 from exporter.window import TargetRef, Window
 
@@ -73,7 +75,7 @@ class ExporterService:
         config: Config,
         *,
         config_path: str | Path | None = None,
-        overrides: dict | None = None,
+        overrides: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
     ):
         self.config = config
@@ -194,7 +196,7 @@ class ExporterService:
         if state is None:  # removed by a reload while the scrape was in flight
             return
         _log_state_change(name, state, result)
-        if result.ok:
+        if result.snapshot is not None:  # `ok`, spelled out so the type checker narrows
             # Our counters never show a NaN or negative value; windows and the live track see
             # the page as it was, and treat such a scrape as an anomaly (accounting).
             self.targets[name] = replace(state, last=_usable_only(result))

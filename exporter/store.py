@@ -329,7 +329,7 @@ class StateStore:
             raise StoreError(f'window "{window_id}" state is unreadable in {self.path}')
         return self._with_accumulators(doc)
 
-    def _with_accumulators(self, doc: dict) -> dict:
+    def _with_accumulators(self, doc: dict[str, Any]) -> dict[str, Any]:
         # Rows win over what a window row of an older version carried inside its document.
         rows = self._query("SELECT target, doc FROM accumulators WHERE window_id=?", (doc["id"],))
         if rows:

@@ -117,7 +117,7 @@ class Window:
     def take_final(self, results: list[ScrapeResult], at: float) -> None:
         """The stop scrapes, then closed at `at` (`reopen` undoes it)."""
         for result in results:
-            if not result.ok:
+            if result.snapshot is None:  # not `ok`: spelled out so the type checker narrows
                 self.stop_errors[result.target] = result.error or "scrape failed"
             elif self.takes_scrapes_of(result.target):
                 self.feed(result)
