@@ -278,7 +278,7 @@ class Accumulator:
 
     def current(self) -> Counts:
         """The last counter values seen, summed (AISBench's `after`)."""
-        return sum_series((k, v[0]) for k, v in self.last.items())
+        return sum_series([(k, v[0]) for k, v in self.last.items()])
 
     @property
     def model_names(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -138,22 +138,22 @@ _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (
 )
 
 
-def sum_series(values: Iterable[tuple[SeriesKey, float]]) -> Counts:
+def sum_series(values: Collection[tuple[SeriesKey, float]]) -> Counts:
     """Sum series values into one `Counts` (over engines, models and extra labels).
 
     A position's drafts are those of the engines with a series for that position, so engines
     of different k (two models on one server, say) each weigh only where they draft.
+    `values` is a collection (not a generator): that case iterates it twice.
     """
     drafts = draft_tokens = accepted = 0.0
     per_pos: dict[int, float] = {}
-    engine_drafts: dict[_Engine, float] = {}
-    position_engines: dict[int, set[_Engine]] = {}
+    pos_series: dict[int, int] = {}
+    drafts_series = 0
     for key, value in values:
         f = key.field
         if f is _DRAFTS:
             drafts += value
-            engine = (key.model_name, key.engine, key.extra)
-            engine_drafts[engine] = engine_drafts.get(engine, 0.0) + value
+            drafts_series += 1
         elif f is _DRAFT_TOKENS:
             draft_tokens += value
         elif f is _ACCEPTED:
@@ -161,18 +161,35 @@ def sum_series(values: Iterable[tuple[SeriesKey, float]]) -> Counts:
         elif f is _PER_POS:
             pos = key.position
             per_pos[pos] = per_pos.get(pos, 0.0) + value
-            engines = position_engines.get(pos)
+            pos_series[pos] = pos_series.get(pos, 0) + 1
+    # This runs every scrape: the engines are matched only when positions can differ, i.e.
+    # with two drafts series or more and not every position having one series per engine.
+    uneven: dict[int, float] = {}
+    if drafts_series > 1 and any(n != drafts_series for n in pos_series.values()):
+        uneven = _uneven_engines(values)
+    return Counts(drafts, draft_tokens, accepted, per_pos, uneven)
+
+
+def _uneven_engines(values: Iterable[tuple[SeriesKey, float]]) -> dict[int, float]:
+    """Per position, the drafts of the engines with a series for it, where not all have one."""
+    engine_drafts: dict[_Engine, float] = {}
+    position_engines: dict[int, set[_Engine]] = {}
+    for key, value in values:
+        if key.field is _DRAFTS:
+            engine = (key.model_name, key.engine, key.extra)
+            engine_drafts[engine] = engine_drafts.get(engine, 0.0) + value
+        elif key.field is _PER_POS:
+            engines = position_engines.get(key.position)
             if engines is None:
-                engines = position_engines[pos] = set()
+                engines = position_engines[key.position] = set()
             engines.add((key.model_name, key.engine, key.extra))
     uneven: dict[int, float] = {}
-    if len(engine_drafts) > 1:
-        for pos, engines in position_engines.items():
-            # A position whose engines show no drafts series of their own (labels that differ
-            # between the two families) cannot be matched: it keeps every draft behind it.
-            if len(engines) < len(engine_drafts) and engines <= engine_drafts.keys():
-                uneven[pos] = sum(engine_drafts[e] for e in engines)
-    return Counts(drafts, draft_tokens, accepted, per_pos, uneven)
+    for pos, engines in position_engines.items():
+        # A position whose engines show no drafts series of their own (labels that differ
+        # between the two families) cannot be matched: it keeps every draft behind it.
+        if len(engines) < len(engine_drafts) and engines <= engine_drafts.keys():
+            uneven[pos] = sum(engine_drafts[e] for e in engines)
+    return uneven
 
 
 def counts_by_model(values: Mapping[SeriesKey, float]) -> dict[str, Counts]:

@@ -1,0 +1,66 @@
+"""Counts: sums over engines and targets, positions over the drafts that reach them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporter.derive import position_ratios
+from exporter.snapshot import Counts, Field, SeriesKey, sum_series
+
+
+def engine(name: str, drafts: float, per_pos: list[float], model: str = "m") -> list:
+    rows = [(SeriesKey(Field.DRAFTS, model, name, -1), drafts)]
+    rows += [(SeriesKey(Field.PER_POS, model, name, p), v) for p, v in enumerate(per_pos)]
+    return rows
+
+
+K3 = Counts(50, 150, 90, {0: 40, 1: 30, 2: 20})
+K5 = Counts(11, 55, 39, {0: 10, 1: 9, 2: 8, 3: 7, 4: 5})
+
+
+class TestSumSeries:
+    def test_engines_of_one_k_have_no_per_position_drafts(self):
+        counts = sum_series(engine("0", 10, [5, 4]) + engine("1", 30, [20, 10]))
+        assert counts == Counts(40, 0, 0, {0: 25, 1: 14})
+        assert counts.position_drafts == {}
+        assert position_ratios(counts) == {0: 25 / 40, 1: 14 / 40}
+
+    def test_engines_of_different_k(self):
+        counts = sum_series(engine("0", 10, [5, 4]) + engine("1", 30, [20, 10, 6]))
+        assert counts.position_drafts == {2: 30}
+        assert position_ratios(counts) == {0: 25 / 40, 1: 14 / 40, 2: 6 / 30}
+
+    def test_positions_without_a_matching_drafts_series_keep_every_draft(self):
+        # Per-position series labelled differently from the drafts series: nothing to match.
+        rows = engine("0", 10, []) + engine("1", 30, []) + engine("x", 0, [7, 3])[1:]
+        counts = sum_series(rows)
+        assert counts.position_drafts == {}
+        assert position_ratios(counts) == {0: 7 / 40, 1: 3 / 40}
+
+
+class TestCountsArithmetic:
+    def test_sum_of_targets_of_different_k(self):
+        total = K3 + K5
+        assert total.drafts == 61 and total.position_drafts == {3: 11, 4: 11}
+        assert position_ratios(total) == {0: 50 / 61, 1: 39 / 61, 2: 28 / 61, 3: 7 / 11,
+                                          4: 5 / 11}
+        assert (Counts() + K3 + K5) == total  # the empty sum is neutral
+
+    def test_difference_of_cumulative_sums(self):
+        later = (K3 + K3) + (K5 + K5)
+        span = later - (K3 + K5)
+        assert span == K3 + K5
+
+    @pytest.mark.parametrize("counts", [K3, K3 + K5, Counts(2.5, 7.5, 1.25, {0: 1.25})])
+    def test_raw_round_trip(self, counts):
+        assert Counts.from_raw(json.loads(json.dumps(counts.as_raw()))) == counts
+
+    def test_raw_integers_and_drafts_per_position(self):
+        assert (K3 + K5).as_raw() == {
+            "num_drafts": 61, "num_draft_tokens": 205, "num_accepted_tokens": 129,
+            "accepted_per_pos": {"0": 50, "1": 39, "2": 28, "3": 7, "4": 5},
+            "num_drafts_per_pos": {"3": 11, "4": 11},
+        }
+        assert json.dumps(Counts(2043630.0).as_raw()).startswith('{"num_drafts": 2043630,')
