@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
@@ -17,6 +18,7 @@ from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from exporter.compare_page import render_compare, render_picker
+from exporter.csrf import SAFE_METHODS, check_browser_safe, default_hosts
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
 from exporter.exposition import MetricsWriter
 from exporter.formats import Format, accepts_gzip, gzipped, negotiate, to_openmetrics
@@ -89,6 +91,23 @@ async def body_limit_middleware(request: web.Request, handler: Handler) -> web.S
     """A declared body over MAX_BODY is 413 on every route, read by the handler or not."""
     if (request.content_length or 0) > MAX_BODY:
         return error_response(413, f"body of {request.content_length} bytes is over {MAX_BODY}")
+    return await handler(request)
+
+
+@functools.lru_cache(maxsize=8)
+def _allowed_hosts(listen: str, configured: tuple[str, ...]) -> frozenset[str]:
+    return default_hosts(listen) | {h.lower().rstrip(".") for h in configured}
+
+
+@web.middleware
+async def browser_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """State-changing requests a web page could send (CSRF, DNS rebinding) are refused."""
+    if request.method not in SAFE_METHODS:
+        config = request.app[SERVICE].config
+        allowed = _allowed_hosts(config.listen, tuple(config.allowed_hosts))
+        has_body = bool(request.content_length) or request.headers.get(
+            "Transfer-Encoding", "").lower() == "chunked"
+        check_browser_safe(request.method, request.headers, has_body, allowed)
     return await handler(request)
 
 
@@ -292,5 +311,5 @@ def add_routes(app: web.Application) -> None:
 
 __all__ = [
     "ExporterError", "METRICS_CACHE", "SERVICE", "WRITER", "add_routes", "auth_middleware",
-    "body_limit_middleware", "errors_middleware",
+    "body_limit_middleware", "browser_middleware", "errors_middleware",
 ]

@@ -20,6 +20,7 @@ from exporter.api import (
     add_routes,
     auth_middleware,
     body_limit_middleware,
+    browser_middleware,
     errors_middleware,
 )
 from exporter.config import Config, load_config
@@ -44,7 +45,7 @@ def make_app(
     app = web.Application(
         client_max_size=MAX_BODY,
         middlewares=[errors_middleware, body_limit_middleware, auth_middleware,
-                     fanout_middleware],
+                     browser_middleware, fanout_middleware],
     )
     service = ExporterService(config, config_path=config_path, overrides=overrides, clock=clock)
     app[SERVICE] = service

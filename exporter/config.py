@@ -285,6 +285,9 @@ class Config(_Strict):
     # A client's request head must be complete this long after it connects (or after its last
     # answer on a kept-alive connection); slower ones are cut (slowloris). Read at start.
     header_timeout: Duration = 10.0
+    # Host names (or `*.example.org`) POSTs may be sent to, beside the listen host, localhost,
+    # IP addresses, single-label and Kubernetes service names and our own: DNS rebinding.
+    allowed_hosts: list[str] = []
     # Static plus discovered. Every target costs state, a scrape per interval and lines on
     # /metrics (~40 us each): past ~10,000 one exporter misses its beat; shard instead.
     max_targets: int = Field(default=DEFAULT_MAX_TARGETS, ge=1)

@@ -22,6 +22,7 @@ def http(method: str, url: str, body: dict | None = None, token: str | None = No
     """(status, parsed JSON or text) of one request; never raises for HTTP errors."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")  # urllib's default is a form's
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:

@@ -233,7 +233,8 @@ class TestWindowApi:
     async def test_bad_start_requests(self, fake_vllm, exporter, body, status, needle):
         fake = await fake_vllm()
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
-        response = await exp.client.post("/api/v1/windows", data=body)
+        response = await exp.client.post("/api/v1/windows", data=body,
+                                         headers={"Content-Type": "application/json"})
         assert response.status == status
         assert needle in (await response.json())["error"]
         listing = await (await exp.client.get("/api/v1/windows")).json()

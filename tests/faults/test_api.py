@@ -48,7 +48,8 @@ class TestBodies:
         ids=lambda v: repr(v)[:40] if isinstance(v, bytes) else None,
     )
     async def test_bad_bodies_are_400(self, exp, body, needle):
-        response = await exp.client.post("/api/v1/windows", data=body)
+        response = await exp.client.post("/api/v1/windows", data=body,
+                                         headers={"Content-Type": "application/json"})
         assert response.status == 400, await response.text()
         assert needle in (await response.json())["error"]
         await _no_windows(exp)
