@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from clitools import CLI, free_port, process, wait_http, write_config
+from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
 
 from exporter.csrf import host_allowed, host_name
 from faults.servers import Counters, RawTarget
@@ -121,16 +121,17 @@ class TestAccepted:
 
     def test_the_cli_client_starts_and_stops(self, tmp_path):
         port = free_port()
-        config = write_config(tmp_path / "c.yaml", port, [
-            {"name": "a", "url": f"http://127.0.0.1:{free_port()}/metrics"}])
         base = f"http://localhost:{port}"  # a name, not an IP: the Host check applies
-        with process(CLI + ["serve", "--config", str(config)]):
+        with fake_vllm("--k", "3") as vllm_port, process(CLI + ["serve", "--config", str(write_config(
+                tmp_path / "c.yaml", port,
+                [{"name": "a", "url": f"http://127.0.0.1:{vllm_port}/metrics"}]))]):
             wait_http(f"http://127.0.0.1:{port}/-/healthy")
             import subprocess
 
             started = subprocess.run(CLI + ["window", "start", "--exporter", base, "--id", "c1"],
                                      capture_output=True, text=True, timeout=60)
             assert started.returncode == 0, started.stderr
+            fake_add(vllm_port, 10, 30, [8, 6, 4])
             stopped = subprocess.run(CLI + ["window", "stop", "--exporter", base, "c1"],
                                      capture_output=True, text=True, timeout=60)
             assert stopped.returncode == 0, stopped.stderr
