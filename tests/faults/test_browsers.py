@@ -122,9 +122,9 @@ class TestAccepted:
     def test_the_cli_client_starts_and_stops(self, tmp_path):
         port = free_port()
         base = f"http://localhost:{port}"  # a name, not an IP: the Host check applies
-        with fake_vllm("--k", "3") as vllm_port, process(CLI + ["serve", "--config", str(write_config(
-                tmp_path / "c.yaml", port,
-                [{"name": "a", "url": f"http://127.0.0.1:{vllm_port}/metrics"}]))]):
+        with fake_vllm("--k", "3") as vllm_port, process(CLI + [
+                "serve", "--config", str(write_config(tmp_path / "c.yaml", port, [
+                    {"name": "a", "url": f"http://127.0.0.1:{vllm_port}/metrics"}]))]):
             wait_http(f"http://127.0.0.1:{port}/-/healthy")
             import subprocess
 
