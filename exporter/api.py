@@ -113,8 +113,8 @@ async def browser_middleware(request: web.Request, handler) -> web.StreamRespons
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every POST needs the bearer token when the configured environment variable is set."""
-    if request.method == "POST":
+    """Every POST and DELETE needs the bearer token when the configured variable is set."""
+    if request.method in ("POST", "DELETE"):
         token = os.environ.get(request.app[SERVICE].config.auth.token_env, "")
         if token:
             given = request.headers.get("Authorization", "")
@@ -277,8 +277,16 @@ async def get_window(request: web.Request) -> web.Response:
 
 async def window_series(request: web.Request) -> web.Response:
     """A window's per-scrape acceptance ratio and length, per target."""
-    window = request.app[SERVICE].get_window(check_window_id(request.match_info["id"]))
+    service = request.app[SERVICE]
+    window = service.window_with_series(check_window_id(request.match_info["id"]))
     return web.json_response(series_view(window))
+
+
+async def delete_window(request: web.Request) -> web.Response:
+    """Forget a stopped window (its result files stay); 409 while it is open."""
+    window_id = check_window_id(request.match_info["id"])
+    request.app[SERVICE].delete_window(window_id)
+    return web.json_response({"id": window_id, "deleted": True})
 
 
 async def list_targets(request: web.Request) -> web.Response:
@@ -304,6 +312,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post("/api/v1/windows", start_window)
     app.router.add_get("/api/v1/windows", list_windows)
     app.router.add_get("/api/v1/windows/{id}", get_window)
+    app.router.add_delete("/api/v1/windows/{id}", delete_window)
     app.router.add_post("/api/v1/windows/{id}/stop", stop_window)
     app.router.add_get("/api/v1/windows/{id}/series", window_series)
     app.router.add_get("/api/v1/targets", list_targets)

@@ -64,6 +64,7 @@ class WindowBook:
         self._windows: dict[str, Window] = {}  # acknowledged open ones, recent stopped ones
         self._pending: dict[str, asyncio.Future[None]] = {}  # id -> its start or stop in flight
         self._closed_loaded = False
+        self._series_of: Window | None = None  # the stopped window whose series was last read
         self.result_errors = 0  # stops whose result files could not be written
 
     @property
@@ -90,12 +91,15 @@ class WindowBook:
                 raise UnknownWindowError(window_id)
         return window
 
-    def get_full(self, window_id: str) -> Window:
-        """Like `get`, with a stopped window's per-scrape series (kept in the store only)."""
+    def with_series(self, window_id: str) -> Window:
+        """Like `get`, with a stopped window's per-scrape series (kept in the store only; the
+        last one read is kept, as the landing page shows the newest window's)."""
         window = self.get(window_id)
         if window.is_open:
             return window
-        return self._load(window_id) or window
+        if self._series_of is None or self._series_of.id != window_id:
+            self._series_of = self._load(window_id) or window
+        return self._series_of
 
     def in_flight(self, window_id: str) -> bool:
         """A start or stop of that id is under way."""
@@ -319,6 +323,7 @@ class WindowBook:
             raise RequestError(f'window "{window_id}" is open: stop it first', status=409)
         self.store.delete([window_id])
         self._windows.pop(window_id, None)
+        self._series_of = None
         if self.last_window is not None and self.last_window.id == window_id:
             recent = self._closed(1)
             self.last_window = recent[0].as_answer_only() if recent else None
@@ -331,6 +336,7 @@ class WindowBook:
         if not old:
             return 0
         self.store.delete(old)
+        self._series_of = None
         for window_id in old:
             self._windows.pop(window_id, None)
         if self.last_window is not None and self.last_window.id in old:

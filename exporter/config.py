@@ -61,6 +61,24 @@ def parse_duration(value: Any) -> float:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
+_DAYS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*d\s*$")
+MAX_RETENTION = 3650 * 24 * 3600.0  # ten years: past that, keep the result files instead
+
+
+def parse_retention(value: Any) -> float:
+    """`30d`, `12h`, `90m` ... or a number of seconds -> seconds; finite, positive, <= 3650d."""
+    if isinstance(value, str) and (match := _DAYS.match(value)):
+        seconds = float(match.group(1)) * 86400.0
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _UNIT[match.group(2)]
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ValueError(f"must be a duration like 30d, 12h or 90m, not {value!r}")
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_RETENTION:
+        raise ValueError(f"must be greater than 0 and at most 3650d, not {value!r}")
+    return seconds
+
 
 class _KeyError(ValueError):
     """A whole-model check whose problem belongs to one key: located there, not at the top."""
@@ -282,6 +300,9 @@ class Config(_Strict):
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     scrape_concurrency: int = Field(default=64, ge=1, le=10000)
     max_open_windows: int = Field(default=1000, ge=1)
+    # Stopped windows leave the state database (their result files stay) this long after
+    # their start; DELETE /api/v1/windows/{id} forgets one sooner.
+    window_retention: Annotated[float, BeforeValidator(parse_retention)] = 30 * 86400.0
     # A client's request head must be complete this long after it connects (or after its last
     # answer on a kept-alive connection); slower ones are cut (slowloris). Read at start.
     header_timeout: Duration = 10.0

@@ -144,7 +144,7 @@ def render_landing(service: ExporterService) -> str:
     )
     recent = service.list_windows()[:1]
     chart = ""
-    if recent and (svg := series_chart(window_series(recent[0]))):
+    if recent and (svg := series_chart(window_series(service.window_with_series(recent[0].id)))):
         chart = (f"<h3>Acceptance ratio through window {escape(recent[0].id)} "
                  f"(between consecutive scrapes)</h3>{svg}")
     return f"""<!doctype html>

@@ -26,6 +26,8 @@ from exporter.window import TargetRef, Window
 
 log = logging.getLogger(__name__)
 
+EXPIRY_EVERY = 3600.0  # seconds between retention passes: retention is counted in days
+
 
 @dataclass(frozen=True, slots=True)
 class TargetState:
@@ -87,6 +89,7 @@ class ExporterService:
         self.live: dict[str, LiveTrack] = {}
         self.ready = False
         self._generation = 0  # bumped when targets or config change what readers see
+        self._next_expiry = 0.0  # retention is applied at the first round, then hourly
         self.reload_ok = True
         self.reload_at = clock()
         self.book = WindowBook(StateStore(config.state_path), clock,
@@ -243,6 +246,9 @@ class ExporterService:
         # is logged and counted; what changed stays marked, so the next round retries it.
         try:
             self.book.save_round()
+            if self.clock() >= self._next_expiry:
+                self.book.expire(self.config.window_retention)
+                self._next_expiry = self.clock() + EXPIRY_EVERY
         except StoreError as exc:
             log.error("window state not saved error=%s", exc)
 
@@ -281,6 +287,14 @@ class ExporterService:
     def last_window(self) -> Window | None:
         """The most recently stopped window (its answer)."""
         return self.book.last_window
+
+    def window_with_series(self, window_id: str) -> Window:
+        """A window with its per-scrape series (a stopped one's is read from the store)."""
+        return self.book.with_series(window_id)
+
+    def delete_window(self, window_id: str) -> None:
+        """Forget a stopped window (its files stay); 409 while open, 404 if unknown."""
+        self.book.delete(window_id)
 
     def get_window(self, window_id: str) -> Window:
         """An open or closed window by id, from memory or the store."""
