@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.errors import StoreError
+from exporter.jsontext import Encoded, pretty
 from exporter.results import result_file_names
 
 log = logging.getLogger(__name__)
@@ -75,11 +76,15 @@ def write_results(directory: Path, answer: dict[str, Any]) -> list[Path]:
     written = []
     try:
         names = result_file_names(answer["results"])
+        # Each result is encoded once: its file's text is also its part of window.json.
+        encoded = {}
         for target, result in answer["results"].items():
             path = directory / "performances" / names[target]
-            atomic_write(path, _dumps(result), sync=False)
+            encoded[target] = Encoded(pretty(result))
+            atomic_write(path, (encoded[target].text + "\n").encode(), sync=False)
             written.append(path)
-        atomic_write(directory / "window.json", _dumps(answer))
+        whole = pretty(answer | {"results": encoded})
+        atomic_write(directory / "window.json", (whole + "\n").encode())
         written.append(directory / "window.json")
         for folder in {p.parent for p in written}:
             _fsync_dir(folder)
@@ -97,7 +102,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 def _dumps(value: object) -> bytes:
-    return (json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode()
+    return (pretty(value) + "\n").encode()
 
 
 class StateStore:

@@ -1,0 +1,96 @@
+"""The fast indented JSON writer gives json.dumps(indent=2)'s exact text, spliced or not."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import random
+
+import pytest
+
+from exporter.jsontext import Encoded, pretty
+
+
+def reference(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
+
+
+class Colour(enum.StrEnum):
+    RED = "red"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+ODD = [
+    {}, [], "", 0, -0.0, 1e16, 1e-7, 0.1, 1.5, -2, 10**30, True, False, None,
+    "é ü 中文 \u2028 \x00 \x1f \" \\ / \t \n", "🙂", {"a": {}}, {"a": []}, [[], {}],
+    {1: "int key", 2.5: "float key", True: "bool key", None: "none key"},
+    (1, 2, (3,)), {"tuple": ()}, Colour.RED, {Colour.RED: Level.HIGH}, [Level.HIGH],
+    {"nested": [{"a": [1, [2, [3, {"b": None}]]]}]},
+    {"x": 1.0, "y": [0.30000000000000004, 123456789.123456789, 5e-324, 1.7976931348623157e308]},
+]
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kind = rng.randrange(9 if depth < 5 else 6)
+    if kind == 0:
+        return rng.choice(["", "a", "ß", "x\ny", '"q"', "\\", "\u00a0", "🙂"]) * rng.randrange(3)
+    if kind == 1:
+        return rng.randrange(-10**6, 10**6)
+    if kind == 2:
+        return rng.uniform(-1e6, 1e6) * 10 ** rng.randrange(-12, 12)
+    if kind == 3:
+        return rng.choice([True, False, None])
+    if kind == 4:
+        return rng.random()
+    if kind == 5:
+        return float(rng.randrange(100))
+    if kind == 6:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 7:
+        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randrange(3)))
+    return {f"k{rng.randrange(50)}{rng.choice(['', 'é', ' '])}": _random_value(rng, depth + 1)
+            for _ in range(rng.randrange(5))}
+
+
+class TestPretty:
+    @pytest.mark.parametrize("value", ODD, ids=[str(i) for i in range(len(ODD))])
+    def test_odd_values(self, value):
+        assert pretty(value) == reference(value)
+
+    @pytest.mark.parametrize("seed", range(200))
+    def test_random_documents(self, seed):
+        value = _random_value(random.Random(seed))
+        assert pretty(value) == reference(value)
+
+    @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, [1, math.nan],
+                                       {"a": {"b": math.inf}}])
+    def test_non_finite_refused_like_json(self, value):
+        with pytest.raises(ValueError, match="Out of range float"):
+            reference(value)
+        with pytest.raises(ValueError, match="Out of range float"):
+            pretty(value)
+
+    @pytest.mark.parametrize("value", [{1, 2}, object(), {"a": b"bytes"}, {(1, 2): "tuple key"}])
+    def test_unserializable_refused_like_json(self, value):
+        with pytest.raises(TypeError):
+            reference(value)
+        with pytest.raises(TypeError):
+            pretty(value)
+
+
+class TestSplice:
+    @pytest.mark.parametrize("seed", range(50))
+    def test_spliced_text_is_the_whole_documents_text(self, seed):
+        rng = random.Random(seed)
+        parts = {f"t{i}": _random_value(rng) for i in range(rng.randrange(1, 6))}
+        whole = {"id": "w", "results": parts, "aggregate": _random_value(rng)}
+        spliced = {**whole, "results": {k: Encoded(pretty(v)) for k, v in parts.items()}}
+        assert pretty(spliced) == reference(whole)
+
+    def test_splice_at_the_top(self):
+        value = {"a": [1, {"b": "c"}]}
+        assert pretty(Encoded(pretty(value))) == reference(value)
