@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from exporter.advise import window_advice
 from exporter.console import format_window
 from exporter.errors import ExporterError
-from exporter.results import Result, aggregate
+from exporter.results import Result, Status, aggregate
 from exporter.window import new_window_id
 
 
@@ -209,6 +209,5 @@ def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def unreachable_answer(window_id: str | None, label: str, reason: str) -> dict[str, Any]:
     """What to print when no exporter answered: one N/A block saying why."""
-    result = {"status": "na", "url": None, "error": reason, "data": None, "raw": None,
-              "host_port": label}
+    result = Result(status=Status.NA, url=None, error=reason, host_port=label).to_json()
     return {"id": window_id, "name": None, "results": {label: result}, "aggregate": None}

@@ -10,10 +10,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from exporter.config import TargetConfig
 from exporter.errors import ExporterError
-from exporter.measure import distinct_names, target_from_spec, targets_from_model_config
+from exporter.measure import (
+    distinct_names,
+    measure,
+    target_from_spec,
+    targets_from_model_config,
+)
 
 # Shaped like AISBench's shipped configs: the base imports AISBench's classes (not installed
 # here, as on a machine where only the config files are), the user's config inherits it
@@ -143,3 +149,38 @@ class TestDistinctNames:
     def test_the_same_target_twice_is_one(self):
         targets = [target_from_spec("h:1"), TargetConfig(host="h", port=1)]
         assert [t.url for t in distinct_names(targets)] == ["http://h:1/metrics"]
+
+
+class TestMeasureWindow:
+    async def test_unusable_stop_scrape_is_said_not_counted(self, aiohttp_server, tmp_path):
+        # The stop scrape's accepted counter reads NaN: no span is left, and the file says so.
+        pages = [
+            "vllm:spec_decode_num_drafts_total 10\nvllm:spec_decode_num_draft_tokens_total 30\n"
+            "vllm:spec_decode_num_accepted_tokens_total 20\n",
+            "vllm:spec_decode_num_drafts_total 20\nvllm:spec_decode_num_draft_tokens_total 60\n"
+            "vllm:spec_decode_num_accepted_tokens_total NaN\n",
+        ]
+        served = []
+
+        async def metrics(request: web.Request) -> web.Response:
+            served.append(request.path)
+            return web.Response(text=pages[min(len(served), 2) - 1])
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        server = await aiohttp_server(app)
+        target = target_from_spec(f"127.0.0.1:{server.port}")
+        code, answer = await measure([target], [sys.executable, "-c", "pass"], tmp_path,
+                                     interval=3600)
+        assert code == 0 and len(served) == 2
+        result = answer["results"][target.name]
+        assert result["status"] == "na"
+        assert result["error"].startswith(
+            "No span of the window with every spec decode counter usable: "
+            "num_accepted_tokens was NaN at ")
+        assert result["raw"] == {"before": {"num_drafts": 10, "num_draft_tokens": 30,
+                                            "num_accepted_tokens": 20, "accepted_per_pos": {}},
+                                 "after": None}
+        written = json.loads((tmp_path / "performances" /
+                              f"spec_decode_127.0.0.1_{server.port}.json").read_text())
+        assert written == result
