@@ -28,6 +28,7 @@ from exporter.service import ExporterService
 from exporter.text import TextError, clean_tree
 from exporter.views import target_view
 from exporter.window import check_window_id
+from exporter.window_page import render_window_page
 
 SERVICE = web.AppKey("service", ExporterService)
 WRITER = web.AppKey("writer", MetricsWriter)
@@ -190,8 +191,19 @@ def _json_bytes(value: object) -> bytes:
 
 
 async def landing(request: web.Request) -> web.Response:
-    """The HTML landing page."""
-    return web.Response(text=render_landing(request.app[SERVICE]), content_type="text/html")
+    """The HTML landing page; `?refresh=0` turns its self-refresh off."""
+    refresh = request.query.get("refresh", "1") not in ("0", "false", "no", "off")
+    return web.Response(text=render_landing(request.app[SERVICE], refresh=refresh),
+                        content_type="text/html")
+
+
+async def window_page(request: web.Request) -> web.Response:
+    """One window as an HTML page."""
+    service = request.app[SERVICE]
+    window = service.window_with_series(check_window_id(request.match_info["id"]))
+    series = series_view(window) | {"now": service.clock()}
+    return web.Response(text=render_window_page(window.state(), series),
+                        content_type="text/html")
 
 
 async def compare_page(request: web.Request) -> web.Response:
@@ -304,6 +316,7 @@ async def list_targets(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     """Every route of CONTRACT.md's HTTP API."""
     app.router.add_get("/", landing)
+    app.router.add_get("/windows/{id}", window_page)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/compare", compare_page)
     app.router.add_get("/-/healthy", healthy)

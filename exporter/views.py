@@ -25,6 +25,9 @@ def target_view(state: TargetState, live: LiveTrack, now: float) -> dict[str, An
         "errors_total": state.errors_total,
         "last_error": state.last_error,
         "last_error_at": state.last_error_at,
+        # The last scrape that fed the live figures: what a page shows as "last seen" when the
+        # target is down and its figures are stale.
+        "last_seen_at": live.points[-1][0] if live.points else None,
         "spec_decode_present": snapshot.has_spec_decode if snapshot else None,
         "dialect": snapshot.dialect if snapshot and snapshot.has_spec_decode else None,
         "model_names": snapshot.model_names if snapshot else [],

@@ -228,8 +228,8 @@ class TestLanding:
         fake.server.add(0, 10, 20, [10, 5])
         await exp.client.post("/api/v1/windows/done-one/stop")
         page = await (await exp.client.get("/")).text()
-        assert 'href="/api/v1/windows/open-one"' in page and "still running" in page
-        assert 'href="/api/v1/windows/done-one"' in page and "finished" in page
+        assert 'href="/windows/open-one"' in page and "still running" in page
+        assert 'href="/windows/done-one"' in page and "finished" in page
         assert "75.00" in page  # done-one's acceptance rate: 15 of 20
 
     async def test_no_targets(self, exporter):
@@ -256,7 +256,7 @@ class TestTargetsApi:
         a, down = (await response.json())["targets"]
         assert set(a) == {
             "name", "url", "labels", "up", "last_scrape_at", "last_scrape_duration_seconds",
-            "last_page_bytes", "errors_total", "last_error", "last_error_at",
+            "last_page_bytes", "errors_total", "last_error", "last_error_at", "last_seen_at",
             "spec_decode_present", "dialect", "model_names", "engines", "counters", "live",
         }
         assert a["name"] == "a" and a["url"] == fake.url and a["labels"] == {"cluster": "c"}
@@ -273,6 +273,7 @@ class TestTargetsApi:
         assert down["last_error"] == "connection failed: Connection refused"
         assert down["last_error_at"] == clock.now
         assert down["live"] is None and down["counters"] is None and down["model_names"] == []
+        assert a["last_seen_at"] == clock.now and down["last_seen_at"] is None
 
 
 class TestRouting:

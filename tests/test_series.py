@@ -33,7 +33,7 @@ class TestSeriesEndpoint:
         assert points[2]["drafts"] == 20
 
         page = await (await exp.client.get("/")).text()
-        assert "Acceptance ratio through window s1" in page
+        assert "Acceptance through window <a href=\"/windows/s1\">s1</a>" in page
         assert page.count("<polyline") == 1
 
         clock.now += 5
