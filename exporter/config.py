@@ -23,6 +23,7 @@ from pydantic_core import ErrorDetails
 
 from exporter.dialects import Dialect, default_path
 from exporter.errors import ConfigError
+from exporter.parse import PageLimits
 from exporter.redact import redact_url
 from exporter.text import TextError, clean_tree
 
@@ -120,6 +121,13 @@ class TargetConfig(_Strict):
     tls_verify: bool = True
     ca_file: str | None = None
     labels: dict[str, str] = {}
+    # A page over one of these is a failed scrape (up=0, the reason), as Prometheus's
+    # sample_limit and label_value_length_limit. Generous for real servers: 20,000 series is
+    # 16 engines x 8 models x (4 counters + 64 positions) with room to spare; model names are
+    # names or paths, far below 1024 characters; no drafter proposes 64 tokens.
+    series_limit: int = Field(default=20_000, ge=1)
+    label_value_length_limit: int = Field(default=1024, ge=1)
+    position_limit: int = Field(default=64, ge=1)
     # `auto` reads the dialect off the page's first spec-decode name (free: the parser looks
     # for that line anyway); name one to ignore other engines' names on the page.
     dialect: Dialect = Dialect.AUTO
@@ -212,6 +220,11 @@ class TargetConfig(_Strict):
             raise ValueError("credentials in the url and an Authorization header (token_env or "
                              "headers) both set Authorization: give one")
         return self
+
+    @property
+    def page_limits(self) -> PageLimits:
+        """The limits a page of this target must keep."""
+        return PageLimits(self.series_limit, self.label_value_length_limit, self.position_limit)
 
     @property
     def display_url(self) -> str:

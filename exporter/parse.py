@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
@@ -25,6 +26,7 @@ from exporter.dialects import (
     dialect_note,
     spec_name,
 )
+from exporter.errors import ExporterError
 from exporter.snapshot import Field, SeriesKey, Snapshot
 
 # Re-exported: callers that parse pages name dialects through this module too.
@@ -177,10 +179,45 @@ def _number(text: bytes) -> float | None:
         return None
 
 
-def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
+class PageLimitError(ExporterError):
+    """A page over one of its target's limits: the scrape fails with this reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class PageLimits:
+    """Per-target bounds on a page, as Prometheus's `sample_limit`/`label_value_length_limit`.
+
+    A hostile or broken server (a new model name every scrape, 181,000 per-position series)
+    must not cost us more than a real one: the parse stops at the first breach.
+    """
+
+    series: int  # spec-decode series (counters and gauges) on one page
+    label_value_length: int  # characters in any label value of a spec-decode series
+    positions: int  # draft positions 0 .. positions-1
+
+    def check(self, key: SeriesKey | Labels) -> None:
+        """`PageLimitError` if one series breaks a per-series limit."""
+        if isinstance(key, SeriesKey):
+            if key.position >= self.positions:
+                raise PageLimitError(
+                    f"position {key.position} is over position_limit ({self.positions})")
+            values = (key.model_name, key.engine, *(v for _, v in key.extra))
+        else:
+            values = tuple(v for _, v in key)
+        for value in values:
+            if len(value) > self.label_value_length:
+                raise PageLimitError(
+                    f"a label value of {len(value)} characters is over "
+                    f"label_value_length_limit ({self.label_value_length}): {value[:40]!r}...")
+
+
+def parse_page(
+    page: bytes, dialect: Dialect | str = Dialect.VLLM, limits: PageLimits | None = None
+) -> Snapshot:
     """The spec-decode series of a page; counters keyed per engine, model and position.
 
     Gauges are averaged over their series (ranks, models): a sum of ratios means nothing.
+    With `limits`, a page over one raises `PageLimitError`.
     """
     dialect = Dialect(dialect)
     frm = 0
@@ -222,6 +259,14 @@ def parse_page(page: bytes, dialect: Dialect | str = Dialect.VLLM) -> Snapshot:
         if value is None:
             continue
         name, kind, key = resolved
+        if limits is not None:
+            limits.check(key)
+            if len(values) + len(gauge_series) >= limits.series and (
+                key not in values and (name, key) not in gauge_series
+                and kind is not _CREATED and kind is not _FIRST_CREATED
+            ):
+                raise PageLimitError(
+                    f"more than {limits.series} spec-decode series on the page (series_limit)")
         if name in spec.v0_markers:
             is_v0 = True
         if kind is _GAUGE:

@@ -21,7 +21,7 @@ from exporter.config import TargetConfig
 from exporter.errors import ExporterError
 from exporter.httpget import Answer, CutOff, GetError, Pool
 from exporter.inflate import InflateError, OverCapError, inflate, use_fastest_zlib
-from exporter.parse import parse_page
+from exporter.parse import PageLimitError, parse_page
 from exporter.redact import redact_text
 from exporter.snapshot import ScrapeResult
 
@@ -96,13 +96,13 @@ class Scraper:
             try:
                 async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
                     page = await self._fetch(target)
-                snapshot = parse_page(page, target.dialect)
+                snapshot = parse_page(page, target.dialect, target.page_limits)
                 if not snapshot.has_spec_decode and not _looks_like_exposition(page):
                     raise ScrapeFailure("response is not Prometheus text format")
                 error = None
             except CutOff as exc:
                 page, snapshot, error = b"", None, f"body cut off or corrupt: {exc}"
-            except (ScrapeFailure, GetError) as exc:
+            except (ScrapeFailure, GetError, PageLimitError) as exc:
                 page, snapshot, error = b"", None, str(exc)
             except TimeoutError:
                 page, snapshot, error = b"", None, f"timeout after {timeout:g}s"

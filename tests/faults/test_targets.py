@@ -19,7 +19,7 @@ async def fleet(exporter):
     """A healthy raw target `good`, a target `bad` to break, and the exporter over both."""
     targets = []
 
-    async def make(bad_options=None, **bad_counters):
+    async def make(bad_options=None, bad_config=None, **bad_counters):
         good = await RawTarget(Counters(k=3)).start()
         bad = await RawTarget(Counters(**({"k": 3} | bad_counters))).start()
         bad.page_options = dict(bad_options or {})
@@ -29,7 +29,8 @@ async def fleet(exporter):
         exp = await exporter({
             "scrape_interval": "1s", "scrape_timeout": f"{TIMEOUT}s",
             "max_response_bytes": CAP,
-            "targets": [{"name": "good", "url": good.url}, {"name": "bad", "url": bad.url}],
+            "targets": [{"name": "good", "url": good.url},
+                        {"name": "bad", "url": bad.url} | (bad_config or {})],
         })
         await exp.round()
         return good, bad, exp
@@ -231,7 +232,9 @@ class TestOddPages:
 
     async def test_100k_character_label_values(self, fleet):
         huge = "m" * 100_000
-        good, bad, exp = await fleet(model=huge)
+        # Over the default label_value_length_limit (tests/faults/test_limits.py): raised here
+        # to show the parser itself copes.
+        good, bad, exp = await fleet(model=huge, bad_config={"label_value_length_limit": 10**6})
         bad_0 = bad.counters.totals()
         await _post(exp, "/api/v1/windows", id="huge")
         bad.counters.add(5, 15, [5, 4, 3])
