@@ -119,6 +119,11 @@ def metric_estimates(s: Sample) -> tuple[dict[str, Estimate], list[str]]:
             se = length.se * factor
             estimates[RATE] = Estimate(s.acceptance_rate, s.acceptance_rate - Z * se,
                                        s.acceptance_rate + Z * se, se)
+            per_draft = s.draft_tokens / s.drafts
+            if abs(per_draft - round(per_draft)) > 1e-9:
+                notes.append("drafts differ in length (n-gram drafting, or targets with "
+                             f"different k): the rate's interval takes the mean, "
+                             f"{per_draft:.3g} tokens per draft, as fixed")
         else:
             estimates[RATE] = Estimate(s.acceptance_rate)
     if length is not None:

@@ -45,6 +45,14 @@ class TestEstimates:
         assert estimates["position_0"].low == pytest.approx(0.7112, abs=1e-4)  # Wilson 80/100
         assert notes == []
 
+    def test_variable_draft_length_is_noted(self):
+        res = result(100, [0.8, 0.5, 0.2])
+        res["data"]["draft_tokens"] = 250  # 2.5 tokens per draft on average
+        _, notes = metric_estimates(sample(res))
+        assert notes == ["drafts differ in length (n-gram drafting, or targets with "
+                         "different k): the rate's interval takes the mean, 2.5 tokens per "
+                         "draft, as fixed"]
+
     def test_without_positions_the_variance_is_bounded(self):
         res = result(100, [0.8, 0.5, 0.2])
         res["data"]["per_position_acceptance_rates"] = {}
