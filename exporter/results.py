@@ -50,10 +50,13 @@ def result_file_name(label: str, suffix: str = "") -> str:
     """`spec_decode_` + the label with every character outside [A-Za-z0-9._-] made `_`.
 
     As AISBench names its files: `10.0.0.1:8080` -> `spec_decode_10.0.0.1_8080.json`,
-    `[::1]:8080` -> `spec_decode____1__8080.json`. A `suffix` is added after `__`.
+    `[::1]:8080` -> `spec_decode____1__8080.json`. A `suffix` is added after `__`; one over
+    64 characters is cut to 55 and `-<crc32 of it>` (a file name has 255 bytes at most).
     """
-    name = _UNSAFE.sub("_", label) + (f"__{_UNSAFE.sub('_', suffix)}" if suffix else "")
-    return f"spec_decode_{name}.json"
+    safe = _UNSAFE.sub("_", suffix)
+    if len(safe) > 64:
+        safe = f"{safe[:55]}-{zlib.crc32(suffix.encode()):08x}"
+    return f"spec_decode_{_UNSAFE.sub('_', label)}{'__' + safe if safe else ''}.json"
 
 
 def result_file_names(results: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:

@@ -225,6 +225,13 @@ class TestResultFiles:
             "c": "spec_decode_h_2.json",
         }
 
+    def test_long_target_names_are_cut_with_a_hash(self):
+        name = "n" * 300
+        results = {name: {"host_port": "h:1"}, "b": {"host_port": "h:1"}}
+        names = result_file_names(results)
+        assert names[name] == f"spec_decode_h_1__{'n' * 55}-{zlib.crc32(name.encode()):08x}.json"
+        assert names["b"] == "spec_decode_h_1__b.json"
+
     def test_names_that_collide_once_made_safe_get_a_hash(self):
         results = {"a/b": {"host_port": "h:1"}, "a_b": {"host_port": "h:1"}}
         names = result_file_names(results)
