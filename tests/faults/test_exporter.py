@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
@@ -66,6 +67,9 @@ class TestResultsNotWritable:
         assert_increase(answer["results"]["b"], increase(b0, b.counters.totals()))
         assert answer["results"]["a"]["coverage"] == "full"
         assert await (await exp.client.post("/api/v1/windows/w1/stop")).json() == answer
+        # The answer says where its files are; window.json holds the rest, key for key.
+        where = answer.pop("results_dir")
+        assert where.endswith("/w1") and (Path(where) / "window.json").is_file()
         return answer
 
     async def test_results_directory_not_writable(self, exporter, pair, tmp_path):
