@@ -27,7 +27,7 @@ from exporter.results import window_series as series_view
 from exporter.service import ExporterService
 from exporter.text import TextError, clean_tree
 from exporter.views import target_view
-from exporter.window import check_window_id
+from exporter.window import Window, check_window_id
 from exporter.window_page import render_window_page
 
 SERVICE = web.AppKey("service", ExporterService)
@@ -268,9 +268,15 @@ async def stop_window(request: web.Request) -> web.Response:
     window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
     window = await service.stop_window(window_id)
-    where = Path(service.config.output_dir).resolve() / window.id
-    # state() of a stopped window is its answer (typed, unlike the optional `answer`).
-    return web.json_response(window.state() | {"results_dir": str(where)})
+    return web.json_response(_state_with_files(service, window))
+
+
+def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any]:
+    """state() of a window; a stopped one's says where its files are (stop and GET alike)."""
+    state: dict[str, Any] = window.state()
+    if window.is_open:
+        return state
+    return state | {"results_dir": str(Path(service.config.output_dir).resolve() / window.id)}
 
 
 async def list_windows(request: web.Request) -> web.Response:
@@ -283,8 +289,9 @@ async def list_windows(request: web.Request) -> web.Response:
 
 async def get_window(request: web.Request) -> web.Response:
     """One window: its open state, or its stop answer."""
-    window = request.app[SERVICE].get_window(check_window_id(request.match_info["id"]))
-    return web.json_response(window.state())
+    service = request.app[SERVICE]
+    window = service.get_window(check_window_id(request.match_info["id"]))
+    return web.json_response(_state_with_files(service, window))
 
 
 async def window_series(request: web.Request) -> web.Response:
