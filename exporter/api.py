@@ -22,6 +22,7 @@ from exporter.csrf import SAFE_METHODS, check_browser_safe, default_hosts
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
 from exporter.exposition import MetricsWriter
 from exporter.formats import Format, accepts_gzip, gzipped, negotiate, to_openmetrics
+from exporter.isotime import with_iso_times
 from exporter.landing import render_landing
 from exporter.results import window_series as series_view
 from exporter.service import ExporterService
@@ -260,7 +261,7 @@ async def start_window(request: web.Request) -> web.Response:
     )
     # Which targets failed their start scrape and why: the CLI says so on stderr.
     answer = window.summary() | {"start_errors": dict(window.start_errors)}
-    return web.json_response(answer, status=201 if created else 200)
+    return web.json_response(with_iso_times(answer), status=201 if created else 200)
 
 
 async def stop_window(request: web.Request) -> web.Response:
@@ -268,7 +269,7 @@ async def stop_window(request: web.Request) -> web.Response:
     window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
     window = await service.stop_window(window_id)
-    return web.json_response(_state_with_files(service, window))
+    return web.json_response(with_iso_times(_state_with_files(service, window)))
 
 
 def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any]:
@@ -279,11 +280,58 @@ def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any
     return state | {"results_dir": str(Path(service.config.output_dir).resolve() / window.id)}
 
 
+MAX_LIST = 1000
+WINDOW_STATES = ("open", "stopped")
+
+
+def window_summary(state: dict[str, Any]) -> dict[str, Any]:
+    """A list item: what a script picks a window by; the full answer is at its `href`."""
+    aggregate = state.get("aggregate") or {}
+    data = aggregate.get("data") or {}
+    return {
+        "id": state["id"],
+        "name": state.get("name"),
+        "state": "open" if state.get("stopped_at") is None else "stopped",
+        "targets": state.get("targets") or [],
+        "labels": state.get("labels") or {},
+        "started_at": state.get("started_at"),
+        "stopped_at": state.get("stopped_at"),
+        "aggregate": {
+            "status": aggregate.get("status"),
+            "acceptance_rate": data.get("acceptance_rate"),
+            "acceptance_length": data.get("acceptance_length"),
+            "num_drafts": data.get("num_drafts"),
+        } if aggregate else None,
+        "href": f"/api/v1/windows/{state['id']}",
+        "page": f"/windows/{state['id']}",
+    }
+
+
+def _list_query(request: web.Request) -> tuple[int, str | None]:
+    """`limit` (1..MAX_LIST, default MAX_LIST) and `state` (open or stopped), or 400."""
+    text = request.query.get("limit")
+    limit = MAX_LIST
+    if text is not None:
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIST:
+            raise RequestError(f"limit must be an integer from 1 to {MAX_LIST}, not {text!r}")
+        limit = int(text)
+    state = request.query.get("state")
+    if state is not None and state not in WINDOW_STATES:
+        raise RequestError(f"state must be open or stopped, not {state!r}")
+    return limit, state
+
+
 async def list_windows(request: web.Request) -> web.Response:
-    """Open and recent windows."""
+    """Open and recent windows, newest first, as summaries; `?limit=N&state=open|stopped`."""
     service = request.app[SERVICE]
-    body = _cached(request, "windows", lambda: _json_bytes(
-        {"windows": [w.state() for w in service.list_windows()]}))
+    limit, state = _list_query(request)
+
+    def render() -> bytes:
+        items = [window_summary(w.state()) for w in service.list_windows()]
+        items = [i for i in items if state is None or i["state"] == state][:limit]
+        return _json_bytes(with_iso_times({"windows": items}))
+
+    body = _cached(request, f"windows?limit={limit}&state={state}", render)
     return web.Response(body=body, content_type="application/json")
 
 
@@ -291,7 +339,7 @@ async def get_window(request: web.Request) -> web.Response:
     """One window: its open state, or its stop answer."""
     service = request.app[SERVICE]
     window = service.get_window(check_window_id(request.match_info["id"]))
-    return web.json_response(_state_with_files(service, window))
+    return web.json_response(with_iso_times(_state_with_files(service, window)))
 
 
 async def window_series(request: web.Request) -> web.Response:
@@ -315,7 +363,7 @@ async def list_targets(request: web.Request) -> web.Response:
     def render() -> bytes:
         now = service.clock()
         views = [target_view(s, service.live[n], now) for n, s in service.targets.items()]
-        return _json_bytes({"targets": views})
+        return _json_bytes(with_iso_times({"targets": views}))
 
     return web.Response(body=_cached(request, "targets", render), content_type="application/json")
 

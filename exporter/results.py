@@ -18,7 +18,7 @@ from exporter.accounting import Accumulator, AnomalyTally
 from exporter.advise import window_advice
 from exporter.derive import acceptance_length, acceptance_ratio, has_activity, result_data
 from exporter.dialects import SGLANG_LENGTH, SGLANG_RATE, dialect_note, is_estimate
-from exporter.isotime import iso_utc
+from exporter.isotime import iso_utc, with_iso_times
 from exporter.snapshot import Counts
 from exporter.window import TargetRef, Window
 
@@ -433,7 +433,8 @@ def window_answer(window: Window) -> dict[str, Any]:
         "results": {name: result.to_json() for name, result in results.items()},
         "aggregate": aggregate(results.items()).to_json(),
     }
-    return answer | {"advice": window_advice(answer)}
+    # Unix seconds for scripts, ISO 8601 UTC beside each for people: in the API and the files.
+    return with_iso_times(answer | {"advice": window_advice(answer)})  # type: ignore[no-any-return]
 
 
 def window_series(window: Window) -> dict[str, Any]:

@@ -6,9 +6,12 @@ import json
 import logging
 import re
 
+import pytest
 import yaml
 from conftest import Clock
 from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.isotime import iso_utc
 
 
 def _write_config(path, targets: list[dict], **options) -> None:
@@ -258,6 +261,7 @@ class TestTargetsApi:
             "name", "url", "labels", "up", "last_scrape_at", "last_scrape_duration_seconds",
             "last_page_bytes", "errors_total", "last_error", "last_error_at", "last_seen_at",
             "spec_decode_present", "dialect", "model_names", "engines", "counters", "live",
+            "last_scrape_at_iso", "last_error_at_iso", "last_seen_at_iso",
         }
         assert a["name"] == "a" and a["url"] == fake.url and a["labels"] == {"cluster": "c"}
         assert a["up"] is True and a["errors_total"] == 0 and a["last_error"] is None
@@ -274,6 +278,7 @@ class TestTargetsApi:
         assert down["last_error_at"] == clock.now
         assert down["live"] is None and down["counters"] is None and down["model_names"] == []
         assert a["last_seen_at"] == clock.now and down["last_seen_at"] is None
+        assert a["last_scrape_at_iso"] == iso_utc(clock.now) and down["last_seen_at_iso"] is None
 
 
 class TestRouting:
@@ -366,3 +371,56 @@ class TestLoudFailures:
         refused = [r for r in caplog.records if r.getMessage().startswith("config reload refused")]
         assert len(refused) == 1 and refused[0].levelno == logging.ERROR
         assert "scrape_intervall: unknown key" in refused[0].getMessage()
+
+
+class TestWindowsList:
+    async def _three(self, exporter, fake_vllm):
+        clock = Clock(1_800_000_000.0)
+        fake = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]}, clock=clock)
+        for window_id in ("w1", "w2", "w3"):
+            await exp.start(id=window_id, name=f"run {window_id}")
+            fake.server.add(0, 10, 20, [8, 4])
+            clock.now += 10
+            if window_id != "w3":
+                await exp.stop(window_id)
+            clock.now += 10
+        return exp
+
+    async def test_summaries_newest_first_filtered_and_limited(self, exporter, fake_vllm):
+        exp = await self._three(exporter, fake_vllm)
+        listed = (await (await exp.client.get("/api/v1/windows")).json())["windows"]
+        assert [w["id"] for w in listed] == ["w3", "w2", "w1"]
+        w2 = listed[1]
+        assert w2["state"] == "stopped" and w2["name"] == "run w2" and w2["targets"] == ["a"]
+        assert w2["href"] == "/api/v1/windows/w2" and w2["page"] == "/windows/w2"
+        assert w2["aggregate"]["acceptance_rate"] == pytest.approx(60.0)
+        assert "results" not in w2  # the full answer is at href
+        assert w2["started_at_iso"] == iso_utc(w2["started_at"]) == "2027-01-15T08:00:20.000Z"
+        assert w2["stopped_at_iso"] == iso_utc(w2["stopped_at"])
+        assert listed[0]["state"] == "open" and listed[0]["stopped_at_iso"] is None
+        stopped = (await (await exp.client.get("/api/v1/windows?state=stopped&limit=1")).json())
+        assert [w["id"] for w in stopped["windows"]] == ["w2"]
+        opened = (await (await exp.client.get("/api/v1/windows?state=open")).json())
+        assert [w["id"] for w in opened["windows"]] == ["w3"]
+        full = await (await exp.client.get(w2["href"])).json()
+        assert full["results"]["a"]["data"]["num_drafts"] == 10
+        assert full["started_at_iso"] == w2["started_at_iso"]
+        assert full["results"]["a"]["last_scrape_at_iso"] == iso_utc(
+            full["results"]["a"]["last_scrape_at"])
+
+    @pytest.mark.parametrize("query", ["limit=0", "limit=1001", "limit=x", "limit=-1",
+                                       "limit=1.5", "state=closed", "state="])
+    async def test_bad_queries_are_400(self, exporter, query):
+        exp = await exporter({"targets": []})
+        response = await exp.client.get(f"/api/v1/windows?{query}")
+        assert response.status == 400
+        assert (await response.json())["error"].startswith(("limit must", "state must"))
+
+    async def test_start_and_stop_answers_carry_iso_times(self, exporter, fake_vllm):
+        fake = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        started = await exp.start(id="iso")
+        assert started["started_at_iso"] == iso_utc(started["started_at"])
+        stopped = await exp.stop("iso")
+        assert stopped["stopped_at_iso"] == iso_utc(stopped["stopped_at"])

@@ -396,11 +396,12 @@ class TestConsoleCaveats:
     async def test_clean_full_result_is_the_block_alone(self, page_server, exporter):
         answer, result = await _window(page_server, exporter, {})
         label = result["host_port"]
+        # The only line after it names the target, whose config name ("a") is not host:port.
         assert format_window(answer) == _block(label, [
             ("Acceptance rate (%)", "33.33"), ("Acceptance length", "2.00"), ("Drafts", "60"),
             ("Draft tokens", "180"), ("Accepted tokens", "60"),
             ("Per-position acceptance rates", "{0: 0.5000, 1: 0.3333, 2: 0.1667}"),
-        ])
+        ]) + "Target: a\n"
 
     async def test_partial_result_says_so_after_the_block(self, page_server, exporter):
         answer, result = await _window(page_server, exporter, {2: {"accepted": "NaN"}})
@@ -408,7 +409,7 @@ class TestConsoleCaveats:
             ("Acceptance rate (%)", "50.00"), ("Acceptance length", "2.50"), ("Drafts", "20"),
             ("Draft tokens", "60"), ("Accepted tokens", "30"),
             ("Per-position acceptance rates", "{0: 0.5000, 1: 0.5000, 2: 0.5000}"),
-        ]) + (
+        ]) + "Target: a\n" + (
             "Note: partial coverage: the numbers cover 2026-12-02T18:00:00.000Z to "
             "2026-12-02T18:00:10.000Z of the window 2026-12-02T18:00:00.000Z to "
             '2026-12-02T18:00:20.000Z; num_accepted_tokens{engine="0",model_name="m"} was NaN '
@@ -431,6 +432,7 @@ class TestConsoleCaveats:
         assert result["data"]["num_drafts"] == 20 and result["resets"] == 1
         lines = format_window(answer).splitlines()
         assert lines[9:] == [
+            "Target: a",
             "Note: server restart seen 1 time(s) inside the window; the increase before and "
             "after each restart is counted",
             'Note: 1 scrape inside the span not used: num_drafts{engine="0",model_name="m"} was '
