@@ -102,7 +102,7 @@ def _allowed_hosts(listen: str, configured: tuple[str, ...]) -> frozenset[str]:
 
 
 @web.middleware
-async def browser_middleware(request: web.Request, handler) -> web.StreamResponse:
+async def browser_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """State-changing requests a web page could send (CSRF, DNS rebinding) are refused."""
     if request.method not in SAFE_METHODS:
         config = request.app[SERVICE].config

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from exporter.errors import RequestError
@@ -66,7 +67,9 @@ def host_allowed(name: str, allowed: frozenset[str]) -> bool:
     return any(p.startswith("*.") and name.endswith(p[1:]) for p in allowed)
 
 
-def check_browser_safe(method: str, headers, has_body: bool, allowed: frozenset[str]) -> None:
+def check_browser_safe(
+    method: str, headers: Mapping[str, str], has_body: bool, allowed: frozenset[str]
+) -> None:
     """`RequestError` (403 or 415) when a state-changing request could come from a web page."""
     if method in SAFE_METHODS:
         return
