@@ -58,3 +58,33 @@ class TestAISBenchFlow:
         assert re.search(r"Acceptance rate \(%\) +\d+\.\d\d\n", blocks[1])
         assert "Status                                        N/A" in blocks[3]
         assert re.search(r"results written to \S+/outputs/w-", err)
+
+
+class TestDocsMatchTheRepo:
+    def test_docker_run_mounts_files_that_exist(self):
+        text = (ROOT / "docs" / "deploy.md").read_text()
+        mounts = re.findall(r'-v "\$PWD/([^:"]+):', text)
+        assert mounts, "deploy.md shows a docker run with a mounted file"
+        for path in mounts:
+            assert (ROOT / path).is_file(), path
+
+    def test_layout_names_every_module(self):
+        layout = (ROOT / "README.md").read_text().split("## Layout", 1)[1]
+        modules = [p.stem for p in (ROOT / "exporter").glob("*.py")
+                   if not p.stem.startswith("__")]
+        missing = [m for m in modules if f"`{m}`" not in layout]
+        assert missing == []
+        simulator = [p.stem for p in (ROOT / "exporter" / "fakevllm").glob("*.py")
+                     if not p.stem.startswith("__")]
+        assert [m for m in simulator if f"`{m}`" not in layout] == []
+
+    def test_output_dir_says_it_is_relative_to_the_working_directory(self):
+        text = (ROOT / "config" / "exporter.yaml").read_text()
+        before = text.split("\noutput_dir:", 1)[0].rsplit("\n", 3)
+        assert "relative to the working directory" in " ".join(before)
+
+    def test_reliability_opens_with_what_an_operator_does(self):
+        text = (ROOT / "docs" / "reliability.md").read_text()
+        first_section = text.split("\n## ", 2)[1]
+        assert first_section.startswith("When something fails")
+        assert "| what you do |" in first_section
