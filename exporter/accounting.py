@@ -17,6 +17,12 @@ from typing import Any
 
 from exporter.snapshot import Counts, Field, SeriesKey, Snapshot, counts_by_model, sum_series
 
+# Series gone from the page are remembered (their last value, to count from if they return)
+# up to this many per accumulator; a real server's model or engine leaving stays far below it.
+MAX_ABSENT_SERIES = 4096
+# The model name under which retired series' increases are kept (no real name has brackets).
+RETIRED_MODEL = "(series no longer on the page)"
+
 # What restarts as one: model name, engine, extra labels (see `_engine_of`).
 Engine = tuple[str, str, tuple[tuple[str, str], ...]]
 
@@ -204,6 +210,7 @@ class Accumulator:
             self.last[key] = (value, created)
             self.seen[key] = at
             self.engines.add(key.engine)
+        self._retire_absent(values)
         self._feed_gauges(snapshot, at, baseline)
         if baseline:
             self.before = sum_series(snapshot.values.items())
@@ -250,13 +257,21 @@ class Accumulator:
         moves to the new name, so the increase is counted from it; a changed `_created` still
         reads as a restart.
         """
+        # Engine-labelled series by their name without it, built once per scrape and only if
+        # needed: a page renaming its series every scrape must not cost new x known.
+        unlabelled: dict[SeriesKey, list[SeriesKey]] | None = None
         for key in snapshot.values:
             if key in self.last:
                 continue
             if key.engine:
                 olds = [key._replace(engine="")]
             else:
-                olds = sorted(k for k in self.last if k._replace(engine="") == key and k.engine)
+                if unlabelled is None:
+                    unlabelled = {}
+                    for known in self.last:
+                        if known.engine:
+                            unlabelled.setdefault(known._replace(engine=""), []).append(known)
+                olds = sorted(unlabelled.get(key, ()))
             for old in olds[:1]:
                 if old in self.last and old not in snapshot.values:
                     self.last[key] = self.last.pop(old)
@@ -264,6 +279,24 @@ class Accumulator:
                         self.seen[key] = self.seen.pop(old)
                     if old in self.increase:
                         self.increase[key] = self.increase.get(key, 0.0) + self.increase.pop(old)
+
+    def _retire_absent(self, present: Mapping[SeriesKey, float]) -> None:
+        """Forget the oldest-seen absent series past MAX_ABSENT_SERIES, keeping their counts.
+
+        Their last value is what a series that comes back would count from; past the bound
+        (a page whose label values change every scrape) the oldest go, and their increase moves
+        to one retired key per counter and position, so totals stay exact.
+        """
+        absent = len(self.last) - len(present)
+        if absent <= MAX_ABSENT_SERIES:
+            return
+        gone = sorted((k for k in self.last if k not in present), key=self._seen_at)
+        for key in gone[: absent - MAX_ABSENT_SERIES]:
+            del self.last[key]
+            self.seen.pop(key, None)
+            increase = self.increase.pop(key, 0.0)
+            retired = SeriesKey(key.field, RETIRED_MODEL, "", key.position)
+            self.increase[retired] = self.increase.get(retired, 0.0) + increase
 
     def _seen_at(self, key: SeriesKey) -> float:
         return self.seen.get(key, self.last_at or 0.0)
