@@ -174,7 +174,11 @@ class FleetClient:
             return self.clients[0].start(window_id, name, targets, labels)
         window_id = window_id or new_window_id(time.time())
         answers, errors = self._each(lambda c: c.start(window_id, name, targets, labels))
-        merged = answers[0] | {"targets": [t for a in answers for t in a["targets"]]}
+        merged = answers[0] | {
+            "targets": [t for a in answers for t in a["targets"]],
+            # Every shard's failed start scrapes: `window start` names them all on stderr.
+            "start_errors": {n: e for a in answers for n, e in a.get("start_errors", {}).items()},
+        }
         return merged | ({"errors": errors} if errors else {})
 
     def stop(self, window_id: str) -> WindowAnswer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, wr
 
 from exporter.client import ClientError, ExporterClient, FleetClient, merge_answers
 from exporter.console import format_window
+from exporter.shards import owner
 
 
 class TestExporterClient:
@@ -96,6 +98,27 @@ class TestFleetClient:
         assert answer.console().count("[all]") == 1
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["aggregate"] == answer.body["aggregate"]
+
+    def test_start_errors_of_every_shard_are_merged(self, tmp_path):
+        targets = [{"name": f"dead{i}", "url": f"http://127.0.0.1:{free_port()}/metrics"}
+                   for i in range(4)]
+        assert {owner(t["name"], 2) for t in targets} == {0, 1}  # both shards have some
+        listen = [free_port(), free_port()]
+        urls = [f"http://127.0.0.1:{p}" for p in listen]
+        configs = [write_config(tmp_path / f"c{i}.yaml", listen[i], targets,
+                                output_dir=str(tmp_path / f"out{i}")) for i in range(2)]
+        with process(CLI + ["serve", "--config", str(configs[0])],
+                     env={"SPECDEC_SHARDS": "2", "SPECDEC_SHARD_INDEX": "0"}), \
+                process(CLI + ["serve", "--config", str(configs[1])],
+                        env={"SPECDEC_SHARDS": "2", "SPECDEC_SHARD_INDEX": "1"}):
+            for url in urls:
+                wait_http(f"{url}/-/ready")
+            started = subprocess.run(
+                CLI + ["window", "start", "--exporter", ",".join(urls), "--id", "all-dead"],
+                capture_output=True, text=True, timeout=60)
+        assert started.returncode == 3 and started.stdout == "all-dead\n"
+        named = sorted(re.findall(r"target (dead\d) failed at window start", started.stderr))
+        assert named == ["dead0", "dead1", "dead2", "dead3"]  # both shards' targets
 
     def test_merge_recomputes_the_aggregate_from_counts(self):
         def result(drafts, tokens, accepted):
