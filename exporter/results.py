@@ -19,7 +19,7 @@ from exporter.advise import window_advice
 from exporter.derive import acceptance_length, acceptance_ratio, has_activity, result_data
 from exporter.dialects import SGLANG_LENGTH, SGLANG_RATE, dialect_note, is_estimate
 from exporter.isotime import iso_utc, with_iso_times
-from exporter.snapshot import Counts
+from exporter.snapshot import Counts, integral
 from exporter.window import TargetRef, Window
 
 NO_METRICS = "No spec decode metrics found on server"
@@ -180,7 +180,8 @@ class Result:
             }
             if self.targets is not None:
                 body["per_position_drafts"] = {
-                    str(p): self.increase.drafts_at(p) for p in sorted(self.increase.per_position)
+                    str(p): integral(self.increase.drafts_at(p))
+                    for p in sorted(self.increase.per_position)
                 }
                 body["per_position_note"] = PER_POSITION_NOTE
         return body

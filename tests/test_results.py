@@ -352,6 +352,7 @@ class TestMixedK:
         assert aggregate["data"]["per_position_acceptance_rates"] == rates  # not 7/61 at 3
         assert aggregate["data"]["num_drafts"] == 61
         assert aggregate["per_position_drafts"] == {"0": 61, "1": 61, "2": 61, "3": 11, "4": 11}
+        assert all(type(v) is int for v in aggregate["per_position_drafts"].values())
         assert aggregate["per_position_note"] == (
             "position i is over the drafts of the targets that draft position i (those with a "
             "series for it): per_position_drafts")
