@@ -65,8 +65,8 @@ def advice_table(advice: Mapping[str, Any]) -> str:
     ratio = advice.get("tail_ratio")
     ratio_text = "none" if ratio is None else f"{ratio:.4f}"
     return (
-        f'<table class="advice"><tr><th>k\'</th><th>tokens per step L</th>{head}</tr>'
-        f"{''.join(rows)}</table>"
+        f'<div class="scroll"><table class="advice"><tr><th>k\'</th><th>tokens per step L</th>'
+        f"{head}</tr>{''.join(rows)}</table></div>"
         f"<p>Best k': {best}.<br><small>* estimate: rates past the measured k = "
         f"{advice['k']} come from a geometric fit of the measured ones (ratio {ratio_text}). "
         "S = L / (1 + c k') is the speed-up over no speculation, with c the cost of drafting "

@@ -15,13 +15,11 @@ from exporter.advice_html import STYLE as ADVICE_STYLE
 from exporter.advice_html import advice_section
 from exporter.advise import window_advice
 from exporter.compare import compare_answers
+from exporter.pages import page
 from exporter.stats import ASSUMPTION
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;margin:2em;color:#222}
-table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;
-text-align:left;vertical-align:middle}small{color:#666}.side{display:flex;gap:2em;flex-wrap:wrap}
-.side>div{flex:1;min-width:320px}
+.side{display:flex;gap:2em;flex-wrap:wrap}.side>div{flex:1;min-width:min(320px,100%)}
 """ + ADVICE_STYLE
 
 _FORMATS = {"acceptance_rate": ".2f", "acceptance_length": ".3f"}
@@ -86,10 +84,10 @@ def _entry_table(name: str, entry: Mapping[str, Any]) -> str:
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in entry.get("notes", []))
     table = ""
     if rows:
-        table = ("<table><tr><th>metric</th><th>A</th><th>B</th><th>"
+        table = ('<div class="scroll"><table><tr><th>metric</th><th>A</th><th>B</th><th>'
                  '<span style="color:#888">● A</span> <span style="color:#3b7dd8">● B</span>'
                  "</th><th>B − A</th>"
-                 f"<th>verdict</th></tr>{''.join(rows)}</table>")
+                 f"<th>verdict</th></tr>{''.join(rows)}</table></div>")
     return f"<h3>{escape(name)}{drafts}</h3>{table}{notes}"
 
 
@@ -126,11 +124,8 @@ def render_compare(
         f"<p>Only in {side}: {escape(', '.join(body[key]))}</p>"
         for side, key in (("A", "only_in_a"), ("B", "only_in_b")) if body[key]
     )
-    title = f"{a.get('id')} vs {b.get('id')}"
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>compare {escape(title)}</title>
-<style>{_STYLE}</style></head><body>
-<p><a href="/">specdec-exporter</a></p>
+    title = f"compare {a.get('id')} vs {b.get('id')} · specdec-exporter"
+    body_html = f"""<p><a href="/">specdec-exporter</a></p>
 <h1>Is B better than A?</h1>
 <div class="side">{_window_head("A", a)}{_window_head("B", b)}</div>
 {compare_form(windows, a.get("id"), b.get("id"))}
@@ -138,9 +133,8 @@ def render_compare(
 </small></p>
 {''.join(sections)}
 {only}
-<div class="side">{_advice_column("A", a)}{_advice_column("B", b)}</div>
-</body></html>
-"""
+<div class="side">{_advice_column("A", a)}{_advice_column("B", b)}</div>"""
+    return page(title, body_html, style=_STYLE)
 
 
 def compare_form(
@@ -170,9 +164,5 @@ def compare_form(
 def render_picker(windows: Sequence[Mapping[str, Any]]) -> str:
     """`/compare` without a and b: the form alone."""
     form = compare_form(windows) or "<p>Compare needs two stopped windows.</p>"
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>compare windows</title>
-<style>{_STYLE}</style></head><body>
-<p><a href="/">specdec-exporter</a></p><h1>Compare two windows</h1>{form}
-</body></html>
-"""
+    body_html = f'<p><a href="/">specdec-exporter</a></p><h1>Compare two windows</h1>{form}'
+    return page("compare windows · specdec-exporter", body_html, style=_STYLE)

@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
+from exporter.advice_html import STYLE as ADVICE_STYLE
+from exporter.advice_html import window_advice_html
 from exporter.console import format_window
 from exporter.isotime import iso_utc
 from exporter.pages import (
@@ -164,8 +166,13 @@ def chart_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
             "would say had the window stopped then.</small></p>" + svg)
 
 
+def advisor_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """Which k: the distribution of accepted tokens per draft as bars, the advisor's table."""
+    return window_advice_html(state)
+
+
 SECTIONS: list[Section] = [header_section, console_section, results_section,
-                           positions_section, chart_section]
+                           positions_section, advisor_section, chart_section]
 
 
 def render_window_page(
@@ -175,4 +182,4 @@ def render_window_page(
     """The whole page of one window: its state (GET /api/v1/windows/{id}) and series."""
     body = "\n".join(section(state, series) for section in (sections or SECTIONS))
     name = state.get("name") or state["id"]
-    return page(f"window {name} · specdec-exporter", body, style=style)
+    return page(f"window {name} · specdec-exporter", body, style=ADVICE_STYLE + style)

@@ -48,3 +48,30 @@ class TestAdviceSection:
 
     def test_open_window_has_none(self):
         assert window_advice_html({"id": "w", "stopped_at": None}) == ""
+
+
+class TestWindowPage:
+    async def test_stopped_window_page_shows_the_advisor(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=3)
+        exp = await exporter({"targets": [{"name": "eagle", "url": fake.url}]})
+        await exp.start(id="page")
+        fake.server.add(0, 1000, 3000, [800, 500, 200])
+        await exp.stop("page")
+        response = await exp.client.get("/windows/page")
+        assert response.status == 200
+        html = await response.text()
+        advisor = html[html.index("Which k: the speculation advisor"):]
+        # X's distribution as bars: P(X = j) = 0.2, 0.3, 0.3, 0.2.
+        assert [float(p) for p in re.findall(r"P\(X = \d\) = ([\d.]+)", advisor)] == [
+            0.2, 0.3, 0.3, 0.2]
+        # L(k') = 1.8, 2.3, 2.5, then the tail (ratio 0.5): 2.6, 2.65, 2.675.
+        lengths = re.findall(r"<tr(?: class=\"est\")?><td>\d\*?</td><td>([\d.]+)</td>", advisor)
+        assert lengths == ["1.800", "2.300", "2.500", "2.600", "2.650", "2.675"]
+        assert "ratio 0.5000" in advisor
+
+    async def test_open_window_page_has_no_advisor(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=3)
+        exp = await exporter({"targets": [{"name": "eagle", "url": fake.url}]})
+        await exp.start(id="open")
+        html = await (await exp.client.get("/windows/open")).text()
+        assert "speculation advisor" not in html
