@@ -17,6 +17,8 @@ from typing import Any
 
 from exporter.distribution import distribution, rates_from_mapping
 from exporter.errors import ExporterError
+from exporter.results import Result, Status, aggregate
+from exporter.snapshot import Counts
 from exporter.stats import (
     ASSUMPTION,
     CONFIDENCE,
@@ -270,31 +272,18 @@ def apply_gates(comparison: dict[str, Any], gates: list[Gate]) -> dict[str, Any]
 def summed_result(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
     """The aggregate of several RESULTs (counts summed, then divided), in AISBench's shape.
 
-    For result folders without our window.json, e.g. AISBench's own. Estimates (no counts)
-    stay out, as they do in the exporter's aggregate.
+    For result folders without our window.json, e.g. AISBench's own: each file's numbers
+    become counts (a position's accepted count is its rate x drafts) and go through the
+    exporter's own `results.aggregate`, so position i is over the drafts of the targets that
+    draft it here too. Estimates (no counts) stay out, as they do in the exporter's aggregate.
     """
-    drafts = draft_tokens = accepted = 0.0
-    per_position: dict[int, float] = {}
-    used = []
+    counted = []
     for name, result in results.items():
         s = sample(result)
         if s is None or not s.drafts or s.draft_tokens is None or s.accepted is None:
             continue
-        used.append(name)
-        drafts += s.drafts
-        draft_tokens += s.draft_tokens
-        accepted += s.accepted
-        for i, rate in enumerate(s.rates):
-            per_position[i] = per_position.get(i, 0.0) + rate * s.drafts
-    if not used or drafts <= 0:
-        return None
-    return {
-        "status": "ok", "url": None, "error": None, "targets": used,
-        "data": {
-            "num_drafts": drafts, "draft_tokens": draft_tokens, "accepted_tokens": accepted,
-            "acceptance_rate": 100 * accepted / draft_tokens if draft_tokens > 0 else None,
-            "acceptance_length": 1 + accepted / drafts,
-            "per_position_acceptance_rates": {
-                str(i): per_position[i] / drafts for i in sorted(per_position)},
-        },
-    }
+        per_position = {i: rate * s.drafts for i, rate in enumerate(s.rates)}
+        counts = Counts(s.drafts, s.draft_tokens, s.accepted, per_position)
+        counted.append((name, Result(status=Status.OK, url=None, increase=counts)))
+    total = aggregate(counted)
+    return total.to_json() if total.ok else None

@@ -187,3 +187,13 @@ class TestOddInputs:
             {"0": 0.5, "1": 0.1})
         assert total["data"]["acceptance_length"] == pytest.approx(1.6)
         assert summed_result({}) is None
+
+    def test_summed_result_of_mixed_k(self):
+        from exporter.compare import summed_result
+
+        # A k=2 and a k=4 server: positions 2 and 3 are over the k=4 server's drafts only.
+        total = summed_result({"k2": result(100, [0.8, 0.4]),
+                               "k4": result(50, [0.9, 0.6, 0.4, 0.2])})
+        assert total["data"]["per_position_acceptance_rates"] == pytest.approx(
+            {"0": (80 + 45) / 150, "1": (40 + 30) / 150, "2": 0.4, "3": 0.2})
+        assert total["per_position_drafts"] == {"0": 150, "1": 150, "2": 50, "3": 50}
