@@ -141,6 +141,7 @@ class FleetClient:
 
     Each shard scrapes its own share of the targets; a window is opened on every shard with the
     same id, and the stop answers are merged into one, aggregate recomputed from the counts.
+    Shards configured with `peers` do this themselves (exporter/fanout.py): one URL is enough.
     """
 
     def __init__(self, urls: Sequence[str], token: str | None = None, timeout: float = 60.0):

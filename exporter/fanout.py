@@ -95,16 +95,21 @@ class Fanout:
                 timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT),
             ) as response:
                 raw = await response.content.read(MAX_PEER_ANSWER + 1)
-                part.status = response.status
-            data = json.loads(raw) if len(raw) <= MAX_PEER_ANSWER else None
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            part.error = str(exc) or type(exc).__name__
+        else:
+            part.status = status
+            try:
+                data = json.loads(raw) if len(raw) <= MAX_PEER_ANSWER else None
+            except ValueError:
+                data = None
             if not isinstance(data, dict):
-                part.error = "answer is not a JSON object (or too large)"
-            elif part.status >= 400:
-                part.error = str(data.get("error") or f"HTTP {part.status}")
+                part.error = "its answer is not a JSON object (or is over 64 MiB)"
+            elif status >= 400:
+                part.error = str(data.get("error") or f"HTTP {status}")
             else:
                 part.answer = data
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
-            part.status, part.error = None, str(exc) or type(exc).__name__
         if part.answer is None:
             log.warning("peer call failed shard=%d url=%s error=%s", index, url, part.error)
         return part

@@ -77,15 +77,14 @@ def _shards(parts: Sequence[ShardPart], counted: Mapping[int, list[str]]) -> lis
 def merge_start(parts: Sequence[ShardPart]) -> dict[str, Any]:
     """One start answer: every shard's targets, the earliest start, and who could not start."""
     answered = [p for p in parts if p.answer is not None]
-    first = answered[0].answer if answered else {}
-    assert first is not None
+    first = answered[0].answer if answered and answered[0].answer else {}
     targets = [t for p in parts for t in (p.answer["targets"] if p.answer else p.expected)]
     counted = {p.index: list(p.answer["targets"]) for p in answered if p.answer}
     start_errors = {k: v for p in answered if p.answer
                     for k, v in (p.answer.get("start_errors") or {}).items()}
     body = dict(first) | {
         "targets": targets,
-        "started_at": min(p.answer["started_at"] for p in answered if p.answer),
+        "started_at": min((p.answer["started_at"] for p in answered if p.answer), default=None),
         "start_errors": start_errors,
         "shards": _shards(parts, counted),
     }

@@ -24,7 +24,8 @@ TOKEN = "fleet-token"
 class Fleet:
     """N exporter processes as shards of one fleet over the same fake servers."""
 
-    def __init__(self, stack: ExitStack, tmp: Path, shards: int, fakes: list[int]):
+    def __init__(self, stack: ExitStack, tmp: Path, shards: int, fakes: list[int],
+                 tokens: list[str] | None = None):
         self.fakes = fakes
         self.targets = [{"name": f"t{i}", "url": f"http://127.0.0.1:{p}/metrics"}
                         for i, p in enumerate(fakes)]
@@ -35,7 +36,8 @@ class Fleet:
             config = write_config(tmp / f"shard{i}.yaml", port, self.targets,
                                   output_dir=str(tmp / f"out{i}"))
             env = {"SPECDEC_SHARDS": str(shards), "SPECDEC_SHARD_INDEX": str(i),
-                   "SPECDEC_PEERS": ",".join(self.urls), "SPECDEC_TOKEN": TOKEN}
+                   "SPECDEC_PEERS": ",".join(self.urls),
+                   "SPECDEC_TOKEN": tokens[i] if tokens else TOKEN}
             self.procs.append(stack.enter_context(
                 process(CLI + ["serve", "--config", str(config)], env=env)))
         for url in self.urls:
@@ -60,9 +62,9 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path):
-    def make(shards: int, servers: int) -> Fleet:
+    def make(shards: int, servers: int, tokens: list[str] | None = None) -> Fleet:
         fakes = [stack.enter_context(fake_vllm("--k", "3")) for _ in range(servers)]
-        return Fleet(stack, tmp_path, shards, fakes)
+        return Fleet(stack, tmp_path, shards, fakes, tokens)
 
     with ExitStack() as stack:
         yield make
@@ -134,6 +136,21 @@ class TestTwoShards:
         assert status == 401
         status, started = f.start(0, id="tok")
         assert status == 201 and not started.get("errors"), started  # peers took the token
+
+
+    def test_a_peer_that_refuses_the_token_is_named(self, fleet):
+        f = fleet(2, 4, tokens=[TOKEN, "another-token"])
+        status, started = f.start(0, id="refused")
+        assert status == 201, started
+        reason = f"shard 1 at {f.urls[1]} answered 401: token wrong"
+        assert started["errors"]["shard 1"].startswith(reason), started
+        status, answer = f.stop(0, "refused")
+        assert status == 200, answer
+        for name, result in answer["results"].items():
+            if f.owner(name) == 1:
+                assert result["status"] == "na" and result["error"].startswith(reason)
+            else:
+                assert result["shard"] == 0
 
 
 class TestThreeShardsOneKilled:

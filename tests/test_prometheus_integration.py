@@ -438,6 +438,21 @@ class TestAgainstRealPrometheus:
                 assert any(i == "it-window" and abs(v - stack.window_stopped * 1000) <= 1
                            for i, v in marks), marks
 
+    def test_new_alert_expressions_are_quiet_on_a_healthy_exporter(self, stack):
+        alerts = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"]
+                  for r in g["rules"] if "alert" in r}
+        for name in ("SpecDecTargetNotScraped", "SpecDecExporterDown", "SpecDecExporterAbsent",
+                     "SpecDecStateWriteErrors", "SpecDecResultWriteErrors",
+                     "SpecDecDiscoverySourceFailing"):
+            assert stack.query(alerts[name]["expr"]) == [], name
+        # What SpecDecTargetNotScraped compares: every target scraped within the interval.
+        behind = stack.query("time() - specdec_target_last_scrape_timestamp_seconds"
+                             " > on (job, instance) group_left () specdec_scrape_interval_seconds"
+                             " * 5")
+        assert behind == []
+        assert {r["metric"]["target"] for r in stack.query(
+            "specdec_target_last_scrape_timestamp_seconds")} == set(stack.targets)
+
     def test_every_recording_rule_returns_data(self, stack):
         groups = yaml.safe_load(RULES.read_text())["groups"]
         records = [r["record"] for g in groups for r in g["rules"] if "record" in r]
@@ -548,6 +563,13 @@ class TestAgainstRealPrometheus:
             return next((float(t) for r in samples for t, v in r["values"] if v == "0"), None)
 
         failed_at = _wait_for("Prometheus to record the exporter down", failed_scrape, 15)
+        # SpecDecExporterDown's expression (before its `for`) finds exactly this exporter.
+        alerts = {r["alert"]: r for g in yaml.safe_load(RULES.read_text())["groups"]
+                  for r in g["rules"] if "alert" in r}
+        down = _wait_for("SpecDecExporterDown's expression to match", lambda: stack.query(
+            alerts["SpecDecExporterDown"]["expr"]), 15)
+        assert [(r["metric"]["job"], r["metric"]["instance"]) for r in down] == [
+            (JOB, stack.exporter_url.removeprefix("http://"))]
 
         def evaluation_after_failure():
             samples = stack.query("specdec:acceptance_ratio:rate5m[30s]")
