@@ -59,7 +59,11 @@ def series_text(key: SeriesKey) -> str:
     if key.position >= 0:
         labels.append(("position", str(key.position)))
     labels += list(key.extra)
-    inner = ",".join(f'{name}="{value}"' for name, value in labels if value)
+    # A note is read by people and kept in the state: a 100k-character label value is cut.
+    inner = ",".join(
+        f'{name}="{value if len(value) <= 120 else value[:117] + "..."}"'
+        for name, value in labels if value
+    )
     return f"{key.field.value}{{{inner}}}" if inner else key.field.value
 
 
@@ -79,7 +83,7 @@ def find_anomaly(snapshot: Snapshot, at: float) -> Anomaly | None:
     bad = [key for key, value in snapshot.values.items() if not 0.0 <= value < math.inf]
     if not bad:
         return None
-    first = min(bad, key=series_text)
+    first = min(bad)  # a stable choice, whatever the page's order; cheap for many
     return Anomaly(at, series_text(first), value_text(snapshot.values[first]), len(bad) - 1)
 
 

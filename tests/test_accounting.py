@@ -146,6 +146,11 @@ class TestAccumulator:
             text,
         )
 
+    def test_long_label_values_are_cut_in_the_anomaly(self):
+        found = find_anomaly(snap({key(D, model="x" * 100_000): NAN}), 7.0)
+        assert found is not None
+        assert found.series == f'num_drafts{{engine="0",model_name="{"x" * 117}..."}}'
+
     def test_negative_zero_is_usable(self):
         assert find_anomaly(snap({key(D): -0.0}), 1.0) is None
 
