@@ -184,3 +184,31 @@ class TestMeasureWindow:
         written = json.loads((tmp_path / "performances" /
                               f"spec_decode_127.0.0.1_{server.port}.json").read_text())
         assert written == result
+
+
+class TestMeasureCommand:
+    def test_inheriting_model_config_through_the_cli(self, tmp_path, mmengine):
+        from clitools import CLI, fake_vllm
+
+        child = _inheriting_config(tmp_path)
+        with fake_vllm("--k", "2") as port:
+            child.write_text(CHILD.replace('"10.1.2.3"', '"127.0.0.1"').replace("9001", str(port)))
+            # The benchmark: ten drafts on the fake server while measure watches.
+            body = json.dumps({"engine": 0, "drafts": 10, "draft_tokens": 20,
+                               "accepted_per_pos": [6, 3]})
+            bench = (
+                "import urllib.request as u; u.build_opener(u.ProxyHandler({})).open(u.Request("
+                f"'http://127.0.0.1:{port}/control/add', data={body.encode()!r}, "
+                "headers={'Content-Type': 'application/json'}, method='POST'))"
+            )
+            done = subprocess.run(
+                CLI + ["measure", "--model-config", str(child), "--work-dir", str(tmp_path / "w"),
+                       "--", sys.executable, "-c", bench],
+                capture_output=True, text=True, timeout=120,
+            )
+        assert done.returncode == 0, done.stderr
+        result = json.loads((tmp_path / "w" / "performances" /
+                             f"spec_decode_127.0.0.1_{port}.json").read_text())
+        assert result["status"] == "ok", result
+        assert result["data"]["num_drafts"] == 10 and result["data"]["accepted_tokens"] == 9
+        assert f"[127.0.0.1:{port}]" in done.stdout
