@@ -22,7 +22,7 @@ from exporter.accounting import LiveTrack
 from exporter.config import Config
 from exporter.derive import acceptance_length, acceptance_ratio, position_ratios
 from exporter.service import ExporterService, TargetState
-from exporter.snapshot import Counts
+from exporter.snapshot import Counts, Field, Snapshot
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INF = float("inf")
@@ -96,8 +96,14 @@ RESULT_ERRORS = Family("specdec_result_write_errors_total", "counter",
                        "Window stops whose result files could not be written (the window "
                        "stays open; a later stop retries).")
 
+ENGINE_TOKENS = Family("specdec_engine_draft_tokens_total", "counter",
+                       "Draft tokens per engine (data-parallel rank), for servers with several.")
+ENGINE_ACCEPTED = Family("specdec_engine_accepted_tokens_total", "counter",
+                         "Accepted draft tokens per engine (data-parallel rank), for servers "
+                         "with several.")
+
 _TARGET_FAMILIES = (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, DRAFTS, DRAFT_TOKENS, ACCEPTED,
-                    PER_POS)
+                    PER_POS, ENGINE_TOKENS, ENGINE_ACCEPTED)
 
 
 def escape(value: str) -> str:
@@ -183,6 +189,23 @@ class _Labels:
         return found
 
 
+def _engine_lines(labels: str, snapshot: Snapshot) -> tuple[str, str]:
+    """Per-engine draft and accepted token lines: per-engine acceptance on the dashboard."""
+    tokens: dict[str, float] = {}
+    accepted: dict[str, float] = {}
+    for key, value in snapshot.values.items():
+        if key.field is Field.DRAFT_TOKENS:
+            tokens[key.engine] = tokens.get(key.engine, 0.0) + value
+        elif key.field is Field.ACCEPTED:
+            accepted[key.engine] = accepted.get(key.engine, 0.0) + value
+
+    def render(family: Family, sums: dict[str, float]) -> str:
+        return "".join(f'{family.name}{{{labels},engine="{escape(engine)}"}} {number(v)}\n'
+                       for engine, v in sorted(sums.items()))
+
+    return render(ENGINE_TOKENS, tokens), render(ENGINE_ACCEPTED, accepted)
+
+
 class _TargetLines:
     """One target's lines for every per-scrape family; valid while its state object lives."""
 
@@ -202,6 +225,7 @@ class _TargetLines:
             LAST_SCRAPE: f"{fixed[LAST_SCRAPE]}{number(last.at)}\n" if last else "",
             ERRORS: f"{fixed[ERRORS]}{number(state.errors_total)}\n",
             PRESENT: "", DRAFTS: "", DRAFT_TOKENS: "", ACCEPTED: "", PER_POS: "",
+            ENGINE_TOKENS: "", ENGINE_ACCEPTED: "",
         }
         if state.up and last is not None and last.snapshot is not None:
             snapshot = last.snapshot
@@ -222,6 +246,9 @@ class _TargetLines:
             lines[DRAFT_TOKENS] = "".join(tokens)
             lines[ACCEPTED] = "".join(accepted)
             lines[PER_POS] = "".join(per_pos)
+            if snapshot.engines > 1:
+                lines[ENGINE_TOKENS], lines[ENGINE_ACCEPTED] = _engine_lines(labels.text,
+                                                                             snapshot)
         self.lines = lines
 
     def live_lines(self, track: LiveTrack, now: float) -> tuple[str, str, str]:

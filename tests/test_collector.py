@@ -156,6 +156,27 @@ class TestContractMetrics:
         assert _samples(families, "specdec_drafts", "specdec_drafts_total") == {}
         assert _samples(families, "specdec_acceptance_ratio") == {}
 
+    async def test_per_engine_tokens_only_for_servers_with_several(self, exporter, fake_vllm):
+        two, one = await fake_vllm(k=2, engines=2), await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "dp2", "url": two.url},
+                                          {"name": "single", "url": one.url}]})
+        two.server.add(0, 10, 20, [8, 4])
+        two.server.add(1, 10, 20, [2, 1])
+        one.server.add(0, 10, 20, [8, 4])
+        await exp.round()
+        families = await _families(exp)
+        tokens = _samples(families, "specdec_engine_draft_tokens",
+                          "specdec_engine_draft_tokens_total")
+        accepted = _samples(families, "specdec_engine_accepted_tokens",
+                            "specdec_engine_accepted_tokens_total")
+        by_engine = {dict(k)["engine"]: v for k, v in accepted.items()}
+        assert {dict(k)["target"] for k in tokens} == {"dp2"}
+        assert by_engine["0"] - by_engine["1"] == 12 - 3  # engine 0 accepted 9 more
+        assert sum(v for v in tokens.values()) == _value(
+            families, "specdec_draft_tokens", {"target": "dp2", "model_name":
+                                               two.server.model_name},
+            "specdec_draft_tokens_total")
+
     async def test_last_scrape_time_and_interval(self, exporter, fake_vllm, unused_tcp_port):
         """What SpecDecTargetNotScraped compares: last scrape time (good or failed), interval."""
         clock = Clock(1234.5)
@@ -390,6 +411,8 @@ GOLDEN_TYPES = [
     "# TYPE specdec_draft_tokens_total counter",
     "# TYPE specdec_accepted_tokens_total counter",
     "# TYPE specdec_accepted_tokens_per_position_total counter",
+    "# TYPE specdec_engine_draft_tokens_total counter",
+    "# TYPE specdec_engine_accepted_tokens_total counter",
     "# TYPE specdec_acceptance_ratio gauge",
     "# TYPE specdec_acceptance_length gauge",
     "# TYPE specdec_position_acceptance_ratio gauge",

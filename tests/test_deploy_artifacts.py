@@ -43,6 +43,8 @@ EXPORTER_METRICS = {
     "specdec_scrape_interval_seconds",
     "specdec_state_write_errors_total",
     "specdec_result_write_errors_total",
+    "specdec_engine_draft_tokens_total",
+    "specdec_engine_accepted_tokens_total",
 }
 PROMQL_KEYWORDS = {
     "and",
@@ -193,6 +195,13 @@ class TestDashboard:
                 if "per_position" in t["expr"] and "drafts_total" in t["expr"]:
                     assert "group_right ()" in t["expr"], p["title"]
                     assert "ignoring (position)" not in t["expr"], p["title"]
+
+    def test_per_engine_acceptance_panel(self):
+        panels = {p["title"]: p for p in _panels(_dashboard())}
+        (target,) = panels["Draft acceptance rate per engine"]["targets"]
+        assert "sum by (target, engine) (rate(specdec_engine_accepted_tokens_total" in (
+            target["expr"])
+        assert "specdec_engine_draft_tokens_total" in target["expr"]
 
     def test_units_and_down_colours(self):
         panels = {p["title"]: p for p in _panels(_dashboard())}

@@ -531,6 +531,15 @@ class TestAgainstRealPrometheus:
             checked.append(title)
         assert len(checked) == 3, checked  # time series, bar gauge, heatmap
 
+    def test_per_engine_panel_shows_each_rank_of_the_two_engine_server(self, stack):
+        (expr,) = [e for t, e in _panel_queries()
+                   if t.startswith("Draft acceptance rate per engine")]
+        result = _wait_for("per-engine acceptance", lambda: stack.query(
+            _substitute(expr, stack.target_regex)), 20)
+        assert {(r["metric"]["target"], r["metric"]["engine"]) for r in result} == {
+            ("k3dp2", "0"), ("k3dp2", "1")}
+        assert all(0 < float(r["value"][1]) <= 1 for r in result)
+
     def test_fleet_position_divides_by_the_drafts_of_targets_drafting_it(self, stack):
         """Mixed k: position 3 is drafted by k5 and k12, not by k3dp2 (k=3: positions 0-2)."""
         (title, expr), = [(t, e) for t, e in _panel_queries()
