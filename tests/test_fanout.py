@@ -253,3 +253,62 @@ class TestRebalance:
         for name in staying:
             assert answer["results"][name]["status"] == "ok"
         assert sorted(answer["aggregate"]["targets"]) == staying
+
+
+@pytest.mark.prometheus
+class TestNoDoubleCountingInPrometheus:
+    def test_two_shards_scraped_by_prometheus_count_each_target_once(self, fleet, tmp_path):
+        """Each target is exported by one shard; a fan-out window is one open window."""
+        import os
+        import shutil
+        import time
+        import urllib.parse
+
+        import yaml
+
+        prometheus = shutil.which("prometheus")
+        if prometheus is None:
+            if os.environ.get("CI") == "true":
+                pytest.fail("prometheus missing in CI: scripts/test.sh installs it")
+            pytest.skip("prometheus binary not installed (apt-get install prometheus)")
+        f = fleet(2, 5)
+        f.traffic()
+        prom_port = free_port()
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [{"job_name": "specdec", "static_configs": [
+                {"targets": [u.removeprefix("http://") for u in f.urls]}]}]}))
+        prom = f"http://127.0.0.1:{prom_port}"
+
+        def query(expr: str) -> list[dict]:
+            url = f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return json.loads(response.read())["data"]["result"]
+
+        def wait(expr: str, want: float) -> float:
+            end = time.monotonic() + 30
+            while True:
+                result = query(expr)
+                value = float(result[0]["value"][1]) if result else None
+                if value == want or time.monotonic() > end:
+                    return value
+                time.sleep(0.5)
+
+        with process([prometheus, f"--config.file={config}",
+                      f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                      f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"]):
+            wait_http(f"{prom}/-/ready", deadline=30)
+            total = sum(10 * (i + 1) for i in range(5))
+            assert wait('sum(specdec_drafts_total{job="specdec"})', total) == total
+            assert wait('count(specdec_target_up{job="specdec"})', 5) == 5
+            status, _ = f.start(0, id="once")
+            assert status == 201
+            # Both shards hold the window: the dashboard's max() counts it once.
+            dashboard = json.loads((Path(__file__).parent.parent / "deploy" / "grafana" /
+                                    "specdec-exporter.json").read_text())
+            (panel,) = [p for p in dashboard["panels"] if p["title"] == "Open windows"]
+            expr = panel["targets"][0]["expr"].replace("$job", "specdec").replace(
+                "$instance", ".*")
+            assert wait(expr, 1) == 1
+            assert wait('sum(specdec_windows_open{job="specdec"})', 2) == 2  # why not sum
