@@ -320,6 +320,12 @@ class TestPrometheusRules:
     def test_check_config(self, promtool, config):
         _run([promtool, "check", "config", str(DEPLOY / config)])
 
+    @pytest.mark.parametrize("config", ["prometheus/prometheus.yml", "compose/prometheus.yml"])
+    def test_shipped_configs_honor_the_exporters_labels(self, config):
+        jobs = yaml.safe_load((DEPLOY / config).read_text())["scrape_configs"]
+        (job,) = [j for j in jobs if j["job_name"] == "specdec-exporter"]
+        assert job["honor_labels"] is True  # else a target's cluster becomes exported_cluster
+
     def test_alerts_have_summary_and_description(self):
         names = [a["alert"] for a in _alerts()]
         assert {

@@ -55,6 +55,7 @@ FAKES = {
     "k12": ["--k", "12", "--acceptance", "0.7", "--drafts-per-second", "20", "--seed", "3"],
 }
 CLUSTER = "it-east"  # a target label the dashboard's cluster variable must find
+PROM_CLUSTER = "prom-side"  # Prometheus's own target label: only where a series has none
 DOWN = "down"  # a target on a closed port: target_up 0, scrape errors growing
 # Synthetic history for the day-before baseline: these counters end HISTORY_END_AGO seconds
 # ago, inside rate30m's range but outside every 5m / 1m range the other checks use.
@@ -239,9 +240,12 @@ def stack(tmp_path_factory):
     prometheus_config.write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES)],
+        # As deploy/prometheus/prometheus.yml: a `cluster` target label, honor_labels on.
         "scrape_configs": [{
             "job_name": JOB,
-            "static_configs": [{"targets": [f"127.0.0.1:{ports['exporter']}"]}],
+            "honor_labels": True,
+            "static_configs": [{"targets": [f"127.0.0.1:{ports['exporter']}"],
+                                "labels": {"cluster": PROM_CLUSTER}}],
         }],
     }, sort_keys=False))
     tsdb = work / "tsdb"
@@ -407,7 +411,9 @@ class TestAgainstRealPrometheus:
         expected = {
             "job": {JOB},
             "instance": {stack.exporter_url.removeprefix("http://")},
-            "cluster": {CLUSTER},
+            # The targets' own cluster arrives as `cluster` (not exported_cluster); the down
+            # target has none, so it takes Prometheus's.
+            "cluster": {CLUSTER, PROM_CLUSTER},
             "target": set(stack.targets),
             "model_name": {"fake/llama-3-8b", "fake/qwen-7b"},
         }
@@ -417,6 +423,7 @@ class TestAgainstRealPrometheus:
             got = stack.api_get(f"label/{label}/values",
                                 **{"match[]": _substitute(match, stack.target_regex)})
             assert set(got) == values, (name, got)
+        assert stack.api_get("label/exported_cluster/values") == []
         # Annotations are range queries over the dashboard's time span: the window's.
         start = stack.window_started - 5
         for annotation in _dashboard()["annotations"]["list"]:
