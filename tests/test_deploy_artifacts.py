@@ -532,7 +532,8 @@ class TestDockerfile:
         runs = " ".join(self._args(instructions, "RUN"))
         assert "--constraint /tmp/constraints.txt ." in runs
         pins = _constraints()
-        for dist in ("aiohttp", "prometheus-client", "pyyaml", "pydantic"):
+        for dist in ("aiohttp", "prometheus-client", "pyyaml", "pydantic", "httptools", "isal",
+                     "uvloop"):
             assert re.fullmatch(r"\d+(\.\d+)+", pins[dist]), dist
 
     def test_copied_files_exist_and_are_not_dockerignored(self, instructions):
