@@ -27,6 +27,11 @@ from exporter.window import TargetRef, Window
 log = logging.getLogger(__name__)
 
 EXPIRY_EVERY = 3600.0  # seconds between retention passes: retention is counted in days
+# A round's targets start in this many groups spread over the interval, not one by one: a
+# scrape that wakes an idle loop (and nginx) costs about twice the CPU of one among a group
+# (0.38-0.47 ms against 0.25 with 8 groups, 0.18 in one burst; 500 targets, same run), and
+# 1000/8 answers per group (64 at a time) still hold the loop for short turns only.
+SPREAD_SLOTS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +241,8 @@ class ExporterService:
 
         async def scrape(name: str) -> None:
             if spread > 0:
-                await asyncio.sleep(spread * (zlib.crc32(name.encode()) % 1024) / 1024)
+                slot = zlib.crc32(name.encode()) % SPREAD_SLOTS
+                await asyncio.sleep(spread * slot / SPREAD_SLOTS)
             await self.scrape_target(name)
 
         await asyncio.gather(*(scrape(n) for n in list(self.targets)))
