@@ -83,7 +83,7 @@ class TestRefused:
         response = await exp.client.post("/api/v1/windows/w1/stop",
                                          headers={"Origin": "https://evil.example"})
         assert response.status == 403
-        assert (await _windows(exp))[0]["status"] == "open"
+        assert (await _windows(exp))[0]["state"] == "open"
 
     async def test_gets_are_not_affected(self, exp):
         response = await exp.client.get("/api/v1/windows",
@@ -145,4 +145,4 @@ class TestEmptyForm:
             "/api/v1/windows/w1/stop",
             headers={"Content-Type": "application/x-www-form-urlencoded", "Content-Length": "0"})
         assert response.status == 415
-        assert (await _windows(exp))[0]["status"] == "open"
+        assert (await _windows(exp))[0]["state"] == "open"
