@@ -130,7 +130,8 @@ class Scraper:
         }
         headers.update(target.headers)
         if url.user is not None:  # userinfo in the URL: Basic auth, on the lean path too
-            headers["Authorization"] = aiohttp.BasicAuth(url.user, url.password or "").encode()
+            secret = f"{url.user}:{url.password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(secret).decode("ascii")
         if target.token_env and (token := os.environ.get(target.token_env)):
             headers["Authorization"] = f"Bearer {token}"
         lean = None
