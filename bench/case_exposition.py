@@ -68,7 +68,7 @@ async def _measure(fleet: NginxFleet, n: int, workdir: Path, *, repeats: int,
         body = writer.render()
         samples = samples_in(body)
         # Cold: a fresh writer, as right after a scrape round replaced every target's state.
-        render_s = time_call(lambda: MetricsWriter(service, process_metrics=False).render(),
+        render_s = time_call(lambda: MetricsWriter(service.view, process_metrics=False).render(),
                              repeats=repeats, min_seconds=0.0)
         # Warm: nothing scraped since the last render (a second Prometheus, an HA pair).
         warm_s = time_call(writer.render, repeats=repeats, min_seconds=0.0)

@@ -178,7 +178,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 def _cached(request: web.Request, key: str, render: Callable[[], bytes]) -> bytes:
     """`render()`'s bytes, again only when the state changed or the last one is too old."""
-    generation = request.app[SERVICE].generation
+    generation = request.app[SERVICE].version
     cache = request.app[METRICS_CACHE]
     now = time.monotonic()
     entry = cache.get(key)
@@ -194,15 +194,15 @@ def _json_bytes(value: object) -> bytes:
 async def landing(request: web.Request) -> web.Response:
     """The HTML landing page; `?refresh=0` turns its self-refresh off."""
     refresh = request.query.get("refresh", "1") not in ("0", "false", "no", "off")
-    return web.Response(text=render_landing(request.app[SERVICE], refresh=refresh),
+    return web.Response(text=render_landing(request.app[SERVICE].view(), refresh=refresh),
                         content_type="text/html")
 
 
 async def window_page(request: web.Request) -> web.Response:
     """One window as an HTML page."""
-    service = request.app[SERVICE]
-    window = service.window_with_series(check_window_id(request.match_info["id"]))
-    series = series_view(window) | {"now": service.clock()}
+    view = request.app[SERVICE].view()
+    window = view.with_series(check_window_id(request.match_info["id"]))
+    series = series_view(window) | {"now": view.now}
     return web.Response(text=render_window_page(window.state(), series),
                         content_type="text/html")
 
@@ -361,8 +361,8 @@ async def list_targets(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
 
     def render() -> bytes:
-        now = service.clock()
-        views = [target_view(s, service.live[n], now) for n, s in service.targets.items()]
+        view = service.view()
+        views = [target_view(s, view.live[n], view.now) for n, s in view.targets.items()]
         return _json_bytes(with_iso_times({"targets": views}))
 
     return web.Response(body=_cached(request, "targets", render), content_type="application/json")

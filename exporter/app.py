@@ -50,7 +50,7 @@ def make_app(
     service = ExporterService(config, config_path=config_path, overrides=overrides, clock=clock)
     app[SERVICE] = service
     app[FANOUT] = Fanout(service)
-    app[WRITER] = MetricsWriter(service)
+    app[WRITER] = MetricsWriter(service.view)
     app[METRICS_CACHE] = {}
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))

@@ -18,7 +18,7 @@ from exporter.config import Config, TargetConfig
 from exporter.console import format_window
 from exporter.errors import ListenError
 from exporter.fakevllm import FakeServer, make_fake_app
-from exporter.service import TargetState
+from exporter.targets import TargetState
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,10 @@ def _why_no_figures(state: TargetState) -> str:
 
 
 def _live_table(app: web.Application) -> str:
-    service = app[SERVICE]
-    now = service.clock()
+    view = app[SERVICE].view()
     lines = [f"{'target':<18}{'up':<5}{'rate %':>8}{'length':>8}  per-position"]
-    for name, state in service.targets.items():
-        span = service.live[name].over_span(now)
+    for name, state in view.targets.items():
+        span = view.live[name].over_span(view.now)
         if span is None or span.drafts <= 0:
             figures = f"{'–':>8}{'–':>8}  " + _why_no_figures(state)
         else:

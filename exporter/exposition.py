@@ -10,6 +10,7 @@ come from prometheus_client's collectors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +20,10 @@ from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
 from exporter.accounting import LiveTrack
-from exporter.config import Config
 from exporter.derive import acceptance_length, acceptance_ratio, position_ratios
-from exporter.service import ExporterService, TargetState
 from exporter.snapshot import Counts, Field, Snapshot
+from exporter.targets import TargetState
+from exporter.view import StateView
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _INF = float("inf")
@@ -275,23 +276,23 @@ class _TargetLines:
 
 
 class MetricsWriter:
-    """Renders /metrics from an `ExporterService`; reads state, never awaits or scrapes."""
+    """Renders /metrics from the state's read-only view; never awaits or scrapes."""
 
-    def __init__(self, service: ExporterService, *, process_metrics: bool = True):
-        self.service = service
+    def __init__(self, view: Callable[[], StateView], *, process_metrics: bool = True):
+        self.view = view
         self._cache: dict[str, _TargetLines] = {}
         self._labels: dict[str, _Labels] = {}
-        self._last_key: tuple[dict[str, Any] | None, Config] | None = None
+        self._last_key: tuple[dict[str, Any] | None, int] | None = None
         self._last_lines: dict[Family, list[str]] = {}
         self._process = CollectorRegistry(auto_describe=False)
         if process_metrics:
             ProcessCollector(registry=self._process)
             GCCollector(registry=self._process)
 
-    def _target_lines(self) -> list[_TargetLines]:
+    def _target_lines(self, view: StateView) -> list[_TargetLines]:
         cache: dict[str, _TargetLines] = {}
         labels_cache: dict[str, _Labels] = {}
-        for name, state in self.service.targets.items():
+        for name, state in view.targets.items():
             entry = self._cache.get(name)
             if entry is None or entry.state is not state:
                 labels = entry.labels if entry is not None else self._labels.get(name)
@@ -309,50 +310,50 @@ class MetricsWriter:
 
     def render(self) -> bytes:
         """The whole exposition."""
-        service = self.service
-        now = service.clock()
+        view = self.view()
+        now = view.now
         out: list[str] = [BUILD.header(), _line(BUILD.name, f'version="{__version__}"', 1.0)]
-        targets = self._target_lines()
+        targets = self._target_lines(view)
         for family in _TARGET_FAMILIES:
             out.append(family.header())
             out.extend([entry.lines[family] for entry in targets])
-        live_tracks = service.live
+        live_tracks = view.live
         live = [entry.live_lines(live_tracks[entry.state.config.name], now) for entry in targets]
         for index, family in enumerate((RATIO, LENGTH, POS_RATIO)):
             out.append(family.header())
             out.extend([lines[index] for lines in live])
-        _extend(out, self._last_window())
+        _extend(out, self._last_window(view))
         out += [
-            WINDOWS_OPEN.header(), _line(WINDOWS_OPEN.name, "", float(len(service.open_windows()))),
-            RELOAD_OK.header(), _line(RELOAD_OK.name, "", 1.0 if service.reload_ok else 0.0),
-            RELOAD_AT.header(), _line(RELOAD_AT.name, "", service.reload_at),
-            INTERVAL.header(), _line(INTERVAL.name, "", service.config.scrape_interval),
-            STATE_ERRORS.header(), _line(STATE_ERRORS.name, "", service.book.state_errors),
-            RESULT_ERRORS.header(), _line(RESULT_ERRORS.name, "", service.book.result_errors),
+            WINDOWS_OPEN.header(), _line(WINDOWS_OPEN.name, "", float(view.open_windows)),
+            RELOAD_OK.header(), _line(RELOAD_OK.name, "", 1.0 if view.reload_ok else 0.0),
+            RELOAD_AT.header(), _line(RELOAD_AT.name, "", view.reload_at),
+            INTERVAL.header(), _line(INTERVAL.name, "", view.config.scrape_interval),
+            STATE_ERRORS.header(), _line(STATE_ERRORS.name, "", view.state_write_errors),
+            RESULT_ERRORS.header(), _line(RESULT_ERRORS.name, "", view.result_write_errors),
         ]
-        if service.discovery.sources:
+        if view.discovery_up:
             out.append(DISCOVERY_UP.header())
             out.extend(
-                _line(DISCOVERY_UP.name, label_text({"source": name}),
-                      0.0 if source.error else 1.0)
-                for name, source in service.discovery.sources.items()
+                _line(DISCOVERY_UP.name, label_text({"source": name}), 1.0 if up else 0.0)
+                for name, up in view.discovery_up.items()
             )
         return "".join(out).encode() + generate_latest(self._process)
 
-    def _last_window(self) -> dict[Family, list[str]]:
-        # Changes only when a window stops or the config (target labels) reloads.
-        window = self.service.last_window
-        key = (window.answer if window else None, self.service.config)
-        if self._last_key is None or any(a is not b for a, b in zip(key, self._last_key,
-                                                                      strict=True)):
-            self._last_lines = self._last_window_lines()
-            self._last_key = key
+    def _last_window(self, view: StateView) -> dict[Family, list[str]]:
+        # Changes only when a window stops or the targets' set or labels change (a reload, a
+        # discovery source's new labels): keyed on both.
+        window = view.last_window
+        answer = window.answer if window else None
+        if (self._last_key is None or self._last_key[0] is not answer
+                or self._last_key[1] != view.targets_version):
+            self._last_lines = self._last_window_lines(view)
+            self._last_key = (answer, view.targets_version)
         return self._last_lines
 
-    def _last_window_lines(self) -> dict[Family, list[str]]:
+    def _last_window_lines(self, view: StateView) -> dict[Family, list[str]]:
         out: dict[Family, list[str]] = {LAST_RATIO: [], LAST_LENGTH: [], LAST_POS_RATIO: [],
                                         LAST_INFO: []}
-        window = self.service.last_window
+        window = view.last_window
         if window is None or window.answer is None:
             return out
         out[LAST_INFO].append(_line(
@@ -361,7 +362,7 @@ class MetricsWriter:
         for name, result in window.answer["results"].items():
             if result["status"] != "ok" or not result.get("increase"):
                 continue
-            state = self.service.targets.get(name)
+            state = view.targets.get(name)
             labels = label_text({"target": name} | (state.config.labels if state else {}))
             _ratio_lines(labels, Counts.from_raw(result["increase"]),
                          out, (LAST_RATIO, LAST_LENGTH, LAST_POS_RATIO))

@@ -9,7 +9,7 @@ from exporter import __version__
 from exporter.compare_page import compare_form
 from exporter.pages import LENGTH, RATE, fmt, line_chart, page, position_bars, table, utc
 from exporter.results import window_series
-from exporter.service import ExporterService
+from exporter.view import StateView
 from exporter.views import target_view
 from exporter.window_page import acceptance_lines
 
@@ -55,15 +55,16 @@ def _window_row(state: dict[str, Any]) -> str:
     )
 
 
-def render_landing(service: ExporterService, refresh: bool = True) -> str:
+def render_landing(view: StateView, refresh: bool = True) -> str:
     """The whole page; it reloads itself every scrape interval unless `refresh` is off."""
-    now = service.clock()
-    views = [target_view(s, service.live[n], now) for n, s in service.targets.items()]
-    windows = [w.state() for w in service.list_windows()[:20]]
-    live_span = f"{service.config.live_window:g}s"
+    now = view.now
+    views = [target_view(s, view.live[n], now) for n, s in view.targets.items()]
+    listed = view.windows()
+    windows = [w.state() for w in listed[:20]]
+    live_span = f"{view.config.live_window:g}s"
     discovery = "".join(
         f'<div class="err">discovery: {escape(error)}</div>'
-        for error in service.discovery.errors().values()
+        for error in view.discovery_errors.values()
     )
     target_table = table(
         ["target", "state", "model", f"acceptance rate % ({live_span})",
@@ -73,10 +74,10 @@ def render_landing(service: ExporterService, refresh: bool = True) -> str:
         ["id", "name", "state", "started", "stopped", "targets", "acceptance rate %",
          "acceptance length"],
         (_window_row(w) for w in windows))
-    recent = service.list_windows()[:1]
+    recent = listed[:1]
     chart = ""
     if recent:
-        series = window_series(service.window_with_series(recent[0].id))
+        series = window_series(view.with_series(recent[0].id))
         lines, _ = acceptance_lines(series)
         end = recent[0].stopped_at or max((p[-1][0] for p in lines.values() if p), default=0)
         svg = line_chart(lines, start=recent[0].started_at, end=max(end, recent[0].started_at))
@@ -84,7 +85,7 @@ def render_landing(service: ExporterService, refresh: bool = True) -> str:
             chart = (f'<h3>Acceptance through window <a href="/windows/{escape(recent[0].id)}">'
                      f"{escape(recent[0].id)}</a></h3>{svg}")
     refreshing = (
-        f'refreshes every {service.config.scrape_interval:g}s · <a href="/?refresh=0">stop</a>'
+        f'refreshes every {view.config.scrape_interval:g}s · <a href="/?refresh=0">stop</a>'
         if refresh else '<a href="/">refresh by itself</a>'
     )
     body = f"""<h1>specdec-exporter <small>{escape(__version__)}</small></h1>
@@ -99,4 +100,4 @@ def render_landing(service: ExporterService, refresh: bool = True) -> str:
 {compare_form(windows)}
 {chart}"""
     return page("specdec-exporter", body,
-                refresh=service.config.scrape_interval if refresh else None)
+                refresh=view.config.scrape_interval if refresh else None)

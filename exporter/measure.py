@@ -20,11 +20,12 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from exporter.book import StartRequest, WindowBook
 from exporter.config import TargetConfig
 from exporter.errors import ExporterError
-from exporter.results import window_answer
 from exporter.scrape import Scraper, make_session
-from exporter.store import write_results
+from exporter.snapshot import ScrapeResult
+from exporter.store import StateStore
 from exporter.window import TargetRef, Window
 
 _AISBENCH_KEYS = ("host_ip", "host_port", "url", "enable_ssl")
@@ -171,27 +172,26 @@ async def measure(
 ) -> tuple[int, dict[str, Any] | None]:
     """Snapshot, run CMD while scraping every `interval`, snapshot; (CMD's code, answer)."""
     targets = distinct_names(targets)
-    window = Window(
-        id="measure", name="measure", labels={}, started_at=time.time(),
-        targets={t.name: TargetRef(t.name, t.url, t.host_port) for t in targets},
-    )
+    by_name = {t.name: t for t in targets}
+    # The same window protocol as `serve`, over a book that keeps its state in memory only.
+    book = WindowBook(StateStore.in_memory(), time.time, lambda window: work_dir)
     async with make_session(len(targets) + 1) as session:
         scraper = Scraper(session, max_bytes=64 * 1024 * 1024, concurrency=32)
 
-        async def scrape_all(errors: dict[str, str] | None) -> None:
-            results = await asyncio.gather(*(scraper.scrape(t, timeout) for t in targets))
+        async def scrape(names: list[str], others: list[Window]) -> list[ScrapeResult]:
+            results = await asyncio.gather(*(scraper.scrape(by_name[n], timeout) for n in names))
             for result in results:
-                if not result.ok and errors is not None:
-                    errors[result.target] = result.error or "scrape failed"
-                if result.ok or errors is None:
-                    window.feed(result)
+                book.feed((w for w in others if w.takes_scrapes_of(result.target)), result)
+            return list(results)
 
         async def keep_scraping() -> None:
             while True:
                 await asyncio.sleep(interval)
-                await scrape_all(None)
+                await scrape(list(by_name), book.open_windows())
 
-        await scrape_all(window.start_errors)
+        start = StartRequest("measure", "measure",
+                             [TargetRef(t.name, t.url, t.host_port) for t in targets])
+        await book.start(start, scrape, max_open=1)
         poller = asyncio.create_task(keep_scraping())
         try:
             code = await run_command(cmd)
@@ -199,9 +199,7 @@ async def measure(
             poller.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await poller
-        await scrape_all(window.stop_errors)
+        window = await book.stop("measure", scrape)
         await scraper.close()
-    window.stopped_at = time.time()
-    answer = window_answer(window)
-    write_results(work_dir, answer)
-    return code, answer
+    book.close()
+    return code, window.answer

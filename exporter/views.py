@@ -6,7 +6,7 @@ from typing import Any
 
 from exporter.accounting import LiveTrack
 from exporter.derive import acceptance_length, acceptance_ratio, position_ratios
-from exporter.service import TargetState
+from exporter.targets import TargetState
 
 
 def target_view(state: TargetState, live: LiveTrack, now: float) -> dict[str, Any]:

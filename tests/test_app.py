@@ -340,7 +340,7 @@ class TestLoudFailures:
         port = free_port()
         exp = await exporter({"targets": [
             {"name": "a", "url": f"http://127.0.0.1:{port}/metrics"}]})
-        caplog.set_level(logging.DEBUG, logger="exporter.service")
+        caplog.set_level(logging.DEBUG, logger="exporter.targets")
 
         def said(level: int, start: str) -> list[str]:
             return [r.getMessage() for r in caplog.records

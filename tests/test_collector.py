@@ -492,7 +492,7 @@ class TestMetricsWriterUnit:
             {"name": "a", "url": "http://127.0.0.1:9/metrics", "labels": {"cluster": "x"}}]})
         service = ExporterService(config, clock=lambda: 42.0)
         try:
-            text = MetricsWriter(service, process_metrics=False).render().decode()
+            text = MetricsWriter(service.view, process_metrics=False).render().decode()
         finally:
             service.close()
         families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -506,7 +506,7 @@ class TestMetricsWriterUnit:
             {"name": "a", "url": "http://127.0.0.1:9/metrics", "labels": {"zone": odd}}]})
         service = ExporterService(config)
         try:
-            text = MetricsWriter(service, process_metrics=False).render().decode()
+            text = MetricsWriter(service.view, process_metrics=False).render().decode()
         finally:
             service.close()
         up = {f.name: f for f in text_string_to_metric_families(text)}["specdec_target_up"]
@@ -519,7 +519,7 @@ class TestMetricsWriterUnit:
             {"name": "a", "url": "http://127.0.0.1:9/metrics"}]})
         service = ExporterService(config)
         try:
-            writer = MetricsWriter(service, process_metrics=False)
+            writer = MetricsWriter(service.view, process_metrics=False)
             assert b'specdec_scrape_errors_total{target="a"} 0.0' in writer.render()
             service.targets["a"] = replace(service.targets["a"], errors_total=3)
             assert b'specdec_scrape_errors_total{target="a"} 3.0' in writer.render()

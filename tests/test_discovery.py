@@ -305,3 +305,28 @@ class TestPrometheusSDAgainstRealPrometheus:
                 assert set(targets()) == set(found)  # the last good list is kept
                 page = http("GET", f"{exporter_url}/")[1]
                 assert "api/v1/targets" in page and "discovery" in page
+
+
+class TestRelabelledTarget:
+    async def test_last_window_gauges_follow_a_label_change(self, fake_vllm, exporter,
+                                                            tmp_path):
+        """A file_sd label change shows in every family of one exposition, the last window's
+        included (an identity-keyed cache kept the old labels there)."""
+        a = await fake_vllm(k=2)
+        sd = tmp_path / "fleet.json"
+        sd.write_text(json.dumps([{"targets": [a.host_port], "labels": {"pool": "x"}}]))
+        exp = await exporter({"file_sd": [{"files": [str(tmp_path / "*.json")]}]})
+        await exp.round()
+        await exp.client.post("/api/v1/windows", json={"id": "w"})
+        a.server.add(0, 5, 10, [5, 3])
+        assert (await exp.client.post("/api/v1/windows/w/stop")).status == 200
+        metrics = await (await exp.client.get("/metrics")).text()
+        assert f'specdec_last_window_acceptance_ratio{{pool="x",target="{a.host_port}"}}' in metrics
+
+        sd.write_text(json.dumps([{"targets": [a.host_port], "labels": {"pool": "y"}}]))
+        _bump(sd)
+        await exp.round()
+        metrics = await (await exp.client.get("/metrics")).text()
+        assert f'specdec_target_up{{pool="y",target="{a.host_port}"}} 1.0' in metrics
+        assert f'specdec_last_window_acceptance_ratio{{pool="y",target="{a.host_port}"}}' in metrics
+        assert 'pool="x"' not in metrics

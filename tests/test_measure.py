@@ -212,3 +212,41 @@ class TestMeasureCommand:
         assert result["status"] == "ok", result
         assert result["data"]["num_drafts"] == 10 and result["data"]["accepted_tokens"] == 9
         assert f"[127.0.0.1:{port}]" in done.stdout
+
+
+class TestMeasureProtocol:
+    """`measure` runs the same window protocol as `serve` (the window book)."""
+
+    async def test_spec_series_gone_at_stop_is_said(self, aiohttp_server, tmp_path):
+        from aiohttp import web
+        from faults.servers import Counters
+
+        counters = Counters(k=2)
+        counters.add(10, 20, [9, 8])
+        plain = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1.0\n"
+        state = {"spec": True}
+
+        async def page(request: web.Request) -> web.Response:
+            return web.Response(body=counters.page() if state["spec"] else plain,
+                                content_type="text/plain")
+
+        async def flip(request: web.Request) -> web.Response:
+            counters.add(5, 10, [4, 3])
+            state["spec"] = False  # a server restarted without speculative decoding
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/metrics", page)
+        app.router.add_post("/flip", flip)
+        server = await aiohttp_server(app)
+        from exporter.measure import measure
+
+        target = TargetConfig(url=f"http://127.0.0.1:{server.port}/metrics")
+        cmd = [sys.executable, "-c", "import urllib.request; urllib.request.urlopen("
+               f"'http://127.0.0.1:{server.port}/flip', data=b'')"]
+        code, answer = await measure([target], cmd, tmp_path, interval=60.0)
+        assert code == 0
+        result = next(iter(answer["results"].values()))
+        # As serve says it: the stop's page had no spec decode series.
+        assert "no spec decode series on the page" in json.dumps(result)
+        assert (tmp_path / "window.json").exists()
