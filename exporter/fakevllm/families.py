@@ -27,17 +27,6 @@ if TYPE_CHECKING:
 # vLLM builds its token-count buckets with build_1_2_5_buckets(max_model_len); 8192 is typical.
 MAX_MODEL_LEN = 8192
 
-# V1 families of vllm/v1/spec_decode/metrics.py: (name without _total, HELP, totals() key).
-_SPEC_V1 = (
-    ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "num_drafts"),
-    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "num_draft_tokens"),
-    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "num_accepted_tokens"),
-)
-_SPEC_V1_PER_POS = (
-    "vllm:spec_decode_num_accepted_tokens_per_pos",
-    "Accepted tokens per draft position.",
-)
-
 
 def _buckets_1_2_5(max_value: int) -> list[float]:
     """Return vLLM's 1-2-5 bucket bounds up to max_value."""
