@@ -1,12 +1,17 @@
-"""The window book through the HTTP API: retention of stopped windows and DELETE (issue 13, 4),
-and what memory keeps of a stopped window."""
+"""exporter/book.py through the HTTP API on real fake servers: windows started and stopped with
+exact numbers in every RESULT, their files, the API's answers to bad or racing requests, DELETE,
+retention of stopped windows, and what memory keeps of a stopped window."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from conftest import Clock
 from faults.checks import samples, value
 from faults.servers import Counters, RawTarget
+
+from exporter.console import format_window
 
 DAY = 86400.0
 
@@ -23,6 +28,292 @@ async def _stopped(exp, target, window_id: str) -> dict:
     await exp.start(id=window_id)
     target.counters.add(3, 6, [2, 1])
     return await exp.stop(window_id)
+
+
+class TestWindowNumbers:
+    async def test_one_engine_exact(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=5)
+        fake.server.add(0, 50, 250, [50, 50, 50, 50, 50])  # warm-up before the window
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        started = await exp.start(id="w1", name="run one")
+        assert started["id"] == "w1" and started["targets"] == ["a"]
+        fake.server.add(0, 100, 500, [99, 99, 99, 99])
+        await exp.round()
+        fake.server.add(0, 63, 315, [63, 63, 63, 63, 62])
+        answer = await exp.stop("w1")
+        result = answer["results"]["a"]
+        assert result["status"] == "ok" and result["error"] is None
+        assert result["url"] == fake.url
+        assert result["data"] == {
+            "num_drafts": 163, "draft_tokens": 815, "accepted_tokens": 4 * 99 + 4 * 63 + 62,
+            "acceptance_rate": (4 * 99 + 4 * 63 + 62) / 815 * 100,  # full precision
+            "acceptance_length": 1 + (4 * 99 + 4 * 63 + 62) / 163,
+            "per_position_acceptance_rates": {
+                "0": 162 / 163, "1": 162 / 163, "2": 162 / 163, "3": 162 / 163, "4": 62 / 163,
+            },
+        }
+        assert result["raw"]["before"]["num_drafts"] == 50
+        assert result["raw"]["after"]["num_drafts"] == 213
+        assert result["resets"] == 0 and result["scrapes"] == 3 and result["engines"] == 1
+        assert result["coverage"] == "full"
+        assert answer["aggregate"]["data"] == result["data"]
+
+    async def test_two_engines_summed_before_dividing(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=3, engines=2)
+        exp = await exporter({"targets": [{"name": "dp", "url": fake.url}]})
+        await exp.start(id="w2")
+        fake.server.add(0, 10, 30, [9, 6, 3])
+        fake.server.add(1, 30, 90, [15, 6, 0])
+        answer = await exp.stop("w2")
+        data = answer["results"]["dp"]["data"]
+        assert data["num_drafts"] == 40 and data["draft_tokens"] == 120
+        assert data["accepted_tokens"] == 39
+        assert data["acceptance_rate"] == 39 / 120 * 100
+        assert data["acceptance_length"] == 1 + 39 / 40
+        assert data["per_position_acceptance_rates"] == {"0": 0.6, "1": 0.3, "2": 0.075}
+        assert answer["results"]["dp"]["engines"] == 2
+
+    async def test_twelve_positions_in_numeric_order(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=12)
+        exp = await exporter({"targets": [{"name": "k12", "url": fake.url}]})
+        await exp.start(id="w12")
+        fake.server.add(0, 100, 1200, [100 - 5 * i for i in range(12)])
+        answer = await exp.stop("w12")
+        rates = answer["results"]["k12"]["data"]["per_position_acceptance_rates"]
+        assert list(rates) == [str(i) for i in range(12)]
+        assert rates["10"] == 0.5 and rates["11"] == 0.45
+        block = format_window(answer)
+        assert "{0: 1.0000, 1: 0.9500, 2: 0.9000," in block
+        assert "9: 0.5500, 10: 0.5000, 11: 0.4500}" in block
+
+    async def test_position_never_accepted_shows_zero(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=3)
+        fake.server.add(0, 5, 15, [5, 5, 5])
+        exp = await exporter({"targets": [{"name": "z", "url": fake.url}]})
+        await exp.start(id="wz")
+        fake.server.add(0, 10, 30, [6, 2, 0])
+        answer = await exp.stop("wz")
+        rates = answer["results"]["z"]["data"]["per_position_acceptance_rates"]
+        assert rates == {"0": 0.6, "1": 0.2, "2": 0.0}
+
+    async def test_restart_in_the_middle_counts_both_sides(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=2)
+        fake.server.add(0, 1000, 2000, [900, 800])
+        exp = await exporter({"targets": [{"name": "r", "url": fake.url}]})
+        await exp.start(id="wr")
+        fake.server.add(0, 10, 20, [8, 6])
+        await exp.round()
+        fake.server.restart()
+        fake.server.add(0, 5, 10, [5, 1])
+        await exp.round()
+        fake.server.add(0, 5, 10, [3, 1])
+        answer = await exp.stop("wr")
+        result = answer["results"]["r"]
+        assert result["data"]["num_drafts"] == 20
+        assert result["data"]["draft_tokens"] == 40
+        assert result["data"]["accepted_tokens"] == 8 + 6 + 5 + 1 + 3 + 1
+        assert result["data"]["per_position_acceptance_rates"] == {"0": 0.8, "1": 0.4}
+        assert result["resets"] == 1
+        assert "restart" in result["reset_note"]
+
+    async def test_restart_between_scrapes_seen_by_created(self, fake_vllm, exporter):
+        # The counter climbs past its old value after the restart: only _created tells.
+        fake = await fake_vllm(k=1)
+        fake.server.add(0, 10, 10, [5])
+        exp = await exporter({"targets": [{"name": "c", "url": fake.url}]})
+        await exp.start(id="wc")
+        fake.server.restart()
+        fake.server.add(0, 30, 30, [20])
+        answer = await exp.stop("wc")
+        result = answer["results"]["c"]
+        assert result["data"]["num_drafts"] == 30 and result["data"]["accepted_tokens"] == 20
+        assert result["resets"] == 1
+
+    async def test_server_down_at_start(self, fake_vllm, exporter, unused_tcp_port):
+        fake = await fake_vllm(k=2)
+        exp = await exporter({"targets": [
+            {"name": "up", "url": fake.url},
+            {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"},
+        ]})
+        await exp.start(id="wd")
+        fake.server.add(0, 10, 20, [10, 5])
+        answer = await exp.stop("wd")
+        down = answer["results"]["down"]
+        assert down["status"] == "na"
+        url = f"http://127.0.0.1:{unused_tcp_port}/metrics"
+        assert down["error"].startswith(f"Failed to fetch metrics from {url} at window start")
+        assert "at window stop" in down["error"]
+        assert answer["results"]["up"]["status"] == "ok"
+        assert answer["aggregate"]["data"]["num_drafts"] == 10
+        assert answer["aggregate"]["targets"] == ["up"]
+
+    async def test_server_down_at_stop_is_partial(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "p", "url": fake.url}]})
+        await exp.start(id="wp")
+        fake.server.add(0, 10, 20, [10, 5])
+        await exp.round()
+        await fake.stop()
+        answer = await exp.stop("wp")
+        result = answer["results"]["p"]
+        assert result["status"] == "ok"
+        assert result["data"]["num_drafts"] == 10
+        assert result["coverage"] == "partial"
+        assert "at window stop" in result["coverage_note"]
+
+    async def test_server_down_at_stop_without_activity_says_stop(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "p", "url": fake.url}]})
+        await exp.start(id="wq")
+        await fake.stop()
+        answer = await exp.stop("wq")
+        result = answer["results"]["p"]
+        assert result["status"] == "na"
+        assert "at window stop" in result["error"]
+        assert "at window start" not in result["error"]
+
+    async def test_server_without_spec_decode(self, fake_vllm, exporter):
+        fake = await fake_vllm(spec_decode=False)
+        exp = await exporter({"targets": [{"name": "plain", "url": fake.url}]})
+        await exp.start(id="wn")
+        answer = await exp.stop("wn")
+        assert answer["results"]["plain"]["status"] == "na"
+        assert answer["results"]["plain"]["error"] == "No spec decode metrics found on server"
+
+    async def test_no_traffic(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=2)
+        fake.server.add(0, 10, 20, [10, 5])
+        exp = await exporter({"targets": [{"name": "idle", "url": fake.url}]})
+        await exp.start(id="wi")
+        answer = await exp.stop("wi")
+        result = answer["results"]["idle"]
+        assert result["status"] == "na"
+        assert result["error"] == "No spec decode activity detected during benchmark window"
+        assert answer["aggregate"]["status"] == "na"
+
+    async def test_aggregate_sums_then_divides(self, fake_vllm, exporter):
+        a, b = await fake_vllm(k=2), await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": a.url},
+                                          {"name": "b", "url": b.url}]})
+        await exp.start(id="wa")
+        a.server.add(0, 100, 200, [100, 100])  # ratio 1.0 over 200 tokens
+        b.server.add(0, 10, 20, [0, 0])  # ratio 0.0 over 20 tokens
+        answer = await exp.stop("wa")
+        aggregate = answer["aggregate"]["data"]
+        assert aggregate["acceptance_rate"] == 200 / 220 * 100  # not the mean, 50.0
+        assert aggregate["num_drafts"] == 110
+        assert format_window(answer).count("Speculative Decoding Metrics") == 3
+        assert "[all]" in format_window(answer)
+
+
+class TestWindowFiles:
+    async def test_files_written(self, fake_vllm, exporter, tmp_path):
+        fake = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.start(id="files")
+        fake.server.add(0, 4, 8, [3, 1])
+        answer = await exp.stop("files")
+        host, port = fake.host_port.rsplit(":", 1)
+        path = tmp_path / "out" / "files" / "performances" / f"spec_decode_{host}_{port}.json"
+        assert json.loads(path.read_text()) == answer["results"]["a"]
+        # The stop answer also says where it was written; the file is the answer without that.
+        written = answer.pop("results_dir")
+        assert written == str((tmp_path / "out" / "files").resolve())
+        assert json.loads((tmp_path / "out" / "files" / "window.json").read_text()) == answer
+
+
+class TestWindowApi:
+    async def test_start_same_id_is_idempotent(self, fake_vllm, exporter):
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        first = await exp.client.post("/api/v1/windows", json={"id": "same"})
+        second = await exp.client.post("/api/v1/windows", json={"id": "same"})
+        assert first.status == 201 and second.status == 200
+        assert await first.json() == await second.json()
+
+    async def test_stop_twice_same_body(self, fake_vllm, exporter):
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.start(id="twice")
+        fake.server.add(0, 1, 3, [1, 1, 0])
+        assert await exp.stop("twice") == await exp.stop("twice")
+
+    @pytest.mark.parametrize(
+        ("body", "status", "needle"),
+        [
+            (b"{not json", 400, "not valid JSON"),
+            (b"[1, 2]", 400, "JSON object"),
+            (b'{"targets": ["nope"]}', 400, 'unknown target "nope"'),
+            (b'{"id": "../../etc"}', 400, "id must be"),
+            (b'{"targets": "a"}', 400, "targets"),
+            (b'{"colour": "red"}', 400, "unknown field"),
+            (b'{"name": 5}', 400, "name"),
+            (b'{"x": "' + b"a" * 70000 + b'"}', 413, ""),
+        ],
+    )
+    async def test_bad_start_requests(self, fake_vllm, exporter, body, status, needle):
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        response = await exp.client.post("/api/v1/windows", data=body,
+                                         headers={"Content-Type": "application/json"})
+        assert response.status == status
+        assert needle in (await response.json())["error"]
+        listing = await (await exp.client.get("/api/v1/windows")).json()
+        assert listing["windows"] == []
+
+    async def test_unknown_window(self, exporter):
+        exp = await exporter({"targets": []})
+        response = await exp.client.post("/api/v1/windows/nope/stop")
+        assert response.status == 404
+        assert (await response.json())["error"] == 'unknown window "nope"'
+        assert (await exp.client.get("/api/v1/windows/nope")).status == 404
+
+    async def test_target_by_host_port(self, fake_vllm, exporter):
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        started = await exp.start(targets=[fake.host_port])
+        assert started["targets"] == ["a"]
+
+    async def test_token_required_for_posts(self, fake_vllm, exporter, monkeypatch):
+        monkeypatch.setenv("SPECDEC_TEST_TOKEN", "s3cret")
+        fake = await fake_vllm()
+        exp = await exporter({"auth": {"token_env": "SPECDEC_TEST_TOKEN"},
+                              "targets": [{"name": "a", "url": fake.url}]})
+        missing = await exp.client.post("/api/v1/windows", json={"id": "t"})
+        wrong = await exp.client.post("/api/v1/windows", json={"id": "t"},
+                                      headers={"Authorization": "Bearer nope"})
+        assert missing.status == 401 and wrong.status == 401
+        assert (await exp.client.get("/api/v1/windows/t")).status == 404  # nothing changed
+        assert (await exp.client.get("/api/v1/windows")).status == 200  # GETs stay open
+        ok = await exp.client.post("/api/v1/windows", json={"id": "t"},
+                                   headers={"Authorization": "Bearer s3cret"})
+        assert ok.status == 201
+
+    async def test_open_window_cap(self, fake_vllm, exporter):
+        fake = await fake_vllm()
+        exp = await exporter({"max_open_windows": 2, "targets": [{"name": "a", "url": fake.url}]})
+        await exp.start(id="c1")
+        await exp.start(id="c2")
+        response = await exp.client.post("/api/v1/windows", json={"id": "c3"})
+        assert response.status == 429
+
+    async def test_concurrent_starts_and_stops_make_one_window(self, fake_vllm, exporter):
+        import asyncio
+
+        fake = await fake_vllm()
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        starts = await asyncio.gather(
+            *(exp.client.post("/api/v1/windows", json={"id": "race"}) for _ in range(50))
+        )
+        assert sorted(r.status for r in starts) == [200] * 49 + [201]
+        fake.server.add(0, 2, 6, [2, 1, 0])
+        stops = await asyncio.gather(
+            *(exp.client.post("/api/v1/windows/race/stop") for _ in range(50))
+        )
+        bodies = [await r.json() for r in stops]
+        assert all(r.status == 200 for r in stops)
+        assert all(b == bodies[0] for b in bodies)
+        assert bodies[0]["results"]["a"]["data"]["num_drafts"] == 2
 
 
 class TestDelete:

@@ -1,4 +1,5 @@
-"""The exporter's own /metrics over real fake servers: names, types, labels and live numbers."""
+"""exporter/exposition.py: our own /metrics over real fake servers (names, types, labels, live
+numbers), and MetricsWriter on its own."""
 
 from __future__ import annotations
 

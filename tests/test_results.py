@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from aiohttp import web
+from conftest import Clock
 
 from exporter.client import merge_answers
 from exporter.console import format_window
@@ -22,14 +23,6 @@ NAMES = {
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
 }
-
-
-class Clock:
-    def __init__(self, now: float = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -102,7 +95,7 @@ async def _window(page_server, exporter, bad: dict[int, dict[str, str]], states=
     Without a `name`, the target is named by its host:port (the console's label).
     """
     page, url = await page_server()
-    clock = Clock()
+    clock = Clock(T0)
     target = {"url": url} | ({"name": name} if name else {})
     exp = await exporter({"targets": [target]}, clock=clock)
     for step, state in enumerate(states):
@@ -423,7 +416,7 @@ class TestConsoleCaveats:
 
     async def test_restart_and_bridged_scrape_each_get_a_line(self, page_server, exporter):
         page, url = await page_server()
-        clock = Clock()
+        clock = Clock(T0)
         exp = await exporter({"targets": [{"name": "a", "url": url}]}, clock=clock)
         page.set(STATES[1], {})
         await exp.start(id="r")

@@ -1,4 +1,5 @@
-"""A window's time series: the per-scrape endpoint and the landing page's line chart."""
+"""exporter/window.py: a window's per-scrape series (thinned, kept through the store format), and
+the series as the API endpoint and the landing page's line chart show it."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gzip
 import random
+import socket
 import time
 from dataclasses import dataclass, field
 
@@ -219,3 +220,11 @@ class RawTarget:
 
     async def _mode_reset(self, writer, path):
         writer.transport.abort()
+
+
+def hanging_listener() -> socket.socket:
+    """A port that accepts connections (the kernel does) and never answers; the caller closes it."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock

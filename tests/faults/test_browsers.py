@@ -1,4 +1,4 @@
-"""Issue 12 item 5: a web page cannot change our state (cross-site requests, DNS rebinding)."""
+"""A web page cannot change our state (cross-site requests, DNS rebinding)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 12 item 5: series whose label values change every scrape cost bounded work per scrape.
+"""Series whose label values change every scrape cost bounded work per scrape.
 
 A server renaming its model every second (500 series without an `engine` label) made every
 scrape compare each new series with every series ever seen: the accounting cost grew with the

@@ -1,4 +1,4 @@
-"""Issue 12 item 5: slowloris and too many sockets; the API and /metrics keep answering."""
+"""Slowloris and too many sockets; the API and /metrics keep answering."""
 
 from __future__ import annotations
 

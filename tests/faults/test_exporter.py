@@ -7,7 +7,6 @@ import json
 import logging
 import re
 import signal
-import socket
 import sqlite3
 import threading
 import time
@@ -18,7 +17,7 @@ from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_ht
 
 from exporter import store
 from faults.checks import assert_increase, increase, still_serving, value
-from faults.servers import Counters, RawTarget
+from faults.servers import Counters, RawTarget, hanging_listener
 
 
 @pytest.fixture
@@ -243,14 +242,6 @@ class TestReload:
         assert answer["aggregate"]["targets"] == ["a"]
 
 
-def _hanging_listener() -> socket.socket:
-    """A port that accepts connections (the kernel does) and never answers."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    return sock
-
-
 def _serve_with_a_slow_target(tmp_path, vllm: int, hang) -> tuple[str, list[str]]:
     """(base URL, serve command) of an exporter over a fake vLLM and a target that never answers."""
     port = free_port()
@@ -264,7 +255,7 @@ def _serve_with_a_slow_target(tmp_path, vllm: int, hang) -> tuple[str, list[str]
 
 class TestSigtermDuringStop:
     def test_stop_in_flight_completes_and_a_retry_after_restart_agrees(self, tmp_path):
-        hang = _hanging_listener()
+        hang = hanging_listener()
         with fake_vllm("--k", "2") as vllm:
             base, serve = _serve_with_a_slow_target(tmp_path, vllm, hang)
             with process(serve) as first:
@@ -291,7 +282,7 @@ class TestSigtermDuringStop:
         hang.close()
 
     def test_sigterm_during_start_then_stop_after_restart(self, tmp_path):
-        hang = _hanging_listener()
+        hang = hanging_listener()
         with fake_vllm("--k", "2") as vllm:
             base, serve = _serve_with_a_slow_target(tmp_path, vllm, hang)
             with process(serve) as first:

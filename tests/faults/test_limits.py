@@ -1,4 +1,4 @@
-"""Issue 12 item 5: pages that cost more than a real server's are refused by per-target limits."""
+"""Pages that cost more than a real server's are refused by per-target limits."""
 
 from __future__ import annotations
 

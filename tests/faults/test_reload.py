@@ -1,4 +1,4 @@
-"""Issue 12 item 3: config reloads that hurt are refused, and the old config keeps serving."""
+"""Config reloads that hurt are refused, and the old config keeps serving."""
 
 from __future__ import annotations
 

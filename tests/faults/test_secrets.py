@@ -1,4 +1,4 @@
-"""Issue 12 item 1: credentials reach the request only, never a page, a file or a log line."""
+"""Credentials reach the request only, never a page, a file or a log line."""
 
 from __future__ import annotations
 

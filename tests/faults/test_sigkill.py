@@ -1,4 +1,4 @@
-"""SIGKILL of the real exporter: nothing it has seen may be lost (issue 10, section 1).
+"""SIGKILL of the real exporter: nothing it has seen may be lost.
 
 The exporter runs as `python -m exporter serve` in a subprocess over a `fake-vllm` subprocess
 whose counters the test drives through its control endpoints. "Seen" is checked through the
@@ -16,6 +16,8 @@ import time
 
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
+
+from faults.servers import hanging_listener
 
 K = 5
 
@@ -146,7 +148,7 @@ class TestRestartSeenThenKilled:
 
 
 def test_kill_during_a_stop(tmp_path):
-    hang = _hanging_listener()
+    hang = hanging_listener()
     slow = {"name": "slow", "url": f"http://127.0.0.1:{hang.getsockname()[1]}/metrics"}
     try:
         with fake_vllm("--k", str(K)) as vllm:
@@ -179,15 +181,6 @@ def test_kill_during_a_stop(tmp_path):
                 exporter.stop()
     finally:
         hang.close()
-
-
-def _hanging_listener():
-    import socket
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    return sock
 
 
 def _random_kill_run(tmp_path, kills: int, seed: int) -> int:

@@ -1,4 +1,4 @@
-"""State that disappears (issue 12, section 4): zombies, late baselines, damaged or deleted files,
+"""State that disappears: zombies, late baselines, damaged or deleted files,
 and a reload that moves the state database."""
 
 from __future__ import annotations

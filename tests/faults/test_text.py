@@ -1,4 +1,4 @@
-"""Issue 12 item 2: text that is not text (lone UTF-16 surrogates) is refused where it enters."""
+"""Text that is not text (lone UTF-16 surrogates) is refused where it enters."""
 
 from __future__ import annotations
 
