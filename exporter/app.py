@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -40,14 +41,17 @@ def make_app(
     overrides: dict[str, Any] | None = None,
     clock: Callable[[], float] = time.time,
     scrape_loop: bool = True,
+    state_connect: Callable[[Path], sqlite3.Connection] = sqlite3.connect,
 ) -> web.Application:
-    """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds."""
+    """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds.
+    `state_connect` opens the state database's connection (see `StateStore`)."""
     app = web.Application(
         client_max_size=MAX_BODY,
         middlewares=[errors_middleware, body_limit_middleware, auth_middleware,
                      browser_middleware, fanout_middleware],
     )
-    service = ExporterService(config, config_path=config_path, overrides=overrides, clock=clock)
+    service = ExporterService(config, config_path=config_path, overrides=overrides, clock=clock,
+                              state_connect=state_connect)
     app[SERVICE] = service
     app[FANOUT] = Fanout(service)
     app[WRITER] = MetricsWriter(service.view)

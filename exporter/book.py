@@ -215,7 +215,7 @@ class WindowBook:
         with contextlib.suppress(OSError):
             if path.exists() and os.path.samefile(path, old.path):
                 return
-        new = StateStore(path)
+        new = StateStore(path, connect=old.connect)
         try:
             new.copy_from(old)
         except StoreError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -39,7 +40,9 @@ class ExporterService:
         config_path: str | Path | None = None,
         overrides: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
+        state_connect: Callable[[Path], sqlite3.Connection] = sqlite3.connect,
     ):
+        """`state_connect` opens the state database's connection (see `StateStore`)."""
         self.config_path = config_path
         self.overrides = overrides or {}  # from the environment: every reload keeps them
         self.clock = clock
@@ -47,7 +50,7 @@ class ExporterService:
         self.reload_at = clock()
         self._version = 0  # reloads: what the targets and book do not count themselves
         self._targets = Targets(config, clock)
-        self.book = WindowBook(StateStore(config.state_path), clock,
+        self.book = WindowBook(StateStore(config.state_path, connect=state_connect), clock,
                                lambda w: Path(self.config.output_dir) / w.id)
         self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
                                    lambda: self._close_removed_targets("no longer discovered"))

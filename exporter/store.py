@@ -11,7 +11,7 @@ import sqlite3
 import struct
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +113,16 @@ class StateStore:
     scrape and are written only when they did. In WAL mode with `synchronous=NORMAL` a commit
     survives the death of our process (not a power cut); `sync=True` (a start, a stop) makes
     one survive a power cut too.
+
+    `connect` opens the SQLite connection (every time the file is opened or reopened): the
+    standard one by default; a test passes one that keeps the connection, to give it SQLite's
+    own faults (a full database, one that refuses writes).
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *,
+                 connect: Callable[[Path], sqlite3.Connection] = sqlite3.connect):
         self.path = path
+        self.connect = connect
         self.moved_aside: Path | None = None
         self.errors_total = 0  # failed writes and damage found: specdec_state_write_errors_total
         self._identity: tuple[tuple[int, int] | None, ...] = (None, None)
@@ -186,7 +192,8 @@ class StateStore:
         return aside
 
     def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level=None)
+        db = self.connect(self.path)
+        db.isolation_level = None  # autocommit: save() opens its own transactions
         try:
             # Check before writing anything, so a file moved aside is exactly what we found.
             (check,) = db.execute("PRAGMA quick_check").fetchone()

@@ -123,11 +123,14 @@ def exporter(aiohttp_client, tmp_path, monkeypatch):
     # moves: inside this test's directory, never the repository.
     monkeypatch.chdir(tmp_path)
 
-    async def make(config: dict, *, config_path=None, clock=None) -> ExporterUnderTest:
+    async def make(config: dict, *, config_path=None, clock=None,
+                   state_connect=None) -> ExporterUnderTest:
         data = {"output_dir": str(tmp_path / "out")} | config
         kwargs = {"config_path": config_path, "scrape_loop": False}
         if clock is not None:
             kwargs["clock"] = clock
+        if state_connect is not None:
+            kwargs["state_connect"] = state_connect
         app = make_app(validate_config(data), **kwargs)
         client = await aiohttp_client(app)
         return ExporterUnderTest(client, app[SERVICE])

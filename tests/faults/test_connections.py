@@ -128,7 +128,7 @@ class TestGuardUnit:
         await runner.setup()
         site = GuardedSite(runner, "127.0.0.1", 0, header_timeout=30, max_connections=4)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        port = runner.addresses[0][1]
         try:
             waiting = []
             for _ in range(10):

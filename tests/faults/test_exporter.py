@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -32,10 +33,10 @@ async def pair():
     await b.stop()
 
 
-async def _exp(exporter, pair, **extra):
+async def _exp(exporter, pair, *, state_connect=None, **extra):
     a, b = pair
     return await exporter({"targets": [{"name": "a", "url": a.url}, {"name": "b", "url": b.url}]}
-                          | extra)
+                          | extra, state_connect=state_connect)
 
 
 class TestResultsNotWritable:
@@ -93,8 +94,14 @@ class TestResultsNotWritable:
         assert json.loads((tmp_path / "out" / "w1" / "window.json").read_text()) == answer
 
     async def test_disk_full_for_the_state_database(self, exporter, pair):
-        exp = await _exp(exporter, pair)
-        db = exp.service.book.store._db
+        opened: list[sqlite3.Connection] = []
+
+        def connect(path):
+            opened.append(sqlite3.connect(path))
+            return opened[-1]
+
+        exp = await _exp(exporter, pair, state_connect=connect)
+        (db,) = opened  # the exporter's one connection: its SQLite faults are the store's
 
         def fill() -> None:
             # SQLite's own "database or disk is full": no page may be added any more.
@@ -169,9 +176,10 @@ class TestCorruptState:
                                                              caplog):
         exp = await _exp(exporter, pair)
         assert (await exp.client.post("/api/v1/windows", json={"id": "good"})).status == 201
-        db = exp.service.book.store._db
-        db.execute("INSERT INTO windows VALUES ('bad-json', 1, 1.0, 'not json {')")
-        db.execute("INSERT INTO windows VALUES ('bad-shape', 1, 2.0, '{\"id\": 3}')")
+        # Another writer puts rows the exporter cannot read into the file it holds open.
+        with contextlib.closing(sqlite3.connect(tmp_path / "out" / "state.sqlite")) as db, db:
+            db.execute("INSERT INTO windows VALUES ('bad-json', 1, 1.0, 'not json {')")
+            db.execute("INSERT INTO windows VALUES ('bad-shape', 1, 2.0, '{\"id\": 3}')")
         with caplog.at_level(logging.ERROR):
             again = await _exp(exporter, pair)
         assert "good" in [w.id for w in again.service.open_windows()]
