@@ -234,7 +234,7 @@ async def healthy(request: web.Request) -> web.Response:
 
 async def ready(request: web.Request) -> web.Response:
     """Config loaded and the first scrape round done."""
-    if not request.app[SERVICE].ready:
+    if not request.app[SERVICE].view().ready:
         return web.Response(status=503, text="first scrape round not done\n")
     return web.Response(text="OK\n")
 

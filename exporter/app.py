@@ -66,11 +66,12 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         service = app[SERVICE]
         session = make_session(service.config.scrape_concurrency)
-        service.scraper = Scraper(
+        scraper = Scraper(
             session,
             max_bytes=service.config.max_response_bytes,
             concurrency=service.config.scrape_concurrency,
         )
+        service.use_scraper(scraper)
         task = asyncio.create_task(service.run()) if loop else None
         try:
             yield
@@ -80,7 +81,7 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await service.scraper.close()
+            await scraper.close()
             await session.close()
             service.close()
 

@@ -61,7 +61,7 @@ class Fanout:
         return len(self.config.peers) > 1 and PEER_HEADER not in request.headers
 
     def _fleet(self) -> dict[str, TargetConfig]:
-        return fleet_targets(self.config, self.service.discovery.targets())
+        return fleet_targets(self.config, self.service.discovered_targets())
 
     def _expected(self, names: list[str] | None) -> dict[int, list[str]]:
         fleet = self._fleet()

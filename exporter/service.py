@@ -12,10 +12,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from exporter.accounting import LiveTrack
 from exporter.book import StartRequest, WindowBook
-from exporter.config import Config, check_reload, load_config
-from exporter.discovery import Discovery
+from exporter.config import Config, TargetConfig, check_reload, load_config
 from exporter.errors import RequestError
 from exporter.scheduler import Scheduler
 from exporter.scrape import Scraper
@@ -93,36 +91,16 @@ class ExporterService:
 
     @property
     def config(self) -> Config:
-        """The config in force."""
+        """The config in force (frozen; a reload replaces it): for the handlers and the fan-out
+        that act on it. What the state shows, readers take from `view()`."""
         return self._targets.config
 
-    @property
-    def targets(self) -> dict[str, TargetState]:
-        """Target states by name (read only: a reload or a scrape replaces them)."""
-        return self._targets.states
+    def discovered_targets(self) -> list[TargetConfig]:
+        """Every discovered target, before the split into shards (the fan-out's fleet)."""
+        return self._targets.discovery.targets()
 
-    @property
-    def live(self) -> dict[str, LiveTrack]:
-        """Live tracks by target name (read only)."""
-        return self._targets.live
-
-    @property
-    def discovery(self) -> Discovery:
-        """The discovery sources (read only)."""
-        return self._targets.discovery
-
-    @property
-    def ready(self) -> bool:
-        """The first scrape round is done."""
-        return self.scheduler.ready
-
-    @property
-    def scraper(self) -> Scraper | None:
-        """The scraper of the app's session (None until the app starts)."""
-        return self._targets.scraper
-
-    @scraper.setter
-    def scraper(self, scraper: Scraper | None) -> None:
+    def use_scraper(self, scraper: Scraper) -> None:
+        """The scraper of the app's session (none until the app starts)."""
         self._targets.scraper = scraper
 
     # -- config ---------------------------------------------------------------------------
@@ -154,7 +132,7 @@ class ExporterService:
         self.reload_ok = True
         self.reload_at = self.clock()
         self._version += 1
-        log.info("config reloaded targets=%d", len(self.targets))
+        log.info("config reloaded targets=%d", len(self._targets.states))
         return config
 
     def _close_removed_targets(self, why: str) -> None:
@@ -194,11 +172,6 @@ class ExporterService:
         """Windows not stopped yet."""
         return self.book.open_windows()
 
-    @property
-    def last_window(self) -> Window | None:
-        """The most recently stopped window (its answer)."""
-        return self.book.last_window
-
     def window_with_series(self, window_id: str) -> Window:
         """A window with its per-scrape series (a stopped one's is read from the store)."""
         return self.book.with_series(window_id)
@@ -217,7 +190,7 @@ class ExporterService:
 
     async def _scrape_for_window(self, names: list[str], others: list[Window]
                                  ) -> list[ScrapeResult]:
-        known = [n for n in names if n in self.targets]
+        known = [n for n in names if n in self._targets.states]
         return list(await asyncio.gather(*(self.scrape_target(n, feed=others) for n in known)))
 
     async def start_window(

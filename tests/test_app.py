@@ -77,10 +77,10 @@ class TestReload:
         assert await _target_names(exp) == ["b", "c"]
         assert exp.service.config.scrape_interval == 10
         # b keeps its state, c is new; both are scraped from now on.
-        assert exp.service.targets["b"].up is True
-        assert exp.service.targets["c"].last is None
+        assert exp.service.view().targets["b"].up is True
+        assert exp.service.view().targets["c"].last is None
         await exp.round()
-        assert exp.service.targets["c"].up is True
+        assert exp.service.view().targets["c"].up is True
         assert await _metric(exp, "specdec_target_up", {"target": "b", "zone": "z2"}) == 1
         assert await _metric(exp, "specdec_target_up", {"target": "a"}) is None
         assert await _metric(exp, "specdec_config_last_reload_successful") == 1
@@ -91,11 +91,11 @@ class TestReload:
         _write_config(path, [{"name": "a", "url": a.url}])
         exp = await exporter(yaml.safe_load(path.read_text()), config_path=path)
         await exp.round()
-        assert exp.service.targets["a"].up is True
+        assert exp.service.view().targets["a"].up is True
         _write_config(path, [{"name": "a", "url": a.url}], max_response_bytes=2048)
         assert (await exp.client.post("/-/reload")).status == 200
         await exp.round()
-        assert exp.service.targets["a"].last_error.endswith("is over the 2048 byte cap")
+        assert exp.service.view().targets["a"].last_error.endswith("is over the 2048 byte cap")
 
     async def test_invalid_file_refused_old_config_serves(self, exporter, fake_vllm, tmp_path):
         a = await fake_vllm()
@@ -117,7 +117,7 @@ class TestReload:
         assert exp.service.config is old
         assert await _target_names(exp) == ["a"]
         await exp.round()
-        assert exp.service.targets["a"].up is True
+        assert exp.service.view().targets["a"].up is True
         assert await _metric(exp, "specdec_config_last_reload_successful") == 0
         assert await _metric(exp, "specdec_target_up", {"target": "a"}) == 1
 
@@ -320,11 +320,11 @@ class TestEnvironmentOverrides:
         assert (config.shards, config.shard_index) == (2, 1)
         service = ExporterService(config, config_path=path, overrides=overrides)
         try:
-            mine = set(service.targets)
+            mine = set(service.view().targets)
             assert mine and len(mine) < len(targets)  # this replica's share only
             service.reload()
             assert (service.config.shards, service.config.shard_index) == (2, 1)
-            assert set(service.targets) == mine
+            assert set(service.view().targets) == mine
         finally:
             service.close()
 

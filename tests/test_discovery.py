@@ -143,7 +143,7 @@ class TestDiscoveryInTheExporter:
         sd.write_text("[{broken")
         _bump(sd)
         await exp.round()  # a broken file keeps its last good list
-        assert a.host_port in exp.service.targets
+        assert a.host_port in exp.service.view().targets
         metrics = await (await exp.client.get("/metrics")).text()
         assert f'specdec_discovery_source_up{{source="{sd}"}} 0.0' in metrics
         checked = subprocess.run([promtool, "check", "metrics"], input=metrics.encode(),
@@ -155,7 +155,7 @@ class TestDiscoveryInTheExporter:
         sd.write_text("[]")
         _bump(sd)
         await exp.round()
-        assert a.host_port not in exp.service.targets
+        assert a.host_port not in exp.service.view().targets
         answer = await (await exp.client.post("/api/v1/windows/d/stop")).json()
         left = answer["results"][a.host_port]
         assert left["status"] == "na"

@@ -513,16 +513,13 @@ class TestMetricsWriterUnit:
         up = {f.name: f for f in text_string_to_metric_families(text)}["specdec_target_up"]
         assert up.samples[0].labels == {"target": "a", "zone": odd}
 
-    def test_new_scrape_state_is_rendered_not_a_stale_cache(self, tmp_path):
-        from dataclasses import replace
-
-        config = validate_config({"output_dir": str(tmp_path), "targets": [
-            {"name": "a", "url": "http://127.0.0.1:9/metrics"}]})
-        service = ExporterService(config)
-        try:
-            writer = MetricsWriter(service.view, process_metrics=False)
-            assert b'specdec_scrape_errors_total{target="a"} 0.0' in writer.render()
-            service.targets["a"] = replace(service.targets["a"], errors_total=3)
-            assert b'specdec_scrape_errors_total{target="a"} 3.0' in writer.render()
-        finally:
-            service.close()
+    async def test_new_scrape_state_is_rendered_not_a_stale_cache(self, exporter,
+                                                                  unused_tcp_port):
+        exp = await exporter({"targets": [
+            {"name": "a", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}]})
+        writer = MetricsWriter(exp.service.view, process_metrics=False)
+        assert b'specdec_scrape_errors_total{target="a"} 0.0' in writer.render()
+        await exp.round()  # refused: one more scrape error
+        assert b'specdec_scrape_errors_total{target="a"} 1.0' in writer.render()
+        await exp.round()
+        assert b'specdec_scrape_errors_total{target="a"} 2.0' in writer.render()

@@ -234,7 +234,7 @@ class TestRebalance:
             return data
 
         exp = await exporter(write(2), config_path=path)
-        mine = sorted(exp.service.targets)
+        mine = sorted(exp.service.view().targets)
         moving = [n for n in mine if owner(n, 3) == 2]
         staying = [n for n in mine if owner(n, 3) == 0]
         assert moving and staying, (mine, moving)

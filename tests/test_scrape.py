@@ -549,13 +549,13 @@ class TestFailingTargetInService:
         exp = await exporter({"targets": [{"name": "flap", "url": fake.url}]})
         await fake.stop()
         await exp.round()
-        assert exp.service.targets["flap"].up is False
+        assert exp.service.view().targets["flap"].up is False
         # Same port again, a fresh server: up again, the error is kept for the record.
         again = TestServer(make_fake_app(FakeServer(k=2)), port=port)
         await again.start_server()
         try:
             await exp.round()
-            state = exp.service.targets["flap"]
+            state = exp.service.view().targets["flap"]
             assert state.up is True and state.errors_total == 1
             assert state.last_error == "connection failed: Connection refused"
         finally:
@@ -571,7 +571,7 @@ class TestFailingTargetInService:
             {"name": "slow", "url": str(server.make_url("/metrics")), "timeout": "200ms"},
         ]})
         await exp.round()
-        assert exp.service.targets["slow"].last_error == "timeout after 0.2s"
+        assert exp.service.view().targets["slow"].last_error == "timeout after 0.2s"
 
 
 

@@ -75,7 +75,7 @@ class TestChurn:
         bound = 3 * (5 * MODELS + MAX_ABSENT_SERIES) + 5 * 3
         assert max(sizes) <= bound, (max(sizes), bound)
         assert sizes[-1] == sizes[fill]  # flat once full
-        live = exp.service.live["c"].accumulator
+        live = exp.service.view().live["c"].accumulator
         assert _kept(live) <= bound
         # Relative, in the same run: the last scrapes cost about what the first full ones did.
         early = statistics.median(costs[fill // 2 : fill])

@@ -62,11 +62,11 @@ class TestLoad:
         server = await aiohttp_server(app)
         service = app[SERVICE]
         base = f"http://127.0.0.1:{server.port}"
-        while not service.ready:
+        while not service.view().ready:
             await asyncio.sleep(0.05)
         await asyncio.sleep(2)  # a few rounds: steady state before measuring memory
         rss_before = rss_kib()
-        errors_before = {n: s.errors_total for n, s in service.targets.items()}
+        errors_before = {n: s.errors_total for n, s in service.view().targets.items()}
         stop, lags = asyncio.Event(), []
         probe = asyncio.create_task(probe_lag(stop, lags))
         rounds_before = sum(t.requests for t in targets)
@@ -105,7 +105,7 @@ class TestLoad:
                 break
             await asyncio.sleep(0.5)
         failed = {n: (s.errors_total - errors_before[n], s.last_error)
-                  for n, s in service.targets.items() if s.errors_total != errors_before[n]}
+                  for n, s in service.view().targets.items() if s.errors_total != errors_before[n]}
         figures["scrape_errors"] = sum(f[0] for f in failed.values())
         print(f"load scrape errors: {figures['scrape_errors']} {list(failed.items())[:3]}")
         for n in range(TARGETS):

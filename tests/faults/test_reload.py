@@ -171,7 +171,7 @@ class TestHugeReloads:
         response, answered = await self._metrics_during(running)
         assert response.status == 400
         assert f"over {MAX_CONFIG_BYTES} bytes" in (await response.json())["error"]
-        assert len(running.service.targets) == 1
+        assert len(running.service.view().targets) == 1
 
     async def test_max_targets_refuses_before_building_them(self, running):
         running.path.write_text(json.dumps(running.base | {
@@ -186,7 +186,7 @@ class TestHugeReloads:
         running.path.write_text(text)
         response, answered = await self._metrics_during(running)
         assert response.status == 200, await response.text()
-        assert len(running.service.targets) == 9_001
+        assert len(running.service.view().targets) == 9_001
         # Were the reading and checking on the loop, no /metrics answer could come before the
         # reload's (they would queue behind it); off the loop, they keep coming.
         assert answered >= 5, answered
@@ -198,9 +198,9 @@ class TestHugeReloads:
         sd.write_text(json.dumps([{"targets": [f"127.0.0.1:{target.port}"]}]))
         exp = await exporter({"max_targets": 20, "file_sd": [{"files": [str(sd)]}]})
         await exp.round()
-        assert list(exp.service.targets) == [f"127.0.0.1:{target.port}"]
+        assert list(exp.service.view().targets) == [f"127.0.0.1:{target.port}"]
         sd.write_text(json.dumps([{"targets": [f"10.0.0.{i}:1" for i in range(21)]}]))
         await exp.round()
-        assert list(exp.service.targets) == [f"127.0.0.1:{target.port}"]
-        errors = list(exp.service.discovery.errors().values())
+        assert list(exp.service.view().targets) == [f"127.0.0.1:{target.port}"]
+        errors = list(exp.service.view().discovery_errors.values())
         assert errors == [f"{sd}: 21 targets is over max_targets (20)"]

@@ -155,7 +155,7 @@ class TestDiscovery:
         name = f"127.0.0.1:{target.port}"
         assert value(found, "specdec_target_up", target=name, c=EMOJI) == 1.0
         assert value(found, "specdec_target_up", target="127.0.0.1:1") is None
-        errors = exp.service.discovery.errors()
+        errors = exp.service.view().discovery_errors
         assert any("0.labels.c: not valid Unicode text" in e for e in errors.values()), errors
         landing = await exp.client.get("/")
         assert landing.status == 200
