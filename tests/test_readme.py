@@ -88,3 +88,22 @@ class TestDocsMatchTheRepo:
         first_section = text.split("\n## ", 2)[1]
         assert first_section.startswith("When something fails")
         assert "| what you do |" in first_section
+
+    def test_reliability_names_tests_that_exist(self):
+        # Every `test_x.py::Class::test` the table names is there (renames leave no dead rows).
+        text = (ROOT / "docs" / "reliability.md").read_text()
+        named, current, missing = 0, None, []
+        for file, path in re.findall(r"`((?:faults/)?test_\w+\.py)?((?:::\w+)+)?(?:\[[^`]*\])?`",
+                                     text):
+            current = file or current
+            if not file and not path:
+                continue
+            source = (ROOT / "tests" / current)
+            if not source.is_file():
+                missing.append(current)
+                continue
+            for name in path.strip(":").split("::") if path else ():
+                named += 1
+                if not re.search(rf"(?:def|class) {name}\b", source.read_text()):
+                    missing.append(f"{current}::{name}")
+        assert named > 50 and missing == []
