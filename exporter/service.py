@@ -44,8 +44,8 @@ class ExporterService:
         self.config_path = config_path
         self.overrides = overrides or {}  # from the environment: every reload keeps them
         self.clock = clock
-        self.reload_ok = True
-        self.reload_at = clock()
+        self._reload_ok = True
+        self._reload_at = clock()
         self._version = 0  # reloads: what the targets and book do not count themselves
         self._targets = Targets(config, clock)
         self.book = WindowBook(StateStore(config.state_path, connect=state_connect), clock,
@@ -74,8 +74,8 @@ class ExporterService:
             last_window=book.last_window,
             windows=book.recent,
             with_series=book.with_series,
-            reload_ok=self.reload_ok,
-            reload_at=self.reload_at,
+            reload_ok=self._reload_ok,
+            reload_at=self._reload_at,
             discovery_up=MappingProxyType(
                 {name: not source.error for name, source in targets.discovery.sources.items()}),
             discovery_errors=MappingProxyType(dict(targets.discovery.errors())),
@@ -109,7 +109,7 @@ class ExporterService:
         """A reload was refused: the old config keeps serving; the log and /metrics say so."""
         log.error("config reload refused, the old config keeps serving problems=%s",
                   "; ".join(problems))
-        self.reload_ok = False
+        self._reload_ok = False
         self._version += 1
 
     def reload(self, config: Config | None = None) -> Config:
@@ -129,8 +129,8 @@ class ExporterService:
             raise
         self._targets.configure(config)
         self._close_removed_targets("removed from the config")
-        self.reload_ok = True
-        self.reload_at = self.clock()
+        self._reload_ok = True
+        self._reload_at = self.clock()
         self._version += 1
         log.info("config reloaded targets=%d", len(self._targets.states))
         return config
