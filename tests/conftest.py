@@ -138,17 +138,27 @@ def exporter(aiohttp_client, tmp_path, monkeypatch):
     return make
 
 
-@pytest.fixture
-def promtool() -> str:
-    """Path of promtool; skipped with a reason outside CI when absent, a failure in CI."""
-    import os
-
-    path = shutil.which("promtool")
+def tool(name: str, install: str = "apt-get install prometheus") -> str:
+    """Path of a program a test needs: a skip saying how to install it when absent, a failure
+    under CI=true (scripts/test.sh installs every one)."""
+    path = shutil.which(name)
     if path is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("promtool missing in CI: scripts/test.sh installs Debian's prometheus")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
+            pytest.fail(f"{name} missing in CI: scripts/test.sh installs it ({install})")
+        pytest.skip(f"{name} not installed ({install})")
     return path
+
+
+@pytest.fixture
+def promtool() -> str:
+    """Path of promtool (Debian's prometheus package)."""
+    return tool("promtool")
+
+
+@pytest.fixture
+def prometheus() -> str:
+    """Path of the prometheus server binary (Debian's prometheus package)."""
+    return tool("prometheus")
 
 
 @pytest.fixture

@@ -231,26 +231,14 @@ class TestTargetsFromPrometheus:
         assert info.value.problems == [message]
 
 
-def _prometheus_binary() -> str:
-    import shutil
-
-    path = shutil.which("prometheus")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("prometheus missing in CI: scripts/test.sh installs it")
-        pytest.skip("prometheus binary not installed (apt-get install prometheus)")
-    return path
-
-
 @pytest.mark.prometheus
 class TestPrometheusSDAgainstRealPrometheus:
-    def test_follows_prometheus_and_keeps_the_list_when_it_goes(self, tmp_path):
+    def test_follows_prometheus_and_keeps_the_list_when_it_goes(self, tmp_path, prometheus):
         import time
 
         import yaml
         from clitools import CLI, fake_vllm, free_port, http, process, wait_http, write_config
 
-        prometheus = _prometheus_binary()
         prom_port, port = free_port(), free_port()
         prom_url = f"http://127.0.0.1:{prom_port}"
         exporter_url = f"http://127.0.0.1:{port}"

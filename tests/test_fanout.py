@@ -257,20 +257,14 @@ class TestRebalance:
 
 @pytest.mark.prometheus
 class TestNoDoubleCountingInPrometheus:
-    def test_two_shards_scraped_by_prometheus_count_each_target_once(self, fleet, tmp_path):
+    def test_two_shards_scraped_by_prometheus_count_each_target_once(self, fleet, tmp_path,
+                                                                      prometheus):
         """Each target is exported by one shard; a fan-out window is one open window."""
-        import os
-        import shutil
         import time
         import urllib.parse
 
         import yaml
 
-        prometheus = shutil.which("prometheus")
-        if prometheus is None:
-            if os.environ.get("CI") == "true":
-                pytest.fail("prometheus missing in CI: scripts/test.sh installs it")
-            pytest.skip("prometheus binary not installed (apt-get install prometheus)")
         f = fleet(2, 5)
         f.traffic()
         prom_port = free_port()

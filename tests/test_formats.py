@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -186,12 +184,7 @@ def _prom_query(url: str, expr: str) -> list[dict]:
 
 @pytest.mark.prometheus
 class TestRealPrometheusScrapes:
-    def test_openmetrics_and_text_jobs_both_scrape_the_same_samples(self, tmp_path):
-        prometheus = shutil.which("prometheus")
-        if prometheus is None:
-            if os.environ.get("CI") == "true":
-                pytest.fail("prometheus missing in CI: scripts/test.sh installs it")
-            pytest.skip("prometheus binary not installed (apt-get install prometheus)")
+    def test_openmetrics_and_text_jobs_both_scrape_the_same_samples(self, tmp_path, prometheus):
         port, prom_port = free_port(), free_port()
         target = f"127.0.0.1:{port}"
         config = tmp_path / "prometheus.yml"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import free_port
+from conftest import free_port, tool
 
 pytestmark = pytest.mark.prometheus
 
@@ -179,17 +179,6 @@ class Stack:
         return "|".join(self.targets)
 
 
-def _prometheus_binary() -> str:
-    path = shutil.which("prometheus")
-    if path is None or shutil.which("promtool") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("prometheus/promtool missing in CI: scripts/test.sh installs Debian's "
-                        "prometheus package")
-        pytest.skip("prometheus binary not installed (apt-get install prometheus): "
-                    "the real-Prometheus integration test is not run")
-    return path
-
-
 def _backfill_history(tsdb: Path, work: Path) -> None:
     """Counters of a synthetic target, hours old, so the day-before baseline rules have data."""
     now = int(time.time())
@@ -216,7 +205,8 @@ def _launch(name: str, cmd: list[str], work: Path, env: dict | None = None) -> P
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     """Fake servers, exporter, Prometheus; one window recorded; everything killed afterwards."""
-    prometheus = _prometheus_binary()
+    prometheus = tool("prometheus")
+    tool("promtool")  # the history is backfilled with it
     work = tmp_path_factory.mktemp("prom-it")
     ports = {name: free_port() for name in [*FAKES, DOWN, "exporter", "prometheus"]}
     exporter_url = f"http://127.0.0.1:{ports['exporter']}"
