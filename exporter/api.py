@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
+from exporter.answertext import with_key
 from exporter.compare_page import render_compare, render_picker
 from exporter.csrf import SAFE_METHODS, check_browser_safe, default_hosts
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
@@ -269,7 +270,16 @@ async def stop_window(request: web.Request) -> web.Response:
     window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
     window = await service.stop_window(window_id)
+    text = service.answer_text(window.id)
+    if text is not None:
+        # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
+        body = with_key(text, "results_dir", _results_dir(service, window))
+        return web.Response(text=body, content_type="application/json")
     return web.json_response(with_iso_times(_state_with_files(service, window)))
+
+
+def _results_dir(service: ExporterService, window: Window) -> str:
+    return str(Path(service.config.output_dir).resolve() / window.id)
 
 
 def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any]:
@@ -277,7 +287,7 @@ def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any
     state: dict[str, Any] = window.state()
     if window.is_open:
         return state
-    return state | {"results_dir": str(Path(service.config.output_dir).resolve() / window.id)}
+    return state | {"results_dir": _results_dir(service, window)}
 
 
 MAX_LIST = 1000

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from exporter.answertext import AnswerTexts
 from exporter.errors import RequestError, StoreError, UnknownWindowError
 from exporter.isotime import iso_utc
 from exporter.results import window_answer
@@ -66,6 +67,9 @@ class WindowBook:
         self._closed_loaded = False
         self._series_of: Window | None = None  # the stopped window whose series was last read
         self.result_errors = 0  # stops whose result files could not be written
+        # The last stop's answer as encoded for the state database: its HTTP answer, and a
+        # second stop's, send these bytes instead of encoding megabytes again.
+        self._answer_text: tuple[str, str] | None = None
 
     @property
     def state_errors(self) -> int:
@@ -100,6 +104,12 @@ class WindowBook:
         if self._series_of is None or self._series_of.id != window_id:
             self._series_of = self._load(window_id) or window
         return self._series_of
+
+    def answer_text(self, window_id: str) -> str | None:
+        """`json.dumps` of a stopped window's answer when it is the last one stopped, else None."""
+        if self._answer_text is not None and self._answer_text[0] == window_id:
+            return self._answer_text[1]
+        return None
 
     def in_flight(self, window_id: str) -> bool:
         """A start or stop of that id is under way."""
@@ -276,14 +286,17 @@ class WindowBook:
         window.take_final(results, self.clock())
         answer = window_answer(window)
         try:
+            # Off the loop, so scrapes and requests go on meanwhile: the encoding of megabytes,
+            # then the files (their writes and fsyncs let go of the GIL).
+            texts = await asyncio.to_thread(AnswerTexts.of, answer)
             try:
-                # fsync of every file: off the loop, so scrapes and requests go on meanwhile.
-                await asyncio.to_thread(write_results, self.results_dir(window), answer)
+                await asyncio.to_thread(write_results, self.results_dir(window), texts)
             except StoreError:
                 self.result_errors += 1
                 raise
             window.answer = answer
-            self.store.save([window.to_dict(accumulators=False)], sync=True)
+            self.store.save([window.to_dict(accumulators=False)], sync=True,
+                            answers={window.id: texts.compact})
         except StoreError as exc:
             # Stays open, its scrapes kept: a later stop retries and answers in full.
             window.stopped_at, window.answer, window.stop_errors = None, None, stop_errors
@@ -294,6 +307,7 @@ class WindowBook:
             ) from exc
         # A stopped window is its answer: memory keeps nothing per series of it.
         self.last_window = self._windows[window.id] = window.as_answer_only()
+        self._answer_text = (window.id, texts.compact)
         self._forget_old()
         self.version += 1
 
@@ -324,6 +338,7 @@ class WindowBook:
         self.store.delete([window_id])
         self._windows.pop(window_id, None)
         self._series_of = None
+        self._forget_text([window_id])
         if self.last_window is not None and self.last_window.id == window_id:
             recent = self._closed(1)
             self.last_window = recent[0].as_answer_only() if recent else None
@@ -337,6 +352,7 @@ class WindowBook:
             return 0
         self.store.delete(old)
         self._series_of = None
+        self._forget_text(old)
         for window_id in old:
             self._windows.pop(window_id, None)
         if self.last_window is not None and self.last_window.id in old:
@@ -345,6 +361,10 @@ class WindowBook:
         self.version += 1
         log.info("stopped windows past retention forgotten count=%d", len(old))
         return len(old)
+
+    def _forget_text(self, window_ids: list[str]) -> None:
+        if self._answer_text is not None and self._answer_text[0] in window_ids:
+            self._answer_text = None
 
     def _forget_old(self) -> None:
         closed = sorted(

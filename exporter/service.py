@@ -184,6 +184,10 @@ class ExporterService:
         """An open or closed window by id, from memory or the store."""
         return self.book.get(window_id)
 
+    def answer_text(self, window_id: str) -> str | None:
+        """The stopped window's answer as JSON text, when it is at hand already encoded."""
+        return self.book.answer_text(window_id)
+
     def list_windows(self) -> list[Window]:
         """Open windows and the recent closed ones, newest first."""
         return self.book.recent()

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import secrets
 import shutil
 import sqlite3
 import struct
-import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from exporter.answertext import AnswerTexts
 from exporter.errors import StoreError
-from exporter.jsontext import Encoded, pretty
-from exporter.results import result_file_names
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +47,33 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
     """Write via a temporary file in the same directory and rename: never a half file.
 
     `sync` also forces the bytes to disk before the rename (durable across a power cut);
-    atomicity for readers does not need it.
+    atomicity for readers does not need it. Plain `os` calls, not `tempfile.mkstemp` and a file
+    object: a stop writes a file per target, and those took 0.14 ms of the 0.19 ms per file.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    folder = os.fspath(path.parent)
+    for attempt in range(_ATTEMPTS):
+        # A name of our own (O_EXCL): another writer's, or a killed one's leftover, is not ours.
+        tmp = os.path.join(folder, f".{path.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, _CREATE, 0o600)  # mkstemp's mode, as the files always had
+            break
+        except FileExistsError:
+            continue
+        except FileNotFoundError:
+            if attempt == _ATTEMPTS - 1:
+                raise
+            os.makedirs(folder, exist_ok=True)
+    else:
+        raise FileExistsError(errno.EEXIST, "no free temporary name", folder)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
             if sync:
-                handle.flush()
-                os.fsync(handle.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -66,7 +83,11 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
         raise
 
 
-def write_results(directory: Path, answer: dict[str, Any]) -> list[Path]:
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+_ATTEMPTS = 100
+
+
+def write_results(directory: Path, texts: AnswerTexts) -> list[Path]:
     """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all.
 
     File names as `results.result_file_names` gives them (AISBench's, unless two collide).
@@ -75,16 +96,11 @@ def write_results(directory: Path, answer: dict[str, Any]) -> list[Path]:
     # target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
     written = []
     try:
-        names = result_file_names(answer["results"])
-        # Each result is encoded once: its file's text is also its part of window.json.
-        encoded = {}
-        for target, result in answer["results"].items():
-            path = directory / "performances" / names[target]
-            encoded[target] = Encoded(pretty(result))
-            atomic_write(path, (encoded[target].text + "\n").encode(), sync=False)
+        for name, text in texts.files.items():
+            path = directory / "performances" / name
+            atomic_write(path, text.encode(), sync=False)
             written.append(path)
-        whole = pretty(answer | {"results": encoded})
-        atomic_write(directory / "window.json", (whole + "\n").encode())
+        atomic_write(directory / "window.json", texts.whole.encode())
         written.append(directory / "window.json")
         for folder in {p.parent for p in written}:
             _fsync_dir(folder)
@@ -93,16 +109,24 @@ def write_results(directory: Path, answer: dict[str, Any]) -> list[Path]:
     return written
 
 
+def _doc_text(doc: dict[str, Any], answer: str | None) -> str:
+    """`json.dumps(doc)`, with `answer` (its `answer` already encoded) put in as is."""
+    if answer is None:
+        return json.dumps(doc)
+    keys = list(doc)
+    at = keys.index("answer")
+    before = json.dumps({k: doc[k] for k in keys[:at]})[1:-1]
+    after = json.dumps({k: doc[k] for k in keys[at + 1:]})[1:-1]
+    members = [m for m in (before, '"answer": ' + answer, after) if m]
+    return "{" + ", ".join(members) + "}"
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _dumps(value: object) -> bytes:
-    return (pretty(value) + "\n").encode()
 
 
 class StateStore:
@@ -252,11 +276,19 @@ class StateStore:
         accumulators: Iterable[tuple[str, str, str]] = (),
         *,
         sync: bool = False,
+        answers: Mapping[str, str] | None = None,
     ) -> None:
         """Upsert window rows (`to_dict` form, accumulators left out) and accumulator rows
-        (window id, target, JSON) in one transaction; `sync` forces it to disk."""
+        (window id, target, JSON) in one transaction; `sync` forces it to disk.
+
+        `answers`: window id -> its stop answer already encoded (`json.dumps`), which its row
+        holds as is instead of encoding the document's `answer` again.
+        """
+        answers = answers or {}
         rows = [
-            (d["id"], int(d["stopped_at"] is None), d["started_at"], json.dumps(d)) for d in docs
+            (d["id"], int(d["stopped_at"] is None), d["started_at"],
+             _doc_text(d, answers.get(d["id"])))
+            for d in docs
         ]
         accs = list(accumulators)
         if not rows and not accs:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import enum
 import json
 import math
@@ -24,6 +25,15 @@ class Level(enum.IntEnum):
     HIGH = 3
 
 
+class Row(list):
+    pass
+
+
+DEEP: list = [1.5, {"a": 1}]
+for _ in range(40):  # deeper than the writer's table of indents
+    DEEP = [DEEP]
+
+
 ODD = [
     {}, [], "", 0, -0.0, 1e16, 1e-7, 0.1, 1.5, -2, 10**30, True, False, None,
     "é ü 中文 \u2028 \x00 \x1f \" \\ / \t \n", "🙂", {"a": {}}, {"a": []}, [[], {}],
@@ -31,6 +41,9 @@ ODD = [
     (1, 2, (3,)), {"tuple": ()}, Colour.RED, {Colour.RED: Level.HIGH}, [Level.HIGH],
     {"nested": [{"a": [1, [2, [3, {"b": None}]]]}]},
     {"x": 1.0, "y": [0.30000000000000004, 123456789.123456789, 5e-324, 1.7976931348623157e308]},
+    # Subclasses of dict and list take the long way (the C encoder gets exact types only).
+    collections.OrderedDict([("b", 1), ("a", [1, {"c": 2.5}])]), Row([1, 2.5, "x"]),
+    {"scalars": Row([True, None]), "deep": DEEP},
 ]
 
 
