@@ -16,6 +16,7 @@ from aiohttp import web
 from exporter.api import (
     MAX_BODY,
     METRICS_CACHE,
+    PRERENDER,
     SERVICE,
     WRITER,
     add_routes,
@@ -28,6 +29,7 @@ from exporter.config import Config, load_config
 from exporter.errors import ConfigError
 from exporter.exposition import MetricsWriter
 from exporter.fanout import FANOUT, Fanout, fanout_middleware, peer_session
+from exporter.prerender import Prerender
 from exporter.scrape import Scraper, make_session
 from exporter.service import ExporterService
 
@@ -55,9 +57,11 @@ def make_app(
     app[SERVICE] = service
     app[FANOUT] = Fanout(service)
     app[WRITER] = MetricsWriter(service.view)
+    app[PRERENDER] = Prerender(app[WRITER])
     app[METRICS_CACHE] = {}
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))
+    app.cleanup_ctx.append(_prerendering)
     app.cleanup_ctx.append(peer_session)
     return app
 
@@ -86,6 +90,11 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
             service.close()
 
     return lifecycle
+
+
+async def _prerendering(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[PRERENDER].close()
 
 
 async def reload_config(service: ExporterService) -> Config:

@@ -27,6 +27,12 @@ def position_ratios(counts: Counts) -> dict[int, float]:
     The drafts behind position i are those of the parts that draft position i (see `Counts`):
     a k=3 target does not dilute position 4 of a k=5 one.
     """
+    if not counts.position_drafts:  # the usual case: every position over all the drafts
+        drafts = counts.drafts
+        per_position = counts.per_position
+        if drafts <= 0:
+            return {}
+        return {pos: per_position[pos] / drafts for pos in sorted(per_position)}
     ratios = {}
     for pos in sorted(counts.per_position):
         drafts = counts.drafts_at(pos)

@@ -10,7 +10,7 @@ come from prometheus_client's collectors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,8 +103,10 @@ ENGINE_ACCEPTED = Family("specdec_engine_accepted_tokens_total", "counter",
                          "Accepted draft tokens per engine (data-parallel rank), for servers "
                          "with several.")
 
+_NO_LIVE = ("", "", "")
 _TARGET_FAMILIES = (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, DRAFTS, DRAFT_TOKENS, ACCEPTED,
                     PER_POS, ENGINE_TOKENS, ENGINE_ACCEPTED)
+_LIVE_FAMILIES = (RATIO, LENGTH, POS_RATIO)
 
 
 def escape(value: str) -> str:
@@ -146,6 +148,16 @@ def _ratio_lines(labels: str, counts: Counts, out: dict[Family, list[str]],
         out[pos_family].append(_line(pos_family.name, f'{labels},position="{pos}"', value))
 
 
+def _samples(prefixes: list[str], values: list[float]) -> str:
+    """`prefix value` lines, one per pair: most samples of the exposition pass here."""
+    pairs = zip(prefixes, values, strict=True)
+    total = sum(values)
+    if total - total == 0.0:  # every value finite (a NaN or infinity makes the sum one)
+        # repr inline: a call of `number` per sample is a third of a cold render.
+        return "".join([f"{prefix}{value!r}\n" for prefix, value in pairs])
+    return "".join([f"{prefix}{number(value)}\n" for prefix, value in pairs])
+
+
 class _Labels:
     """A target's sample prefixes (`name{labels} `), kept while its config object lives.
 
@@ -153,18 +165,22 @@ class _Labels:
     here once): a block of lines is then one concatenation and one `repr` per sample.
     """
 
-    __slots__ = ("config", "text", "fixed", "models", "live_positions")
+    __slots__ = ("config", "text", "fixed", "up", "present", "models", "live_positions")
 
     def __init__(self, name: str, state: TargetState):
         self.config = state.config
         self.text = label_text({"target": name} | state.config.labels)
         self.fixed = {f: f"{f.name}{{{self.text}}} "
                       for f in (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, RATIO, LENGTH)}
-        self.models: dict[str, tuple[str, str, str, dict[int, str]]] = {}
-        self.live_positions: dict[int, str] = {}
+        # Lines whose value is one of two: indexed by the bool.
+        self.up = (f"{self.fixed[UP]}0.0\n", f"{self.fixed[UP]}1.0\n")
+        self.present = (f"{self.fixed[PRESENT]}0.0\n", f"{self.fixed[PRESENT]}1.0\n")
+        self.models: dict[str, tuple[str, str, str, dict[tuple[int, ...], list[str]]]] = {}
+        self.live_positions: dict[tuple[int, ...], list[str]] = {}
 
-    def model(self, model: str) -> tuple[str, str, str, dict[int, str]]:
-        """Prefixes of the drafts, draft tokens and accepted lines, and per position, of a model."""
+    def model(self, model: str) -> tuple[str, str, str, dict[tuple[int, ...], list[str]]]:
+        """Prefixes of a model's drafts, draft tokens and accepted lines, and its per-position
+        prefixes by the positions present."""
         found = self.models.get(model)
         if found is None:
             with_model = f'{self.text},model_name="{escape(model)}"'
@@ -174,19 +190,22 @@ class _Labels:
             )
         return found
 
-    def position(self, per_model: dict[int, str], model: str, pos: int) -> str:
-        """Prefix of the per-position counter line of `model` at `pos`."""
-        found = per_model.get(pos)
-        if found is None:
-            labels = f'{self.text},model_name="{escape(model)}",position="{pos}"'
-            found = per_model[pos] = f"{PER_POS.name}{{{labels}}} "
+    def positions(self, by_positions: dict[tuple[int, ...], list[str]], model: str,
+                  positions: tuple[int, ...]) -> list[str]:
+        """Prefixes of the per-position counter lines of `model` at `positions`."""
+        found = by_positions[positions] = [
+            f'{PER_POS.name}{{{self.text},model_name="{escape(model)}",position="{pos}"}} '
+            for pos in positions
+        ]
         return found
 
-    def live_position(self, pos: int) -> str:
-        """Prefix of the live per-position ratio line at `pos`."""
-        found = self.live_positions.get(pos)
+    def live_position_prefixes(self, positions: tuple[int, ...]) -> list[str]:
+        """Prefixes of the live per-position ratio lines at `positions`."""
+        found = self.live_positions.get(positions)
         if found is None:
-            found = self.live_positions[pos] = f'{POS_RATIO.name}{{{self.text},position="{pos}"}} '
+            found = self.live_positions[positions] = [
+                f'{POS_RATIO.name}{{{self.text},position="{pos}"}} ' for pos in positions
+            ]
         return found
 
 
@@ -207,6 +226,36 @@ def _engine_lines(labels: str, snapshot: Snapshot) -> tuple[str, str]:
     return render(ENGINE_TOKENS, tokens), render(ENGINE_ACCEPTED, accepted)
 
 
+def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
+    """A target's lines of each family in `_TARGET_FAMILIES`, from its last scrape."""
+    fixed = labels.fixed
+    errors = f"{fixed[ERRORS]}{number(state.errors_total)}\n"
+    last = state.last
+    if last is None:
+        return (labels.up[0], "", "", errors, "", "", "", "", "", "", "")
+    duration = f"{fixed[DURATION]}{number(last.duration)}\n"
+    at = f"{fixed[LAST_SCRAPE]}{number(last.at)}\n"
+    snapshot = last.snapshot
+    if snapshot is None:  # down: no counters
+        return (labels.up[0], duration, at, errors, "", "", "", "", "", "", "")
+    drafts, tokens, accepted, per_pos = [], [], [], []
+    for model, c in snapshot.by_model().items():
+        p_drafts, p_tokens, p_accepted, by_positions = labels.model(model)
+        drafts.append(f"{p_drafts}{number(c.drafts)}\n")
+        tokens.append(f"{p_tokens}{number(c.draft_tokens)}\n")
+        accepted.append(f"{p_accepted}{number(c.accepted)}\n")
+        values = c.per_position
+        positions = tuple(sorted(values))
+        prefixes = by_positions.get(positions) or labels.positions(by_positions, model, positions)
+        per_pos.append(_samples(prefixes, [values[pos] for pos in positions]))
+    engine_tokens = engine_accepted = ""
+    if snapshot.engines > 1:
+        engine_tokens, engine_accepted = _engine_lines(labels.text, snapshot)
+    return (labels.up[1], duration, at, errors, labels.present[snapshot.has_spec_decode],
+            "".join(drafts), "".join(tokens), "".join(accepted), "".join(per_pos),
+            engine_tokens, engine_accepted)
+
+
 class _TargetLines:
     """One target's lines for every per-scrape family; valid while its state object lives."""
 
@@ -215,62 +264,29 @@ class _TargetLines:
     def __init__(self, state: TargetState, labels: _Labels):
         self.state = state
         self.labels = labels
+        self.lines = _scrape_lines(state, labels)
         # The live track's (start, end) points behind `live`.
         self.live_key: tuple[_Point, _Point] | None = None
-        self.live: tuple[str, str, str] = ("", "", "")
-        fixed = labels.fixed
-        last = state.last
-        lines: dict[Family, str] = {
-            UP: f"{fixed[UP]}{1.0 if state.up else 0.0}\n",
-            DURATION: f"{fixed[DURATION]}{number(last.duration)}\n" if last else "",
-            LAST_SCRAPE: f"{fixed[LAST_SCRAPE]}{number(last.at)}\n" if last else "",
-            ERRORS: f"{fixed[ERRORS]}{number(state.errors_total)}\n",
-            PRESENT: "", DRAFTS: "", DRAFT_TOKENS: "", ACCEPTED: "", PER_POS: "",
-            ENGINE_TOKENS: "", ENGINE_ACCEPTED: "",
-        }
-        if state.up and last is not None and last.snapshot is not None:
-            snapshot = last.snapshot
-            lines[PRESENT] = f"{fixed[PRESENT]}{1.0 if snapshot.has_spec_decode else 0.0}\n"
-            drafts, tokens, accepted, per_pos = [], [], [], []
-            for model, c in snapshot.by_model().items():
-                p_drafts, p_tokens, p_accepted, p_positions = labels.model(model)
-                drafts.append(f"{p_drafts}{number(c.drafts)}\n")
-                tokens.append(f"{p_tokens}{number(c.draft_tokens)}\n")
-                accepted.append(f"{p_accepted}{number(c.accepted)}\n")
-                for pos in sorted(c.per_position):
-                    prefix = p_positions.get(pos) or labels.position(p_positions, model, pos)
-                    value = c.per_position[pos]
-                    # repr inline for the usual finite float: a call per sample adds up here.
-                    per_pos.append(f"{prefix}{value!r}\n" if value.__class__ is float
-                                   and value - value == 0.0 else f"{prefix}{number(value)}\n")
-            lines[DRAFTS] = "".join(drafts)
-            lines[DRAFT_TOKENS] = "".join(tokens)
-            lines[ACCEPTED] = "".join(accepted)
-            lines[PER_POS] = "".join(per_pos)
-            if snapshot.engines > 1:
-                lines[ENGINE_TOKENS], lines[ENGINE_ACCEPTED] = _engine_lines(labels.text,
-                                                                             snapshot)
-        self.lines = lines
+        self.live: tuple[str, str, str] = _NO_LIVE
 
     def live_lines(self, track: LiveTrack, now: float) -> tuple[str, str, str]:
         """The live ratio, length and per-position lines; built again only when the span moved."""
         ends = track.span_ends(now)
         key = self.live_key
         if ends is None:
-            self.live_key, self.live = None, ("", "", "")
+            self.live_key, self.live = None, _NO_LIVE
         elif key is None or key[0] is not ends[0] or key[1] is not ends[1]:
             counts = ends[1][1] - ends[0][1]
             fixed = self.labels.fixed
             ratio = acceptance_ratio(counts)
             length = acceptance_length(counts)
+            ratios = position_ratios(counts)
+            positions = tuple(ratios)
             self.live_key = ends
             self.live = (
                 f"{fixed[RATIO]}{number(ratio)}\n" if ratio is not None else "",
                 f"{fixed[LENGTH]}{number(length)}\n" if length is not None else "",
-                "".join([f"{self.labels.live_position(pos)}{value!r}\n"
-                         if value.__class__ is float and value - value == 0.0 else
-                         f"{self.labels.live_position(pos)}{number(value)}\n"
-                         for pos, value in position_ratios(counts).items()]),
+                _samples(self.labels.live_position_prefixes(positions), list(ratios.values())),
             )
         return self.live
 
@@ -281,7 +297,6 @@ class MetricsWriter:
     def __init__(self, view: Callable[[], StateView], *, process_metrics: bool = True):
         self.view = view
         self._cache: dict[str, _TargetLines] = {}
-        self._labels: dict[str, _Labels] = {}
         self._last_key: tuple[dict[str, Any] | None, int] | None = None
         self._last_lines: dict[Family, list[str]] = {}
         self._process = CollectorRegistry(auto_describe=False)
@@ -289,39 +304,62 @@ class MetricsWriter:
             ProcessCollector(registry=self._process)
             GCCollector(registry=self._process)
 
-    def _target_lines(self, view: StateView) -> list[_TargetLines]:
-        cache: dict[str, _TargetLines] = {}
-        labels_cache: dict[str, _Labels] = {}
-        for name, state in view.targets.items():
+    def _entry(self, name: str, state: TargetState) -> _TargetLines:
+        """The target's lines for `state`, built now if they were built for an older one."""
+        entry = self._cache.get(name)
+        if entry is not None and entry.state is state:
+            return entry
+        labels = entry.labels if entry is not None else None
+        if labels is None or labels.config is not state.config:
+            labels = _Labels(name, state)
+        fresh = self._cache[name] = _TargetLines(state, labels)
+        # The live lines depend on the track, not on this scrape: kept, unless their labels
+        # changed (a reload, a discovery source's new labels).
+        if entry is not None and entry.labels is labels:
+            fresh.live_key, fresh.live = entry.live_key, entry.live
+        return fresh
+
+    def prepare(self, chunk: int) -> Iterator[int]:
+        """Build the lines of the targets scraped (or whose live span moved) since they were
+        last built, yielding after every `chunk` built: run on the event loop, a caller lets
+        other work in at each yield, and the render that follows finds them built."""
+        view = self.view()
+        live = view.live
+        built = 0
+        for name, state in list(view.targets.items()):
             entry = self._cache.get(name)
-            if entry is None or entry.state is not state:
-                labels = entry.labels if entry is not None else self._labels.get(name)
-                if labels is None or labels.config is not state.config:
-                    labels = _Labels(name, state)
-                old = entry
-                entry = _TargetLines(state, labels)
-                if old is not None:  # the live lines depend on the track, not on this scrape
-                    entry.live_key, entry.live = old.live_key, old.live
-            cache[name] = entry
-            labels_cache[name] = entry.labels
-        self._cache = cache  # targets gone from the config leave the cache too
-        self._labels = labels_cache
-        return list(cache.values())
+            track = live.get(name)
+            if entry is not None and entry.state is state and (
+                    track is None or entry.live_key == track.span_ends(view.now)):
+                continue
+            entry = self._entry(name, state)
+            if track is not None:
+                entry.live_lines(track, view.now)
+            built += 1
+            if built % chunk == 0:
+                yield built
 
     def render(self) -> bytes:
         """The whole exposition."""
         view = self.view()
         now = view.now
         out: list[str] = [BUILD.header(), _line(BUILD.name, f'version="{__version__}"', 1.0)]
-        targets = self._target_lines(view)
-        for family in _TARGET_FAMILIES:
-            out.append(family.header())
-            out.extend([entry.lines[family] for entry in targets])
+        entry = self._entry
+        targets = [entry(name, state) for name, state in view.targets.items()]
+        if len(self._cache) > len(targets):  # targets gone from the config leave the cache
+            self._cache = {name: self._cache[name] for name in view.targets}
         live_tracks = view.live
-        live = [entry.live_lines(live_tracks[entry.state.config.name], now) for entry in targets]
-        for index, family in enumerate((RATIO, LENGTH, POS_RATIO)):
+        live = [e.live_lines(live_tracks[e.state.config.name], now) for e in targets]
+        # Each family's lines together, as the format wants: the per-target blocks transposed.
+        columns = (list(zip(*[e.lines for e in targets], strict=True))
+                   or [()] * len(_TARGET_FAMILIES))
+        for family, column in zip(_TARGET_FAMILIES, columns, strict=True):
             out.append(family.header())
-            out.extend([lines[index] for lines in live])
+            out += column
+        columns = list(zip(*live, strict=True)) or [()] * len(_LIVE_FAMILIES)
+        for family, column in zip(_LIVE_FAMILIES, columns, strict=True):
+            out.append(family.header())
+            out += column
         _extend(out, self._last_window(view))
         out += [
             WINDOWS_OPEN.header(), _line(WINDOWS_OPEN.name, "", float(view.open_windows)),

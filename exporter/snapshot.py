@@ -63,17 +63,16 @@ class Counts:
         )
 
     def __sub__(self, other: Counts) -> Counts:
-        per_pos = {
-            pos: value - other.per_position.get(pos, 0.0)
-            for pos, value in self.per_position.items()
-        }
+        before = other.per_position
+        per_pos = {pos: value - before.get(pos, 0.0) for pos, value in self.per_position.items()}
         drafts = self.drafts - other.drafts
+        if self.position_drafts or other.position_drafts or not per_pos.keys() <= before.keys():
+            uneven = _uneven(per_pos, drafts, lambda p: self.drafts_at(p) - other.drafts_at(p))
+        else:  # every position's drafts are both sides' `drafts`: their difference is `drafts`
+            uneven = {}
         return Counts(
-            drafts,
-            self.draft_tokens - other.draft_tokens,
-            self.accepted - other.accepted,
-            per_pos,
-            _uneven(per_pos, drafts, lambda p: self.drafts_at(p) - other.drafts_at(p)),
+            drafts, self.draft_tokens - other.draft_tokens, self.accepted - other.accepted,
+            per_pos, uneven,
         )
 
     def as_raw(self) -> dict[str, Any]:

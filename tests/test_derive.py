@@ -64,6 +64,10 @@ class TestPositionRatios:
             (Counts(10, 30, 0, {}), {}),
             (Counts(0, 0, 0, {0: 0, 1: 0}), {}),
             (ZERO, {}),
+            # Parts of different k: a position over the drafts of the parts that draft it.
+            (Counts(40, 0, 0, {1: 14, 0: 25, 2: 6}, {2: 30}), {0: 25 / 40, 1: 14 / 40, 2: 0.2}),
+            (Counts(40, 0, 0, {0: 25, 1: 6}, {1: 0}), {0: 25 / 40}),
+            (Counts(-5, 0, 0, {0: 1}), {}),
         ],
     )
     def test_table(self, counts, want):

@@ -3,6 +3,7 @@ numbers), and MetricsWriter on its own."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -523,3 +524,93 @@ class TestMetricsWriterUnit:
         assert b'specdec_scrape_errors_total{target="a"} 1.0' in writer.render()
         await exp.round()
         assert b'specdec_scrape_errors_total{target="a"} 2.0' in writer.render()
+
+
+class TestMetricsWriterCache:
+    """The per-target lines a writer keeps: always what a fresh writer would render."""
+
+    @staticmethod
+    def _fresh(exp) -> bytes:
+        return MetricsWriter(exp.service.view, process_metrics=False).render()
+
+    async def test_equals_a_fresh_render_through_scrapes_reloads_and_stops(
+            self, fake_vllm, exporter, tmp_path):
+        clock = Clock(5000.0)
+        a, b, c = await fake_vllm(k=3, engines=2), await fake_vllm(k=2), await fake_vllm(k=4)
+        path = tmp_path / "exporter.yaml"
+
+        def configure(targets: list[dict]) -> dict:
+            config = {"output_dir": str(tmp_path / "out"), "live_window": "30s",
+                      "targets": targets}
+            path.write_text(json.dumps(config))
+            return config
+
+        exp = await exporter(configure([
+            {"name": "a", "url": a.url, "labels": {"zone": "z1"}}, {"name": "b", "url": b.url}]),
+            config_path=path, clock=clock)
+        cached = MetricsWriter(exp.service.view, process_metrics=False)
+        renders = []
+
+        async def step(prepare: bool = False) -> None:
+            if prepare:  # built ahead, a target per chunk, then rendered
+                for _ in cached.prepare(1):
+                    pass
+            text = cached.render()
+            assert text == self._fresh(exp)
+            renders.append(text)
+
+        await step()  # nothing scraped yet
+        await exp.round()
+        await step()
+        for i in range(3):
+            clock.now += 10
+            a.server.add(0, 10 + i, 30, [9, 6, i])
+            a.server.add(1, 10, 30, [8, 4, 0])
+            b.server.add(0, 5, 10, [5, i])
+            await exp.round()
+            await step(prepare=i % 2 == 1)
+        await exp.start(id="w1")
+        clock.now += 10
+        a.server.add(0, 10, 30, [9, 6, 3])
+        await exp.round()
+        await step()
+        await exp.stop("w1")
+        await step()  # the last window's gauges
+        # A reload: a's labels change, b leaves, c comes.
+        configure([{"name": "a", "url": a.url, "labels": {"zone": "z2"}},
+                   {"name": "c", "url": c.url}])
+        assert (await exp.client.post("/-/reload")).status == 200
+        await step(prepare=True)
+        assert b'zone="z1"' not in renders[-1] and b'target="b"' not in renders[-1]
+        clock.now += 10
+        c.server.add(0, 4, 16, [4, 3, 2, 1])
+        await exp.round()
+        await step()
+        await b.stop()
+        await a.stop()  # down: its counters leave, its errors count
+        clock.now += 10
+        await exp.round()
+        await step(prepare=True)
+        clock.now += 100  # every live span is older than live_window now
+        await step()
+        assert b"specdec_acceptance_ratio{" not in renders[-1]
+        assert len(set(renders)) == len(renders)  # each step changed what was rendered
+
+    async def test_a_scrape_rebuilds_exactly_that_targets_lines(self, fake_vllm, exporter):
+        clock = Clock(5000.0)
+        a, b = await fake_vllm(k=2), await fake_vllm(k=2)
+        exp = await exporter({"live_window": "60s", "targets": [
+            {"name": "a", "url": a.url}, {"name": "b", "url": b.url}]}, clock=clock)
+        await exp.round()
+        writer = MetricsWriter(exp.service.view, process_metrics=False)
+        before = writer.render()
+        assert list(writer.prepare(1)) == []  # nothing changed since the render
+        clock.now += 10
+        a.server.add(0, 10, 20, [8, 4])
+        await exp.service.scrape_target("a")
+        assert list(writer.prepare(1)) == [1]  # a's lines, not b's
+        assert list(writer.prepare(1)) == []
+        after = writer.render()
+        assert after == self._fresh(exp)
+        lines = set(after.splitlines()) - set(before.splitlines())
+        assert lines and all(b'target="a"' in line for line in lines)

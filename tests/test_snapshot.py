@@ -53,6 +53,25 @@ class TestCountsArithmetic:
         span = later - (K3 + K5)
         assert span == K3 + K5
 
+    @pytest.mark.parametrize("later,earlier", [
+        (Counts(30, 90, 20, {0: 12, 1: 8}), Counts(10, 30, 5, {0: 3, 1: 2})),  # the usual span
+        (Counts(30, 90, 20, {0: 12, 1: 8, 2: 4}), Counts(10, 30, 5, {0: 3, 1: 2})),  # new pos
+        (K3 + K5 + K5, K5),  # uneven on the later side
+        (K3 + K5 + K5, K3 + K5),  # uneven on both sides
+        (Counts(30, 90, 20, {0: 12}), Counts(10, 30, 5, {0: 3, 1: 2})),  # a position gone
+    ])
+    def test_difference_drafts_per_position(self, later, earlier):
+        # Each position's drafts are its drafts on one side minus those on the other, kept
+        # only where they differ from the difference of the drafts.
+        span = later - earlier
+        drafts = later.drafts - earlier.drafts
+        assert span.drafts == drafts
+        assert span.per_position == {
+            p: v - earlier.per_position.get(p, 0.0) for p, v in later.per_position.items()}
+        want = {p: later.drafts_at(p) - earlier.drafts_at(p) for p in later.per_position}
+        assert span.position_drafts == {p: d for p, d in want.items() if d != drafts}
+        assert {p: span.drafts_at(p) for p in span.per_position} == want
+
     @pytest.mark.parametrize("counts", [K3, K3 + K5, Counts(2.5, 7.5, 1.25, {0: 1.25})])
     def test_raw_round_trip(self, counts):
         assert Counts.from_raw(json.loads(json.dumps(counts.as_raw()))) == counts

@@ -1,0 +1,103 @@
+"""Prerender: stale /metrics lines built a chunk per loop turn, and ahead of renders that keep
+a rhythm."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from conftest import Clock
+
+from exporter.exposition import MetricsWriter
+from exporter.prerender import Prerender
+
+
+@pytest.fixture
+async def exp(exporter, unused_tcp_port):
+    """Five targets nothing answers for: each scrape gives a new state all the same."""
+    return await exporter({"targets": [
+        {"name": f"t{i}", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics?{i}"}
+        for i in range(5)]})
+
+
+async def wait_for(condition, what: str) -> None:
+    for _ in range(500):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class TestPrepare:
+    async def test_chunks_with_the_loop_let_in_between(self, exp):
+        writer = MetricsWriter(exp.service.view, process_metrics=False)
+        turns = 0
+
+        async def other_work() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        other = asyncio.create_task(other_work())
+        await asyncio.sleep(0)
+        before = turns
+        await Prerender(writer, chunk=2).prepare()  # 5 targets: a yield after 2, after 4
+        during = turns - before
+        other.cancel()
+        assert during >= 2
+        assert list(writer.prepare(1)) == []  # nothing left to build
+        await exp.service.scrape_target("t1")
+        await exp.service.scrape_target("t3")
+        assert list(writer.prepare(1)) == [1, 2]
+
+    async def test_render_after_prepare_equals_a_fresh_render(self, exp):
+        writer = MetricsWriter(exp.service.view, process_metrics=False)
+        writer.render()
+        await exp.round()
+        await Prerender(writer, chunk=2).prepare()
+        assert writer.render() == MetricsWriter(exp.service.view, process_metrics=False).render()
+
+
+class TestRhythm:
+    async def test_builds_ahead_of_the_next_expected_render(self, exp):
+        clock = Clock(100.0)
+        writer = MetricsWriter(exp.service.view, process_metrics=False)
+        prerender = Prerender(writer, clock=clock, lead=0.05)
+        loop = asyncio.get_running_loop()
+        writer.render()
+        prerender.rendered()
+        assert prerender.planned is None  # one render: no rhythm yet
+        clock.now += 0.2
+        writer.render()
+        prerender.rendered()
+        planned = prerender.planned
+        assert planned is not None
+        assert planned - loop.time() == pytest.approx(0.15, abs=0.05)  # period - lead
+        await exp.service.scrape_target("t2")
+        await wait_for(lambda: prerender.ahead == 1, "the preparation")
+        await wait_for(lambda: list(writer.prepare(1)) == [], "t2's lines built")
+        assert prerender.planned is None  # the next is planned by the next render
+        await prerender.close()
+
+    @pytest.mark.parametrize("period", [0.05, 0.1, 601.0])
+    async def test_no_plan_for_renders_too_close_or_too_far_apart(self, exp, period):
+        clock = Clock(100.0)
+        prerender = Prerender(MetricsWriter(exp.service.view, process_metrics=False), clock=clock,
+                              lead=0.05)
+        prerender.rendered()
+        clock.now += period
+        prerender.rendered()
+        assert prerender.planned is None
+
+    async def test_a_render_replans(self, exp):
+        clock = Clock(100.0)
+        prerender = Prerender(MetricsWriter(exp.service.view, process_metrics=False), clock=clock)
+        for step in (0.0, 30.0, 10.0):
+            clock.now += step
+            prerender.rendered()
+        planned = prerender.planned
+        assert planned is not None
+        assert planned - asyncio.get_running_loop().time() == pytest.approx(9.5, abs=0.5)
+        await prerender.close()
+        assert prerender.planned is None
