@@ -11,6 +11,7 @@ Standard library only, so importing it costs a harness nothing.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import os
@@ -20,11 +21,12 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from exporter.advise import window_advice
 from exporter.console import format_window
 from exporter.errors import ExporterError
+from exporter.redact import redact_url
 from exporter.results import Result, Status, aggregate
 from exporter.window import new_window_id
 
@@ -76,23 +78,43 @@ def opener_for(url: str) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener()
 
 
+def split_userinfo(url: str) -> tuple[str, str | None]:
+    """(the URL without `user:password@`, its Basic authorization value or None).
+
+    urllib does not take credentials from a URL (it reads `user:pass@host` as the host name),
+    and an exporter behind a reverse proxy with basic auth is reached as `http://u:p@host`.
+    """
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    pair = f"{unquote(user)}:{unquote(password)}".encode()
+    return urlunsplit(parts._replace(netloc=host)), "Basic " + base64.b64encode(pair).decode()
+
+
 class ExporterClient:
     """Starts and stops windows on one exporter."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 60.0):
-        self.url = url.rstrip("/")
+        # `url` is what messages show: credentials in it never reach a terminal or a log.
+        self.url = redact_url(url.rstrip("/"))
+        self._base, self._basic = split_userinfo(url.rstrip("/"))
         self.token = token if token is not None else os.environ.get("SPECDEC_TOKEN") or None
         self.timeout = timeout
-        self._opener = opener_for(self.url)
+        self._opener = opener_for(self._base)
 
     def _call(
         self, method: str, path: str, body: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(self.url + path, data=data, method=method)
+        request = urllib.request.Request(self._base + path, data=data, method=method)
         request.add_header("Content-Type", "application/json")
+        # The exporter's own token wins; URL credentials are for a proxy in front of it.
         if self.token:
             request.add_header("Authorization", f"Bearer {self.token}")
+        elif self._basic:
+            request.add_header("Authorization", self._basic)
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
                 answer: dict[str, Any] = json.loads(response.read())  # the API answers objects

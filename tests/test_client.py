@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -134,3 +135,62 @@ class TestFleetClient:
         assert merged["aggregate"]["data"]["acceptance_rate"] == 10.0  # not (100 + 0) / 2
         assert merged["targets"] == ["a", "b"]
         assert "[all]" in format_window(merged)
+
+
+class TestCredentialsInTheExporterUrl:
+    """`--exporter http://user:pass@host` (a reverse proxy with basic auth in front of us)."""
+
+    async def test_url_credentials_are_sent_as_basic_auth(self, aiohttp_server):
+        from aiohttp import web
+        seen: list[str | None] = []
+
+        async def start(request: web.Request) -> web.Response:
+            seen.append(request.headers.get("Authorization"))
+            if request.headers.get("Authorization") != "Basic dXNlcjpzM2NyZXQ6IUA=":
+                return web.json_response({"error": "who are you"}, status=401)
+            return web.json_response({"id": "w", "name": "w", "targets": [], "started_at": 1.0},
+                                     status=201)
+
+        app = web.Application()
+        app.router.add_post("/api/v1/windows", start)
+        server = await aiohttp_server(app)
+        # "s3cret:!@" percent-encoded in the URL, decoded before it is sent.
+        url = f"http://user:s3cret%3A%21%40@127.0.0.1:{server.port}"
+        client = ExporterClient(url, token="")
+        answer = await asyncio.to_thread(client.start)
+        assert answer["id"] == "w" and seen == ["Basic dXNlcjpzM2NyZXQ6IUA="]
+        assert "s3cret" not in client.url and client.url.endswith(f"@127.0.0.1:{server.port}")
+
+    async def test_a_refusal_names_the_exporter_without_its_password(self, aiohttp_server):
+        from aiohttp import web
+
+        async def refuse(request: web.Request) -> web.Response:
+            return web.json_response({"error": "no"}, status=403)
+
+        app = web.Application()
+        app.router.add_post("/api/v1/windows", refuse)
+        server = await aiohttp_server(app)
+        client = ExporterClient(f"http://user:hunter22@127.0.0.1:{server.port}", token="")
+        with pytest.raises(ClientError) as caught:
+            await asyncio.to_thread(client.start)
+        assert "403" in str(caught.value) and "hunter22" not in str(caught.value)
+        assert "<secret>@127.0.0.1" in str(caught.value)
+
+    @pytest.mark.parametrize("command", [["window", "start"], ["window", "stop", "w1"]])
+    def test_cli_errors_never_print_the_password(self, command):
+        dead = f"http://user:hunter22@127.0.0.1:{free_port()}"
+        other = f"http://u:pa55word@127.0.0.1:{free_port()}"
+        out = subprocess.run(CLI + command + ["--exporter", f"{dead},{other}"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0
+        assert "unreachable" in out.stderr and "Name or service" not in out.stderr, out.stderr
+        assert "hunter22" not in out.stderr + out.stdout
+        assert "pa55word" not in out.stderr + out.stdout
+        assert out.stderr.count("<secret>@127.0.0.1") == 2, out.stderr
+
+    def test_compare_error_never_prints_the_password(self):
+        dead = f"http://user:hunter22@127.0.0.1:{free_port()}"
+        out = subprocess.run(CLI + ["compare", "a", "b", "--exporter", dead],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode != 0 and "unreachable" in out.stderr, out.stderr
+        assert "hunter22" not in out.stderr + out.stdout
