@@ -1,4 +1,4 @@
-"""Transparent shards: a window start, stop or GET sent to any shard acts on every shard.
+"""Transparent shards: a window start, stop, GET or DELETE sent to any shard acts on every shard.
 
 Wraps the local window API: the shard that takes the request calls its own service directly
 and every peer over HTTP (with the token, and a marker header so the peer acts locally and
@@ -24,7 +24,15 @@ from exporter.api import WindowRequest, _json_body, _validation_message
 from exporter.config import Config, TargetConfig
 from exporter.errors import RequestError, StoreError, UnknownTargetError, UnknownWindowError
 from exporter.service import ExporterService
-from exporter.shards import ShardPart, merge_open, merge_start, merge_stop, owner, split
+from exporter.shards import (
+    ShardPart,
+    merge_delete,
+    merge_open,
+    merge_start,
+    merge_stop,
+    owner,
+    split,
+)
 from exporter.window import check_window_id, new_window_id
 
 log = logging.getLogger(__name__)
@@ -114,20 +122,27 @@ class Fanout:
             log.warning("peer call failed shard=%d url=%s error=%s", index, url, part.error)
         return part
 
-    async def _local(self, call: Callable[[], Awaitable[dict[str, Any]]]) -> ShardPart:
+    async def _local(self, call: Callable[[], Awaitable[dict[str, Any]]],
+                     refusals: tuple[type[RequestError], ...] = (UnknownWindowError,)
+                     ) -> ShardPart:
+        # `refusals`: what this shard may refuse and the merged answer still report (a start's
+        # own refusal starts nothing anywhere, so it is raised instead).
         index = self.config.shard_index
         part = ShardPart(index, self.config.peers[index])
         try:
             part.answer = await call()
             part.status = 200
-        except UnknownWindowError as exc:
-            part.status, part.error = 404, str(exc)
+        except refusals as exc:
+            part.status, part.error = exc.status, str(exc)
         return part
 
     async def _everywhere(self, local: Callable[[], Awaitable[dict[str, Any]]], method: str,
-                          path: str, bodies: dict[int, dict[str, Any] | None]) -> list[ShardPart]:
+                          path: str, bodies: dict[int, dict[str, Any] | None],
+                          refusals: tuple[type[RequestError], ...] = (UnknownWindowError,)
+                          ) -> list[ShardPart]:
         me = self.config.shard_index
-        calls = [self._local(local) if i == me else self._call(i, method, path, bodies.get(i))
+        calls = [self._local(local, refusals) if i == me
+                 else self._call(i, method, path, bodies.get(i))
                  for i in range(len(self.config.peers))]
         return list(await asyncio.gather(*calls))
 
@@ -212,13 +227,27 @@ class Fanout:
             return web.json_response(merge_stop(parts))
         return web.json_response(merge_open(parts))
 
+    async def delete(self, request: web.Request) -> web.Response:
+        """Forget a stopped window on every shard (each keeps its files)."""
+        window_id = check_window_id(request.match_info["id"])
+
+        async def local() -> dict[str, Any]:
+            self.service.delete_window(window_id)
+            return {"id": window_id, "deleted": True}
+
+        parts = await self._everywhere(local, "DELETE", f"/api/v1/windows/{window_id}", {},
+                                       refusals=(RequestError,))
+        self._refuse_if_retry_needed(parts, window_id)
+        status, body = merge_delete(parts, window_id)
+        return web.json_response(body, status=status)
+
 
 FANOUT = web.AppKey("fanout", Fanout)
 
 
 @web.middleware
 async def fanout_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Window start, stop and GET go to every shard when peers are configured."""
+    """Window start, stop, GET and DELETE go to every shard when peers are configured."""
     fanout = request.app[FANOUT]
     if not fanout.active(request):
         return await handler(request)
@@ -230,6 +259,8 @@ async def fanout_middleware(request: web.Request, handler: Handler) -> web.Strea
         return await fanout.stop(request)
     if request.method == "GET" and canonical == "/api/v1/windows/{id}":
         return await fanout.get(request)
+    if request.method == "DELETE" and canonical == "/api/v1/windows/{id}":
+        return await fanout.delete(request)
     return await handler(request)
 
 

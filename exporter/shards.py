@@ -92,6 +92,19 @@ def merge_start(parts: Sequence[ShardPart]) -> dict[str, Any]:
     return body | ({"errors": errors} if errors else {})
 
 
+def merge_delete(parts: Sequence[ShardPart], window_id: str) -> tuple[int, dict[str, Any]]:
+    """(status, body) of a delete on every shard: 409 naming the shards where the window is
+    still open (the others forgot it); a shard that never had it or forgot it before is fine;
+    one that could not be reached is named under `errors` (it still holds the window)."""
+    still_open = [p for p in parts if p.status == 409]
+    if still_open:
+        return 409, {"error": "; ".join(p.reason for p in still_open)}
+    errors = {f"shard {p.index}": p.reason for p in parts
+              if p.answer is None and p.status != 404}
+    body: dict[str, Any] = {"id": window_id, "deleted": True}
+    return 200, body | ({"errors": errors} if errors else {})
+
+
 def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
     """One stop answer: every target's RESULT, the aggregate recomputed from the counts.
 

@@ -30,6 +30,7 @@ class Fleet:
         self.targets = [{"name": f"t{i}", "url": f"http://127.0.0.1:{p}/metrics"}
                         for i, p in enumerate(fakes)]
         ports = [free_port() for _ in range(shards)]
+        self.tmp = tmp
         self.urls = [f"http://127.0.0.1:{p}" for p in ports]
         self.procs = []
         for i, port in enumerate(ports):
@@ -54,6 +55,18 @@ class Fleet:
 
     def get(self, via: int, window_id: str):
         return http("GET", f"{self.urls[via]}/api/v1/windows/{window_id}")
+
+    def delete(self, via: int, window_id: str):
+        return http("DELETE", f"{self.urls[via]}/api/v1/windows/{window_id}", token=TOKEN)
+
+    def out(self, shard: int) -> Path:
+        return self.tmp / f"out{shard}"
+
+    def local_ids(self, shard: int) -> list[str]:
+        """The windows one shard itself holds (its list is not fanned out)."""
+        status, listed = http("GET", f"{self.urls[shard]}/api/v1/windows")
+        assert status == 200, listed
+        return [w["id"] for w in listed["windows"]]
 
     def traffic(self):
         for i, port in enumerate(self.fakes):
@@ -153,6 +166,25 @@ class TestTwoShards:
                 assert result["shard"] == 0
 
 
+class TestDeleteOnEveryShard:
+    def test_delete_through_one_shard_forgets_the_window_on_all(self, fleet):
+        f = fleet(2, 3)
+        assert f.start(0, id="gone")[0] == 201
+        # Open on both shards: refused, and neither forgets it.
+        status, refused = f.delete(1, "gone")
+        assert status == 409, refused
+        assert refused["error"].count("is open: stop it first") == 2, refused
+        assert all("gone" in f.local_ids(i) for i in range(2))
+        assert f.stop(0, "gone")[0] == 200
+        status, deleted = f.delete(1, "gone")
+        assert (status, deleted) == (200, {"id": "gone", "deleted": True})
+        assert all("gone" not in f.local_ids(i) for i in range(2))
+        assert f.get(0, "gone")[0] == 404
+        assert f.delete(0, "gone")[0] == 404  # a second delete: nobody has it
+        # Each shard's result files stay.
+        assert all(any((f.out(i) / "gone").iterdir()) for i in range(2))
+
+
 class TestThreeShardsOneKilled:
     def test_one_shard_killed_mid_window(self, fleet):
         f = fleet(3, 7)
@@ -187,6 +219,12 @@ class TestThreeShardsOneKilled:
         assert sorted(answer["aggregate"]["targets"]) == sorted(names[i] for i in alive)
         assert answer["shards"][2]["error"].startswith(reason)
         assert [s["error"] for s in answer["shards"][:2]] == [None, None]
+        # Forgetting it: the live shards forget, the dead one is named as still holding it.
+        status, deleted = f.delete(0, "w3")
+        assert status == 200 and deleted["deleted"] is True, deleted
+        assert list(deleted["errors"]) == ["shard 2"], deleted
+        assert deleted["errors"]["shard 2"].startswith(reason)
+        assert "w3" not in f.local_ids(0) + f.local_ids(1)
 
 
 class TestPeersConfig:

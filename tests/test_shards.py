@@ -7,7 +7,15 @@ import zlib
 import pytest
 
 from exporter.results import NO_ACTIVITY
-from exporter.shards import ShardPart, merge_open, merge_start, merge_stop, owner, split
+from exporter.shards import (
+    ShardPart,
+    merge_delete,
+    merge_open,
+    merge_start,
+    merge_stop,
+    owner,
+    split,
+)
 
 NAMES = [f"vllm-{i}.llm.svc:8000" for i in range(3000)]
 
@@ -133,3 +141,23 @@ class TestMergeStartAndOpen:
         assert merged["targets"] == ["a", "b"] and merged["scrapes"] == {"a": 3}
         assert merged["errors"] == {"b": "shard 1 at http://s1 unreachable: refused"}
         assert merged["status"] == "open"
+
+
+class TestMergeDelete:
+    def test_open_somewhere_is_a_409_naming_each_such_shard(self):
+        parts = [ShardPart(0, "http://a", answer={"id": "w", "deleted": True}, status=200),
+                 ShardPart(1, "http://b", status=409, error="open"),
+                 ShardPart(2, "http://c", status=409, error="open")]
+        status, body = merge_delete(parts, "w")
+        assert status == 409
+        assert body["error"] == ("shard 1 at http://b answered 409: open; "
+                                 "shard 2 at http://c answered 409: open")
+
+    def test_a_shard_without_it_is_fine_an_unreachable_one_is_named(self):
+        parts = [ShardPart(0, "http://a", answer={"id": "w", "deleted": True}, status=200),
+                 ShardPart(1, "http://b", status=404, error="unknown window"),
+                 ShardPart(2, "http://c", error="connection refused")]
+        status, body = merge_delete(parts, "w")
+        assert status == 200
+        reason = "shard 2 at http://c unreachable: connection refused"
+        assert body == {"id": "w", "deleted": True, "errors": {"shard 2": reason}}
