@@ -54,12 +54,14 @@ class Counts:
         for pos, value in other.per_position.items():
             per_pos[pos] = per_pos.get(pos, 0.0) + value
         drafts = self.drafts + other.drafts
+        if self.position_drafts or other.position_drafts or (
+                self.per_position.keys() != other.per_position.keys()):
+            uneven = _uneven(per_pos, drafts, lambda p: self.drafts_at(p) + other.drafts_at(p))
+        else:  # every position's drafts are both sides' `drafts`: their sum is `drafts`
+            uneven = {}
         return Counts(
-            drafts,
-            self.draft_tokens + other.draft_tokens,
-            self.accepted + other.accepted,
-            per_pos,
-            _uneven(per_pos, drafts, lambda p: self.drafts_at(p) + other.drafts_at(p)),
+            drafts, self.draft_tokens + other.draft_tokens, self.accepted + other.accepted,
+            per_pos, uneven,
         )
 
     def __sub__(self, other: Counts) -> Counts:

@@ -72,6 +72,25 @@ class TestCountsArithmetic:
         assert span.position_drafts == {p: d for p, d in want.items() if d != drafts}
         assert {p: span.drafts_at(p) for p in span.per_position} == want
 
+    @pytest.mark.parametrize("one,other", [
+        (Counts(30, 90, 20, {0: 12, 1: 8}), Counts(10, 30, 5, {0: 3, 1: 2})),  # the usual sum
+        (Counts(), Counts(10, 30, 5, {0: 3, 1: 2})),  # the empty sum first
+        (Counts(30, 90, 20, {0: 12, 1: 8, 2: 4}), Counts(10, 30, 5, {0: 3, 1: 2})),  # k differs
+        (K3 + K5, K5),  # uneven on one side
+        (K3 + K5, K3 + K5),  # uneven on both sides
+        (Counts(0.1, 0.3, 0.2, {0: 0.1}), Counts(0.2, 0.6, 0.1, {0: 0.05})),  # float drafts
+    ])
+    def test_sum_drafts_per_position(self, one, other):
+        # Each position's drafts are the sum of its drafts on both sides, kept only where
+        # that differs from the sum of the drafts.
+        total = one + other
+        drafts = one.drafts + other.drafts
+        assert total.drafts == drafts
+        want = {p: one.drafts_at(p) + other.drafts_at(p)
+                for p in {**one.per_position, **other.per_position}}
+        assert total.position_drafts == {p: d for p, d in want.items() if d != drafts}
+        assert {p: total.drafts_at(p) for p in total.per_position} == want
+
     @pytest.mark.parametrize("counts", [K3, K3 + K5, Counts(2.5, 7.5, 1.25, {0: 1.25})])
     def test_raw_round_trip(self, counts):
         assert Counts.from_raw(json.loads(json.dumps(counts.as_raw()))) == counts
