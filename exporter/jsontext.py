@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json.encoder
 from collections.abc import Callable, Iterable
-from operator import itemgetter
 from json.encoder import encode_basestring  # the C version when available
+from operator import itemgetter
 from typing import Any
 
 _float_repr = float.__repr__

@@ -11,9 +11,10 @@ import stat
 import pytest
 
 from exporter.answertext import AnswerTexts, compact_of, with_key
+from exporter.errors import StoreError
 from exporter.isotime import with_iso_times
 from exporter.jsontext import pretty
-from exporter.store import StateStore, atomic_write
+from exporter.store import StateStore, atomic_write, write_results
 
 
 def indented(value) -> str:
@@ -182,3 +183,49 @@ class TestAtomicWrite:
         (tmp_path / "a").write_text("not a folder")
         with pytest.raises(OSError):
             atomic_write(tmp_path / "a" / "f.json", b"x")
+
+
+class TestWriteResults:
+    ANSWER = {"id": "w", "results": {"a": {"status": "ok", "host_port": "h:1"},
+                                     "b": {"status": "na", "host_port": "h:2"}},
+              "aggregate": {"status": "ok"}, "advice": {}}
+
+    def test_a_new_folder_appears_whole(self, tmp_path):
+        texts = AnswerTexts.of(self.ANSWER)
+        write_results(tmp_path / "w", texts)
+        folder = tmp_path / "w" / "performances"
+        assert sorted(os.listdir(folder)) == ["spec_decode_h_1.json", "spec_decode_h_2.json"]
+        assert sorted(os.listdir(tmp_path / "w")) == ["performances", "window.json"]
+        assert (folder / "spec_decode_h_2.json").read_text() == indented(
+            self.ANSWER["results"]["b"]) + "\n"
+        assert stat.S_IMODE((folder / "spec_decode_h_1.json").stat().st_mode) == 0o600
+
+    def test_a_folder_there_already_gets_each_file_replaced(self, tmp_path):
+        folder = tmp_path / "w" / "performances"
+        folder.mkdir(parents=True)
+        (folder / "spec_decode_h_1.json").write_text("old")
+        (folder / "mine.txt").write_text("the user's")
+        write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
+        assert json.loads((folder / "spec_decode_h_1.json").read_text())["status"] == "ok"
+        assert sorted(os.listdir(folder)) == [
+            "mine.txt", "spec_decode_h_1.json", "spec_decode_h_2.json"]
+
+    def test_a_failed_write_leaves_no_half_folder(self, tmp_path, monkeypatch):
+        real = os.write
+        calls = []
+
+        def second_fails(fd, data):
+            calls.append(fd)
+            if len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", second_fails)
+        with pytest.raises(StoreError, match="No space"):
+            write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
+        monkeypatch.undo()
+        assert os.listdir(tmp_path / "w") == []
+
+    def test_no_results_no_folder(self, tmp_path):
+        write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER | {"results": {}}))
+        assert os.listdir(tmp_path / "w") == ["window.json"]
