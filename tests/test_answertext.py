@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import sqlite3
 import stat
 
@@ -229,3 +230,20 @@ class TestWriteResults:
     def test_no_results_no_folder(self, tmp_path):
         write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER | {"results": {}}))
         assert os.listdir(tmp_path / "w") == ["window.json"]
+
+
+class TestTemporaryNames:
+    def test_a_temporary_name_taken_is_never_ours(self, tmp_path, monkeypatch):
+        names = iter(["taken", "taken", "free"])
+        monkeypatch.setattr(secrets, "token_hex", lambda _: next(names))
+        (tmp_path / ".f.json.taken.tmp").write_bytes(b"another writer's")
+        atomic_write(tmp_path / "f.json", b"mine")
+        assert (tmp_path / "f.json").read_bytes() == b"mine"
+        assert (tmp_path / ".f.json.taken.tmp").read_bytes() == b"another writer's"
+
+    def test_no_free_name_is_an_error(self, tmp_path, monkeypatch):
+        monkeypatch.setattr(secrets, "token_hex", lambda _: "taken")
+        (tmp_path / ".f.json.taken.tmp").write_bytes(b"another writer's")
+        with pytest.raises(FileExistsError):
+            atomic_write(tmp_path / "f.json", b"mine")
+        assert not (tmp_path / "f.json").exists()

@@ -107,3 +107,37 @@ class TestSplice:
     def test_splice_at_the_top(self):
         value = {"a": [1, {"b": "c"}]}
         assert pretty(Encoded(pretty(value))) == reference(value)
+
+
+def _row(k: int, **extra) -> dict:
+    return {"k": k, "length": 1.0 + k / 3, "estimate": k > 2,
+            "speedup": {"0": 1.0 + k / 3, "0.05": 0.9 / k, "%s": float(k)}} | extra
+
+
+RECORDS = [
+    [_row(k) for k in range(1, 7)],  # the advisor's rows
+    {"rows": [_row(k) for k in range(1, 4)], "deep": {"deeper": [_row(1), _row(2)]}},
+    [{"é ü": 1, "n": None, "s": "x\n\"y\"", "d": {}}, {"é ü": 2, "n": True, "s": "", "d": {}}],
+    [{"only": 1, "d": {"a": 1}}, {"only": 2.5, "d": {"a": "b"}}],  # one scalar key
+    [_row(1), _row(2, more=1)],  # not alike: the long way
+    [_row(1), {"length": 1.0, "k": 1, "estimate": False, "speedup": {}}],  # other key order
+    [_row(1), _row(2) | {"speedup": {"0": 1.0}}],  # other inner keys
+    [_row(1), _row(2) | {"speedup": [1.0]}],  # a list where a dict was
+    [_row(1), _row(2) | {"k": Level.HIGH}],  # a subclass value: the long way
+    [{"a": {"x": 1}, "b": 2}, {"a": {"x": 1}, "b": 3}],  # a dict before a scalar
+    [{"a": 1}, {"a": 2}],  # scalars only: a list of flat dicts
+    [_row(1), "not a dict"],
+    [{1: "int key", "d": {"a": 1}}, {1: "int key", "d": {"a": 1}}],
+    [{"a": 1, "d": {1: 2}}, {"a": 1, "d": {1: 2}}],  # an int key inside
+]
+
+
+class TestRecords:
+    @pytest.mark.parametrize("value", RECORDS, ids=[str(i) for i in range(len(RECORDS))])
+    def test_same_text_as_json(self, value):
+        assert pretty(value) == reference(value)
+        assert pretty(value) == reference(value)  # the template made once, used again
+
+    def test_non_finite_refused_like_json(self):
+        with pytest.raises(ValueError, match="Out of range float"):
+            pretty([_row(1), _row(2) | {"length": math.nan}])
