@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -22,6 +23,7 @@ from exporter.errors import RequestError, StoreError, UnknownWindowError
 from exporter.isotime import iso_utc
 from exporter.results import window_answer
 from exporter.snapshot import ScrapeResult
+from exporter.stopped import LastWindow, StoppedWindow
 from exporter.store import StateStore, write_results
 from exporter.window import MAX_NAME, TargetRef, Window, check_window_id, new_window_id
 
@@ -53,19 +55,27 @@ class StartRequest:
 
 
 class WindowBook:
-    """Open windows and the recent stopped ones (as answers only), backed by a `StateStore`."""
+    """Open windows and the recent stopped ones, backed by a `StateStore`.
+
+    A stopped window's answer lives in the store (and its result files), not in memory: over
+    1000 targets it is ~20 MB of Python objects, and 50 of them were a gigabyte. Memory keeps
+    what lists show (`StoppedWindow`), what the last-window gauges read (`LastWindow`), and the
+    one stopped window read whole most recently (a page view reads it once, not per request).
+    """
 
     def __init__(self, store: StateStore, clock: Callable[[], float],
-                 results_dir: Callable[[Window], Path]):
+                 results_dir: Callable[[str], Path]):
         self.store = store
         self.clock = clock
-        self.results_dir = results_dir
+        self.results_dir = results_dir  # window id -> where its result files go
         self.version = 0  # bumped whenever what readers see of the windows changes
-        self.last_window: Window | None = None
-        self._windows: dict[str, Window] = {}  # acknowledged open ones, recent stopped ones
+        self.last_window: LastWindow | None = None
+        self._windows: dict[str, Window] = {}  # acknowledged open ones
+        self._stopped: dict[str, StoppedWindow] = {}  # the recent stopped ones
         self._pending: dict[str, asyncio.Future[None]] = {}  # id -> its start or stop in flight
         self._closed_loaded = False
-        self._series_of: Window | None = None  # the stopped window whose series was last read
+        # The stopped window last read whole from the store, and whether with its series.
+        self._read: tuple[Window, bool] | None = None
         self.result_errors = 0  # stops whose result files could not be written
         # The last stop's answer as encoded for the state database: its HTTP answer, and a
         # second stop's, send these bytes instead of encoding megabytes again.
@@ -87,23 +97,24 @@ class WindowBook:
         return [w for w in self.open_windows() if w.takes_scrapes_of(target)]
 
     def get(self, window_id: str) -> Window:
-        """An open or stopped window by id, from memory or the store."""
-        window = self._windows.get(window_id)
-        if window is None:
-            window = self._load(window_id)
-            if window is None:
-                raise UnknownWindowError(window_id)
-        return window
+        """An open window, or a stopped one with its answer (read from the store)."""
+        return self._windows.get(window_id) or self._read_whole(window_id, series=False)
 
     def with_series(self, window_id: str) -> Window:
-        """Like `get`, with a stopped window's per-scrape series (kept in the store only; the
-        last one read is kept, as the landing page shows the newest window's)."""
-        window = self.get(window_id)
-        if window.is_open:
-            return window
-        if self._series_of is None or self._series_of.id != window_id:
-            self._series_of = self._load(window_id) or window
-        return self._series_of
+        """Like `get`, with a stopped window's per-scrape series (kept in the store only)."""
+        return self._windows.get(window_id) or self._read_whole(window_id, series=True)
+
+    def _read_whole(self, window_id: str, *, series: bool) -> Window:
+        # The last one read is kept: the landing page shows the newest window's series on
+        # every refresh, and a window's page reads it once per view.
+        if self._read is None or self._read[0].id != window_id or (series and not self._read[1]):
+            window = self._load(window_id, series=series)
+            if window is None:
+                raise UnknownWindowError(window_id)
+            if window.is_open:
+                return window  # open in the store, not in the book (not restored): as stored
+            self._read = (window, series)
+        return self._read[0] if series else self._read[0].as_answer_only()
 
     def answer_text(self, window_id: str) -> str | None:
         """`json.dumps` of a stopped window's answer when it is the last one stopped, else None."""
@@ -115,25 +126,29 @@ class WindowBook:
         """A start or stop of that id is under way."""
         return window_id in self._pending
 
-    def recent(self) -> list[Window]:
+    def recent(self) -> list[Window | StoppedWindow]:
         """Open windows and the recent stopped ones, newest first."""
         if not self._closed_loaded:
-            for window in self._closed(RECENT_WINDOWS):
-                self._windows.setdefault(window.id, window.as_answer_only())
+            for fields in self.store.recent_stopped_fields(RECENT_WINDOWS):
+                self._stopped.setdefault(fields["id"], StoppedWindow.of(fields))
             self._closed_loaded = True
             self._forget_old()
-        return sorted(self._windows.values(), key=lambda w: w.started_at, reverse=True)
+        listed: list[Window | StoppedWindow] = [*self._windows.values(), *self._stopped.values()]
+        return sorted(listed, key=lambda w: w.started_at, reverse=True)
 
-    def _load(self, window_id: str) -> Window | None:
-        doc = self.store.load(window_id)
+    def _load(self, window_id: str, *, series: bool = True) -> Window | None:
+        doc = self.store.load(window_id, series=series)
         return _window_from(doc) if doc is not None else None
 
-    def _closed(self, limit: int) -> list[Window]:
-        windows = []
-        for doc in self.store.recent_closed(limit):
-            with contextlib.suppress(StoreError):  # logged by the store or skipped here
-                windows.append(_window_from(doc))
-        return windows
+    def _newest_stopped(self) -> LastWindow | None:
+        """The last-window gauges' part of the most recently started stopped window."""
+        for doc in self.store.recent_closed(1, series=False):  # unreadable ones logged there
+            try:
+                return LastWindow.of(doc["answer"]) if doc["answer"] is not None else None
+            except (KeyError, TypeError, AttributeError) as exc:
+                log.error("last window gauges not restored id=%s error=answer unreadable: %r",
+                          doc["id"], exc)
+        return None
 
     # -- restore, feed, save ------------------------------------------------------------
 
@@ -157,9 +172,7 @@ class WindowBook:
             window.baseline_at_restore()
             self._windows[window.id] = window
             log.info("window restored id=%s targets=%d", window.id, len(window.targets))
-        recent = self._closed(1)
-        if recent:
-            self.last_window = recent[0].as_answer_only()
+        self.last_window = self._newest_stopped()
         self._save_all_open()
 
     def feed(self, windows: Iterable[Window], result: ScrapeResult) -> None:
@@ -194,10 +207,26 @@ class WindowBook:
             window.dirty.clear()
 
     def _save_all(self) -> None:
-        # The database went away under us: what memory holds is all there is; write it back.
+        # The database went away under us: what memory holds is all there is; write it back,
+        # the recent stopped windows from their result files (memory keeps no answers).
         self._save_all_open()
-        closed = [w for w in self._windows.values() if not w.is_open]
-        self.store.save([w.to_dict(accumulators=False) for w in closed])
+        self.store.save([doc for w in self._stopped.values()
+                         if (doc := self._doc_from_files(w)) is not None])
+
+    def _doc_from_files(self, window: StoppedWindow) -> dict[str, Any] | None:
+        """A stopped window's state as its `window.json` holds it (its answer), or None."""
+        path = self.results_dir(window.id)
+        try:
+            answer = json.loads((path / "window.json").read_bytes())
+            targets = {name: TargetRef(name, r["url"], r["host_port"])
+                       for name, r in answer["results"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.error("stopped window not written back id=%s error=cannot read %s: %r",
+                      window.id, path / "window.json", exc)
+            return None
+        return Window(id=window.id, name=window.name, targets=targets, labels=dict(window.labels),
+                      started_at=window.started_at, stopped_at=window.stopped_at,
+                      answer=answer).to_dict(accumulators=False)
 
     def save_windows(self, windows: Iterable[Window]) -> None:
         """Save these acknowledged windows' own rows (their targets or errors changed)."""
@@ -242,7 +271,7 @@ class WindowBook:
         """Open a window, its targets scraped at once for the baseline; (created, window)."""
         window = request.window(self.clock())
         await self._settled(window.id)
-        existing = self._windows.get(window.id) or self._load(window.id)
+        existing = self._windows.get(window.id) or self._load(window.id, series=False)
         if existing is not None:
             return False, existing
         if len(self.open_windows()) >= max_open:
@@ -266,7 +295,7 @@ class WindowBook:
             results = await scrape(window.live_targets(), others)
             await self._commit_stop(window, results)
         log.info("window stopped id=%s", window_id)
-        return self._windows.get(window_id, window)
+        return window.as_answer_only()
 
     def _commit_start(self, window: Window) -> None:
         try:
@@ -290,7 +319,7 @@ class WindowBook:
             # then the files (their writes and fsyncs let go of the GIL).
             texts = await asyncio.to_thread(AnswerTexts.of, answer)
             try:
-                await asyncio.to_thread(write_results, self.results_dir(window), texts)
+                await asyncio.to_thread(write_results, self.results_dir(window.id), texts)
             except StoreError:
                 self.result_errors += 1
                 raise
@@ -305,8 +334,11 @@ class WindowBook:
             raise StoreError(
                 f'window "{window.id}" stays open: {exc}; stop it again once fixed'
             ) from exc
-        # A stopped window is its answer: memory keeps nothing per series of it.
-        self.last_window = self._windows[window.id] = window.as_answer_only()
+        # A stopped window's answer is in the store: memory keeps what lists and gauges read,
+        # and the text of the last one stopped (its HTTP answer).
+        self._windows.pop(window.id, None)
+        self._stopped[window.id] = StoppedWindow.of(answer)
+        self.last_window = LastWindow.of(answer)
         self._answer_text = (window.id, texts.compact)
         self._forget_old()
         self.version += 1
@@ -336,12 +368,11 @@ class WindowBook:
         if window.is_open:
             raise RequestError(f'window "{window_id}" is open: stop it first', status=409)
         self.store.delete([window_id])
-        self._windows.pop(window_id, None)
-        self._series_of = None
+        self._stopped.pop(window_id, None)
+        self._read = None
         self._forget_text([window_id])
         if self.last_window is not None and self.last_window.id == window_id:
-            recent = self._closed(1)
-            self.last_window = recent[0].as_answer_only() if recent else None
+            self.last_window = self._newest_stopped()
         self.version += 1
         log.info("window deleted id=%s", window_id)
 
@@ -351,13 +382,12 @@ class WindowBook:
         if not old:
             return 0
         self.store.delete(old)
-        self._series_of = None
+        self._read = None
         self._forget_text(old)
         for window_id in old:
-            self._windows.pop(window_id, None)
+            self._stopped.pop(window_id, None)
         if self.last_window is not None and self.last_window.id in old:
-            recent = self._closed(1)
-            self.last_window = recent[0].as_answer_only() if recent else None
+            self.last_window = self._newest_stopped()
         self.version += 1
         log.info("stopped windows past retention forgotten count=%d", len(old))
         return len(old)
@@ -367,11 +397,9 @@ class WindowBook:
             self._answer_text = None
 
     def _forget_old(self) -> None:
-        closed = sorted(
-            (w for w in self._windows.values() if not w.is_open), key=lambda w: w.started_at
-        )
+        closed = sorted(self._stopped.values(), key=lambda w: w.started_at)
         for window in closed[:-RECENT_WINDOWS]:
-            del self._windows[window.id]
+            del self._stopped[window.id]
 
     def close(self) -> None:
         """Save open windows whole and close the store (SIGTERM, app shutdown)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.gc_collector import GCCollector
@@ -22,6 +21,7 @@ from exporter import __version__
 from exporter.accounting import LiveTrack
 from exporter.derive import acceptance_length, acceptance_ratio, position_ratios
 from exporter.snapshot import Counts, Field, Snapshot
+from exporter.stopped import LastWindow
 from exporter.targets import TargetState
 from exporter.view import StateView
 
@@ -297,7 +297,7 @@ class MetricsWriter:
     def __init__(self, view: Callable[[], StateView], *, process_metrics: bool = True):
         self.view = view
         self._cache: dict[str, _TargetLines] = {}
-        self._last_key: tuple[dict[str, Any] | None, int] | None = None
+        self._last_key: tuple[LastWindow | None, int] | None = None
         self._last_lines: dict[Family, list[str]] = {}
         self._process = CollectorRegistry(auto_describe=False)
         if process_metrics:
@@ -381,29 +381,25 @@ class MetricsWriter:
         # Changes only when a window stops or the targets' set or labels change (a reload, a
         # discovery source's new labels): keyed on both.
         window = view.last_window
-        answer = window.answer if window else None
-        if (self._last_key is None or self._last_key[0] is not answer
+        if (self._last_key is None or self._last_key[0] is not window
                 or self._last_key[1] != view.targets_version):
             self._last_lines = self._last_window_lines(view)
-            self._last_key = (answer, view.targets_version)
+            self._last_key = (window, view.targets_version)
         return self._last_lines
 
     def _last_window_lines(self, view: StateView) -> dict[Family, list[str]]:
         out: dict[Family, list[str]] = {LAST_RATIO: [], LAST_LENGTH: [], LAST_POS_RATIO: [],
                                         LAST_INFO: []}
         window = view.last_window
-        if window is None or window.answer is None:
+        if window is None:
             return out
         out[LAST_INFO].append(_line(
             LAST_INFO.name, label_text({"id": window.id, "name": window.name}),
-            float(window.stopped_at or 0.0)))
-        for name, result in window.answer["results"].items():
-            if result["status"] != "ok" or not result.get("increase"):
-                continue
+            float(window.stopped_at)))
+        for name, increase in window.increases.items():
             state = view.targets.get(name)
             labels = label_text({"target": name} | (state.config.labels if state else {}))
-            _ratio_lines(labels, Counts.from_raw(result["increase"]),
-                         out, (LAST_RATIO, LAST_LENGTH, LAST_POS_RATIO))
+            _ratio_lines(labels, increase, out, (LAST_RATIO, LAST_LENGTH, LAST_POS_RATIO))
         return out
 
 

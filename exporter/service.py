@@ -18,6 +18,7 @@ from exporter.errors import RequestError
 from exporter.scheduler import Scheduler
 from exporter.scrape import Scraper
 from exporter.snapshot import ScrapeResult
+from exporter.stopped import StoppedWindow
 from exporter.store import StateStore
 from exporter.targets import Targets, TargetState, owns
 from exporter.view import StateView
@@ -49,7 +50,7 @@ class ExporterService:
         self._version = 0  # reloads: what the targets and book do not count themselves
         self._targets = Targets(config, clock)
         self.book = WindowBook(StateStore(config.state_path, connect=state_connect), clock,
-                               lambda w: Path(self.config.output_dir) / w.id)
+                               lambda window_id: Path(self.config.output_dir) / window_id)
         self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
                                    lambda: self._close_removed_targets("no longer discovered"))
         self.book.restore(self._targets.states,
@@ -188,7 +189,7 @@ class ExporterService:
         """The stopped window's answer as JSON text, when it is at hand already encoded."""
         return self.book.answer_text(window_id)
 
-    def list_windows(self) -> list[Window]:
+    def list_windows(self) -> list[Window | StoppedWindow]:
         """Open windows and the recent closed ones, newest first."""
         return self.book.recent()
 

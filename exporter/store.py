@@ -400,14 +400,21 @@ class StateStore:
         docs = [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
         return [self._with_accumulators(doc) for doc in docs]
 
-    def load(self, window_id: str) -> dict[str, Any] | None:
-        """One window by id, open or closed; `StoreError` if its row is unreadable."""
-        row = self._query("SELECT doc FROM windows WHERE id=?", (window_id,))
+    def load(self, window_id: str, *, series: bool = True) -> dict[str, Any] | None:
+        """One window by id, open or closed; `StoreError` if its row is unreadable.
+
+        `series=False` leaves a stopped window's per-scrape series out (an answer is a few MB
+        at 1000 targets; an hour of series is ten times that), as SQLite's JSON functions can
+        drop it before Python parses a byte of it.
+        """
+        row = self._query(f"SELECT {_doc_column(series)} FROM windows WHERE id=?", (window_id,))
         if not row:
             return None
         doc = _readable(window_id, row[0][0])
         if doc is None:
             raise StoreError(f'window "{window_id}" state is unreadable in {self.path}')
+        if not series:
+            doc.pop("series", None)  # a document SQLite could not read (NaN) still had it
         return self._with_accumulators(doc)
 
     def _with_accumulators(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -424,12 +431,45 @@ class StateStore:
             doc["accumulators"] = accs
         return doc
 
-    def recent_closed(self, limit: int) -> list[dict[str, Any]]:
+    def recent_closed(self, limit: int, *, series: bool = True) -> list[dict[str, Any]]:
         """The most recently started closed windows, newest first (unreadable rows skipped)."""
         rows = self._query(
-            "SELECT id, doc FROM windows WHERE open=0 ORDER BY started_at DESC LIMIT ?", (limit,)
+            f"SELECT id, {_doc_column(series)} FROM windows WHERE open=0 "
+            "ORDER BY started_at DESC LIMIT ?", (limit,)
         )
-        return [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
+        docs = [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
+        for doc in docs if not series else ():
+            doc.pop("series", None)
+        return docs
+
+    def recent_stopped_fields(self, limit: int) -> list[dict[str, Any]]:
+        """Of the most recently started closed windows, newest first, only what a list of them
+        shows: id, name, targets, labels, started_at, stopped_at and `aggregate` (the answer's,
+        its status and data only, or None). SQLite picks them out: Python never parses the
+        answers. Unreadable rows are logged and skipped."""
+        paths = ", ".join(f"'$.{path}'" for path in _LIST_FIELDS.values())
+        rows = self._query(
+            f"SELECT id, CASE WHEN {_JSON_TEXT} THEN json_extract(doc, {paths}) END "
+            "FROM windows WHERE open=0 ORDER BY started_at DESC LIMIT ?", (limit,)
+        )
+        picked = []
+        for window_id, raw in rows:
+            if raw is not None:
+                fields = dict(zip(_LIST_FIELDS, json.loads(raw), strict=True))
+            else:  # not JSON to SQLite (NaN is JSON to Python only): read it whole
+                doc = _readable(window_id, self._query(
+                    "SELECT doc FROM windows WHERE id=?", (window_id,))[0][0])
+                if doc is None:
+                    continue  # logged
+                fields = _list_fields(doc)
+            if fields["id"] != window_id or not _list_shaped(fields):
+                log.error("window state unreadable id=%s error=not a stopped window's shape "
+                          "(row kept in the database)", window_id)
+                continue
+            status, data = fields.pop("aggregate_status"), fields.pop("aggregate_data")
+            fields["aggregate"] = {"status": status, "data": data} if status is not None else None
+            picked.append(fields)
+        return picked
 
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         try:
@@ -497,6 +537,37 @@ def wal_damage(wal: bytes) -> str | None:
 
 
 _REQUIRED = ("id", "name", "targets", "labels", "started_at", "stopped_at", "accumulators")
+# What a list of stopped windows reads of each (key -> JSON path in its document).
+_LIST_FIELDS = {
+    "id": "id", "name": "name", "targets": "targets", "labels": "labels",
+    "started_at": "started_at", "stopped_at": "stopped_at",
+    "aggregate_status": "answer.aggregate.status", "aggregate_data": "answer.aggregate.data",
+}
+# Of the aggregate RESULT, only its status and data: its list of every target stays in SQLite.
+# A document SQLite's JSON functions can read (text: a BLOB or a number is not a window's).
+_JSON_TEXT = "typeof(doc) = 'text' AND json_valid(doc)"
+
+
+def _doc_column(series: bool) -> str:
+    """The `doc` column, or SQL giving it without its `series` where SQLite can read it."""
+    if series:
+        return "doc"
+    return f"CASE WHEN {_JSON_TEXT} THEN json_remove(doc, '$.series') ELSE doc END"
+
+
+def _list_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """`_LIST_FIELDS` of a document Python parsed."""
+    aggregate = (doc.get("answer") or {}).get("aggregate") or {}
+    return {k: doc.get(k) for k in _LIST_FIELDS if not k.startswith("aggregate")} | {
+        "aggregate_status": aggregate.get("status"), "aggregate_data": aggregate.get("data")}
+
+
+def _list_shaped(fields: dict[str, Any]) -> bool:
+    return (isinstance(fields["id"], str) and isinstance(fields["name"], str)
+            and isinstance(fields["targets"], dict) and isinstance(fields["labels"], dict)
+            and isinstance(fields["started_at"], int | float)
+            and isinstance(fields["stopped_at"], int | float)
+            and isinstance(fields["aggregate_data"], dict | None))
 
 
 def _readable(window_id: str, raw: Any) -> dict[str, Any] | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from exporter.accounting import LiveTrack
 from exporter.config import Config
+from exporter.stopped import LastWindow, StoppedWindow
 from exporter.targets import TargetState
 from exporter.window import Window
 
@@ -27,8 +28,8 @@ class StateView:
     targets: Mapping[str, TargetState]
     live: Mapping[str, LiveTrack]  # read with `over_span`, never fed
     open_windows: int
-    last_window: Window | None  # the most recently stopped one, its answer only
-    windows: Callable[[], list[Window]]  # open and recent stopped ones, newest first
+    last_window: LastWindow | None  # what the gauges read of the most recently stopped one
+    windows: Callable[[], list[Window | StoppedWindow]]  # open and recent stopped, newest first
     with_series: Callable[[str], Window]  # a window with its per-scrape series
     reload_ok: bool
     reload_at: float

@@ -4,13 +4,17 @@ retention of stopped windows, and what memory keeps of a stopped window."""
 
 from __future__ import annotations
 
+import gc
 import json
+import logging
+import types
 
 import pytest
 from conftest import Clock
 from faults.checks import samples, value
 from faults.servers import Counters, RawTarget
 
+from exporter.book import RECENT_WINDOWS
 from exporter.console import format_window
 
 DAY = 86400.0
@@ -410,3 +414,97 @@ class TestStoppedWindowsInMemory:
         # The per-scrape series is read back from the store when asked for.
         series = await (await exp.client.get("/api/v1/windows/w/series")).json()
         assert len(series["targets"]["a"]) == 2  # the start and the stop scrape
+
+    async def test_many_stops_leave_no_answer_in_memory(self, exporter, target):
+        exp = await exporter({"targets": [{"name": "a", "url": target.url}]})
+        stops = []
+        for n in range(RECENT_WINDOWS + 5):
+            await exp.start(id=f"w{n:02d}")
+            target.counters.add(3, 6, [2, 1])
+            response = await exp.client.post(f"/api/v1/windows/w{n:02d}/stop")
+            stops.append(await response.read())
+        book = exp.service.book
+        assert _answers_held(book) == 0
+        listed = [w.id for w in book.recent()]
+        assert len(listed) == RECENT_WINDOWS and listed[0] == f"w{RECENT_WINDOWS + 4}"
+        # The oldest, no longer even listed in memory, comes whole from the store: the same
+        # bytes as its stop answered, and as a second stop answers.
+        assert await (await exp.client.get("/api/v1/windows/w00")).read() == stops[0]
+        assert await (await exp.client.post("/api/v1/windows/w00/stop")).read() == stops[0]
+        assert await (await exp.client.get("/api/v1/windows/w30")).read() == stops[30]
+        assert _answers_held(book) == 1  # the one read last, kept for a page's next request
+        gauges = _last_window_samples(await (await exp.client.get("/metrics")).text())
+        listing = await (await exp.client.get("/api/v1/windows")).read()
+        # After a restart: the same answers, list and gauges, and still no answer held.
+        again = await exporter({"targets": [{"name": "a", "url": target.url}]})
+        assert await (await again.client.get("/api/v1/windows")).read() == listing
+        assert _last_window_samples(await (await again.client.get("/metrics")).text()) == gauges
+        assert _answers_held(again.service.book) == 0
+        assert await (await again.client.get("/api/v1/windows/w00")).read() == stops[0]
+        assert await (await again.client.get("/api/v1/windows/w54")).read() == stops[54]
+        assert (await again.client.get("/windows/w54")).status == 200
+        assert (await again.client.get("/compare?a=w00&b=w54")).status == 200
+        assert _answers_held(again.service.book) == 1
+
+
+def _answers_held(book) -> int:
+    """Stop answers (dicts with `results`) reachable from the book, its store aside."""
+    seen, found, todo = {id(book.store)}, 0, [book]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen or isinstance(obj, type | types.ModuleType | types.FunctionType
+                                         | types.MethodType | str | bytes):
+            continue
+        seen.add(id(obj))
+        found += isinstance(obj, dict) and "results" in obj and "stopped_at" in obj
+        todo.extend(gc.get_referents(obj))
+    return found
+
+
+def _last_window_samples(text: str) -> dict:
+    return {k: v for k, v in samples(text).items() if "last_window" in k[0]}
+
+
+class TestStoppedWindowsInTheStore:
+    async def test_unreadable_stopped_rows_are_left_out_of_lists_loudly(
+        self, exporter, target, caplog
+    ):
+        config = {"targets": [{"name": "a", "url": target.url}]}
+        exp = await exporter(config)
+        for window_id in ("good", "nan"):
+            await _stopped(exp, target, window_id)
+        nan = await (await exp.client.get("/api/v1/windows/nan")).read()
+        db = exp.service.book.store._db
+        # JSON to Python, not to SQLite: listed and read the slow way, not lost.
+        (raw,) = db.execute("SELECT doc FROM windows WHERE id='nan'").fetchone()
+        db.execute("UPDATE windows SET doc=? WHERE id='nan'",
+                   (json.dumps(json.loads(raw) | {"downtimes": [[float("nan"), 1.0]]}),))
+        db.execute("INSERT INTO windows VALUES ('bad-json', 0, 5e9, 'not json {')")
+        db.execute("INSERT INTO windows VALUES ('bad-shape', 0, 5e9, '{\"id\": \"bad-shape\"}')")
+        db.execute("INSERT INTO windows VALUES ('bad-fields', 0, 5e9, ?)",
+                   (json.dumps(json.loads(raw) | {"id": "bad-fields", "stopped_at": "soon"}),))
+        with caplog.at_level(logging.ERROR):
+            again = await exporter(config)
+            listed = await (await again.client.get("/api/v1/windows")).json()
+        assert [w["id"] for w in listed["windows"]] == ["nan", "good"]
+        messages = " ".join(r.getMessage() for r in caplog.records)
+        assert all(bad in messages for bad in ("bad-json", "bad-shape", "bad-fields"))
+        assert await (await again.client.get("/api/v1/windows/nan")).read() == nan
+        assert (await again.client.get("/windows/nan")).status == 200
+
+    async def test_a_lost_database_gets_stopped_windows_back_from_their_files(
+        self, exporter, target, tmp_path, caplog
+    ):
+        exp = await exporter({"targets": [{"name": "a", "url": target.url}]})
+        await _stopped(exp, target, "lost")
+        await exp.start(id="kept")
+        target.counters.add(3, 6, [2, 1])
+        kept = await (await exp.client.post("/api/v1/windows/kept/stop")).read()
+        (tmp_path / "out" / "lost" / "window.json").unlink()
+        for suffix in ("", "-wal", "-shm"):
+            (tmp_path / "out" / f"state.sqlite{suffix}").unlink(missing_ok=True)
+        with caplog.at_level(logging.ERROR):
+            await exp.round()  # finds the database gone and writes back what it can
+        assert await (await exp.client.get("/api/v1/windows/kept")).read() == kept
+        assert (await exp.client.get("/api/v1/windows/lost")).status == 404
+        assert any("not written back id=lost" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,91 @@
+"""What memory keeps of a stopped window: a list item, and the last one's gauge counts.
+
+A stop answer over 1000 targets is ~20 MB of Python objects (its advice rows most of it), and
+the window book lists 50 stopped windows: kept whole, they grew the exporter by ~1 GB. Memory
+keeps only what the lists and the last-window gauges read; the answer itself stays in the
+state database (and the window's result files), read back when one window is asked for.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.snapshot import Counts
+
+# What a list item shows of the aggregate (`api.window_summary`, the landing page's table).
+AGGREGATE_FIGURES = ("acceptance_rate", "acceptance_length", "num_drafts")
+
+
+@dataclass(frozen=True)
+class StoppedWindow:
+    """A stopped window as the window lists show it; its answer is read from the store."""
+
+    id: str
+    name: str
+    targets: Sequence[str]
+    labels: Mapping[str, str]
+    started_at: float
+    stopped_at: float
+    aggregate: Mapping[str, Any] | None  # status and AGGREGATE_FIGURES only
+
+    @property
+    def is_open(self) -> bool:
+        """Never: only a stopped window is kept this way."""
+        return False
+
+    def state(self) -> dict[str, Any]:
+        """The stop answer's keys a list item reads, without results or advice."""
+        return {
+            "id": self.id, "name": self.name, "targets": list(self.targets),
+            "labels": dict(self.labels), "started_at": self.started_at,
+            "stopped_at": self.stopped_at, "aggregate": self.aggregate,
+        }
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> StoppedWindow:
+        """From a stop answer, or the same fields of a stored window (its `aggregate` holding
+        only what `brief_aggregate` keeps)."""
+        return cls(
+            id=fields["id"], name=fields["name"],
+            # Interned: 50 windows over the same 1000 targets share one copy of each name.
+            targets=tuple(sys.intern(name) for name in fields["targets"]),
+            labels=dict(fields["labels"]), started_at=fields["started_at"],
+            stopped_at=fields["stopped_at"], aggregate=brief_aggregate(fields.get("aggregate")),
+        )
+
+
+def brief_aggregate(aggregate: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The aggregate RESULT's status and the few figures a list shows."""
+    if not aggregate:
+        return None
+    data = aggregate.get("data")
+    return {
+        "status": aggregate.get("status"),
+        "data": {k: data.get(k) for k in AGGREGATE_FIGURES} if data else None,
+    }
+
+
+@dataclass(frozen=True)
+class LastWindow:
+    """The most recently stopped window as the `specdec_last_window_*` gauges read it: per
+    target with numbers, the counted increase (a `Counts` per target: ~0.5 KB each)."""
+
+    id: str
+    name: str
+    stopped_at: float
+    increases: Mapping[str, Counts]
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> LastWindow:
+        """From a stop answer: its targets with status ok and an increase."""
+        return cls(
+            id=answer["id"], name=answer["name"], stopped_at=answer["stopped_at"] or 0.0,
+            increases={
+                name: Counts.from_raw(result["increase"])
+                for name, result in answer["results"].items()
+                if result["status"] == "ok" and result.get("increase")
+            },
+        )
