@@ -45,6 +45,7 @@ class Settings:
     prometheus_keep: tuple = ("spec", "all")
     marker_sizes: tuple = (100, 1000)
     marker_repeats: dict = field(default_factory=lambda: {100: 5, 1000: 50})
+    marker_live_window: float = case_markers.LIVE_WINDOW
     exposition_n: int = 1000
     exposition_repeats: int = 7
     lag_seconds: float = 12.0
@@ -55,7 +56,8 @@ class Settings:
         return cls(
             parse_sizes=case_parse.SIZES_QUICK, parse_repeats=3, fleet_sizes=(10, 30),
             compare_at=(30,), fleet_seconds=3.0, rotations=2, interval=1.0, marker_sizes=(3, 10),
-            marker_repeats={3: 2, 10: 2}, exposition_n=30, exposition_repeats=3, lag_seconds=2.0,
+            marker_repeats={3: 2, 10: 2}, marker_live_window=2.0, exposition_n=30,
+            exposition_repeats=3, lag_seconds=2.0,
         )
 
     @property
@@ -103,7 +105,8 @@ class Suite:
                 result = case_floor.run(self.fleet(), fleet.data if fleet else None)
             elif name == "markers":
                 result = case_markers.run(self.fleet(), sizes=s.marker_sizes,
-                                          repeats=s.marker_repeats, interval=s.interval)
+                                          repeats=s.marker_repeats, interval=s.interval,
+                                          live_window=s.marker_live_window)
             elif name == "exposition":
                 result = case_exposition.run(self.fleet(), n=s.exposition_n,
                                              repeats=s.exposition_repeats,
