@@ -187,7 +187,7 @@ class Result:
             body |= {"coverage": self.coverage.value, "coverage_note": self.coverage_note}
         if self.ok and self.increase is not None:
             body["per_model"] = {
-                model: result_data(counts) | {"increase": counts.as_raw()}
+                model: self._model_part(counts, body)
                 for model, counts in sorted(self.per_model.items()) if has_activity(counts)
             }
             if self.targets is not None:
@@ -197,6 +197,17 @@ class Result:
                 }
                 body["per_position_note"] = PER_POSITION_NOTE
         return body
+
+    def _model_part(self, counts: Counts, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One model's `data` and `increase`; the target's own, copied, when it serves one
+        model only (the usual case: the same numbers, not computed twice)."""
+        if counts == self.increase and self.gauge_means is None:
+            data: dict[str, Any] = body["data"]
+            return data | {
+                "per_position_acceptance_rates": dict(data["per_position_acceptance_rates"]),
+                "increase": _copy_raw(body["increase"]),
+            }
+        return result_data(counts) | {"increase": counts.as_raw()}
 
     @classmethod
     def from_json(cls, body: Mapping[str, Any]) -> Result:
@@ -234,6 +245,10 @@ class Result:
             last_scrape_at=body.get("last_scrape_at"),
             increase_until_removed=_counts(body.get("increase_until_removed")),
         )
+
+
+def _copy_raw(raw: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
 
 
 def _iso(at: float | None) -> str | None:

@@ -83,11 +83,12 @@ class Counts:
         Integral values are ints, as AISBench writes them; `num_drafts_per_pos` appears only
         where positions have different drafts behind them (parts of different k).
         """
+        # Names bound once: a stop over 1000 targets writes four of these per target.
         raw: dict[str, Any] = {
-            Field.DRAFTS.value: integral(self.drafts),
-            Field.DRAFT_TOKENS.value: integral(self.draft_tokens),
-            Field.ACCEPTED.value: integral(self.accepted),
-            Field.PER_POS.value: {
+            _DRAFTS_NAME: integral(self.drafts),
+            _DRAFT_TOKENS_NAME: integral(self.draft_tokens),
+            _ACCEPTED_NAME: integral(self.accepted),
+            _PER_POS_NAME: {
                 str(p): integral(self.per_position[p]) for p in sorted(self.per_position)
             },
         }
@@ -110,6 +111,9 @@ class Counts:
 
 
 DRAFTS_PER_POS = "num_drafts_per_pos"
+_DRAFTS_NAME, _DRAFT_TOKENS_NAME, _ACCEPTED_NAME, _PER_POS_NAME = (
+    Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value, Field.PER_POS.value
+)
 
 
 def integral(value: float) -> int | float:

@@ -12,7 +12,9 @@ from conftest import Clock
 
 from exporter.client import merge_answers
 from exporter.console import format_window
-from exporter.results import result_file_name, result_file_names
+from exporter.derive import result_data
+from exporter.results import Result, Status, result_file_name, result_file_names
+from exporter.snapshot import Counts
 
 T0 = 1796234400.0  # 2026-12-02T18:00:00Z
 SERIES_LABELS = 'engine="0",model_name="m"'
@@ -416,3 +418,20 @@ class TestConsoleCaveats:
             'Note: 1 scrape inside the span not used: num_drafts{engine="0",model_name="m"} was '
             "NaN at 2026-12-02T18:00:10.000Z; the next usable values bridge it exactly",
         ]
+
+
+class TestPerModel:
+    def test_each_model_its_own_numbers_and_one_model_the_targets(self):
+        a = Counts(10, 30, 12, {0: 7, 1: 5})
+        b = Counts(4, 12, 2, {0: 2, 1: 0})
+        two = Result(status=Status.OK, url="u", increase=a + b, per_model={"m2": b, "m1": a})
+        body = two.to_json()
+        assert list(body["per_model"]) == ["m1", "m2"]
+        for name, counts in (("m1", a), ("m2", b)):
+            assert body["per_model"][name] == result_data(counts) | {"increase": counts.as_raw()}
+        one = Result(status=Status.OK, url="u", increase=a, per_model={"m1": a}).to_json()
+        assert one["per_model"]["m1"] == one["data"] | {"increase": one["increase"]}
+        # A copy, not the target's own dicts: a reader changing one leaves the other.
+        one["per_model"]["m1"]["per_position_acceptance_rates"]["0"] = -1.0
+        one["per_model"]["m1"]["increase"]["accepted_per_pos"]["0"] = -1
+        assert one["data"] == result_data(a) and one["increase"] == a.as_raw()
