@@ -22,7 +22,7 @@ from exporter.compare_page import render_compare, render_picker
 from exporter.csrf import SAFE_METHODS, check_browser_safe, default_hosts
 from exporter.errors import ConfigError, ExporterError, RequestError, StoreError
 from exporter.exposition import MetricsWriter
-from exporter.formats import Format, accepts_gzip, gzipped, negotiate, to_openmetrics
+from exporter.formats import Format, accepts_gzip, gzipped, negotiate
 from exporter.isotime import with_iso_times
 from exporter.landing import render_landing
 from exporter.prerender import Prerender
@@ -183,16 +183,14 @@ async def _metrics_body(request: web.Request, kind: Format, packed: bool) -> byt
     key = f"metrics:{kind}:gzip" if packed else f"metrics:{kind}"
     if (hit := _fresh(request, key)) is not None:
         return hit[1]
-    text = _fresh(request, "metrics:text")
-    if text is None:
+    plain = _fresh(request, f"metrics:{kind}")
+    if plain is None:
         prerender = request.app[PRERENDER]
         await prerender.prepare()
-        text = _keep(request, "metrics:text", request.app[WRITER].render())
+        body = request.app[WRITER].render(openmetrics=kind is Format.OPENMETRICS)
+        plain = _keep(request, f"metrics:{kind}", body)
         prerender.rendered()
-    generation, body = text
-    if kind is Format.OPENMETRICS:
-        generation, body = _fresh(request, "metrics:openmetrics") or _keep(
-            request, "metrics:openmetrics", to_openmetrics(body), generation)
+    generation, body = plain
     if packed:
         generation, body = _keep(request, key, await asyncio.to_thread(gzipped, body),
                                  generation)

@@ -10,6 +10,7 @@ come from prometheus_client's collectors.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from prometheus_client.process_collector import ProcessCollector
 from exporter import __version__
 from exporter.accounting import LiveTrack
 from exporter.derive import acceptance_length, acceptance_ratio, position_ratios
+from exporter.formats import to_openmetrics
 from exporter.snapshot import Counts, Field, Snapshot
 from exporter.stopped import LastWindow
 from exporter.targets import TargetState
@@ -43,9 +45,13 @@ class Family:
     kind: str
     help: str
 
-    def header(self) -> str:
+    def header(self, openmetrics: bool = False) -> str:
+        """HELP and TYPE lines; OpenMetrics names a counter family without `_total`."""
         doc = self.help.replace("\\", r"\\").replace("\n", r"\n")
-        return f"# HELP {self.name} {doc}\n# TYPE {self.name} {self.kind}\n"
+        name = self.name
+        if openmetrics and self.kind == "counter" and name.endswith("_total"):
+            name = name[:-len("_total")]
+        return f"# HELP {name} {doc}\n# TYPE {name} {self.kind}\n"
 
 
 BUILD = Family("specdec_build_info", "gauge", "Version of specdec-exporter; always 1.")
@@ -338,12 +344,16 @@ class MetricsWriter:
             built += 1
             if built % chunk == 0:
                 yield built
+        if built % chunk:  # the last, partial chunk: the render comes in a turn of its own
+            yield built
 
-    def render(self) -> bytes:
-        """The whole exposition."""
+    def render(self, openmetrics: bool = False) -> bytes:
+        """The whole exposition, in text format 0.0.4 or OpenMetrics 1.0 (formats.py): the same
+        samples, counter families named without `_total`, `# EOF` at the end."""
         view = self.view()
         now = view.now
-        out: list[str] = [BUILD.header(), _line(BUILD.name, f'version="{__version__}"', 1.0)]
+        header = functools.partial(Family.header, openmetrics=openmetrics)
+        out: list[str] = [header(BUILD), _line(BUILD.name, f'version="{__version__}"', 1.0)]
         entry = self._entry
         targets = [entry(name, state) for name, state in view.targets.items()]
         if len(self._cache) > len(targets):  # targets gone from the config leave the cache
@@ -354,28 +364,31 @@ class MetricsWriter:
         columns = (list(zip(*[e.lines for e in targets], strict=True))
                    or [()] * len(_TARGET_FAMILIES))
         for family, column in zip(_TARGET_FAMILIES, columns, strict=True):
-            out.append(family.header())
+            out.append(header(family))
             out += column
         columns = list(zip(*live, strict=True)) or [()] * len(_LIVE_FAMILIES)
         for family, column in zip(_LIVE_FAMILIES, columns, strict=True):
-            out.append(family.header())
+            out.append(header(family))
             out += column
-        _extend(out, self._last_window(view))
+        _extend(out, self._last_window(view), header)
         out += [
-            WINDOWS_OPEN.header(), _line(WINDOWS_OPEN.name, "", float(view.open_windows)),
-            RELOAD_OK.header(), _line(RELOAD_OK.name, "", 1.0 if view.reload_ok else 0.0),
-            RELOAD_AT.header(), _line(RELOAD_AT.name, "", view.reload_at),
-            INTERVAL.header(), _line(INTERVAL.name, "", view.config.scrape_interval),
-            STATE_ERRORS.header(), _line(STATE_ERRORS.name, "", view.state_write_errors),
-            RESULT_ERRORS.header(), _line(RESULT_ERRORS.name, "", view.result_write_errors),
+            header(WINDOWS_OPEN), _line(WINDOWS_OPEN.name, "", float(view.open_windows)),
+            header(RELOAD_OK), _line(RELOAD_OK.name, "", 1.0 if view.reload_ok else 0.0),
+            header(RELOAD_AT), _line(RELOAD_AT.name, "", view.reload_at),
+            header(INTERVAL), _line(INTERVAL.name, "", view.config.scrape_interval),
+            header(STATE_ERRORS), _line(STATE_ERRORS.name, "", view.state_write_errors),
+            header(RESULT_ERRORS), _line(RESULT_ERRORS.name, "", view.result_write_errors),
         ]
         if view.discovery_up:
-            out.append(DISCOVERY_UP.header())
+            out.append(header(DISCOVERY_UP))
             out.extend(
                 _line(DISCOVERY_UP.name, label_text({"source": name}), 1.0 if up else 0.0)
                 for name, up in view.discovery_up.items()
             )
-        return "".join(out).encode() + generate_latest(self._process)
+        process = generate_latest(self._process)
+        if openmetrics:  # its own families renamed, and `# EOF` closes the whole
+            process = to_openmetrics(process)
+        return "".join(out).encode() + process
 
     def _last_window(self, view: StateView) -> dict[Family, list[str]]:
         # Changes only when a window stops or the targets' set or labels change (a reload, a
@@ -403,8 +416,9 @@ class MetricsWriter:
         return out
 
 
-def _extend(out: list[str], families: dict[Family, list[str]]) -> None:
+def _extend(out: list[str], families: dict[Family, list[str]],
+            header: Callable[[Family], str]) -> None:
     for family, lines in families.items():
-        out.append(family.header())
+        out.append(header(family))
         out.extend(lines)
 

@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import validate_config
 from exporter.exposition import MetricsWriter
+from exporter.formats import to_openmetrics
 from exporter.service import ExporterService
 
 
@@ -595,6 +596,13 @@ class TestMetricsWriterCache:
         await step()
         assert b"specdec_acceptance_ratio{" not in renders[-1]
         assert len(set(renders)) == len(renders)  # each step changed what was rendered
+
+    async def test_openmetrics_is_the_text_converted(self, fake_vllm, exporter):
+        exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
+        writer = MetricsWriter(exp.service.view, process_metrics=False)
+        text = writer.render()
+        assert b"# TYPE specdec_drafts_total counter" in text
+        assert writer.render(openmetrics=True) == to_openmetrics(text)
 
     async def test_a_scrape_rebuilds_exactly_that_targets_lines(self, fake_vllm, exporter):
         clock = Clock(5000.0)
