@@ -21,6 +21,7 @@ from typing import Any
 from exporter.answertext import AnswerTexts
 from exporter.errors import RequestError, StoreError, UnknownWindowError
 from exporter.isotime import iso_utc
+from exporter.memory import give_back_free_memory
 from exporter.results import window_answer
 from exporter.snapshot import ScrapeResult
 from exporter.stopped import LastWindow, StoppedWindow
@@ -294,6 +295,9 @@ class WindowBook:
             others = [w for w in self.open_windows() if w is not window]
             results = await scrape(window.live_targets(), others)
             await self._commit_stop(window, results)
+        # The stop's texts are freed by now; its answer's objects mostly live in Python's
+        # own arenas, which go back to the system by themselves once empty.
+        give_back_free_memory()
         log.info("window stopped id=%s", window_id)
         return window.as_answer_only()
 
