@@ -79,7 +79,7 @@ class Distribution:
         """Var[X]: E[X^2] = sum_i (2i + 1) p_i for a survival function p."""
         # (2i + 1) p_i summed in order, as a generator would, without one (1000 targets advised
         # at each stop).
-        second = sum(map(mul, range(1, 2 * len(self.rates), 2), self.rates))
+        second: float = sum(map(mul, range(1, 2 * len(self.rates), 2), self.rates))
         return max(second - self.mean**2, 0.0)
 
     def as_dict(self) -> dict[str, Any]:
