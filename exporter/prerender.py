@@ -13,10 +13,13 @@ render would do (once per target per render), only earlier.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
 from exporter.exposition import MetricsWriter
+
+log = logging.getLogger(__name__)
 
 CHUNK = 100  # targets built per loop turn: ~4 ms
 LEAD = 0.5  # seconds before the expected render that its lines are built
@@ -65,7 +68,14 @@ class Prerender:
         self._timer = None
         if self._task is None or self._task.done():
             self.ahead += 1
-            self._task = asyncio.get_running_loop().create_task(self.prepare())
+            self._task = asyncio.get_running_loop().create_task(self._prepare_ahead())
+
+    async def _prepare_ahead(self) -> None:
+        # Nobody awaits this task: a failure is said here (the render will meet it again).
+        try:
+            await self.prepare()
+        except Exception:
+            log.exception("building /metrics lines ahead failed")
 
     async def close(self) -> None:
         """Cancel what is planned or running (the app is stopping)."""

@@ -101,3 +101,17 @@ class TestRhythm:
         assert planned - asyncio.get_running_loop().time() == pytest.approx(9.5, abs=0.5)
         await prerender.close()
         assert prerender.planned is None
+
+    async def test_a_failure_ahead_is_logged(self, caplog):
+        class Broken:
+            def prepare(self, chunk: int):
+                raise RuntimeError("broken lines")
+
+        clock = Clock(100.0)
+        prerender = Prerender(Broken(), clock=clock, lead=0.05)  # type: ignore[arg-type]
+        prerender.rendered()
+        clock.now += 0.2
+        prerender.rendered()
+        await wait_for(lambda: "building /metrics lines ahead failed" in caplog.text, "the log")
+        assert "broken lines" in caplog.text
+        await prerender.close()
