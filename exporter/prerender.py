@@ -7,7 +7,8 @@ targets and API calls would wait behind it). Built `CHUNK` targets at a time wit
 in between, then rendered from the built lines (a few ms). A Prometheus scrapes us at a steady
 interval: after two renders we know it, and build shortly before the next one is due, so that
 render finds only the targets scraped since then to build. The building is the same work the
-render would do (once per target per render), only earlier.
+render would do (once per target per render), only earlier. Two Prometheus replicas (an HA
+pair) at different offsets are followed too: the next gap is expected to be the one before last.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from exporter.exposition import MetricsWriter
@@ -35,7 +37,7 @@ class Prerender:
         self.clock = clock
         self.chunk = chunk
         self.lead = lead
-        self._last_render: float | None = None
+        self._renders: deque[float] = deque(maxlen=3)  # times of the last renders
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self.ahead = 0  # preparations started ahead of an expected render (the bench counts)
@@ -52,17 +54,22 @@ class Prerender:
 
     def rendered(self) -> None:
         """Note a render; plan the next preparation if renders come at a steady interval."""
-        now = self.clock()
-        period = None if self._last_render is None else now - self._last_render
-        self._last_render = now
+        renders = self._renders
+        renders.append(self.clock())
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if len(renders) < 2:
+            return
+        # The gap to expect next is the one two renders back: one Prometheus scrapes us at a
+        # fixed interval (every gap alike); an HA pair of replicas at two offsets in it, whose
+        # gaps alternate. With two renders only, the one gap there is.
+        gap = renders[-2] - renders[-3] if len(renders) == 3 else renders[-1] - renders[-2]
         # With renders closer together than twice the lead, few targets change between two:
         # the render's own building is short, and preparing ahead would build most twice.
-        if period is not None and 2 * self.lead < period <= MAX_PERIOD:
+        if 2 * self.lead < gap <= MAX_PERIOD:
             loop = asyncio.get_running_loop()
-            self._timer = loop.call_later(period - self.lead, self._start)
+            self._timer = loop.call_later(gap - self.lead, self._start)
 
     def _start(self) -> None:
         self._timer = None

@@ -80,6 +80,23 @@ class TestRhythm:
         assert prerender.planned is None  # the next is planned by the next render
         await prerender.close()
 
+    async def test_an_ha_pair_alternates_gaps(self, exp):
+        # Two scrapers 0.2 s apart, each every 0.5 s: gaps 0.2, 0.3, 0.2, 0.3, ...
+        clock = Clock(100.0)
+        prerender = Prerender(MetricsWriter(exp.service.view, process_metrics=False),
+                              clock=clock, lead=0.05)
+        loop = asyncio.get_running_loop()
+        for gap, want in ((0.0, None), (0.2, 0.15), (0.3, 0.15), (0.2, 0.25), (0.3, 0.15)):
+            clock.now += gap
+            prerender.rendered()
+            planned = prerender.planned
+            if want is None:
+                assert planned is None
+            else:
+                assert planned is not None
+                assert planned - loop.time() == pytest.approx(want, abs=0.04), gap
+        await prerender.close()
+
     @pytest.mark.parametrize("period", [0.05, 0.1, 601.0])
     async def test_no_plan_for_renders_too_close_or_too_far_apart(self, exp, period):
         clock = Clock(100.0)
@@ -93,12 +110,16 @@ class TestRhythm:
     async def test_a_render_replans(self, exp):
         clock = Clock(100.0)
         prerender = Prerender(MetricsWriter(exp.service.view, process_metrics=False), clock=clock)
-        for step in (0.0, 30.0, 10.0):
+        loop = asyncio.get_running_loop()
+        for step, want in ((0.0, None), (30.0, 29.5), (10.0, 29.5), (20.0, 9.5)):
             clock.now += step
             prerender.rendered()
-        planned = prerender.planned
-        assert planned is not None
-        assert planned - asyncio.get_running_loop().time() == pytest.approx(9.5, abs=0.5)
+            planned = prerender.planned
+            if want is None:
+                assert planned is None
+            else:
+                assert planned is not None
+                assert planned - loop.time() == pytest.approx(want, abs=0.4), step
         await prerender.close()
         assert prerender.planned is None
 
