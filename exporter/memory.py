@@ -16,7 +16,8 @@ from collections.abc import Callable
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def malloc_trim_of_libc() -> Callable[[int], int] | None:
+    """The C library's malloc_trim, or None where it has none (looked up once)."""
     name = ctypes.util.find_library("c")
     try:
         trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
@@ -27,7 +28,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 def give_back_free_memory() -> bool:
     """Return freed heap pages to the system (a few ms); False where the C library cannot."""
-    trim = _malloc_trim()
+    trim = malloc_trim_of_libc()
     if trim is None:
         return False
     trim(0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import sqlite3
 import types
 
 import pytest
@@ -474,7 +475,8 @@ class TestStoppedWindowsInTheStore:
         for window_id in ("good", "nan"):
             await _stopped(exp, target, window_id)
         nan = await (await exp.client.get("/api/v1/windows/nan")).read()
-        db = exp.service.book.store._db
+        # A second writer on the state file (as an operator's sqlite3 would be).
+        db = sqlite3.connect(exp.service.book.store.path, isolation_level=None)
         # JSON to Python, not to SQLite: listed and read the slow way, not lost.
         (raw,) = db.execute("SELECT doc FROM windows WHERE id='nan'").fetchone()
         db.execute("UPDATE windows SET doc=? WHERE id='nan'",
@@ -483,6 +485,7 @@ class TestStoppedWindowsInTheStore:
         db.execute("INSERT INTO windows VALUES ('bad-shape', 0, 5e9, '{\"id\": \"bad-shape\"}')")
         db.execute("INSERT INTO windows VALUES ('bad-fields', 0, 5e9, ?)",
                    (json.dumps(json.loads(raw) | {"id": "bad-fields", "stopped_at": "soon"}),))
+        db.close()
         with caplog.at_level(logging.ERROR):
             again = await exporter(config)
             listed = await (await again.client.get("/api/v1/windows")).json()

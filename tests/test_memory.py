@@ -12,9 +12,9 @@ from exporter import memory
 
 @pytest.fixture(autouse=True)
 def _fresh_lookup():
-    memory._malloc_trim.cache_clear()
+    memory.malloc_trim_of_libc.cache_clear()
     yield
-    memory._malloc_trim.cache_clear()
+    memory.malloc_trim_of_libc.cache_clear()
 
 
 @pytest.mark.may_skip_in_ci("malloc_trim is glibc's: musl and macOS have none")
