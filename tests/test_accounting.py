@@ -293,6 +293,28 @@ class TestAccumulator:
     def test_round_trip_empty(self):
         acc = Accumulator()
         assert Accumulator.from_dict(json.loads(json.dumps(acc.to_dict()))) == acc
+        assert Accumulator.from_dict(json.loads(acc.to_json())) == acc
+
+    def test_to_json_is_to_dict_written_directly(self):
+        # The store saves `to_json`, a hand-written fast path: it must read back as `to_dict`
+        # does, in every state (restarts, anomalies, gauges, non-finite values, two engines).
+        acc = Accumulator()
+        pages = [
+            snap(engine_page("0", NAN, 30, [8, 4, 2])),  # an anomaly before the first usable
+            snap(engine_page("0", 10, 30, [8, 4, 2]) | engine_page("1", 3, 9, [3, 2, 1])),
+            snap(engine_page("0", 12, 36, [9, 5, 2]) | engine_page("1", 1, 3, [1, 1, 0])),
+            snap(engine_page("0", 13, INF, [9, 5, 2])),  # an anomaly inside
+            snap(engine_page("0", 14, 40, [10, 6, 2]) | engine_page("1", 2, 6, [2, 1, 0])),
+        ]
+        feed_all(acc, pages)
+        acc.gauge_weighted, acc.gauge_seconds = {"acceptance": 1.5}, {"acceptance": 2.0}
+        assert acc.resets and acc.anomalies_before.count and acc.anomalies_inside.count
+        text = acc.to_json()
+        assert Accumulator.from_dict(json.loads(text)) == acc
+        # The baseline's text is kept between saves: a new baseline must show in the next one.
+        acc.before = Counts(1, 2, 3, {0: 3})
+        assert Accumulator.from_dict(json.loads(acc.to_json())) == acc
+        assert json.loads(acc.to_json())["before"] != json.loads(text)["before"]
 
 
 def step(per_second: float, at: float) -> Snapshot:
