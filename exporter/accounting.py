@@ -164,6 +164,9 @@ class Accumulator:
     # `to_json`'s text of `before`, which is set once per baseline and saved every round.
     _before_json: tuple[Counts | None, str] = field(
         default=(None, "null"), init=False, repr=False, compare=False)
+    # `to_json`'s text of the series keys, for the key list it was built from.
+    _keys_json: tuple[list[SeriesKey], str] = field(
+        default=([], "[]"), init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart.
@@ -350,19 +353,23 @@ class Accumulator:
 
     def to_json(self) -> str:
         """The state as JSON text, written directly: the durable store saves every changed
-        accumulator every round, and this costs a fifth of `json.dumps(to_dict())` (the series
-        keys' text is built once per key, each series is one row, the baseline's text once)."""
-        increase, seen = self.increase, self.seen
-        rows = []
-        for k, (v, c) in self.last.items():
-            inc, at = increase.get(k), seen.get(k)
-            nums = f"{v!r},{c!r},{inc!r},{at!r}"
-            if "n" in nums:  # None, nan or inf: not JSON as repr spells them (rare)
-                nums = f"{_num(v)},{_num(c)},{_num(inc)},{_num(at)}"
-            rows.append(f"[{_key_json(k)},{nums}]")
-        rows += [f"[{_key_json(k)},null,null,{_num(v)},null]"
-                 for k, v in increase.items() if k not in self.last]
-        return '{"series":[' + ",".join(rows) + "]," + self._rest_json()
+        accumulator every round, and this costs a fifth of `json.dumps(to_dict())`: the
+        series keys' text is built when the key set changes (rarely), their four numbers each
+        (value, created, increase, seen) go to the C encoder as one flat list, and the
+        baseline's text is kept."""
+        last, increase, seen = self.last, self.increase, self.seen
+        keys = list(last)
+        keys += [k for k in increase if k not in last]
+        known, keys_text = self._keys_json
+        if known != keys:
+            keys_text = "[" + ",".join(_key_json(k) for k in keys) + "]"
+            self._keys_json = (keys, keys_text)
+        values: list[float | None] = []
+        for k in keys:
+            v, c = last.get(k, _NO_VALUE)
+            values += (v, c, increase.get(k), seen.get(k))
+        return ('{"keys":' + keys_text + ',"values":' + json.dumps(values) + ","
+                + self._rest_json())
 
     def _rest_json(self) -> str:
         # The same keys as `to_dict`, written directly: most of it is the same every round (the
@@ -387,8 +394,17 @@ class Accumulator:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Accumulator:
-        """Inverse of `to_dict` and of (parsed) `to_json`."""
-        if "series" in data:
+        """Inverse of `to_dict` and of (parsed) `to_json` (and of its earlier form, a row per
+        series, which a state database written before may hold)."""
+        if "keys" in data:
+            values = data["values"]
+            rows = [(_key_from(k), *values[4 * i:4 * i + 4]) for i, k in enumerate(data["keys"])]
+            data = dict(data) | {
+                "last": [(k, v, c) for k, v, c, _, _ in rows if v is not None],
+                "increase": [(k, inc) for k, _, _, inc, _ in rows if inc is not None],
+                "seen": [(k, t) for k, _, _, _, t in rows if t is not None],
+            }
+        elif "series" in data:
             rows = [(_key_from(k), v, c, inc, t) for k, v, c, inc, t in data["series"]]
             data = dict(data) | {
                 "last": [(k, v, c) for k, v, c, _, _ in rows if v is not None],
@@ -424,6 +440,9 @@ def _engine_of(key: SeriesKey) -> Engine:
 
 def _key_list(key: SeriesKey) -> list[Any]:
     return [key.field.value, key.model_name, key.engine, key.position, [list(p) for p in key.extra]]
+
+
+_NO_VALUE: tuple[None, None] = (None, None)  # a series with an increase but no last value
 
 
 def _tally_json(tally: AnomalyTally) -> str:

@@ -315,6 +315,24 @@ class TestAccumulator:
         acc.before = Counts(1, 2, 3, {0: 3})
         assert Accumulator.from_dict(json.loads(acc.to_json())) == acc
         assert json.loads(acc.to_json())["before"] != json.loads(text)["before"]
+        # A series that appears later changes the key list the text was built from.
+        acc.feed(snap(engine_page("0", 15, 43, [10, 6, 3, 1])), 300.0)
+        assert Accumulator.from_dict(json.loads(acc.to_json())) == acc
+
+    def test_rows_saved_by_the_earlier_form_still_read(self):
+        # Before the keys/values form, each series was a row [key, value, created, increase,
+        # seen]: a state database from then must restore the same accumulator.
+        acc = Accumulator()
+        feed_all(acc, [snap(engine_page("0", 10, 30, [8, 4, 2])),
+                       snap(engine_page("0", 12, 36, [9, 5, 2]))])
+        data = acc.to_dict()
+        # (key lists are not hashable: match on their JSON text)
+        increase = {json.dumps(k): v for k, v in data["increase"]}
+        seen = {json.dumps(k): t for k, t in data["seen"]}
+        old = {k: v for k, v in data.items() if k not in ("last", "increase", "seen")}
+        old["series"] = [[k, v, c, increase.get(json.dumps(k)), seen.get(json.dumps(k))]
+                         for k, v, c in data["last"]]
+        assert Accumulator.from_dict(json.loads(json.dumps(old))) == acc
 
 
 def step(per_second: float, at: float) -> Snapshot:
