@@ -10,6 +10,7 @@ import sqlite3
 import stat
 
 import pytest
+from randomjson import random_value
 
 from exporter.answertext import AnswerTexts, compact_of, with_key
 from exporter.errors import StoreError
@@ -23,30 +24,10 @@ def indented(value) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
 
 
-def _random_value(rng: random.Random, depth: int = 0):
-    kind = rng.randrange(8 if depth < 4 else 5)
-    if kind == 0:
-        return rng.choice(["", "a", "x\ny", '"q"', "\\", ", \n  ", "é", "🙂"])
-    if kind == 1:
-        return rng.randrange(-10**6, 10**6)
-    if kind == 2:
-        return rng.uniform(-1e6, 1e6) * 10 ** rng.randrange(-12, 12)
-    if kind == 3:
-        return rng.choice([True, False, None])
-    if kind == 4:
-        return float(rng.randrange(100))
-    if kind == 5:
-        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    if kind == 6:
-        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randrange(3)))
-    return {f"k{rng.randrange(30)}{rng.choice(['', ',', ' '])}": _random_value(rng, depth + 1)
-            for _ in range(rng.randrange(5))}
-
-
 class TestCompactOf:
     @pytest.mark.parametrize("seed", range(300))
     def test_is_json_dumps(self, seed):
-        value = _random_value(random.Random(seed))
+        value = random_value(random.Random(seed), key_marks=("", ",", " "))
         assert compact_of(pretty(value), value) == json.dumps(value)
 
     def test_non_ascii_is_escaped_as_json_dumps_does(self):

@@ -9,6 +9,7 @@ import math
 import random
 
 import pytest
+from randomjson import random_value
 
 from exporter.jsontext import Encoded, pretty
 
@@ -47,28 +48,6 @@ ODD = [
 ]
 
 
-def _random_value(rng: random.Random, depth: int = 0):
-    kind = rng.randrange(9 if depth < 5 else 6)
-    if kind == 0:
-        return rng.choice(["", "a", "ß", "x\ny", '"q"', "\\", "\u00a0", "🙂"]) * rng.randrange(3)
-    if kind == 1:
-        return rng.randrange(-10**6, 10**6)
-    if kind == 2:
-        return rng.uniform(-1e6, 1e6) * 10 ** rng.randrange(-12, 12)
-    if kind == 3:
-        return rng.choice([True, False, None])
-    if kind == 4:
-        return rng.random()
-    if kind == 5:
-        return float(rng.randrange(100))
-    if kind == 6:
-        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
-    if kind == 7:
-        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randrange(3)))
-    return {f"k{rng.randrange(50)}{rng.choice(['', 'é', ' '])}": _random_value(rng, depth + 1)
-            for _ in range(rng.randrange(5))}
-
-
 class TestPretty:
     @pytest.mark.parametrize("value", ODD, ids=[str(i) for i in range(len(ODD))])
     def test_odd_values(self, value):
@@ -76,7 +55,7 @@ class TestPretty:
 
     @pytest.mark.parametrize("seed", range(200))
     def test_random_documents(self, seed):
-        value = _random_value(random.Random(seed))
+        value = random_value(random.Random(seed))
         assert pretty(value) == reference(value)
 
     @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, [1, math.nan],
@@ -99,8 +78,8 @@ class TestSplice:
     @pytest.mark.parametrize("seed", range(50))
     def test_spliced_text_is_the_whole_documents_text(self, seed):
         rng = random.Random(seed)
-        parts = {f"t{i}": _random_value(rng) for i in range(rng.randrange(1, 6))}
-        whole = {"id": "w", "results": parts, "aggregate": _random_value(rng)}
+        parts = {f"t{i}": random_value(rng) for i in range(rng.randrange(1, 6))}
+        whole = {"id": "w", "results": parts, "aggregate": random_value(rng)}
         spliced = {**whole, "results": {k: Encoded(pretty(v)) for k, v in parts.items()}}
         assert pretty(spliced) == reference(whole)
 

@@ -85,16 +85,8 @@ class TestRhythm:
         clock = Clock(100.0)
         prerender = Prerender(MetricsWriter(exp.service.view, process_metrics=False),
                               clock=clock, lead=0.05)
-        loop = asyncio.get_running_loop()
-        for gap, want in ((0.0, None), (0.2, 0.15), (0.3, 0.15), (0.2, 0.25), (0.3, 0.15)):
-            clock.now += gap
-            prerender.rendered()
-            planned = prerender.planned
-            if want is None:
-                assert planned is None
-            else:
-                assert planned is not None
-                assert planned - loop.time() == pytest.approx(want, abs=0.04), gap
+        _assert_plans(prerender, clock, ((0.0, None), (0.2, 0.15), (0.3, 0.15), (0.2, 0.25),
+                                         (0.3, 0.15)), tolerance=0.04)
         await prerender.close()
 
     @pytest.mark.parametrize("period", [0.05, 0.1, 601.0])
@@ -110,16 +102,8 @@ class TestRhythm:
     async def test_a_render_replans(self, exp):
         clock = Clock(100.0)
         prerender = Prerender(MetricsWriter(exp.service.view, process_metrics=False), clock=clock)
-        loop = asyncio.get_running_loop()
-        for step, want in ((0.0, None), (30.0, 29.5), (10.0, 29.5), (20.0, 9.5)):
-            clock.now += step
-            prerender.rendered()
-            planned = prerender.planned
-            if want is None:
-                assert planned is None
-            else:
-                assert planned is not None
-                assert planned - loop.time() == pytest.approx(want, abs=0.4), step
+        _assert_plans(prerender, clock, ((0.0, None), (30.0, 29.5), (10.0, 29.5), (20.0, 9.5)),
+                      tolerance=0.4)
         await prerender.close()
         assert prerender.planned is None
 
@@ -136,3 +120,18 @@ class TestRhythm:
         await wait_for(lambda: "building /metrics lines ahead failed" in caplog.text, "the log")
         assert "broken lines" in caplog.text
         await prerender.close()
+
+
+def _assert_plans(prerender: Prerender, clock: Clock, steps, *, tolerance: float) -> None:
+    """After each (gap, want): a render `gap` seconds after the last one plans the next build
+    `want` seconds from now (None: no plan)."""
+    loop = asyncio.get_running_loop()
+    for gap, want in steps:
+        clock.now += gap
+        prerender.rendered()
+        planned = prerender.planned
+        if want is None:
+            assert planned is None, gap
+        else:
+            assert planned is not None, gap
+            assert planned - loop.time() == pytest.approx(want, abs=tolerance), gap
