@@ -67,9 +67,7 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
         raise FileExistsError(errno.EEXIST, "no free temporary name", folder)
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            _write_all(fd, data)
             if sync:
                 os.fsync(fd)
         finally:
@@ -85,6 +83,13 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
 _ATTEMPTS = 100
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    # os.write may write less than it was given (a signal, a full pipe): write the rest.
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def write_results(directory: Path, texts: AnswerTexts) -> list[Path]:
@@ -127,9 +132,7 @@ def _new_folder(folder: Path, files: Mapping[str, str]) -> bool:
             for name, text in files.items():
                 fd = os.open(name, _CREATE, 0o600, dir_fd=at)
                 try:
-                    view = memoryview(text.encode())
-                    while view:
-                        view = view[os.write(fd, view):]
+                    _write_all(fd, text.encode())
                 finally:
                     os.close(fd)
         finally:
