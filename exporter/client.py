@@ -97,9 +97,10 @@ class ExporterClient:
     """Starts and stops windows on one exporter."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 60.0):
+        url = url.rstrip("/")
         # `url` is what messages show: credentials in it never reach a terminal or a log.
-        self.url = redact_url(url.rstrip("/"))
-        self._base, self._basic = split_userinfo(url.rstrip("/"))
+        self.url = redact_url(url)
+        self._base, self._basic = split_userinfo(url)
         self.token = token if token is not None else os.environ.get("SPECDEC_TOKEN") or None
         self.timeout = timeout
         self._opener = opener_for(self._base)
