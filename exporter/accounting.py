@@ -167,6 +167,9 @@ class Accumulator:
     # `to_json`'s text of the series keys, for the key list it was built from.
     _keys_json: tuple[list[SeriesKey], str] = field(
         default=([], "[]"), init=False, repr=False, compare=False)
+    # `totals()` since the last `feed` (the only place the increases change): a window reads
+    # it after every scrape, and its stop answer reads it again, with `by_model`.
+    _totals: Counts | None = field(default=None, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart.
@@ -175,6 +178,7 @@ class Accumulator:
         and otherwise ignored, whichever series it hit, so that every figure of the result
         covers the same span.
         """
+        self._totals = None
         anomaly = find_anomaly(snapshot, at)
         if anomaly is not None:
             (self.anomalies_after if self.scrapes else self.anomalies_before).add(anomaly)
@@ -313,10 +317,17 @@ class Accumulator:
 
     def totals(self) -> Counts:
         """The increase since the baseline, summed over engines and models."""
-        return sum_series(self.increase.items())
+        if self._totals is None:
+            self._totals = sum_series(self.increase.items())
+        return self._totals
 
     def by_model(self) -> dict[str, Counts]:
         """The increase since the baseline, per model name."""
+        models = {key.model_name for key in self.increase}
+        if len(models) == 1:
+            # One model (the usual case): its series are all of them, in the same order, so
+            # its sum is `totals()`, already summed.
+            return {models.pop(): self.totals()}
         return counts_by_model(self.increase)
 
     def current(self) -> Counts:

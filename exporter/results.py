@@ -19,7 +19,7 @@ from exporter.advise import window_advice
 from exporter.derive import acceptance_length, acceptance_ratio, has_activity, result_data
 from exporter.dialects import SGLANG_LENGTH, SGLANG_RATE, dialect_note, is_estimate
 from exporter.isotime import iso_utc, with_iso_times
-from exporter.snapshot import Counts, integral
+from exporter.snapshot import Counts, integral, sum_counts
 from exporter.window import TargetRef, Window
 
 NO_METRICS = "No spec decode metrics found on server"
@@ -263,6 +263,9 @@ def _counts(raw: object) -> Counts | None:
     return Counts.from_raw(raw) if isinstance(raw, Mapping) else None
 
 
+_NONE = Counts()  # what a RESULT without counts adds
+
+
 def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
     """All targets with exact counts summed, then divided (never an average of ratios).
 
@@ -270,14 +273,14 @@ def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
     both use it. Estimates (SGLang's gauge means) cannot be summed with counts: they stay out.
     """
     used = [(name, r) for name, r in results if r.summable]
-    total, before, after = Counts(), Counts(), Counts()
-    per_model: dict[str, Counts] = {}
+    total = sum_counts(r.increase or _NONE for _, r in used)
+    before = sum_counts(r.before or _NONE for _, r in used)
+    after = sum_counts(r.after or _NONE for _, r in used)
+    models: dict[str, list[Counts]] = {}
     for _, result in used:
-        total = total + (result.increase or Counts())
-        before = before + (result.before or Counts())
-        after = after + (result.after or Counts())
         for model, counts in result.per_model.items():
-            per_model[model] = per_model.get(model, Counts()) + counts
+            models.setdefault(model, []).append(counts)
+    per_model = {model: sum_counts(parts) for model, parts in models.items()}
     partial = [name for name, r in used if r.coverage is Coverage.PARTIAL]
     base = Result(
         status=Status.NA, url=None, error=NO_ACTIVITY,
@@ -310,57 +313,62 @@ def target_result(window: Window, name: str) -> Result:
         notes.append(fetch_error(ref.url, stop_error, "stop"))
     if name in window.late_baselines:
         notes.append(window.late_baselines[name])
+    # Everything known of the target, which each outcome below completes; the Result is made
+    # once, with all its fields (a stop over 1000 targets makes 1000 of them).
     base = _described(ref, acc, started=name not in window.start_errors)
     if name in window.removed:
         # The target left the window before its stop: N/A, with what was seen until then.
         until = acc.totals() if acc and acc.scrapes >= 2 and has_activity(acc.totals()) else None
-        return replace(base, error="; ".join([window.removed[name], *notes]),
-                       increase_until_removed=until)
+        return Result(Status.NA, **base, error="; ".join([window.removed[name], *notes]),
+                      increase_until_removed=until)
     anomalies = _anomaly_texts(acc)
     if acc is None or acc.scrapes == 0:
         if anomalies:
-            return replace(base, error=_no_usable_span(anomalies, notes))
-        return replace(base, error="; ".join(notes) or NO_METRICS)
+            return Result(Status.NA, **base, error=_no_usable_span(anomalies, notes))
+        return Result(Status.NA, **base, error="; ".join(notes) or NO_METRICS)
     if is_estimate(acc.dialect):
         return _estimate_result(window, acc, base, notes)
     if not acc.last:
-        return replace(base, error=NO_METRICS)
+        return Result(Status.NA, **base, error=NO_METRICS)
     if acc.scrapes < 2:
         # One usable scrape is a baseline with nothing to compare it to.
         if anomalies:
-            return replace(base, error=_no_usable_span(anomalies, notes))
-        return replace(base, error="; ".join(notes) or NO_ACTIVITY)
+            return Result(Status.NA, **base, error=_no_usable_span(anomalies, notes))
+        return Result(Status.NA, **base, error="; ".join(notes) or NO_ACTIVITY)
     counts = acc.totals()
     if not has_activity(counts):
         reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
-        return replace(base, error=reason)
-    return replace(
-        base, status=Status.OK, increase=counts, per_model=acc.by_model(),
+        return Result(Status.NA, **base, error=reason)
+    return Result(
+        Status.OK, **base, increase=counts, per_model=acc.by_model(),
         reset_note=_reset_note(window, acc),
         anomaly_note=_anomaly_inside_note(acc.anomalies_inside),
         **_coverage(window, acc, notes + anomalies),
     )
 
 
-def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> Result:
-    """An N/A RESULT with everything known of the target filled in: what others build on."""
-    return Result(
-        status=Status.NA, url=ref.url, target=ref.name, host_port=ref.host_port,
-        model_names=tuple(acc.model_names) if acc else (),
-        engines=len(acc.engines) if acc else 0,
-        dialect=(acc.dialect or None) if acc else None,
-        dialect_note=dialect_note(acc.dialect) if acc else None,
-        resets=acc.resets if acc else 0,
-        scrapes=acc.scrapes if acc else 0,
-        first_scrape_at=acc.first_at if acc else None,
-        last_scrape_at=acc.last_at if acc else None,
+def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> dict[str, Any]:
+    """The fields of a target's RESULT known whatever its outcome: what the others build on."""
+    if acc is None:
+        return {"url": ref.url, "target": ref.name, "host_port": ref.host_port, "scrapes": 0,
+                "before": None, "after": None}
+    return {
+        "url": ref.url, "target": ref.name, "host_port": ref.host_port,
+        "model_names": tuple(acc.model_names),
+        "engines": len(acc.engines),
+        "dialect": acc.dialect or None,
+        "dialect_note": dialect_note(acc.dialect),
+        "resets": acc.resets,
+        "scrapes": acc.scrapes,
+        "first_scrape_at": acc.first_at,
+        "last_scrape_at": acc.last_at,
         **_raw_pair(acc, started),
-    )
+    }
 
 
-def _raw_pair(acc: Accumulator | None, started: bool) -> dict[str, Any]:
+def _raw_pair(acc: Accumulator, started: bool) -> dict[str, Any]:
     """AISBench's before/after: the first and last usable scrape; None where there is none."""
-    if acc is None or acc.scrapes == 0 or is_estimate(acc.dialect):
+    if acc.scrapes == 0 or is_estimate(acc.dialect):
         return {"before": None, "after": None}
     before = acc.before or Counts()
     if acc.scrapes >= 2:
@@ -371,13 +379,15 @@ def _raw_pair(acc: Accumulator | None, started: bool) -> dict[str, Any]:
     return {"before": None, "after": before}
 
 
-def _estimate_result(window: Window, acc: Accumulator, base: Result, notes: list[str]) -> Result:
+def _estimate_result(
+    window: Window, acc: Accumulator, base: dict[str, Any], notes: list[str]
+) -> Result:
     """SGLang has no counters: the time-weighted means of its interval gauges, flagged."""
     means = acc.gauge_means()
     if acc.scrapes < 2 or SGLANG_LENGTH not in means:
         reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
-        return replace(base, error=reason)
-    return replace(base, status=Status.OK, gauge_means=means, **_coverage(window, acc, notes))
+        return Result(Status.NA, **base, error=reason)
+    return Result(Status.OK, **base, gauge_means=means, **_coverage(window, acc, notes))
 
 
 def _coverage(window: Window, acc: Accumulator, notes: list[str]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -108,6 +109,37 @@ class Counts:
             {int(p): float(v) for p, v in raw.get(Field.PER_POS.value, {}).items()},
             {int(p): float(v) for p, v in raw.get(DRAFTS_PER_POS, {}).items()},
         )
+
+
+def sum_counts(parts: Iterable[Counts]) -> Counts:
+    """`Counts()` + each part in turn: the same value, summed without a `Counts` per addition.
+
+    An aggregate adds three per target of a stop (increase, before, after). Where every part
+    has the same positions and no `position_drafts` (every target of the usual fleet), each
+    addition's `position_drafts` is empty, so the sum is the fields added in the same order;
+    otherwise it is the additions themselves.
+    """
+    parts = list(parts)
+    if not parts:
+        return Counts()
+    first = parts[0]
+    positions = first.per_position.keys()
+    # (A NaN first `drafts` makes the first addition's `position_drafts` NaN at each position.)
+    if math.isnan(first.drafts) or any(
+            p.position_drafts or p.per_position.keys() != positions for p in parts):
+        total = Counts()
+        for part in parts:
+            total = total + part
+        return total
+    drafts = draft_tokens = accepted = 0.0
+    per_pos = dict.fromkeys(positions, 0.0)
+    for part in parts:
+        drafts += part.drafts
+        draft_tokens += part.draft_tokens
+        accepted += part.accepted
+        for pos, value in part.per_position.items():
+            per_pos[pos] += value
+    return Counts(drafts, draft_tokens, accepted, per_pos)
 
 
 DRAFTS_PER_POS = "num_drafts_per_pos"

@@ -1,0 +1,123 @@
+"""`python -m bench.answer [N] [--repeats R]`: the CPU of one stop answer (`window_answer`).
+
+A stopped window over N targets is built in-process, without any server: each target is fed
+the parsed pages of one of the fleet's simulated vLLM servers (k = 8, one engine, as
+`bench.fleet` serves them) at its start, three rounds and its stop. A few targets take the
+other paths of a RESULT (a failed start, a failed stop, a removal, a restart). Then only
+`results.window_answer` is timed, R times; the median is printed with its cost per target and
+a digest of the answer's JSON text (key order included), so that a run of the same script
+against another checkout shows whether both give the same answer:
+
+    PYTHONSAFEPATH=1 PYTHONPATH=/work/main python bench/answer.py 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import statistics
+import time
+from typing import Any
+
+from bench.fleet import PageSet
+from exporter.parse import parse_page
+from exporter.results import window_answer
+from exporter.snapshot import ScrapeResult, Snapshot
+from exporter.window import TargetRef, Window
+
+T0 = 1796234400.0  # 2026-12-02T18:00:00Z
+INTERVAL = 5.0
+PAGES = 10
+ROUNDS = 3  # between the start and the stop
+# Every EVERY-th target takes one of the other paths, by its index modulo EVERY.
+EVERY = 100
+START_FAILS, STOP_FAILS, REMOVED, RESTARTS = 1, 2, 3, 4
+
+
+def _snapshots(steps: int) -> list[list[Snapshot]]:
+    """Per step (start, rounds, stop), the parsed page of each simulated server."""
+    pages = PageSet(PAGES, k=8, target_bytes=0)  # no padding: only the spec-decode part counts
+    steps_pages = []
+    for step in range(steps):
+        if step:
+            pages.advance()
+        steps_pages.append([parse_page(page) for page in pages.render()])
+    return steps_pages
+
+
+def build_window(n: int) -> Window:
+    """A stopped window over n targets with realistic accumulators."""
+    steps = _snapshots(ROUNDS + 2)
+    names = [f"t{i}" for i in range(n)]
+    window = Window(
+        id="bench-answer", name="bench", labels={"run": "bench"}, started_at=T0,
+        targets={
+            name: TargetRef(name, f"http://127.77.{i // 200}.{i % 200 + 1}:9000/metrics",
+                            f"127.77.{i // 200}.{i % 200 + 1}:9000")
+            for i, name in enumerate(names)
+        },
+    )
+
+    def results(step: int, at: float) -> list[ScrapeResult]:
+        out = []
+        for i, name in enumerate(names):
+            snapshot = steps[step][i % PAGES]
+            if i % EVERY == RESTARTS and step == 2:
+                # A server restart: counters from zero, then growing again.
+                snapshot = Snapshot({k: v / 10 for k, v in snapshot.values.items()},
+                                    {k: v + 1 for k, v in snapshot.created.items()},
+                                    snapshot.gauges, snapshot.dialect)
+            failed = (step == 0 and i % EVERY == START_FAILS) or (
+                step == ROUNDS + 1 and i % EVERY == STOP_FAILS)
+            out.append(ScrapeResult(name, at, 0.01, None if failed else snapshot,
+                                    "timeout" if failed else None))
+        return out
+
+    window.take_baseline(results(0, T0))
+    for step in range(1, ROUNDS + 1):
+        for result in results(step, T0 + step * INTERVAL):
+            if window.takes_scrapes_of(result.target):
+                window.feed(result)
+        if step == 1:
+            for i, name in enumerate(names):
+                if i % EVERY == REMOVED:
+                    window.removed[name] = "removed from the config"
+    stop = T0 + (ROUNDS + 1) * INTERVAL
+    window.take_final(results(ROUNDS + 1, stop), stop)
+    return window
+
+
+def measure(n: int, repeats: int) -> dict[str, Any]:
+    """Median seconds of `window_answer` over `repeats` runs, and the answer's digest."""
+    window = build_window(n)
+    answer = window_answer(window)  # warm: first-call costs (imports, caches) left out
+    digest = hashlib.sha256(json.dumps(answer).encode()).hexdigest()[:16]
+    times = []
+    for _ in range(repeats):
+        gc.collect()  # each run starts from the same heap: the collections it triggers are its own
+        started = time.perf_counter()
+        window_answer(window)
+        times.append(time.perf_counter() - started)
+    median = statistics.median(times)
+    return {"targets": n, "repeats": repeats, "median_s": median,
+            "per_target_ms": 1000 * median / n, "min_s": min(times), "digest": digest}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build, time, print one line."""
+    parser = argparse.ArgumentParser(prog="python -m bench.answer", description=__doc__.split(
+        "\n")[0])
+    parser.add_argument("targets", nargs="?", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=15)
+    args = parser.parse_args(argv)
+    figures = measure(args.targets, args.repeats)
+    print(f"window_answer over {figures['targets']} targets: median {figures['median_s']:.4f} s "
+          f"({figures['per_target_ms']:.4f} ms per target, min {figures['min_s']:.4f} s, "
+          f"{figures['repeats']} runs); answer digest {figures['digest']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
