@@ -112,21 +112,38 @@ def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict[s
     keys, denominators = _cost_table(tuple(costs), 2 * k)
     lengths = list(accumulate(rates, initial=1.0))[1:]
     columns = [list(map(truediv, lengths, column)) for column in denominators]
-    rows: list[AdviceRow] = [
-        {"k": kk, "length": length, "estimate": kk > k, "speedup": speedups}
-        for kk, length, speedups in zip(
-            range(1, 2 * k + 1), lengths, _speedup_dicts(keys, columns, 2 * k), strict=True)
-    ]
     return {
         "k": k,
-        "draft_costs": [float(c) for c in costs],
+        "draft_costs": list(map(float, costs)),
         "monotone": dist.monotone,
         "tail_ratio": ratio,
         "tail_fit": TAIL_FIT,
-        "rows": rows,
+        "rows": _rows(k, keys, lengths, columns),
         "best": {key: _best(column, k) for key, column in zip(keys, columns, strict=True)},
         "distribution": dist.as_dict(),
     }
+
+
+def _rows(
+    k: int, keys: Sequence[str], lengths: Sequence[float], columns: Sequence[Sequence[float]]
+) -> list[AdviceRow]:
+    """Per k' = 1..2k: k', L, whether it is past the measured k, and S per cost key."""
+    counts = range(1, len(lengths) + 1)
+    if len(keys) == 4:
+        # The default costs: S per cost as a dict display (a third of dict(zip(...)), made 16
+        # times per target).
+        k0, k1, k2, k3 = keys
+        return [
+            {"k": kk, "length": length, "estimate": kk > k,
+             "speedup": {k0: a, k1: b, k2: c, k3: d}}
+            for kk, length, a, b, c, d in zip(counts, lengths, *columns, strict=True)
+        ]
+    speeds = zip(*columns, strict=True) if columns else [()] * len(lengths)
+    return [
+        {"k": kk, "length": length, "estimate": kk > k,
+         "speedup": dict(zip(keys, row, strict=True))}
+        for kk, length, row in zip(counts, lengths, speeds, strict=True)
+    ]
 
 
 def _best(speedups: Sequence[float], k: int) -> Best:
@@ -136,19 +153,6 @@ def _best(speedups: Sequence[float], k: int) -> Best:
         if value > beat:
             top_k, top, beat = kk, value, value + 1e-12
     return {"k": top_k, "speedup": top, "estimate": top_k > k}
-
-
-def _speedup_dicts(
-    keys: Sequence[str], columns: Sequence[Sequence[float]], count: int
-) -> list[dict[str, float]]:
-    """Per k', {cost key: S}, from each cost's column of S."""
-    if len(keys) == 4:
-        # The default costs: a dict display costs a third of dict(zip(...)), 16 times a target.
-        k0, k1, k2, k3 = keys
-        return [{k0: a, k1: b, k2: c, k3: d} for a, b, c, d in zip(*columns, strict=True)]
-    if not keys:
-        return [{} for _ in range(count)]
-    return [dict(zip(keys, speeds, strict=True)) for speeds in zip(*columns, strict=True)]
 
 
 @functools.lru_cache(maxsize=64)

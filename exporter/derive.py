@@ -49,15 +49,20 @@ def result_data(counts: Counts) -> dict[str, Any]:
     """
     ratio = acceptance_ratio(counts)
     length = acceptance_length(counts)
+    drafts, per_position = counts.drafts, counts.per_position
+    if not counts.position_drafts and drafts > 0:
+        # The usual case of `position_ratios`, keyed for JSON in the same pass (a stop over
+        # 1000 targets writes two of these per target).
+        rates = {str(pos): per_position[pos] / drafts for pos in sorted(per_position)}
+    else:
+        rates = {str(pos): rate for pos, rate in position_ratios(counts).items()}
     return {
         "num_drafts": integral(counts.drafts),
         "draft_tokens": integral(counts.draft_tokens),
         "accepted_tokens": integral(counts.accepted),
         "acceptance_rate": 100.0 * ratio if ratio is not None else None,
         "acceptance_length": length,
-        "per_position_acceptance_rates": {
-            str(pos): rate for pos, rate in position_ratios(counts).items()
-        },
+        "per_position_acceptance_rates": rates,
     }
 
 

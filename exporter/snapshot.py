@@ -184,27 +184,34 @@ def sum_series(values: Collection[tuple[SeriesKey, float]]) -> Counts:
     """
     drafts = draft_tokens = accepted = 0.0
     per_pos: dict[int, float] = {}
-    pos_series: dict[int, int] = {}
     drafts_series = 0
     for key, value in values:
         f = key.field
-        if f is _DRAFTS:
+        if f is _PER_POS:  # first: most series are one per position
+            pos = key.position
+            per_pos[pos] = per_pos.get(pos, 0.0) + value
+        elif f is _DRAFTS:
             drafts += value
             drafts_series += 1
         elif f is _DRAFT_TOKENS:
             draft_tokens += value
         elif f is _ACCEPTED:
             accepted += value
-        elif f is _PER_POS:
-            pos = key.position
-            per_pos[pos] = per_pos.get(pos, 0.0) + value
-            pos_series[pos] = pos_series.get(pos, 0) + 1
     # This runs every scrape: the engines are matched only when positions can differ, i.e.
     # with two drafts series or more and not every position having one series per engine.
     uneven: dict[int, float] = {}
-    if drafts_series > 1 and any(n != drafts_series for n in pos_series.values()):
+    if drafts_series > 1 and _positions_uneven(values, drafts_series):
         uneven = _uneven_engines(values)
     return Counts(drafts, draft_tokens, accepted, per_pos, uneven)
+
+
+def _positions_uneven(values: Iterable[tuple[SeriesKey, float]], engines: int) -> bool:
+    """Whether some position has another number of series than there are drafts series."""
+    series: dict[int, int] = {}
+    for key, _ in values:
+        if key.field is _PER_POS:
+            series[key.position] = series.get(key.position, 0) + 1
+    return any(n != engines for n in series.values())
 
 
 def _uneven_engines(values: Iterable[tuple[SeriesKey, float]]) -> dict[int, float]:
