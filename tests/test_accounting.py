@@ -339,6 +339,44 @@ def step(per_second: float, at: float) -> Snapshot:
     return snap({key(D): per_second * at, key(T): 3 * per_second * at, key(A): 2 * per_second * at})
 
 
+class TestTotalsAndModels:
+    """`totals()` is kept between feeds and follows each feed; `by_model` per model name."""
+
+    def test_totals_follow_each_feed(self):
+        acc = Accumulator()
+        acc.feed(snap(engine_page("0", 10, 30, [5, 2])), 100.0)
+        assert acc.totals().drafts == 0
+        assert acc.totals() is acc.totals()  # kept, not summed again
+        acc.feed(snap(engine_page("0", 14, 42, [7, 3])), 105.0)
+        assert acc.totals() == Counts(4, 12, 3, {0: 2, 1: 1})
+        acc.feed(snap(engine_page("0", NAN, 42, [7, 3])), 110.0)  # not taken
+        acc.feed(snap(engine_page("0", 20, 60, [9, 4])), 115.0)
+        assert acc.totals() == Counts(10, 30, 6, {0: 4, 1: 2})
+
+    def test_restored_accumulator_sums_its_own_state(self):
+        acc = Accumulator()
+        feed_all(acc, [snap(engine_page("0", 10, 30, [5])), snap(engine_page("0", 12, 36, [6]))])
+        acc.totals()
+        back = Accumulator.from_dict(json.loads(json.dumps(acc.to_dict())))
+        assert back.totals() == acc.totals() == Counts(2, 6, 1, {0: 1})
+        assert back == acc  # the kept totals are no part of the state
+
+    def test_by_model_one_model_is_the_totals(self):
+        acc = Accumulator()
+        feed_all(acc, [snap(engine_page("0", 10, 30, [5])), snap(engine_page("0", 12, 36, [6]))])
+        assert acc.by_model() == {"m": acc.totals()}
+
+    def test_by_model_two_models(self):
+        def page(scale: int) -> dict:
+            values = {key(D, model="a"): 10.0 * scale, key(P, position=0, model="a"): 4.0 * scale}
+            return values | {key(D, model="b"): 5.0 * scale, key(P, position=0, model="b"): scale}
+
+        acc = Accumulator()
+        feed_all(acc, [snap(page(1)), snap(page(2))])
+        assert acc.by_model() == {"a": Counts(10, 0, 0, {0: 4}), "b": Counts(5, 0, 0, {0: 1})}
+        assert acc.totals() == Counts(15, 0, 0, {0: 5})
+
+
 class TestLiveTrack:
     def test_needs_two_points(self):
         live = LiveTrack(span=60)

@@ -8,6 +8,7 @@ import pytest
 
 from exporter.advise import (
     advice,
+    cost_key,
     expected_length,
     extended_rates,
     result_advice,
@@ -103,6 +104,29 @@ class TestAdvice:
 
     def test_no_positions(self):
         assert "error" in advice(distribution([]))
+
+    @pytest.mark.parametrize("costs", [[], [0.3], [0.0, 0.25], [0.0, 0.05, 0.1, 0.25, 0.5],
+                                       [0.0, 0.05, 0.1, 0.25]])
+    def test_any_number_of_costs(self, costs):
+        # Four costs (the default) take a shortcut for the rows: every count gives one shape.
+        body = advice(distribution(RATES), costs)
+        keys = [cost_key(c) for c in costs]
+        assert len(body["rows"]) == 6 and list(body["best"]) == keys
+        for kk, row in enumerate(body["rows"], 1):
+            assert list(row) == ["k", "length", "estimate", "speedup"]
+            assert row["k"] == kk and row["estimate"] is (kk > 3)
+            assert list(row["speedup"]) == keys
+            for cost, key in zip(costs, keys, strict=True):
+                assert row["speedup"][key] == speedup(row["length"], cost, kk)
+
+    def test_a_rise_within_rounding_does_not_win(self):
+        # Each step's speed-up beats the previous by less than 1e-12: k' = 1 stays the best
+        # until the rises add up past it (the first k' that beats the best so far, not max).
+        rates = [0.5] + [4e-13] * 5
+        body = advice(distribution(rates), [0.0])
+        lengths = [row["length"] for row in body["rows"]]
+        assert lengths[2] - lengths[0] < 1e-12 < lengths[3] - lengths[0]
+        assert body["best"]["0"]["k"] == 4
 
 
 class TestFromResults:

@@ -12,6 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import (  # noqa: E402
+    answer,
     case_exposition,
     case_fleet,
     case_floor,
@@ -60,6 +61,28 @@ class TestParseCase:
 
 
 @needs_nginx
+class TestAnswerBench:
+    """`python -m bench.answer`: a built window's stop answer timed alone (no server needed)."""
+
+    def test_figures_and_a_stable_digest(self, capsys):
+        figures = answer.measure(120, repeats=2)
+        assert figures["targets"] == 120 and figures["repeats"] == 2
+        assert 0 < figures["min_s"] <= figures["median_s"]
+        assert figures["digest"] == answer.measure(120, repeats=1)["digest"]
+        assert answer.main(["30", "--repeats", "1"]) == 0
+        assert "window_answer over 30 targets" in capsys.readouterr().out
+
+    def test_window_takes_every_path(self):
+        from exporter.results import window_answer
+
+        results = window_answer(answer.build_window(120))["results"]
+        assert results["t0"]["status"] == "ok" and results["t0"]["coverage"] == "full"
+        assert results["t1"]["coverage"] == "partial"  # its start failed
+        assert results["t2"]["coverage"] == "partial"  # its stop failed
+        assert results["t3"]["status"] == "na"  # removed
+        assert results["t4"]["resets"] > 0
+
+
 class TestFleetCases:
     def test_fleet_serves_pages(self, fleet):
         assert len(fleet.urls(4)) == 4

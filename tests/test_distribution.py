@@ -8,6 +8,7 @@ from exporter.distribution import (
     distribution,
     is_non_increasing,
     isotonic_non_increasing,
+    position_keys,
     rates_from_mapping,
 )
 
@@ -93,3 +94,25 @@ class TestRatesFromMapping:
 
     def test_empty(self):
         assert rates_from_mapping({}) == []
+
+    @pytest.mark.parametrize("k", [1, 3, 8, 64, 65])
+    def test_in_order_keys_read_as_any_order(self, k):
+        # Keys 0..k-1 in order (our answers, AISBench's files) take a shortcut: the same list.
+        rates = [1 / (p + 2) for p in range(k)]
+        texts = {str(p): r for p, r in enumerate(rates)}
+        assert rates_from_mapping(texts) == rates
+        assert rates_from_mapping(dict(reversed(texts.items()))) == rates
+        assert rates_from_mapping(dict(enumerate(rates))) == rates
+        assert rates_from_mapping({p: int(p % 2) for p in range(k)}) == [
+            float(p % 2) for p in range(k)]
+        assert all(type(r) is float for r in rates_from_mapping({"0": 1, "1": 0}))
+
+    def test_out_of_range_still_refused(self):
+        with pytest.raises(ValueError):
+            rates_from_mapping({"-1": 0.5, "0": 0.4})
+
+
+class TestPositionKeys:
+    @pytest.mark.parametrize("n", [0, 1, 8, 64, 65, 200])
+    def test_keys(self, n):
+        assert position_keys(n) == [str(p) for p in range(n)]

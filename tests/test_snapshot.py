@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import math
+import operator
+import random
 
 import pytest
 
 from exporter.derive import position_ratios
-from exporter.snapshot import Counts, Field, SeriesKey, sum_series
+from exporter.snapshot import Counts, Field, SeriesKey, sum_counts, sum_series
 
 
 def engine(name: str, drafts: float, per_pos: list[float], model: str = "m") -> list:
@@ -102,3 +106,43 @@ class TestCountsArithmetic:
             "num_drafts_per_pos": {"3": 11, "4": 11},
         }
         assert json.dumps(Counts(2043630.0).as_raw()).startswith('{"num_drafts": 2043630,')
+
+
+def _random_counts(rng: random.Random, positions: int, uneven: bool) -> Counts:
+    per_pos = {p: rng.choice([0.0, 1.0, 7.0, 0.1, 2.5, 1e16 + 2]) for p in range(positions)}
+    drafts = rng.choice([0.0, 3.0, 0.3, 1e16 + 1])
+    position_drafts = {p: drafts + 1 for p in per_pos if uneven and rng.random() < 0.5}
+    return Counts(drafts, rng.choice([0.0, 0.7, 9.0]), rng.choice([0.0, 0.1, 5.0]),
+                  per_pos, position_drafts)
+
+
+class TestSumCounts:
+    """`sum_counts` is `Counts()` + each part in turn, to the last bit, whatever the parts."""
+
+    @pytest.mark.parametrize("seed", range(40))
+    def test_equals_the_additions(self, seed):
+        rng = random.Random(seed)
+        same_k = rng.random() < 0.5
+        parts = [
+            _random_counts(rng, 3 if same_k else rng.randint(0, 4), uneven=rng.random() < 0.2)
+            for _ in range(rng.randint(0, 6))
+        ]
+        want = functools.reduce(operator.add, parts, Counts())
+        got = sum_counts(parts)
+        assert got == want
+        assert list(got.per_position) == list(want.per_position)  # the same key order too
+        assert json.dumps(got.as_raw()) == json.dumps(want.as_raw())
+
+    @pytest.mark.parametrize("parts", [
+        [],
+        [K3, K3],  # the usual: one k, no drafts per position
+        [K3, K5],  # different k
+        [K3 + K5, K3],  # drafts per position on one part
+        [Counts(10, 30, 5, {0: 3, 1: 2}), Counts(1, 3, 1, {1: 1, 0: 0})],  # other key order
+        [Counts(math.nan, 1, 1, {0: 1}), K3],  # NaN drafts first
+        [Counts(3, 9, 2)],  # no positions
+    ])
+    def test_cases(self, parts):
+        want = functools.reduce(operator.add, parts, Counts())
+        got = sum_counts(iter(parts))
+        assert repr(got) == repr(want)  # NaN != NaN: compared as text
