@@ -57,6 +57,7 @@ def make_app(
     app[SERVICE] = service
     app[FANOUT] = Fanout(service)
     app[WRITER] = MetricsWriter(service.view)
+    service.on_scraped(app[WRITER].scraped)
     app[PRERENDER] = Prerender(app[WRITER])
     app[METRICS_CACHE] = {}
     add_routes(app)

@@ -41,6 +41,30 @@ def position_ratios(counts: Counts) -> dict[int, float]:
     return ratios
 
 
+def span_figures(start: Counts, end: Counts) -> tuple[float | None, float | None,
+                                                     dict[int, float]]:
+    """`acceptance_ratio`, `acceptance_length` and `position_ratios` of `end - start`: the
+    live gauges of a target, computed for each of its scrapes while /metrics is read.
+
+    The usual case (every position over all the drafts on both sides, no position new at the
+    end) skips building the difference's `Counts`, with the same float operations: the same
+    figures, in a third of the time.
+    """
+    before, after = start.per_position, end.per_position
+    if start.position_drafts or end.position_drafts or not after.keys() <= before.keys():
+        counts = end - start
+        return acceptance_ratio(counts), acceptance_length(counts), position_ratios(counts)
+    drafts = end.drafts - start.drafts
+    tokens = end.draft_tokens - start.draft_tokens
+    accepted = end.accepted - start.accepted
+    ratio = accepted / tokens if tokens > 0 else None
+    if drafts <= 0:
+        return ratio, None, {}
+    return ratio, 1.0 + accepted / drafts, {
+        pos: (after[pos] - before[pos]) / drafts for pos in sorted(after)
+    }
+
+
 def result_data(counts: Counts) -> dict[str, Any]:
     """The `data` part of an AISBench RESULT, in full precision as AISBench's code writes it.
 

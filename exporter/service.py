@@ -12,6 +12,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from exporter.accounting import LiveTrack
 from exporter.book import StartRequest, WindowBook
 from exporter.config import Config, TargetConfig, check_reload, load_config
 from exporter.errors import RequestError
@@ -53,6 +54,8 @@ class ExporterService:
                                lambda window_id: Path(self.config.output_dir) / window_id)
         self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
                                    lambda: self._close_removed_targets("no longer discovered"))
+        # Called with each state a scrape leaves (`on_scraped`).
+        self._scraped: list[Callable[[str, TargetState, LiveTrack, float], None]] = []
         self.book.restore(self._targets.states,
                           lambda name: self._targets.gone_reason(name, "not in the config"))
         if config.state_save_interval is not None:
@@ -156,8 +159,25 @@ class ExporterService:
         def then(result: ScrapeResult) -> None:
             windows = feed if feed is not None else self.book.open_windows()
             self.book.feed((w for w in windows if w.takes_scrapes_of(name)), result)
+            if self._scraped:
+                self._tell_scraped(name)
 
         return await self._targets.scrape(name, then)
+
+    def on_scraped(self, listener: Callable[[str, TargetState, LiveTrack, float], None]) -> None:
+        """Call `listener(name, state, live track, now)` after each scrape a target's state
+        takes: /metrics builds the target's lines then (exposition.py)."""
+        self._scraped.append(listener)
+
+    def _tell_scraped(self, name: str) -> None:
+        targets = self._targets
+        state, track, now = targets.states[name], targets.live[name], self.clock()
+        for listener in self._scraped:
+            # What a listener builds is a reader's cache: its failure must not fail the scrape.
+            try:
+                listener(name, state, track, now)
+            except Exception:
+                log.exception("scrape listener failed target=%s", name)
 
     async def scrape_round(self, spread: float = 0.0) -> None:
         """One round of every target (the scheduler's; tests and the bench drive it)."""

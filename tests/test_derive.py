@@ -10,6 +10,7 @@ from exporter.derive import (
     has_activity,
     position_ratios,
     result_data,
+    span_figures,
 )
 from exporter.snapshot import Counts
 
@@ -80,6 +81,40 @@ class TestPositionRatios:
         assert list(got) == list(range(12))
         assert got[10] == pytest.approx(0.5)
         assert got[11] == pytest.approx(0.45)
+
+
+class TestSpanFigures:
+    """The three live figures of `end - start`, exactly (not approximately) as computed from
+    the difference's `Counts`, in the usual case and in those that need the difference."""
+
+    @pytest.mark.parametrize(
+        "start,end",
+        [
+            (SEED, SEED + TWELVE),  # a position new at the end
+            (ZERO, SEED),
+            (SEED, SEED),  # nothing drafted: no ratio, no length, no positions
+            (Counts(3, 9.5, 1.25, {0: 0.7, 1: 0.1}), Counts(13.3, 40.1, 17.9, {0: 9.1, 1: 3.3})),
+            (Counts(10, 30, 9, {0: 5, 1: 4, 2: 0}), Counts(20, 60, 15, {0: 9, 1: 6})),
+            (Counts(10, 0, 0, {0: 1}), Counts(20, 0, 0, {0: 1})),  # drafts, no tokens
+            (Counts(20, 60, 15, {0: 9}), Counts(10, 30, 9, {0: 5})),  # negative: a reset
+            # Parts of different k on one side or the other.
+            (Counts(40, 0, 0, {0: 25, 1: 14, 2: 6}, {2: 30}), Counts(80, 100, 90, {0: 50, 1: 28,
+                                                                                 2: 12}, {2: 60})),
+            (Counts(4, 8, 2, {0: 2, 1: 0}), Counts(40, 80, 50, {0: 25, 1: 14, 2: 6}, {2: 30})),
+        ],
+    )
+    def test_as_from_the_difference(self, start, end):
+        counts = end - start
+        want = (acceptance_ratio(counts), acceptance_length(counts), position_ratios(counts))
+        got = span_figures(start, end)
+        assert got == want
+        assert list(got[2]) == list(want[2])
+
+    def test_the_usual_case_has_every_figure(self):
+        ratio, length, ratios = span_figures(
+            Counts(10, 30, 9, {1: 4, 0: 5}), Counts(20, 60, 15, {1: 6, 0: 9}))
+        assert (ratio, length, ratios) == (0.2, 1.6, {0: 0.4, 1: 0.2})
+        assert list(ratios) == [0, 1]
 
 
 class TestResultData:

@@ -7,11 +7,13 @@ import json
 import subprocess
 
 import pytest
+from aiohttp import web
 from conftest import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.api import WRITER
 from exporter.config import validate_config
-from exporter.exposition import MetricsWriter
+from exporter.exposition import KEEP_WARM, MetricsWriter
 from exporter.formats import to_openmetrics
 from exporter.service import ExporterService
 
@@ -622,3 +624,93 @@ class TestMetricsWriterCache:
         assert after == self._fresh(exp)
         lines = set(after.splitlines()) - set(before.splitlines())
         assert lines and all(b'target="a"' in line for line in lines)
+
+    async def test_a_scrape_builds_its_lines_while_metrics_is_read(self, fake_vllm, exporter):
+        """The app's writer builds a target's block when its scrape lands, once /metrics has
+        been read in the last KEEP_WARM seconds: the render after a round only joins."""
+        clock = Clock(5000.0)
+        a, b = await fake_vllm(k=2), await fake_vllm(k=2)
+        exp = await exporter({"live_window": "60s", "targets": [
+            {"name": "a", "url": a.url}, {"name": "b", "url": b.url}]}, clock=clock)
+        writer = exp.client.server.app[WRITER]
+        await exp.round()
+        clock.now += 10
+        a.server.add(0, 10, 20, [8, 4])
+        await exp.round()
+        assert list(writer.prepare(1)) == [1, 2]  # unread yet: the scrapes built nothing
+        assert (await exp.client.get("/metrics")).status == 200
+        clock.now += 10
+        a.server.add(0, 10, 20, [7, 3])
+        await exp.service.scrape_target("a")
+        assert list(writer.prepare(1)) == []  # built as the scrape landed, live lines too
+        text = writer.render()
+        assert text.startswith(self._fresh(exp))  # then its process metrics
+        assert b'specdec_acceptance_ratio{target="a"} 0.55\n' in text
+        clock.now += KEEP_WARM + 1  # nobody read /metrics for that long
+        assert list(writer.prepare(1)) == [1, 2]  # the live spans ended: a's and b's lines
+        await exp.service.scrape_target("a")
+        assert list(writer.prepare(1)) == [1]
+
+    async def test_a_failing_scrape_listener_fails_no_scrape(self, fake_vllm, exporter, caplog):
+        a = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": a.url}]})
+
+        def broken(*_args) -> None:
+            raise RuntimeError("listener bug")
+
+        exp.service.on_scraped(broken)
+        result = await exp.service.scrape_target("a")
+        assert result.ok
+        assert exp.service.view().targets["a"].last is result
+        assert any(r.getMessage() == "scrape listener failed target=a" and r.exc_info
+                   for r in caplog.records)
+        assert (await exp.client.get("/metrics")).status == 200
+
+
+class TestSampleText:
+    """The numbers and label values of per-target blocks, written a run of samples at a time."""
+
+    async def test_percent_in_label_values_round_trips(self, fake_vllm, exporter):
+        odd = "50%s %d %% %(x)r"
+        a = await fake_vllm(k=3)
+        exp = await exporter({"live_window": "60s", "targets": [
+            {"name": "a%", "url": a.url, "labels": {"zone": odd}}]})
+        await exp.round()
+        a.server.add(0, 10, 30, [9, 6, 3])
+        await exp.round()
+        families = await _families(exp)
+        want = {"target": "a%", "zone": odd}
+        for family, name, positions in (
+                ("specdec_accepted_tokens_per_position", None, [9.0, 6.0, 3.0]),
+                ("specdec_position_acceptance_ratio", None, [0.9, 0.6, 0.3])):
+            samples = _samples(families, family, name or
+                               CONTRACT_SAMPLE.get(family, family))
+            got = {dict(k)["position"]: v for k, v in samples.items()
+                   if {n: dict(k)[n] for n in want} == want}
+            assert got == {str(i): v for i, v in enumerate(positions)}, family
+
+    async def test_sums_past_the_largest_float_are_infinite(self, aiohttp_server, exporter):
+        """Two engines' finite counters can sum past 1.8e308: written as +Inf, as before."""
+        series = "".join(
+            f'vllm:spec_decode_num_{name}_total{{engine="{e}",model_name="m"}} {value}\n'
+            for name, value in (("drafts", 1), ("draft_tokens", 9e307), ("accepted_tokens", 1))
+            for e in (0, 1))
+        series += "".join(
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="{e}",model_name="m",'
+            f'position="{pos}"}} {value}\n' for pos, value in ((0, 9e307), (1, 1)) for e in (0, 1))
+
+        async def page(_request: web.Request) -> web.Response:
+            return web.Response(text=series, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", page)
+        server = await aiohttp_server(app)
+        exp = await exporter({"targets": [
+            {"name": "a", "url": str(server.make_url("/metrics"))}]})
+        await exp.round()
+        lines = (await _metrics_text(exp)).splitlines()
+        for family, want in (("specdec_accepted_tokens_per_position_total", ["+Inf", "2.0"]),
+                             ("specdec_draft_tokens_total", ["+Inf"]),
+                             ("specdec_drafts_total", ["2.0"])):
+            assert [line.rsplit(" ", 1)[1] for line in lines
+                    if line.startswith(family + "{")] == want, family
