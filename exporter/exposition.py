@@ -488,7 +488,9 @@ class MetricsWriter:
         process = generate_latest(self._process)
         if openmetrics:  # its own families renamed, and `# EOF` closes the whole
             process = to_openmetrics(process)
-        return "".join(out).encode() + process
+        # Joined as text, then encoded once: each 2 MB copy at 1000 targets costs ~1 ms.
+        out.append(process.decode())
+        return "".join(out).encode()
 
     def _last_window(self, view: StateView) -> dict[Family, list[str]]:
         # Changes only when a window stops or the targets' set or labels change (a reload, a
