@@ -335,23 +335,35 @@ def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
     if snapshot is None:  # down: no counters
         return (labels.up[0], duration, at, errors, "", "", "", "", "", "", "")
     sums, several = _model_sums(snapshot.values)
-    drafts, tokens, accepted, per_pos = [], [], [], []
-    for model in sorted(sums) if len(sums) > 1 else sums:
-        c = sums[model]
-        prefixes = labels.model(model)
-        drafts.append(f"{prefixes.drafts}{number(c.drafts)}\n")
-        tokens.append(f"{prefixes.tokens}{number(c.tokens)}\n")
-        accepted.append(f"{prefixes.accepted}{number(c.accepted)}\n")
-        values = c.per_position
-        positions = tuple(sorted(values))
-        per_pos.append(labels.positions(model, positions).lines(
-            tuple([values[pos] for pos in positions])))
+    if len(sums) == 1:  # the usual page: one model, its four runs as they are
+        [(model, counts)] = sums.items()
+        drafts, tokens, accepted, per_pos = _model_lines(labels, model, counts)
+    else:
+        columns = zip(*[_model_lines(labels, model, sums[model]) for model in sorted(sums)],
+                      strict=True)
+        drafts, tokens, accepted, per_pos = ["".join(column) for column in columns] or [""] * 4
     engine_tokens = engine_accepted = ""
     if several:
         engine_tokens, engine_accepted = _engine_lines(labels.text, snapshot)
     return (labels.up[1], duration, at, errors, labels.present[snapshot.has_spec_decode],
-            "".join(drafts), "".join(tokens), "".join(accepted), "".join(per_pos),
-            engine_tokens, engine_accepted)
+            drafts, tokens, accepted, per_pos, engine_tokens, engine_accepted)
+
+
+def _model_lines(labels: _Labels, model: str, counts: _Sums) -> tuple[str, str, str, str]:
+    """A model's drafts, draft tokens, accepted and per-position lines."""
+    prefixes = labels.model(model)
+    drafts, tokens, accepted = counts.drafts, counts.tokens, counts.accepted
+    total = drafts + tokens + accepted
+    if total - total == 0.0:  # all finite: repr inline (sums of floats, floats themselves)
+        lines = (f"{prefixes.drafts}{drafts!r}\n", f"{prefixes.tokens}{tokens!r}\n",
+                 f"{prefixes.accepted}{accepted!r}\n")
+    else:
+        lines = (f"{prefixes.drafts}{number(drafts)}\n", f"{prefixes.tokens}{number(tokens)}\n",
+                 f"{prefixes.accepted}{number(accepted)}\n")
+    values = counts.per_position
+    positions = tuple(sorted(values))
+    return (*lines, labels.positions(model, positions).lines(
+        tuple([values[pos] for pos in positions])))
 
 
 class _TargetLines:
