@@ -15,6 +15,7 @@ Process and GC metrics still come from prometheus_client.
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -407,6 +408,7 @@ class MetricsWriter:
         self._last_key: tuple[LastWindow | None, int] | None = None
         self._last_lines: dict[Family, list[str]] = {}
         self._rendered_at = -_INF  # the view's time at the last render
+        self._render_gaps: deque[float] = deque(maxlen=2)  # between the last renders
         self._process = CollectorRegistry(auto_describe=False)
         if process_metrics:
             ProcessCollector(registry=self._process)
@@ -432,10 +434,23 @@ class MetricsWriter:
         (a render in the last `KEEP_WARM` seconds): the render after a round then finds every
         block built, whenever it comes. Renders stay right without this (a block is rebuilt
         whenever its state or live span is not the one it was built from); unread, scrapes pay
-        nothing for it."""
-        if now - self._rendered_at > KEEP_WARM:
+        nothing for it, and read less often than scraped, only the last scrapes before the
+        expected read build (`_read_after_next_scrape`)."""
+        if now - self._rendered_at > KEEP_WARM or self._read_after_next_scrape(track, now):
             return
         self._entry(name, state).live_lines(track, now)
+
+    def _read_after_next_scrape(self, track: LiveTrack, now: float) -> bool:
+        """Whether the target's next scrape is due well before the next render we expect: the
+        block built now would be replaced unread (us scraping every 5 s, a Prometheus reading
+        every 30 s: five builds in six). Expected from the shorter of the last two gaps between
+        renders and the target's last gap between scrapes, with half a scrape interval to
+        spare; a render that comes earlier, or a scrape later, builds what was left."""
+        gaps, points = self._render_gaps, track.points
+        if len(gaps) < 2 or len(points) < 2:
+            return False
+        interval = points[-1][0] - points[-2][0]
+        return 0.0 < interval and now + 1.5 * interval < self._rendered_at + min(gaps)
 
     def prepare(self, chunk: int) -> Iterator[int]:
         """Build the lines of the targets scraped (or whose live span moved) since they were
@@ -463,7 +478,10 @@ class MetricsWriter:
         """The whole exposition, in text format 0.0.4 or OpenMetrics 1.0 (formats.py): the same
         samples, counter families named without `_total`, `# EOF` at the end."""
         view = self.view()
-        now = self._rendered_at = view.now
+        now = view.now
+        if self._rendered_at != -_INF:
+            self._render_gaps.append(now - self._rendered_at)
+        self._rendered_at = now
         header = functools.partial(Family.header, openmetrics=openmetrics)
         out: list[str] = [header(BUILD), _line(BUILD.name, f'version="{__version__}"', 1.0)]
         entry = self._entry

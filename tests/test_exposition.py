@@ -651,6 +651,35 @@ class TestMetricsWriterCache:
         await exp.service.scrape_target("a")
         assert list(writer.prepare(1)) == [1]
 
+    async def test_read_less_often_than_scraped_the_last_scrapes_build(self, fake_vllm,
+                                                                        exporter):
+        """Scraped every 5 s, read every 30 s: a scrape whose block the next one would replace
+        before the expected read builds nothing; the last ones before the read do."""
+        clock = Clock(5000.0)
+        a = await fake_vllm(k=2)
+        exp = await exporter({"live_window": "60s", "targets": [{"name": "a", "url": a.url}]},
+                             clock=clock)
+        writer = exp.client.server.app[WRITER]
+
+        async def scrape_in(seconds: float) -> None:
+            clock.now += seconds
+            a.server.add(0, 10, 20, [8, 4])
+            await exp.service.scrape_target("a")
+
+        await scrape_in(0)
+        for read in range(3):  # three reads 30 s apart: the rhythm is known after them
+            for _ in range(6 if read else 1):
+                await scrape_in(5)
+            writer.render()
+        built = []
+        for _ in range(5):
+            await scrape_in(5)
+            built.append(list(writer.prepare(1)) == [])  # what was not built is built here
+        # Due 30 s after the last read: scrapes at +5..+20 leave theirs; +25 builds.
+        assert built == [False, False, False, False, True]
+        clock.now += 5
+        assert writer.render().startswith(self._fresh(exp))
+
     async def test_a_failing_scrape_listener_fails_no_scrape(self, fake_vllm, exporter, caplog):
         a = await fake_vllm(k=2)
         exp = await exporter({"targets": [{"name": "a", "url": a.url}]})
