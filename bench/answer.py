@@ -5,10 +5,14 @@ the parsed pages of one of the fleet's simulated vLLM servers (k = 8, one engine
 `bench.fleet` serves them) at its start, three rounds and its stop. A few targets take the
 other paths of a RESULT (a failed start, a failed stop, a removal, a restart). Then only
 `results.window_answer` is timed, R times; the median is printed with its cost per target and
-a digest of the answer's JSON text (key order included), so that a run of the same script
-against another checkout shows whether both give the same answer:
+a digest of the answer's JSON text (key order included), so that a run of this file against
+another checkout (an older commit's `exporter` and `bench.fleet`) shows whether both give the
+same answer:
 
-    PYTHONSAFEPATH=1 PYTHONPATH=/work/main python bench/answer.py 1000
+    PYTHONSAFEPATH=1 PYTHONPATH=<other checkout> python bench/answer.py 1000
+
+Beside it, in the same run, `json.loads` of that answer's text: the C parser building the
+same objects, a floor for Python code that builds them.
 """
 
 from __future__ import annotations
@@ -101,8 +105,16 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
         window_answer(window)
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
+    text = json.dumps(answer)
+    loads = []
+    for _ in range(repeats):
+        gc.collect()
+        started = time.perf_counter()
+        json.loads(text)
+        loads.append(time.perf_counter() - started)
     return {"targets": n, "repeats": repeats, "median_s": median,
-            "per_target_ms": 1000 * median / n, "min_s": min(times), "digest": digest}
+            "per_target_ms": 1000 * median / n, "min_s": min(times), "digest": digest,
+            "json_loads_median_s": statistics.median(loads)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     figures = measure(args.targets, args.repeats)
     print(f"window_answer over {figures['targets']} targets: median {figures['median_s']:.4f} s "
           f"({figures['per_target_ms']:.4f} ms per target, min {figures['min_s']:.4f} s, "
-          f"{figures['repeats']} runs); answer digest {figures['digest']}")
+          f"{figures['repeats']} runs); answer digest {figures['digest']}; json.loads of "
+          f"the same answer: median {figures['json_loads_median_s']:.4f} s")
     return 0
 
 

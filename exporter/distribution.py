@@ -15,6 +15,8 @@ from itertools import repeat
 from operator import add, le, mul, sub
 from typing import Any
 
+from exporter.snapshot import in_position_order, position_keys
+
 # Rates computed from float counters can exceed each other by rounding alone.
 _TOLERANCE = 1e-12
 # Real drafters propose a handful of tokens; a position number past this is corrupt input
@@ -124,17 +126,6 @@ def distribution(
     return Distribution(measured, fitted, False)
 
 
-_KEYED = 64
-# Per count n, the positions 0..n-1 and their JSON keys "0".."n-1".
-_POSITIONS = [list(range(n)) for n in range(_KEYED + 1)]
-_POSITION_KEYS = [[str(p) for p in range(n)] for n in range(_KEYED + 1)]
-
-
-def position_keys(n: int) -> list[str]:
-    """The JSON keys "0".."n-1" of n positions (made once for the usual counts)."""
-    return _POSITION_KEYS[n] if n <= _KEYED else [str(p) for p in range(n)]
-
-
 def rates_from_mapping(per_position: Mapping[str, float] | Mapping[int, float]) -> list[float]:
     """Rates in numeric position order from {"0": p0, "1": p1, ...} (keys str or int).
 
@@ -142,8 +133,7 @@ def rates_from_mapping(per_position: Mapping[str, float] | Mapping[int, float]) 
     """
     if not per_position:
         return []
-    if len(per_position) <= _KEYED and list(per_position) in (
-            _POSITION_KEYS[len(per_position)], _POSITIONS[len(per_position)]):
+    if in_position_order(per_position):
         # Positions 0..k-1 in order, as our answers and AISBench's files write them: the
         # list is the values (what the general case below builds, without its dict).
         return [float(rate) for rate in per_position.values()]

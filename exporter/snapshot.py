@@ -89,9 +89,7 @@ class Counts:
             _DRAFTS_NAME: integral(self.drafts),
             _DRAFT_TOKENS_NAME: integral(self.draft_tokens),
             _ACCEPTED_NAME: integral(self.accepted),
-            _PER_POS_NAME: {
-                str(p): integral(self.per_position[p]) for p in sorted(self.per_position)
-            },
+            _PER_POS_NAME: _integral_by_position(self.per_position),
         }
         if self.position_drafts:
             raw[DRAFTS_PER_POS] = {
@@ -146,6 +144,32 @@ DRAFTS_PER_POS = "num_drafts_per_pos"
 _DRAFTS_NAME, _DRAFT_TOKENS_NAME, _ACCEPTED_NAME, _PER_POS_NAME = (
     Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value, Field.PER_POS.value
 )
+
+
+_KEYED = 64
+# Per count n (up to _KEYED), the positions 0..n-1 and their JSON keys "0".."n-1".
+_POSITIONS = [list(range(n)) for n in range(_KEYED + 1)]
+_POSITION_KEYS = [[str(p) for p in range(n)] for n in range(_KEYED + 1)]
+
+
+def position_keys(n: int) -> list[str]:
+    """The JSON keys "0".."n-1" of n positions (made once for the usual counts)."""
+    return _POSITION_KEYS[n] if n <= _KEYED else [str(p) for p in range(n)]
+
+
+def in_position_order(mapping: Mapping[int, Any] | Mapping[str, Any]) -> bool:
+    """Whether the keys are the positions 0..n-1, as ints or as their JSON keys, in order."""
+    n = len(mapping)
+    return n <= _KEYED and list(mapping) in (_POSITIONS[n], _POSITION_KEYS[n])
+
+
+def _integral_by_position(values: Mapping[int, float]) -> dict[str, int | float]:
+    """`{str(position): integral(value)}` in numeric position order."""
+    n = len(values)
+    if n <= _KEYED and list(values) == _POSITIONS[n]:
+        # Positions 0..k-1 in order, as pages list them: keys made once, nothing to sort.
+        return dict(zip(_POSITION_KEYS[n], map(integral, values.values()), strict=True))
+    return {str(p): integral(values[p]) for p in sorted(values)}
 
 
 def integral(value: float) -> int | float:

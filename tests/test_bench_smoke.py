@@ -68,6 +68,7 @@ class TestAnswerBench:
         figures = answer.measure(120, repeats=2)
         assert figures["targets"] == 120 and figures["repeats"] == 2
         assert 0 < figures["min_s"] <= figures["median_s"]
+        assert figures["json_loads_median_s"] > 0
         assert figures["digest"] == answer.measure(120, repeats=1)["digest"]
         assert answer.main(["30", "--repeats", "1"]) == 0
         assert "window_answer over 30 targets" in capsys.readouterr().out

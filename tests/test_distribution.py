@@ -8,7 +8,6 @@ from exporter.distribution import (
     distribution,
     is_non_increasing,
     isotonic_non_increasing,
-    position_keys,
     rates_from_mapping,
 )
 
@@ -110,9 +109,3 @@ class TestRatesFromMapping:
     def test_out_of_range_still_refused(self):
         with pytest.raises(ValueError):
             rates_from_mapping({"-1": 0.5, "0": 0.4})
-
-
-class TestPositionKeys:
-    @pytest.mark.parametrize("n", [0, 1, 8, 64, 65, 200])
-    def test_keys(self, n):
-        assert position_keys(n) == [str(p) for p in range(n)]

@@ -11,7 +11,16 @@ import random
 import pytest
 
 from exporter.derive import position_ratios
-from exporter.snapshot import Counts, Field, SeriesKey, sum_counts, sum_series
+from exporter.snapshot import (
+    Counts,
+    Field,
+    SeriesKey,
+    in_position_order,
+    integral,
+    position_keys,
+    sum_counts,
+    sum_series,
+)
 
 
 def engine(name: str, drafts: float, per_pos: list[float], model: str = "m") -> list:
@@ -146,3 +155,31 @@ class TestSumCounts:
         want = functools.reduce(operator.add, parts, Counts())
         got = sum_counts(iter(parts))
         assert repr(got) == repr(want)  # NaN != NaN: compared as text
+
+
+class TestPositionKeys:
+    @pytest.mark.parametrize("n", [0, 1, 8, 64, 65, 200])
+    def test_keys(self, n):
+        assert position_keys(n) == [str(p) for p in range(n)]
+
+    @pytest.mark.parametrize("mapping,want", [
+        ({}, True), ({0: 1, 1: 2}, True), ({"0": 1, "1": 2}, True), ({1: 2, 0: 1}, False),
+        ({0: 1, 2: 2}, False), ({"1": 1}, False), (dict.fromkeys(range(65), 1), False),
+    ])
+    def test_in_position_order(self, mapping, want):
+        assert in_position_order(mapping) is want
+
+    @pytest.mark.parametrize("per_position", [
+        {0: 5.0, 1: 3.0, 2: 0.0},  # in order, as pages list them
+        {2: 0.0, 0: 5.0, 1: 3.0},  # any other order
+        {0: 5.0, 1: 2.5},  # a fraction kept
+        {p: float(p) for p in range(70)},  # more positions than keys made once
+        {p: float(p) for p in reversed(range(12))},  # 10 sorts after 9, not after 1
+    ])
+    def test_raw_positions_in_numeric_order(self, per_position):
+        raw = Counts(1, 1, 1, per_position).as_raw()["accepted_per_pos"]
+        order = sorted(per_position)
+        assert list(raw) == [str(p) for p in order]
+        assert list(raw.values()) == [integral(per_position[p]) for p in order]
+        assert [type(v) for v in raw.values()] == [
+            type(integral(per_position[p])) for p in order]
