@@ -1,66 +1,67 @@
-"""A stop answer's texts, each part encoded once: the result files, window.json, the API's JSON.
+"""A stop answer's texts, each encoded once: the result files, window.json, the API's JSON.
 
-A stop over 1000 targets used to encode its answer four times over (each result file,
-window.json, the state database's row, the HTTP answer): now each RESULT is indented once (its
-file's text is also its part of window.json) and the answer is encoded compact once, for the
-state database and the HTTP answer alike. Pure: no I/O.
+orjson encodes them: a 1000-target answer (~5 MB) in ~15 ms, where the stdlib's indented
+encoder (pure Python generators before 3.14) took 0.3-0.7 s of the stop. The layout is
+`json.dumps(indent=2, ensure_ascii=False)`'s, values bit for bit; only a float under 1e-4 or
+from 1e16 is spelt differently (`0.00002151407774822478`, `1e16`: the same double, as any JSON
+reader reads it). A value orjson refuses (an integer beyond 64 bits, which a hostile page can
+send) takes the stdlib's way instead: slower, never wrong. Pure: no I/O.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.jsontext import Encoded, pretty
+import orjson
+
 from exporter.results import result_file_names
+
+_INDENTED = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
 
 
 @dataclass(frozen=True)
 class AnswerTexts:
-    """What a stopped window's answer is written and sent as."""
+    """What a stopped window's answer is written and sent as (UTF-8)."""
 
-    files: dict[str, str]  # file name (`result_file_names`) -> the RESULT file's text
-    whole: str  # window.json: the answer indented, each RESULT as in its file
-    compact: str  # `json.dumps(answer)`: the HTTP answer's body and the state DB's `answer`
+    files: dict[str, bytes]  # file name (`result_file_names`) -> the RESULT file's text
+    whole: bytes  # window.json: the answer indented
+    compact: bytes  # the answer on one line: the HTTP answer's body and the state DB's `answer`
 
     @classmethod
     def of(cls, answer: Mapping[str, Any]) -> AnswerTexts:
         """Encode a stop answer (`results.window_answer`)."""
         names = result_file_names(answer["results"])
-        results = {name: pretty(result) for name, result in answer["results"].items()}
-        spliced = {name: Encoded(text) for name, text in results.items()}
-        whole = pretty(dict(answer) | {"results": spliced})
-        return cls(files={names[name]: text + "\n" for name, text in results.items()},
-                   whole=whole + "\n", compact=compact_of(whole, answer))
+        return cls(files={names[name]: indented(result)
+                          for name, result in answer["results"].items()},
+                   whole=indented(answer), compact=compact(answer))
 
 
-def with_key(compact: str, key: str, value: Any) -> str:
-    """`json.dumps(answer | {key: value})` from `compact` = `json.dumps(answer)`, `key` new.
+def indented(value: Any) -> bytes:
+    """`json.dumps(value, indent=2, ensure_ascii=False) + "\\n"`, UTF-8, as orjson writes it."""
+    try:
+        return orjson.dumps(value, option=_INDENTED)
+    except orjson.JSONEncodeError:  # a TypeError: an int beyond 64 bits, say
+        return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def compact(value: Any) -> bytes:
+    """`value` as JSON on one line, UTF-8, as orjson writes it."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def with_key(text: bytes, key: str, value: Any) -> bytes:
+    """The text of `answer | {key: value}` from `text`, the compact text of `answer`; `key` new.
 
     The stop answer adds `results_dir` (where this exporter wrote the files) to the text
     encoded once at the stop, instead of encoding megabytes again.
     """
-    if not compact.startswith("{") or not compact.endswith("}"):
+    if not text.startswith(b"{") or not text.endswith(b"}"):
         raise ValueError("not the text of a JSON object")
-    tail = f"{json.dumps(key)}: {json.dumps(value)}}}"
-    return compact[:-1] + (", " if compact != "{}" else "") + tail
-
-
-_ITEM_BREAK = re.compile(r",\n *")
-_BREAK = re.compile(r"\n *")
-
-
-def compact_of(indented: str, value: Any) -> str:
-    """`json.dumps(value)` from `indented` = `jsontext.pretty(value)`, at regex speed.
-
-    Indented text has line breaks only between items and inside brackets (a string's are
-    escaped): `,` + break + indent becomes `, `, any other break + indent goes. The indented
-    text keeps non-ASCII characters as they are, `json.dumps` escapes them: such a text is
-    encoded again instead.
-    """
-    if not indented.isascii():
-        return json.dumps(value)
-    return _BREAK.sub("", _ITEM_BREAK.sub(", ", indented))
+    tail = compact({key: value})[1:]
+    return text[:-1] + (b"," if text != b"{}" else b"") + tail

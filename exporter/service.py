@@ -205,7 +205,7 @@ class ExporterService:
         """An open or closed window by id, from memory or the store."""
         return self.book.get(window_id)
 
-    def answer_text(self, window_id: str) -> str | None:
+    def answer_text(self, window_id: str) -> bytes | None:
         """The stopped window's answer as JSON text, when it is at hand already encoded."""
         return self.book.answer_text(window_id)
 

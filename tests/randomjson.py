@@ -1,4 +1,4 @@
-"""Random JSON-able values for the encoders' property tests (`jsontext`, `answertext`)."""
+"""Random JSON-able values for the encoders' property tests (`answertext`)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import enum
 import json
+import math
 import os
 import random
+import re
 import secrets
 import sqlite3
 import stat
@@ -12,36 +17,88 @@ import stat
 import pytest
 from randomjson import random_value
 
-from exporter.answertext import AnswerTexts, compact_of, with_key
+from exporter.answertext import AnswerTexts, compact, indented, with_key
 from exporter.errors import StoreError
 from exporter.isotime import with_iso_times
-from exporter.jsontext import pretty
-from exporter.store import StateStore, atomic_write, write_results
+from exporter.store import PREPARED, StateStore, atomic_write, prepare_results, write_results
 
 
-def indented(value) -> str:
+def reference(value) -> str:
     """AISBench's json.dump layout, as the files have always been written."""
     return json.dumps(value, indent=2, ensure_ascii=False, allow_nan=False)
 
 
-class TestCompactOf:
+_NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def spelt_alike(text: bytes) -> bytes:
+    """`text` with each number spelt as Python's repr of its float: orjson writes 6.1e-06 as
+    6.1e-6 and 1e-05 as 0.00001, the same double."""
+    return _NUMBER.sub(lambda m: repr(float(m.group())).encode(), text)
+
+
+def assert_indented(text: bytes, value) -> None:
+    """`text` is json.dumps(value, indent=2)'s layout, the same values bit for bit."""
+    assert text.endswith(b"\n")
+    assert spelt_alike(text) == spelt_alike(reference(value).encode() + b"\n")
+    assert json.loads(text) == json.loads(reference(value))
+
+
+class Colour(enum.StrEnum):
+    RED = "red"
+
+
+class Level(enum.IntEnum):
+    HIGH = 3
+
+
+class Row(list):
+    pass
+
+
+DEEP: list = [1.5, {"a": 1}]
+for _ in range(40):
+    DEEP = [DEEP]
+
+ODD = [
+    {}, [], "", 0, -0.0, 1e16, 1e-7, 0.1, 1.5, -2, 10**30, True, False, None,
+    "é ü 中文 \u2028 \x00 \x1f \" \\ / \t \n", "🙂", {"a": {}}, {"a": []}, [[], {}],
+    {1: "int key", 2.5: "float key", False: "bool key", None: "none key"},
+    (1, 2, (3,)), {"tuple": ()}, Colour.RED, {Colour.RED: Level.HIGH}, [Level.HIGH],
+    {"nested": [{"a": [1, [2, [3, {"b": None}]]]}]},
+    {"x": 1.0, "y": [0.30000000000000004, 123456789.123456789, 5e-324, 1.7976931348623157e308]},
+    collections.OrderedDict([("b", 1), ("a", [1, {"c": 2.5}])]), Row([1, 2.5, "x"]),
+    {"scalars": Row([True, None]), "deep": DEEP, "big": [2**64, -(2**63) - 1]},
+]
+
+
+class TestEncodings:
     @pytest.mark.parametrize("seed", range(300))
-    def test_is_json_dumps(self, seed):
-        value = random_value(random.Random(seed), key_marks=("", ",", " "))
-        assert compact_of(pretty(value), value) == json.dumps(value)
+    def test_indented_and_compact_are_the_values_in_json_dumps_layout(self, seed):
+        value = random_value(random.Random(seed))
+        assert_indented(indented(value), value)
+        assert json.loads(compact(value)) == json.loads(json.dumps(value))
+        assert b"\n" not in compact(value)
 
-    def test_non_ascii_is_escaped_as_json_dumps_does(self):
-        value = {"labels": {"équipe": "ü 🙂"}, "n": [1, 2]}
-        assert compact_of(pretty(value), value) == json.dumps(value)
+    @pytest.mark.parametrize("value", ODD, ids=range(len(ODD)))
+    def test_odd_values(self, value):
+        # Keys that are no strings and ints beyond 64 bits: orjson refuses, the stdlib writes.
+        assert_indented(indented(value), value)
+        assert json.loads(compact(value)) == json.loads(json.dumps(value))
 
-    def test_with_key_is_json_dumps_of_the_dict_with_it(self):
+    def test_nan_is_null_not_invalid_json(self):
+        assert json.loads(indented({"x": math.nan})) == {"x": None}
+        assert compact([math.inf]) == b"[null]"
+
+    def test_with_key_adds_the_key_last(self):
         for value in ({}, {"a": [1, {"b": None}]}, {"x": "é"}):
-            text = with_key(json.dumps(value), "results_dir", "/out/w ü")
-            assert text == json.dumps(value | {"results_dir": "/out/w ü"})
+            text = with_key(compact(value), "results_dir", "/out/w ü")
+            assert json.loads(text) == value | {"results_dir": "/out/w ü"}
+            assert list(json.loads(text))[-1] == "results_dir"
 
     def test_with_key_refuses_what_is_no_object(self):
         with pytest.raises(ValueError, match="JSON object"):
-            with_key("[1, 2]", "k", 1)
+            with_key(b"[1, 2]", "k", 1)
 
 
 class TestStopAnswerTexts:
@@ -68,19 +125,21 @@ class TestStopAnswerTexts:
         answer = json.loads(body)
         assert {r["status"] for r in answer["results"].values()} == {"ok", "na"}
         assert answer["results"]["partial"]["coverage"] == "partial"
-        # The HTTP answer: json.dumps of the answer, every ISO time already beside its time
-        # (key order included: nothing walks the answer after the stop any more).
-        assert body == json.dumps(with_iso_times(answer))
+        # The HTTP answer: every ISO time already beside its time (key order included:
+        # nothing walks the answer after the stop any more), on one line.
+        assert list(answer) == list(with_iso_times(answer))
+        assert answer == with_iso_times(answer)
+        assert "\n" not in body
         assert answer["results"]["ok"]["last_scrape_at_iso"] is not None
         folder = tmp_path / "out" / "texts"
         without_dir = {k: v for k, v in answer.items() if k != "results_dir"}
-        assert (folder / "window.json").read_text() == indented(without_dir) + "\n"
+        assert_indented((folder / "window.json").read_bytes(), without_dir)
         files = sorted((folder / "performances").iterdir())
         assert len(files) == 3
         by_url = {r["url"]: r for r in answer["results"].values()}
         for path in files:
             result = json.loads(path.read_text())
-            assert path.read_text() == indented(by_url[result["url"]]) + "\n"
+            assert_indented(path.read_bytes(), by_url[result["url"]])
             assert stat.S_IMODE(path.stat().st_mode) == 0o600  # as mkstemp made them
         assert not [p for p in folder.rglob("*") if p.name.endswith(".tmp")]
         # The state DB holds the same answer; a second stop and a GET answer the same body.
@@ -109,20 +168,20 @@ class TestStopAnswerTexts:
         assert (await exp.client.delete("/api/v1/windows/texts")).status == 200
         assert exp.service.answer_text("texts") is None
 
-    def test_window_json_splices_each_result_file(self):
+    def test_window_json_holds_each_result_file(self):
         answer = {"id": "w", "results": {"a": {"status": "ok", "data": {"x": 1.5}},
                                          "b:1": {"status": "na", "data": None}},
                   "aggregate": {"status": "ok"}, "advice": {"results": {"a": None}}}
         texts = AnswerTexts.of(answer)
-        assert texts.whole == indented(answer) + "\n"
-        assert texts.compact == json.dumps(answer)
+        assert_indented(texts.whole, answer)
+        assert json.loads(texts.compact) == answer
         assert sorted(texts.files) == ["spec_decode_a.json", "spec_decode_b_1.json"]
-        assert texts.files["spec_decode_b_1.json"] == indented(answer["results"]["b:1"]) + "\n"
+        assert_indented(texts.files["spec_decode_b_1.json"], answer["results"]["b:1"])
 
 
 class TestStateRow:
     @pytest.mark.parametrize("where", ["first", "middle", "last"])
-    def test_the_row_is_json_dumps_of_the_document_with_that_answer(self, tmp_path, where):
+    def test_the_row_is_the_document_with_that_answer(self, tmp_path, where):
         store = StateStore(tmp_path / "state.sqlite")
         answer = {"id": "w", "results": {"a": {"x": [1, 2.5, None]}}, "labels": {"é": "ü"}}
         head = {"id": "w", "name": "w", "targets": {}, "labels": {}, "started_at": 1.0,
@@ -131,12 +190,13 @@ class TestStateRow:
         stale = {"answer": {"stale": True}}
         doc = {"first": stale | head | tail, "middle": head | stale | tail,
                "last": head | tail | stale}[where]
-        store.save([doc], sync=True, answers={"w": json.dumps(answer)})
+        store.save([doc], sync=True, answers={"w": compact(answer)})
         assert store.load("w")["answer"] == answer
         store.close()
         with sqlite3.connect(tmp_path / "state.sqlite") as db:
             (row,) = db.execute("SELECT doc FROM windows WHERE id='w'").fetchone()
-        assert row == json.dumps(doc | {"answer": answer})
+        assert json.loads(row) == doc | {"answer": answer}
+        assert list(json.loads(row)) == list(doc)  # the answer where the document had it
 
 
 class TestAtomicWrite:
@@ -178,8 +238,7 @@ class TestWriteResults:
         folder = tmp_path / "w" / "performances"
         assert sorted(os.listdir(folder)) == ["spec_decode_h_1.json", "spec_decode_h_2.json"]
         assert sorted(os.listdir(tmp_path / "w")) == ["performances", "window.json"]
-        assert (folder / "spec_decode_h_2.json").read_text() == indented(
-            self.ANSWER["results"]["b"]) + "\n"
+        assert_indented((folder / "spec_decode_h_2.json").read_bytes(), self.ANSWER["results"]["b"])
         assert stat.S_IMODE((folder / "spec_decode_h_1.json").stat().st_mode) == 0o600
 
     def test_a_folder_there_already_gets_each_file_replaced(self, tmp_path):
@@ -211,6 +270,91 @@ class TestWriteResults:
     def test_no_results_no_folder(self, tmp_path):
         write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER | {"results": {}}))
         assert os.listdir(tmp_path / "w") == ["window.json"]
+
+
+class TestPreparedFiles:
+    """A window's result files made ahead of its stop, which only fills them."""
+
+    ANSWER = TestWriteResults.ANSWER
+    NAMES = ["spec_decode_h_1.json", "spec_decode_h_2.json"]
+
+    def test_the_stop_fills_the_prepared_files_and_publishes_the_folder(self, tmp_path):
+        prepare_results(tmp_path / "w", self.NAMES)
+        prepared = tmp_path / "w" / PREPARED
+        assert sorted(os.listdir(prepared)) == self.NAMES
+        assert all((prepared / n).stat().st_size == 0 for n in self.NAMES)
+        assert stat.S_IMODE((prepared / self.NAMES[0]).stat().st_mode) == 0o600
+        inode = (prepared / self.NAMES[0]).stat().st_ino
+        write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
+        folder = tmp_path / "w" / "performances"
+        assert sorted(os.listdir(tmp_path / "w")) == ["performances", "window.json"]
+        assert (folder / self.NAMES[0]).stat().st_ino == inode  # filled, not made again
+        assert_indented((folder / self.NAMES[1]).read_bytes(), self.ANSWER["results"]["b"])
+
+    def test_preparing_again_keeps_what_is_there(self, tmp_path):
+        prepare_results(tmp_path / "w", self.NAMES[:1])
+        prepare_results(tmp_path / "w", self.NAMES)  # a restart: the window is prepared again
+        assert sorted(os.listdir(tmp_path / "w" / PREPARED)) == self.NAMES
+
+    def test_names_that_changed_are_made_or_dropped(self, tmp_path):
+        prepare_results(tmp_path / "w", [self.NAMES[0], "spec_decode_gone_1.json"])
+        (tmp_path / "w" / PREPARED / self.NAMES[0]).write_text("half written by a killed stop")
+        write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
+        folder = tmp_path / "w" / "performances"
+        assert sorted(os.listdir(folder)) == self.NAMES
+        assert json.loads((folder / self.NAMES[0]).read_text())["status"] == "ok"
+
+    def test_a_folder_there_already_is_written_file_by_file_and_the_prepared_one_goes(
+            self, tmp_path):
+        (tmp_path / "w" / "performances").mkdir(parents=True)
+        (tmp_path / "w" / "performances" / "mine.txt").write_text("the user's")
+        prepare_results(tmp_path / "w", self.NAMES)
+        write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
+        assert sorted(os.listdir(tmp_path / "w" / "performances")) == ["mine.txt", *self.NAMES]
+        assert not (tmp_path / "w" / PREPARED).exists()
+
+    def test_a_failed_fill_publishes_nothing_and_a_retry_publishes_all(
+            self, tmp_path, monkeypatch):
+        prepare_results(tmp_path / "w", self.NAMES)
+        real, calls = os.write, []
+
+        def second_fails(fd, data):
+            calls.append(fd)
+            if len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            return real(fd, data)
+
+        monkeypatch.setattr(os, "write", second_fails)
+        with pytest.raises(StoreError, match="No space"):
+            write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
+        monkeypatch.undo()
+        assert os.listdir(tmp_path / "w") == [PREPARED]  # hidden: readers see no results
+        write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
+        folder = tmp_path / "w" / "performances"
+        assert sorted(os.listdir(folder)) == self.NAMES
+        assert all(json.loads((folder / n).read_text()) for n in self.NAMES)
+
+    async def test_a_started_window_has_its_files_made_and_its_stop_fills_them(
+            self, fake_vllm, exporter, tmp_path):
+        a, b = await fake_vllm(k=2), await fake_vllm(k=3)
+        exp = await exporter({"targets": [{"name": "a", "url": a.url},
+                                          {"name": "b", "url": b.url}]})
+        await exp.start(id="ahead")
+        prepared = tmp_path / "out" / "ahead" / PREPARED
+        for _ in range(200):  # made in a thread, after the start's answer
+            if prepared.is_dir() and len(os.listdir(prepared)) == 2:
+                break
+            await asyncio.sleep(0.01)
+        names = sorted(os.listdir(prepared))
+        assert names == sorted(f"spec_decode_127.0.0.1_{t.http.port}.json" for t in (a, b))
+        inodes = {n: (prepared / n).stat().st_ino for n in names}
+        a.server.add(0, 4, 8, [3, 2])
+        answer = await exp.stop("ahead")
+        folder = tmp_path / "out" / "ahead" / "performances"
+        assert {n: (folder / n).stat().st_ino for n in names} == inodes
+        assert not prepared.exists()
+        by_name = {json.loads((folder / n).read_text())["target"]: n for n in names}
+        assert json.loads((folder / by_name["a"]).read_text()) == answer["results"]["a"]
 
 
 class TestTemporaryNames:

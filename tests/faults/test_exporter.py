@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import shutil
 import logging
 import re
 import signal
@@ -75,9 +76,14 @@ class TestResultsNotWritable:
     async def test_results_directory_not_writable(self, exporter, pair, tmp_path):
         exp = await _exp(exporter, pair)
         blocker = tmp_path / "out" / "w1"
-        answer = await self._stop_fails_then_succeeds(
-            exp, pair, lambda: blocker.write_text("a file where the directory goes"),
-            blocker.unlink)
+
+        def block() -> None:
+            # The window's folder (made at its start, with its result files made ahead) is
+            # replaced by a file: the stop cannot write there.
+            shutil.rmtree(blocker)
+            blocker.write_text("a file where the directory goes")
+
+        answer = await self._stop_fails_then_succeeds(exp, pair, block, blocker.unlink)
         on_disk = json.loads((tmp_path / "out" / "w1" / "window.json").read_text())
         assert on_disk == answer
 
