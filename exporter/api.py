@@ -302,7 +302,7 @@ async def stop_window(request: web.Request) -> web.Response:
     """Close a window; stopping it again answers the same body."""
     window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
-    window = await service.stop_window(window_id)
+    window = await service.stop_window(window_id, answer=False)
     text = service.answer_text(window.id)
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.

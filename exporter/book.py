@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from exporter.answertext import AnswerTexts
+from exporter.answertext import compact as compact_json
 from exporter.errors import RequestError, StoreError, UnknownWindowError
+from exporter.isolate import ChildError, run_isolated
 from exporter.isotime import iso_utc
 from exporter.memory import give_back_free_memory
 from exporter.results import result_file_names, window_answer
 from exporter.snapshot import ScrapeResult
-from exporter.stopped import LastWindow, StoppedWindow
+from exporter.stopped import LastWindow, StoppedWindow, brief_aggregate
 from exporter.store import StateStore, prepare_results, write_results
 from exporter.window import MAX_NAME, TargetRef, Window, check_window_id, new_window_id
 
@@ -288,8 +290,12 @@ class WindowBook:
         log.info("window started id=%s targets=%d", window.id, len(window.targets))
         return True, window
 
-    async def stop(self, window_id: str, scrape: ScrapeFn) -> Window:
-        """Close a window (its targets scraped at once); a second stop gives the same answer."""
+    async def stop(self, window_id: str, scrape: ScrapeFn, *, answer: bool = True) -> Window:
+        """Close a window (its targets scraped at once); a second stop gives the same answer.
+
+        `answer=False`: the window just stopped comes without its answer, whose text
+        `answer_text` has (the HTTP answer sends that, and memory need not hold the dicts).
+        """
         await self._settled(window_id)
         window = self.get(window_id)
         if not window.is_open:
@@ -302,7 +308,7 @@ class WindowBook:
         # own arenas, which go back to the system by themselves once empty.
         give_back_free_memory()
         log.info("window stopped id=%s", window_id)
-        return window.as_answer_only()
+        return self.get(window_id) if answer else window.as_answer_only()
 
     def _commit_start(self, window: Window) -> None:
         try:
@@ -332,26 +338,25 @@ class WindowBook:
         """The stop's answer written and saved, or the window exactly as it was, still open."""
         stop_errors = dict(window.stop_errors)
         window.take_final(results, self.clock())
-        # Off the loop, so scrapes and requests go on meanwhile (in 5 ms turns of the GIL, not
-        # after a third of a second at 1000 targets): the answer, the encoding of megabytes,
-        # then the files (their writes and fsyncs let go of the GIL). Nothing feeds a closed
-        # window meanwhile; a second stop waits for this one.
-        answer = await asyncio.to_thread(window_answer, window)
         if (preparing := self._preparing.pop(window.id, None)) is not None:
             await preparing  # long done, unless stopped right after its start
+        # The answer computed, encoded and written in a forked child (`isolate`): its ~40 MB
+        # of short-lived objects leave with it, and the loop goes on scraping meanwhile.
+        # Nothing feeds a closed window meanwhile; a second stop waits for this one.
+        directory = self.results_dir(window.id)
         try:
-            texts = await asyncio.to_thread(AnswerTexts.of, answer)
             try:
-                await asyncio.to_thread(write_results, self.results_dir(window.id), texts)
-            except StoreError:
+                done = StopTexts.parse(await run_isolated(lambda: _stop_work(window, directory)))
+            except ChildError as exc:
+                if exc.kind != StoreError.__name__:
+                    raise RuntimeError(f"window stop failed: {exc.kind}: {exc}") from exc
                 self.result_errors += 1
-                raise
-            window.answer = answer
+                raise StoreError(str(exc)) from exc
             self.store.save([window.to_dict(accumulators=False)], sync=True,
-                            answers={window.id: texts.compact})
+                            answers={window.id: done.compact})
         except StoreError as exc:
             # Stays open, its scrapes kept: a later stop retries and answers in full.
-            window.stopped_at, window.answer, window.stop_errors = None, None, stop_errors
+            window.stopped_at, window.stop_errors = None, stop_errors
             with contextlib.suppress(StoreError):
                 self._save_all_open()
             raise StoreError(
@@ -360,9 +365,9 @@ class WindowBook:
         # A stopped window's answer is in the store: memory keeps what lists and gauges read,
         # and the text of the last one stopped (its HTTP answer).
         self._windows.pop(window.id, None)
-        self._stopped[window.id] = StoppedWindow.of(answer)
-        self.last_window = LastWindow.of(answer)
-        self._answer_text = (window.id, texts.compact)
+        self._stopped[window.id] = StoppedWindow.of(done.kept)
+        self.last_window = LastWindow.of(done.kept)
+        self._answer_text = (window.id, done.compact)
         self._forget_old()
         self.version += 1
 
@@ -434,6 +439,39 @@ class WindowBook:
             log.error("open windows not saved at shutdown error=%s", exc)
         finally:
             self.store.close()
+
+
+@dataclass(frozen=True)
+class StopTexts:
+    """What a stop's work hands back: the answer's compact text, and what memory keeps of it."""
+
+    compact: bytes
+    kept: dict[str, Any]  # the fields `StoppedWindow.of` and `LastWindow.of` read
+
+    def encode(self) -> bytes:
+        kept = compact_json(self.kept)
+        return len(kept).to_bytes(8, "big") + kept + self.compact
+
+    @classmethod
+    def parse(cls, data: bytes) -> StopTexts:
+        size = int.from_bytes(data[:8], "big")
+        return cls(compact=data[8 + size:], kept=json.loads(data[8:8 + size]))
+
+
+def _stop_work(window: Window, directory: Path) -> bytes:
+    """A stopped window's answer computed, encoded and written (`StoreError` if its files
+    cannot be); `StopTexts` encoded. Runs in a forked child: no logging, no locks."""
+    answer = window_answer(window)
+    texts = AnswerTexts.of(answer)
+    write_results(directory, texts)
+    results = answer["results"]
+    kept = {k: answer[k] for k in ("id", "name", "targets", "labels", "started_at",
+                                   "stopped_at")}
+    kept |= {"aggregate": brief_aggregate(answer["aggregate"]),
+             "results": {name: {"status": r["status"], "increase": r["increase"]}
+                         for name, r in results.items()
+                         if r["status"] == "ok" and r.get("increase")}}
+    return StopTexts(texts.compact, kept).encode()
 
 
 def _prepare_quietly(directory: Path, names: list[str]) -> None:

@@ -232,9 +232,12 @@ class ExporterService:
         return await self.book.start(request, self._scrape_for_window,
                                      self.config.max_open_windows)
 
-    async def stop_window(self, window_id: str) -> Window:
-        """Close a window (scraping its targets at once); a second stop gives the same answer."""
-        return await self.book.stop(window_id, self._scrape_for_window)
+    async def stop_window(self, window_id: str, *, answer: bool = True) -> Window:
+        """Close a window (scraping its targets at once); a second stop gives the same answer.
+
+        `answer=False`: without the answer of a window this call stopped (`answer_text` has it).
+        """
+        return await self.book.stop(window_id, self._scrape_for_window, answer=answer)
 
     def close(self) -> None:
         """Save open windows and close the store (SIGTERM, app shutdown)."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import shutil
 import logging
 import re
+import shutil
 import signal
 import sqlite3
 import threading
