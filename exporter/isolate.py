@@ -19,6 +19,7 @@ import gc
 import logging
 import os
 import signal
+import warnings
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,12 @@ async def run_isolated(work: Callable[[], bytes], *, timeout: float = 300.0) -> 
         return await _in_thread(work)
     read_end, write_end = os.pipe()
     try:
-        pid = os.fork()
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of a fork in a process with threads (the loop's executor):
+            # a lock another thread holds stays locked in the child. The child takes none:
+            # it computes, writes files and a pipe, and leaves by os._exit.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
     except OSError as exc:
         os.close(read_end)
         os.close(write_end)

@@ -17,6 +17,7 @@ import stat
 import pytest
 from randomjson import random_value
 
+from exporter import isolate
 from exporter.answertext import AnswerTexts, compact, indented, with_key
 from exporter.errors import StoreError
 from exporter.isotime import with_iso_times
@@ -119,8 +120,11 @@ class TestStopAnswerTexts:
         assert response.status == 200
         return exp, await response.text()
 
-    async def test_every_text_is_the_stdlib_encoding_of_the_answer(
-            self, fake_vllm, exporter, unused_tcp_port, tmp_path):
+    @pytest.mark.parametrize("where", ["child", "thread"])
+    async def test_every_text_is_the_answer_in_json_dumps_layout(
+            self, fake_vllm, exporter, unused_tcp_port, tmp_path, monkeypatch, where):
+        # The stop's work runs in a forked child, or in a thread where there is no fork.
+        monkeypatch.setenv(isolate.ENV, "1" if where == "child" else "0")
         exp, body = await self._stopped(fake_vllm, exporter, unused_tcp_port)
         answer = json.loads(body)
         assert {r["status"] for r in answer["results"].values()} == {"ok", "na"}

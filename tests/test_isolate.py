@@ -1,0 +1,104 @@
+"""isolate: work in a forked child, its bytes or its exception back; a thread where not."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from exporter import isolate
+from exporter.errors import StoreError
+from exporter.isolate import ChildError, run_isolated
+
+PARENT = os.getpid()
+
+
+def pid_text() -> bytes:
+    return str(os.getpid()).encode()
+
+
+class TestInChild:
+    async def test_the_work_runs_in_another_process_and_its_bytes_come_back(self):
+        assert isolate.forking()
+        assert int(await run_isolated(pid_text)) != PARENT
+
+    async def test_megabytes_come_back_whole(self):
+        big = bytes(range(256)) * 40_000  # 10 MB: more than a pipe holds at once
+        assert await run_isolated(lambda: big) == big
+
+    async def test_what_it_changes_stays_in_the_child(self):
+        seen: list[int] = []
+        await run_isolated(lambda: seen.append(1) or b"")
+        assert seen == []
+
+    async def test_an_exception_comes_back_by_kind_and_message(self):
+        def fails() -> bytes:
+            raise StoreError("cannot write results to /x: No space left on device")
+
+        with pytest.raises(ChildError, match="No space left") as caught:
+            await run_isolated(fails)
+        assert caught.value.kind == "StoreError"
+
+    async def test_a_child_that_dies_without_an_answer_leaves_the_work_to_a_thread(self):
+        def dies_in_the_child() -> bytes:
+            if os.getpid() != PARENT:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return pid_text()
+
+        assert int(await run_isolated(dies_in_the_child)) == PARENT
+
+    async def test_a_child_past_its_time_is_killed_and_a_thread_does_the_work(self):
+        def hangs_in_the_child() -> bytes:
+            if os.getpid() != PARENT:
+                import time
+                time.sleep(60)
+            return pid_text()
+
+        assert int(await run_isolated(hangs_in_the_child, timeout=0.5)) == PARENT
+
+    async def test_the_loop_runs_while_the_child_works(self):
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        def slow() -> bytes:
+            import time
+            time.sleep(0.3)
+            return b"done"
+
+        ticker = asyncio.create_task(tick())
+        try:
+            assert await run_isolated(slow) == b"done"
+        finally:
+            ticker.cancel()
+        assert ticks >= 10
+
+
+class TestInThread:
+    async def test_turned_off_by_the_environment(self, monkeypatch):
+        monkeypatch.setenv(isolate.ENV, "0")
+        assert not isolate.forking()
+        assert int(await run_isolated(pid_text)) == PARENT
+
+    async def test_an_exception_comes_back_the_same_way(self, monkeypatch):
+        monkeypatch.setenv(isolate.ENV, "0")
+
+        def fails() -> bytes:
+            raise ValueError("bad")
+
+        with pytest.raises(ChildError, match="bad") as caught:
+            await run_isolated(fails)
+        assert caught.value.kind == "ValueError"
+
+    async def test_no_fork_to_be_had_is_a_thread(self, monkeypatch):
+        def no_fork() -> int:
+            raise OSError(11, "Resource temporarily unavailable")
+
+        monkeypatch.setattr(os, "fork", no_fork)
+        assert int(await run_isolated(pid_text)) == PARENT
