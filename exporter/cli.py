@@ -97,6 +97,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.config import load_config
     from exporter.eventloop import new_event_loop
     from exporter.guard import run_guarded
+    from exporter.memory import keep_big_blocks_apart
     from exporter.redact import redact_logs
 
     path = _config_path(args.config)
@@ -113,6 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1
     app = make_app(config, config_path=path, overrides=overrides)
     redact_logs(lambda: app[SERVICE].config)  # before the first line that could quote one
+    keep_big_blocks_apart()  # a long-running server: freed stop texts go back to the system
 
     async def on_startup(app: web.Application) -> None:
         loop = asyncio.get_running_loop()
