@@ -170,27 +170,19 @@ def _ratio_lines(labels: str, counts: Counts, out: dict[Family, list[str]],
 
 def _template(prefixes: list[str]) -> str:
     """The `%` format of the lines `prefix value` for `prefixes`: one `%r` a value (a label
-    value's own `%` doubled), so a block of samples is one C-level format of a tuple."""
+    value's own `%` doubled), so a run of samples is one C-level format of a tuple. Kept
+    instead of the prefixes (a template per run of a target: the prefixes' memory, not twice)."""
     return "".join([f"{prefix.replace('%', '%%')}%r\n" for prefix in prefixes])
 
 
-class _Prefixes:
-    """Sample prefixes (`name{labels} `) of a run of lines, and their `_template`."""
-
-    __slots__ = ("prefixes", "template")
-
-    def __init__(self, prefixes: list[str]):
-        self.prefixes = prefixes
-        self.template = _template(prefixes)
-
-    def lines(self, values: tuple[float, ...]) -> str:
-        """`prefix value` lines, one per pair: most samples of the exposition pass here."""
-        total = sum(values)
-        if total - total == 0.0:  # every value finite (a NaN or infinity makes the sum one)
-            # %r is repr: a float's shortest text, as `number` spells a finite one.
-            return self.template % values
-        return "".join([f"{prefix}{number(value)}\n"
-                        for prefix, value in zip(self.prefixes, values, strict=True)])
+def _run(template: str, values: tuple[float, ...]) -> str:
+    """The lines of a `_template` for `values`: most samples of the exposition pass here."""
+    total = sum(values)
+    if total - total == 0.0:  # every value finite (a NaN or infinity makes the sum one)
+        # %r is repr: a float's shortest text, as `number` spells a finite one.
+        return template % values
+    # A value's `%r` is the only one before a line feed: a label value has none unescaped.
+    return template.replace("%r\n", "%s\n") % tuple([number(value) for value in values])
 
 
 class _ModelPrefixes:
@@ -203,7 +195,7 @@ class _ModelPrefixes:
         self.drafts = f"{DRAFTS.name}{{{with_model}}} "
         self.tokens = f"{DRAFT_TOKENS.name}{{{with_model}}} "
         self.accepted = f"{ACCEPTED.name}{{{with_model}}} "
-        self.positions: dict[tuple[int, ...], _Prefixes] = {}
+        self.positions: dict[tuple[int, ...], str] = {}  # `_template`s
 
 
 class _Labels:
@@ -226,7 +218,7 @@ class _Labels:
         self.present = (f"{self.fixed[PRESENT]}0.0\n", f"{self.fixed[PRESENT]}1.0\n")
         self.errors = (-1, "")  # the errors line for a count: it rarely moves
         self.models: dict[str, _ModelPrefixes] = {}
-        self.live_positions: dict[tuple[int, ...], _Prefixes] = {}
+        self.live_positions: dict[tuple[int, ...], str] = {}  # `_template`s
 
     def errors_line(self, count: int) -> str:
         """The scrape errors line for `count`."""
@@ -242,22 +234,22 @@ class _Labels:
                 f'{self.text},model_name="{escape(model)}"')
         return found
 
-    def positions(self, model: str, positions: tuple[int, ...]) -> _Prefixes:
-        """Prefixes of the per-position counter lines of `model` at `positions`."""
+    def positions(self, model: str, positions: tuple[int, ...]) -> str:
+        """The `_template` of the per-position counter lines of `model` at `positions`."""
         by_positions = self.model(model).positions
         found = by_positions.get(positions)
         if found is None:
-            found = by_positions[positions] = _Prefixes([
+            found = by_positions[positions] = _template([
                 f'{PER_POS.name}{{{self.text},model_name="{escape(model)}",position="{pos}"}} '
                 for pos in positions
             ])
         return found
 
-    def live_position_prefixes(self, positions: tuple[int, ...]) -> _Prefixes:
-        """Prefixes of the live per-position ratio lines at `positions`."""
+    def live_positions_template(self, positions: tuple[int, ...]) -> str:
+        """The `_template` of the live per-position ratio lines at `positions`."""
         found = self.live_positions.get(positions)
         if found is None:
-            found = self.live_positions[positions] = _Prefixes([
+            found = self.live_positions[positions] = _template([
                 f'{POS_RATIO.name}{{{self.text},position="{pos}"}} ' for pos in positions
             ])
         return found
@@ -364,8 +356,8 @@ def _model_lines(labels: _Labels, model: str, counts: _Sums) -> tuple[str, str, 
                  f"{prefixes.accepted}{number(accepted)}\n")
     values = counts.per_position
     positions = tuple(sorted(values))
-    return (*lines, labels.positions(model, positions).lines(
-        tuple([values[pos] for pos in positions])))
+    return (*lines, _run(labels.positions(model, positions),
+                         tuple([values[pos] for pos in positions])))
 
 
 class _TargetLines:
@@ -394,8 +386,8 @@ class _TargetLines:
             self.live = (
                 f"{fixed[RATIO]}{number(ratio)}\n" if ratio is not None else "",
                 f"{fixed[LENGTH]}{number(length)}\n" if length is not None else "",
-                self.labels.live_position_prefixes(tuple(ratios)).lines(
-                    tuple(ratios.values())),
+                _run(self.labels.live_positions_template(tuple(ratios)),
+                     tuple(ratios.values())),
             )
         return self.live
 

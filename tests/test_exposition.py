@@ -734,12 +734,18 @@ class TestSampleText:
         app = web.Application()
         app.router.add_get("/metrics", page)
         server = await aiohttp_server(app)
+        odd = "50%r %s%"  # what a `%` format would read as its own
         exp = await exporter({"targets": [
-            {"name": "a", "url": str(server.make_url("/metrics"))}]})
+            {"name": "a", "url": str(server.make_url("/metrics")), "labels": {"zone": odd}}]})
         await exp.round()
-        lines = (await _metrics_text(exp)).splitlines()
+        text = await _metrics_text(exp)
+        lines = text.splitlines()
         for family, want in (("specdec_accepted_tokens_per_position_total", ["+Inf", "2.0"]),
                              ("specdec_draft_tokens_total", ["+Inf"]),
                              ("specdec_drafts_total", ["2.0"])):
             assert [line.rsplit(" ", 1)[1] for line in lines
                     if line.startswith(family + "{")] == want, family
+        per_pos = _samples({f.name: f for f in text_string_to_metric_families(text)},
+                           "specdec_accepted_tokens_per_position",
+                           "specdec_accepted_tokens_per_position_total")
+        assert {dict(k)["zone"] for k in per_pos} == {odd}
