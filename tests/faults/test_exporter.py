@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -18,6 +20,7 @@ import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
 from exporter import store
+from exporter.store import PREPARED
 from faults.checks import assert_increase, increase, still_serving, value
 from faults.servers import Counters, RawTarget, hanging_listener
 
@@ -40,6 +43,16 @@ async def _exp(exporter, pair, *, state_connect=None, **extra):
                           | extra, state_connect=state_connect)
 
 
+async def _files_made_ahead(folder: Path, count: int) -> None:
+    """Until the start's thread has made the window's result files (a fault comes after)."""
+    prepared = folder / PREPARED
+    for _ in range(500):
+        if prepared.is_dir() and len(os.listdir(prepared)) == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{prepared} not made")
+
+
 class TestResultsNotWritable:
     async def _stop_fails_then_succeeds(self, exp, pair, make_fault, clear_fault):
         a, b = pair
@@ -47,6 +60,7 @@ class TestResultsNotWritable:
         assert (await exp.client.post("/api/v1/windows", json={"id": "w1"})).status == 201
         a.counters.add(5, 10, [4, 3])
         await exp.round()
+        await _files_made_ahead(Path(exp.service.config.output_dir) / "w1", 2)
         make_fault()
         failed = await exp.client.post("/api/v1/windows/w1/stop")
         assert failed.status == 503
