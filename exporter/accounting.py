@@ -7,9 +7,11 @@ can be exact: between two scrapes a series grows by `now - before`, unless the s
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import math
+import struct
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -131,6 +133,20 @@ def _anomaly_from(data: Sequence[Any] | None) -> Anomaly | None:
     return Anomaly(*data) if data else None
 
 
+# What an accumulator's whole row holds beyond its round part (`Accumulator._shape`).
+Shape = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An accumulator's row for the store: its whole state, or only its round part."""
+
+    text: str
+    whole: bool
+    shape: Shape  # of the whole row it is, or is the round part of
+    scrapes: int  # the accumulator's scrapes when it was encoded
+
+
 @dataclass
 class Accumulator:
     """Increases of one target's series since a baseline scrape, fed scrape by scrape.
@@ -161,15 +177,12 @@ class Accumulator:
     anomalies_before: AnomalyTally = field(default_factory=AnomalyTally)
     anomalies_inside: AnomalyTally = field(default_factory=AnomalyTally)
     anomalies_after: AnomalyTally = field(default_factory=AnomalyTally)
-    # `to_json`'s text of `before`, which is set once per baseline and saved every round.
-    _before_json: tuple[Counts | None, str] = field(
-        default=(None, "null"), init=False, repr=False, compare=False)
-    # `to_json`'s text of the series keys, for the key list it was built from.
-    _keys_json: tuple[list[SeriesKey], str] = field(
-        default=([], "[]"), init=False, repr=False, compare=False)
     # `totals()` since the last `feed` (the only place the increases change): a window reads
     # it after every scrape, and its stop answer reads it again, with `by_model`.
     _totals: Counts | None = field(default=None, init=False, repr=False, compare=False)
+    # The shape and scrape count of this accumulator's whole row as the store last committed
+    # it (`saved`): what a round part is written against.
+    _saved: tuple[Shape, int] | None = field(default=None, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart.
@@ -363,60 +376,113 @@ class Accumulator:
         return self.anomalies_before, self.anomalies_inside, self.anomalies_after
 
     def to_json(self) -> str:
-        """The state as JSON text, written directly: the durable store saves every changed
-        accumulator every round, and this costs a fifth of `json.dumps(to_dict())`: the
-        series keys' text is built when the key set changes (rarely), their four numbers each
-        (value, created, increase, seen) go to the C encoder as one flat list, and the
-        baseline's text is kept."""
+        """The whole state as JSON text (`to_dict`'s content), written directly: each series'
+        key and its four numbers (value, created, increase, seen), the keys' text cached per
+        key, the numbers as one flat list through the C encoder."""
+        return self._whole_json(self._keys())
+
+    def encode(self, *, whole: bool = False) -> Encoded:
+        """This accumulator's row for the store: its round part (`_round_json`) when its whole
+        row as last committed (`saved`) differs only there, else (or if `whole`) the whole.
+
+        A round changes the series' values, increases and seen times, the scrape count and
+        time and the gauges' sums; keys, created times, restarts, the baseline, engines and
+        anomalies change rarely, and a whole row is several times the bytes and the work."""
+        keys = list(self.last)
+        # Every series with a value and an increase, in one order (so, always but for series
+        # retired or from an old state): what a round part holds.
+        aligned = list(self.increase) == keys
+        if not aligned:
+            keys += [k for k in self.increase if k not in self.last]
+        # (values, created times) of `last`, transposed in one pass
+        values, created = zip(*self.last.values(), strict=True) if self.last else ((), ())
+        shape = self._shape(keys, created)
+        saved = self._saved
+        if aligned and not whole and saved is not None and shape == saved[0]:
+            return Encoded(self._round_json(keys, values, saved[1]), False, shape, self.scrapes)
+        return Encoded(self._whole_json(keys), True, shape, self.scrapes)
+
+    def saved(self, encoded: Encoded) -> None:
+        """The store committed `encoded` (from `encode`): later rounds write against it."""
+        if encoded.whole:
+            self._saved = (encoded.shape, encoded.scrapes)
+
+    def _keys(self) -> list[SeriesKey]:
+        # The order of the whole row's series: `last`'s, then series with an increase only.
+        keys = list(self.last)
+        keys += [k for k in self.increase if k not in self.last]
+        return keys
+
+    def _shape(self, keys: list[SeriesKey], created: tuple[float | None, ...]) -> Shape:
+        """Everything a whole row holds that its round part does not: equal shapes, equal
+        whole rows but for the round part. Engines and restart spans are only ever added, and
+        a tally changes with its count: their sizes and counts tell a change. (A NaN created
+        time never equals itself: such a series' row is written whole every round, correct
+        if slower.)"""
+        return (
+            keys, created, self.resets, len(self.reset_spans),
+            self.first_at, len(self.engines), self.dialect, self.before,
+            self.anomalies_before.count, self.anomalies_inside.count, self.anomalies_after.count,
+        )
+
+    def _whole_json(self, keys: list[SeriesKey]) -> str:
         last, increase, seen = self.last, self.increase, self.seen
-        keys = list(last)
-        keys += [k for k in increase if k not in last]
-        known, keys_text = self._keys_json
-        if known != keys:
-            keys_text = "[" + ",".join(_key_json(k) for k in keys) + "]"
-            self._keys_json = (keys, keys_text)
         values: list[float | None] = []
         for k in keys:
             v, c = last.get(k, _NO_VALUE)
             values += (v, c, increase.get(k), seen.get(k))
-        return ('{"keys":' + keys_text + ',"values":' + json.dumps(values) + ","
-                + self._rest_json())
-
-    def _rest_json(self) -> str:
-        # The same keys as `to_dict`, written directly: most of it is the same every round (the
-        # baseline, fixed once taken) or empty (no restart, gauge or anomaly yet), and
-        # json.dumps of it was half the per-round save.
-        before, text = self._before_json
-        if before is not self.before:
-            text = json.dumps(self.before.as_raw() if self.before is not None else None)
-            self._before_json = (self.before, text)
         engines = sorted(self.engines)
         return "".join((
-            f'"resets":{self.resets},"scrapes":{self.scrapes},',
+            '{"keys":[', ",".join(_key_json(k) for k in keys), '],"values":', json.dumps(values),
+            f',"resets":{self.resets},"scrapes":{self.scrapes},',
             f'"first_at":{_num(self.first_at)},"last_at":{_num(self.last_at)},',
-            '"engines":', json.dumps(engines) if engines != ["0"] else '["0"]',
-            ',"dialect":', json.dumps(self.dialect), ',"before":', text,
-            ',"reset_spans":', json.dumps([list(span) for span in self.reset_spans])
-            if self.reset_spans else "[]",
-            ',"gauge_weighted":', json.dumps(self.gauge_weighted) if self.gauge_weighted else "{}",
-            ',"gauge_seconds":', json.dumps(self.gauge_seconds) if self.gauge_seconds else "{}",
+            '"engines":', json.dumps(engines), ',"dialect":', json.dumps(self.dialect),
+            ',"before":', json.dumps(self.before.as_raw()) if self.before is not None else "null",
+            ',"reset_spans":', json.dumps([list(span) for span in self.reset_spans]),
+            ',"gauge_weighted":', _dict_json(self.gauge_weighted),
+            ',"gauge_seconds":', _dict_json(self.gauge_seconds),
             ',"anomalies":[', ",".join(_tally_json(t) for t in self.tallies()), "]}",
+        ))
+
+    def _round_json(self, keys: list[SeriesKey], values: tuple[float, ...], base: int) -> str:
+        """What a round changes, for the whole row of `base` scrapes and its `keys` (every
+        series in `last` and in `increase`, in that order): the `values` and increases as
+        little-endian doubles in base64 (the C encoder spends a microsecond per float,
+        `struct` nanoseconds), and a seen time only where it is not the last scrape's (a
+        series on the page is seen at every scrape: one time for all, not a Unix time each)."""
+        at = self.last_at
+        numbers = _doubles(len(keys) * 2).pack(*values, *self.increase.values())
+        seen = self.seen
+        if at is not None and list(seen) == keys and list(seen.values()).count(at) == len(keys):
+            moved = "[]"
+        else:
+            moved = json.dumps([(i, t) for i, k in enumerate(keys) if (t := seen.get(k)) != at])
+        return "".join((
+            f'{{"base":{base},"scrapes":{self.scrapes},"last_at":{_num(at)},"values":"',
+            base64.b64encode(numbers).decode(), '","seen":', moved,
+            ',"gauge_weighted":', _dict_json(self.gauge_weighted),
+            ',"gauge_seconds":', _dict_json(self.gauge_seconds), "}",
         ))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Accumulator:
-        """Inverse of `to_dict` and of (parsed) `to_json` (and of its earlier form, a row per
-        series, which a state database written before may hold)."""
+        """Inverse of `to_dict` and of (parsed) `to_json`, with the round part `encode` wrote
+        after it as `round` if the store has one; and of the earlier form, a row per series,
+        which a state database written before may hold."""
         if "keys" in data:
             values = data["values"]
             rows = [(_key_from(k), *values[4 * i:4 * i + 4]) for i, k in enumerate(data["keys"])]
-            data = dict(data) | {
-                "last": [(k, v, c) for k, v, c, _, _ in rows if v is not None],
-                "increase": [(k, inc) for k, _, _, inc, _ in rows if inc is not None],
-                "seen": [(k, t) for k, _, _, _, t in rows if t is not None],
-            }
+            part = data.get("round")
+            # A round part goes with the whole row it was written against; one left over from
+            # another (a version without round parts wrote the whole row since) is stale.
+            if part is not None and part["base"] == data["scrapes"]:
+                rows = _with_round(rows, part)
+                data = dict(data) | {k: part[k] for k in _ROUND_FIELDS}
         elif "series" in data:
             rows = [(_key_from(k), v, c, inc, t) for k, v, c, inc, t in data["series"]]
+        else:
+            rows = None
+        if rows is not None:
             data = dict(data) | {
                 "last": [(k, v, c) for k, v, c, _, _ in rows if v is not None],
                 "increase": [(k, inc) for k, _, _, inc, _ in rows if inc is not None],
@@ -454,6 +520,31 @@ def _key_list(key: SeriesKey) -> list[Any]:
 
 
 _NO_VALUE: tuple[None, None] = (None, None)  # a series with an increase but no last value
+# What a round part holds besides its series' numbers (`Accumulator._round_json`).
+_ROUND_FIELDS = ("scrapes", "last_at", "gauge_weighted", "gauge_seconds")
+
+# A series as a whole row holds it: key, value, created, increase, seen.
+_Row = tuple[SeriesKey, Any, Any, Any, Any]
+
+
+def _with_round(rows: list[_Row], part: Mapping[str, Any]) -> list[_Row]:
+    """A whole row's series with a later round part's values, increases and seen times."""
+    numbers, at, n = base64.b64decode(part["values"], validate=True), part["last_at"], len(rows)
+    if len(numbers) != 16 * n:
+        raise ValueError(f"round part has {len(numbers) / 16} series, its whole row {n}")
+    values = _doubles(2 * n).unpack(numbers)
+    seen = {i: t for i, t in part["seen"]}
+    return [(k, values[i], c, values[n + i], seen.get(i, at))
+            for i, (k, _, c, _, _) in enumerate(rows)]
+
+
+@functools.lru_cache(maxsize=256)
+def _doubles(count: int) -> struct.Struct:
+    return struct.Struct(f"<{count}d")
+
+
+def _dict_json(gauges: dict[str, float]) -> str:
+    return json.dumps(gauges) if gauges else "{}"
 
 
 def _tally_json(tally: AnomalyTally) -> str:

@@ -28,7 +28,14 @@ from exporter.results import result_file_names, window_answer
 from exporter.snapshot import ScrapeResult
 from exporter.stopped import LastWindow, StoppedWindow, brief_aggregate
 from exporter.store import StateStore, prepare_results, write_results
-from exporter.window import MAX_NAME, TargetRef, Window, check_window_id, new_window_id
+from exporter.window import (
+    MAX_NAME,
+    AccumulatorRows,
+    TargetRef,
+    Window,
+    check_window_id,
+    new_window_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,35 +189,40 @@ class WindowBook:
         self._save_all_open()
 
     def feed(self, windows: Iterable[Window], result: ScrapeResult) -> None:
-        """Hand one scrape to windows; a restart it shows is saved before anything else."""
+        """Hand one scrape to windows; a restart it shows is saved, whole, before anything else."""
         for window in windows:
             if window.feed(result) and window.id in self._windows:
+                rows = window.accumulator_rows([result.target], whole=True)
                 try:
-                    self.store.save(accumulators=window.accumulator_rows([result.target]))
-                    window.dirty.discard(result.target)
+                    self._save_rows(rows)
                 except StoreError as exc:
                     log.error("restart not saved id=%s target=%s error=%s",
                               window.id, result.target, exc)
 
     def save_round(self) -> None:
-        """One transaction: every accumulator that changed since it was last saved."""
+        """One transaction: every accumulator that changed since it was last saved (only its
+        round part where that is all that changed)."""
         if self.store.reopened():
             self._save_all()
             return
-        rows = []
+        rows = AccumulatorRows()
         for window in self.open_windows():
             if window.dirty:
-                rows += window.accumulator_rows(window.dirty)
-        self.store.save(accumulators=rows)
-        for window in self.open_windows():
-            window.dirty.clear()
+                rows.extend(window.accumulator_rows(window.dirty))
+        self._save_rows(rows)
+
+    def _save_rows(self, rows: AccumulatorRows, docs: Iterable[dict[str, Any]] = (), *,
+                   sync: bool = False) -> None:
+        self.store.save(docs, rows.whole, rounds=rows.rounds, sync=sync)
+        rows.committed()
 
     def _save_all_open(self) -> None:
+        # Whole rows: after a failed stop, at restore and shutdown, and into a fresh database.
         windows = self.open_windows()
-        rows = [row for w in windows for row in w.accumulator_rows()]
-        self.store.save([w.to_dict(accumulators=False) for w in windows], rows)
+        rows = AccumulatorRows()
         for window in windows:
-            window.dirty.clear()
+            rows.extend(window.accumulator_rows(whole=True))
+        self._save_rows(rows, [w.to_dict(accumulators=False) for w in windows])
 
     def _save_all(self) -> None:
         # The database went away under us: what memory holds is all there is; write it back,
@@ -313,12 +325,11 @@ class WindowBook:
     def _commit_start(self, window: Window) -> None:
         try:
             # Durable (to the disk, not only past our death) before it is acknowledged.
-            self.store.save([window.to_dict(accumulators=False)], window.accumulator_rows(),
-                            sync=True)
+            self._save_rows(window.accumulator_rows(whole=True),
+                            [window.to_dict(accumulators=False)], sync=True)
         except StoreError as exc:
             # Not durable, so not started: a retry with the same id starts it afresh.
             raise StoreError(f'window "{window.id}" not started: {exc}') from exc
-        window.dirty.clear()
         self._windows[window.id] = window
         self._prepare(window)
         self.version += 1

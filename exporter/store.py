@@ -37,9 +37,21 @@ CREATE TABLE IF NOT EXISTS accumulators (
     PRIMARY KEY (window_id, target)
 )
 """
+# Per window x target, the round part (`Accumulator.encode`) written after its `accumulators`
+# row, which it completes; a row of its own so that a round rewrites only these few hundred
+# bytes. WITHOUT ROWID: one B-tree to update per row, not a table and its key's index.
+_ROUND_SCHEMA = """
+CREATE TABLE IF NOT EXISTS accumulator_rounds (
+    window_id TEXT NOT NULL,
+    target TEXT NOT NULL,
+    doc TEXT NOT NULL,
+    PRIMARY KEY (window_id, target)
+) WITHOUT ROWID
+"""
 _TABLES = {
     "windows": {"id", "open", "started_at", "doc"},
     "accumulators": {"window_id", "target", "doc"},
+    "accumulator_rounds": {"window_id", "target", "doc"},
 }
 
 
@@ -224,9 +236,10 @@ class StateStore:
 
     A window's own row (`windows`) changes at its start, its stop and a few rare events; its
     per-target accumulators (`accumulators`, one row per window x target) change with every
-    scrape and are written only when they did. In WAL mode with `synchronous=NORMAL` a commit
-    survives the death of our process (not a power cut); `sync=True` (a start, a stop) makes
-    one survive a power cut too.
+    scrape and are written only when they did: whole when more than a round's part of them
+    changed, else only that part (`accumulator_rounds`, read over the whole row). In WAL mode
+    with `synchronous=NORMAL` a commit survives the death of our process (not a power cut);
+    `sync=True` (a start, a stop) makes one survive a power cut too.
 
     `connect` opens the SQLite connection (every time the file is opened or reopened): the
     standard one by default; a test passes one that keeps the connection, to give it SQLite's
@@ -323,9 +336,11 @@ class StateStore:
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute(_SCHEMA)
             db.execute(_ACC_SCHEMA)
+            db.execute(_ROUND_SCHEMA)
             # Every row must be readable, not just the page structure.
             db.execute("SELECT id, open, started_at, length(doc) FROM windows").fetchall()
             db.execute("SELECT window_id, target, length(doc) FROM accumulators").fetchall()
+            db.execute("SELECT window_id, target, length(doc) FROM accumulator_rounds").fetchall()
         except sqlite3.DatabaseError:
             db.close()
             raise
@@ -365,11 +380,13 @@ class StateStore:
         docs: Iterable[dict[str, Any]] = (),
         accumulators: Iterable[tuple[str, str, str]] = (),
         *,
+        rounds: Iterable[tuple[str, str, str]] = (),
         sync: bool = False,
         answers: Mapping[str, bytes] | None = None,
     ) -> None:
-        """Upsert window rows (`to_dict` form, accumulators left out) and accumulator rows
-        (window id, target, JSON) in one transaction; `sync` forces it to disk.
+        """Upsert window rows (`to_dict` form, accumulators left out), whole accumulator rows
+        and round parts (each window id, target, JSON) in one transaction; `sync` forces it
+        to disk. A whole row replaces its round part: the two always belong together.
 
         `answers`: window id -> its stop answer already encoded (`AnswerTexts.compact`), which
         its row holds as is instead of encoding the document's `answer` again.
@@ -380,8 +397,8 @@ class StateStore:
              _doc_text(d, answers.get(d["id"])))
             for d in docs
         ]
-        accs = list(accumulators)
-        if not rows and not accs:
+        accs, parts = list(accumulators), list(rounds)
+        if not rows and not accs and not parts:
             return
         try:
             if sync:
@@ -395,13 +412,20 @@ class StateStore:
                         rows,
                     )
                     # A stopped window is its answer: its accumulators leave the database.
-                    self._db.executemany(
-                        "DELETE FROM accumulators WHERE window_id=?",
-                        [(r[0],) for r in rows if not r[1]],
-                    )
+                    stopped = [(r[0],) for r in rows if not r[1]]
+                    for table in _ACC_TABLES:
+                        self._db.executemany(f"DELETE FROM {table} WHERE window_id=?", stopped)
                     self._db.executemany(
                         "INSERT OR REPLACE INTO accumulators (window_id, target, doc) "
                         "VALUES (?, ?, ?)", accs,
+                    )
+                    self._db.executemany(
+                        "DELETE FROM accumulator_rounds WHERE window_id=? AND target=?",
+                        [a[:2] for a in accs],
+                    )
+                    self._db.executemany(
+                        "INSERT OR REPLACE INTO accumulator_rounds (window_id, target, doc) "
+                        "VALUES (?, ?, ?)", parts,
                     )
             finally:
                 if sync:
@@ -415,12 +439,13 @@ class StateStore:
     def copy_from(self, other: StateStore) -> None:
         """Every row of `other` into this database, in one transaction (a moved state path)."""
         windows = other._query("SELECT id, open, started_at, doc FROM windows")
-        accs = other._query("SELECT window_id, target, doc FROM accumulators")
+        accs = {t: other._query(f"SELECT window_id, target, doc FROM {t}") for t in _ACC_TABLES}
         try:
             with self._db:
                 self._db.execute("BEGIN")
                 self._db.executemany("INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?)", windows)
-                self._db.executemany("INSERT OR REPLACE INTO accumulators VALUES (?, ?, ?)", accs)
+                for table, rows in accs.items():
+                    self._db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?)", rows)
         except sqlite3.Error as exc:
             self.errors_total += 1
             raise StoreError(f"cannot copy window state to {self.path}: {exc}") from exc
@@ -439,7 +464,8 @@ class StateStore:
         try:
             with self._db:
                 self._db.execute("BEGIN")
-                self._db.executemany("DELETE FROM accumulators WHERE window_id=?", ids)
+                for table in _ACC_TABLES:
+                    self._db.executemany(f"DELETE FROM {table} WHERE window_id=?", ids)
                 self._db.executemany("DELETE FROM windows WHERE id=?", ids)
         except sqlite3.Error as exc:
             self.errors_total += 1
@@ -476,14 +502,19 @@ class StateStore:
         return self._with_accumulators(doc)
 
     def _with_accumulators(self, doc: dict[str, Any]) -> dict[str, Any]:
-        # Rows win over what a window row of an older version carried inside its document.
+        # Rows win over what a window row of an older version carried inside its document;
+        # a round part goes with its whole row, as its `round` (`Accumulator.from_dict`).
         rows = self._query("SELECT target, doc FROM accumulators WHERE window_id=?", (doc["id"],))
         if rows:
+            parts = dict(self._query(
+                "SELECT target, doc FROM accumulator_rounds WHERE window_id=?", (doc["id"],)))
             accs = dict(doc.get("accumulators") or {})
             for target, raw in rows:
                 try:
                     accs[target] = json.loads(raw)
-                except ValueError as exc:
+                    if target in parts:
+                        accs[target]["round"] = json.loads(parts[target])
+                except (TypeError, ValueError) as exc:
                     log.error("accumulator state unreadable id=%s target=%s error=%s",
                               doc["id"], target, exc)
             doc["accumulators"] = accs
@@ -542,6 +573,8 @@ class StateStore:
         self._db.close()
 
 
+# The tables of per-target rows, which go with their window.
+_ACC_TABLES = ("accumulators", "accumulator_rounds")
 _WAL_MAGIC = (0x377F0682, 0x377F0683)
 
 

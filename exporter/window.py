@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.accounting import Accumulator
+from exporter.accounting import Accumulator, Encoded
 from exporter.errors import RequestError
 from exporter.redact import redact_url
 from exporter.snapshot import ScrapeResult
@@ -47,6 +47,40 @@ class TargetRef:
 
     def __post_init__(self) -> None:
         self.url = redact_url(self.url)
+
+
+Row = tuple[str, str, str]  # (window id, target, JSON)
+
+
+@dataclass
+class AccumulatorRows:
+    """Accumulator rows for one transaction: whole rows and round parts (`Accumulator.encode`).
+
+    Once the store has committed them, `committed` tells each accumulator (its next round part
+    is written against the whole row just saved) and its window (not dirty any more).
+    """
+
+    whole: list[Row] = field(default_factory=list)
+    rounds: list[Row] = field(default_factory=list)
+    _encoded: list[tuple[Window, str, Accumulator, Encoded]] = field(default_factory=list)
+
+    def add(self, window: Window, target: str, acc: Accumulator, *, whole: bool) -> None:
+        """One accumulator's row: its round part if it can, or `whole`."""
+        encoded = acc.encode(whole=whole)
+        (self.whole if encoded.whole else self.rounds).append((window.id, target, encoded.text))
+        self._encoded.append((window, target, acc, encoded))
+
+    def extend(self, other: AccumulatorRows) -> None:
+        """Another window's rows, for the same transaction."""
+        self.whole += other.whole
+        self.rounds += other.rounds
+        self._encoded += other._encoded
+
+    def committed(self) -> None:
+        """The store holds these rows now."""
+        for window, target, acc, encoded in self._encoded:
+            acc.saved(encoded)
+            window.dirty.discard(target)
 
 
 @dataclass
@@ -147,13 +181,16 @@ class Window:
             started_at=self.started_at, stopped_at=self.stopped_at, answer=self.answer,
         )
 
-    def accumulator_rows(self, targets: Iterable[str] | None = None) -> list[tuple[str, str, str]]:
-        """(window id, target, JSON) of the given targets' accumulators (default: all)."""
-        names = self.accumulators if targets is None else targets
-        return [
-            (self.id, t, self.accumulators[t].to_json())
-            for t in names if t in self.accumulators
-        ]
+    def accumulator_rows(self, targets: Iterable[str] | None = None, *,
+                         whole: bool = False) -> AccumulatorRows:
+        """The given targets' accumulators (default: all) as rows for the store: each its round
+        part where its saved whole row still holds (`Accumulator.encode`), or `whole`."""
+        rows = AccumulatorRows()
+        for t in self.accumulators if targets is None else targets:
+            acc = self.accumulators.get(t)
+            if acc is not None:
+                rows.add(self, t, acc, whole=whole)
+        return rows
 
     def last_seen(self) -> float:
         """The newest scrape any target fed, or the start: what a restored window last knew."""
