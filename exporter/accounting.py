@@ -531,7 +531,7 @@ def _with_round(rows: list[_Row], part: Mapping[str, Any]) -> list[_Row]:
     """A whole row's series with a later round part's values, increases and seen times."""
     numbers, at, n = base64.b64decode(part["values"], validate=True), part["last_at"], len(rows)
     if len(numbers) != 16 * n:
-        raise ValueError(f"round part has {len(numbers) / 16} series, its whole row {n}")
+        raise ValueError(f"round part has {len(numbers) / 8:g} numbers for {n} series (2 each)")
     values = _doubles(2 * n).unpack(numbers)
     seen = {i: t for i, t in part["seen"]}
     return [(k, values[i], c, values[n + i], seen.get(i, at))

@@ -456,3 +456,142 @@ class TestRestartSeenLate:
         assert totals.drafts == 10 + 9
         assert totals.accepted == 5 + 3
         assert acc.resets == 1
+
+
+class StoredRows:
+    """What the store keeps of one accumulator: its whole row and the round part after it."""
+
+    def __init__(self):
+        self.whole: dict | None = None
+        self.part: dict | None = None
+
+    def save(self, acc: Accumulator, *, whole: bool = False, commit: bool = True) -> bool:
+        """One save of `acc` (committed unless told); whether it wrote the whole row."""
+        encoded = acc.encode(whole=whole)
+        if commit:
+            if encoded.whole:
+                self.whole, self.part = json.loads(encoded.text), None
+            else:
+                self.part = json.loads(encoded.text)
+            acc.saved(encoded)
+        return encoded.whole
+
+    def load(self) -> Accumulator:
+        assert self.whole is not None
+        return Accumulator.from_dict(self.whole | ({"round": self.part} if self.part else {}))
+
+
+def two_engines(drafts: float, created: float = 1.0, *, second: bool = True, k: int = 3,
+                gauges: dict | None = None) -> Snapshot:
+    values = engine_page("0", drafts, 3 * drafts, [drafts - p for p in range(k)])
+    if second:
+        values |= engine_page("1", 2 * drafts, 6 * drafts, [drafts] * 3)
+    return Snapshot(values=values, created={k: created for k in values if k.engine == "0"},
+                    gauges=gauges or {})
+
+
+class TestRoundPart:
+    # (page, whether its save writes the whole row): only what a round cannot say goes whole.
+    STEPS = [
+        (two_engines(10), True),  # nothing saved yet
+        (two_engines(12), False),
+        (two_engines(15, gauges={"acceptance": 0.5}), False),  # gauges' sums: the round's
+        (two_engines(17, second=False), False),  # engine 1 absent: its seen times stay behind
+        (two_engines(19), False),
+        (two_engines(4), True),  # a restart: restarts and their spans
+        (two_engines(6), False),
+        (two_engines(9, k=4), True),  # a new series
+        (two_engines(NAN, k=4), True),  # an anomaly
+        (two_engines(11, k=4), True),  # the anomaly moves inside the counted span
+        (two_engines(13, k=4), False),
+        (two_engines(14, created=2.0, k=4), True),  # a restart told by `_created` alone
+        (two_engines(16, created=2.0, k=4), False),
+    ]
+
+    def test_every_save_reads_back_the_same(self):
+        acc, stored = Accumulator(), StoredRows()
+        for i, (page, whole) in enumerate(self.STEPS):
+            acc.feed(page, 100.0 + i)
+            assert stored.save(acc) == whole, i
+            assert stored.load() == acc, i
+            assert stored.load().totals() == acc.totals()
+        assert acc.resets == 2 and acc.anomalies_inside.count == 1 and acc.gauge_seconds
+
+    def test_a_series_off_the_page_keeps_its_seen_time(self):
+        acc, stored = Accumulator(), StoredRows()
+        for i, (page, _) in enumerate(self.STEPS[:4]):
+            acc.feed(page, 100.0 + i)
+            stored.save(acc)
+        assert stored.part is not None
+        at = {t for _, t in stored.part["seen"]}
+        assert at == {102.0} and len(stored.part["seen"]) == 6  # engine 1's six series
+        assert stored.load().seen == acc.seen
+
+    def test_a_round_part_holds_no_time_per_series(self):
+        acc, stored = Accumulator(), StoredRows()
+        for i, (page, _) in enumerate(self.STEPS[:2]):
+            acc.feed(page, 1_764_000_000.123456 + i)
+            stored.save(acc)
+        assert stored.part is not None and stored.part["seen"] == []
+        whole = acc.to_json()
+        part = acc.encode().text
+        assert len(part) * 3 < len(whole)
+        assert part.count("1764000001.123456") == 1  # the round's one time
+
+    def test_an_uncommitted_whole_row_is_written_again(self):
+        # A save that failed leaves the store with the older whole row: the next save must not
+        # write a round part against a row the store does not have.
+        acc, stored = Accumulator(), StoredRows()
+        acc.feed(two_engines(10), 100.0)
+        stored.save(acc)
+        acc.feed(two_engines(12, k=4), 101.0)  # a new series: the whole row
+        assert stored.save(acc, commit=False)
+        acc.feed(two_engines(14, k=4), 102.0)
+        assert stored.save(acc)
+        assert stored.load() == acc
+        acc.feed(two_engines(15, k=4), 103.0)
+        assert not stored.save(acc)
+
+    def test_whole_when_asked(self):
+        acc, stored = Accumulator(), StoredRows()
+        acc.feed(two_engines(10), 100.0)
+        stored.save(acc)
+        acc.feed(two_engines(12), 101.0)
+        assert stored.save(acc, whole=True)
+        assert stored.part is None and stored.load() == acc
+
+    def test_series_with_an_increase_only_go_whole(self):
+        # Series retired past MAX_ABSENT_SERIES keep their increase under one key with no
+        # value: a round part (a value and an increase per series) cannot say them.
+        acc, stored = Accumulator(), StoredRows()
+        acc.feed(two_engines(10), 100.0)
+        acc.increase[SeriesKey(D, "(series no longer on the page)", "", -1)] = 7.0
+        assert stored.save(acc)
+        acc.feed(two_engines(12), 101.0)
+        assert stored.save(acc)
+        assert stored.load() == acc
+
+    def test_a_round_part_left_from_another_whole_row_is_not_read(self):
+        # One whole row written since by a version that knows no round parts: the part that
+        # was written against an older whole row is stale.
+        acc, stored = Accumulator(), StoredRows()
+        acc.feed(two_engines(10), 100.0)
+        stored.save(acc)
+        acc.feed(two_engines(12), 101.0)
+        stored.save(acc)
+        stale = stored.part
+        acc.feed(two_engines(14), 102.0)
+        newer = json.loads(acc.to_json())
+        assert Accumulator.from_dict(newer | {"round": stale}) == acc
+
+    def test_a_round_part_of_other_series_is_refused(self):
+        acc, stored = Accumulator(), StoredRows()
+        acc.feed(two_engines(10), 100.0)
+        stored.save(acc)
+        acc.feed(two_engines(12), 101.0)
+        stored.save(acc)
+        assert stored.whole is not None and stored.part is not None
+        fewer = stored.whole | {"keys": stored.whole["keys"][1:],
+                                "values": stored.whole["values"][4:]}
+        with pytest.raises(ValueError, match=r"round part has 24 numbers for 11 series \(2 each\)"):
+            Accumulator.from_dict(fewer | {"round": stored.part})
