@@ -8,9 +8,11 @@ never by sleeping for a scrape.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
+import sqlite3
 import threading
 import time
 
@@ -145,6 +147,36 @@ class TestRestartSeenThenKilled:
         result = answer["results"]["e"]
         assert_exact(result, truth)  # everything was seen before the kill: still exact
         assert "while the exporter was down" in result["reset_note"]
+
+
+
+class TestKilledAfterRoundParts:
+    def test_the_last_round_part_is_what_restores(self, exporter_over_e, tmp_path):
+        # Rounds after the start write only each accumulator's round part (its latest values):
+        # killed then, and the server restarted while we were down, the count must go on from
+        # those values, not from the whole row written at the start.
+        exporter, vllm = exporter_over_e
+        truth = new_truth()
+        assert exporter.api("POST", "/windows", {"id": "w"})[0] == 201
+        add(vllm, truth, 10, [9, 8, 7, 6, 5])
+        exporter.wait_seen("w")
+        exporter.kill()
+        # Read-only: a closing reader must not fold the log into the file before the restart.
+        db = sqlite3.connect(f"file:{tmp_path / 'out' / 'state.sqlite'}?mode=ro", uri=True)
+        try:
+            (whole,) = db.execute("SELECT doc FROM accumulators WHERE target='e'").fetchone()
+            (part,) = db.execute("SELECT doc FROM accumulator_rounds WHERE target='e'").fetchone()
+        finally:
+            db.close()
+        whole, part = json.loads(whole), json.loads(part)
+        assert part["scrapes"] > whole["scrapes"] == part["base"]
+        restart_server(vllm)
+        add(vllm, truth, 5, [4, 4, 4, 4, 4])
+        exporter.start()
+        status, answer = exporter.api("POST", "/windows/w/stop")
+        assert status == 200, answer
+        assert_exact(answer["results"]["e"], truth)
+        assert truth["drafts"] == 15
 
 
 def test_kill_during_a_stop(tmp_path):
