@@ -2,8 +2,10 @@
 
 In-process `make_app` over N fleet targets with one window open over all of them; every round
 the counters grow, so every accumulator changed and the round's save writes all N rows (the
-worst case: an idle target's row is not rewritten). CPU is `time.process_time()` of this
-process (nginx is another one), medians over the repeats, both figures from the same run.
+worst case: an idle target's row is not rewritten), each as its round part (nothing but values,
+increases and times changed, so no whole row: `Accumulator.encode`). CPU is
+`time.process_time()` of this process (nginx is another one), medians over the repeats, both
+figures from the same run.
 """
 
 from __future__ import annotations
