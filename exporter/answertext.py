@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from exporter.results import result_file_names
+from exporter.stopped import brief_aggregate
 
 _INDENTED = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
 
@@ -37,6 +38,37 @@ class AnswerTexts:
         return cls(files={names[name]: indented(result)
                           for name, result in answer["results"].items()},
                    whole=indented(answer), compact=compact(answer))
+
+
+@dataclass(frozen=True)
+class StopTexts:
+    """What a stop's work hands back through a pipe: the answer's compact text, and what
+    memory keeps of it; `encode` and `parse` are each other's inverse."""
+
+    compact: bytes
+    kept: dict[str, Any]  # the fields `StoppedWindow.of` and `LastWindow.of` read
+
+    def encode(self) -> bytes:
+        kept = compact(self.kept)
+        return len(kept).to_bytes(8, "big") + kept + self.compact
+
+    @staticmethod
+    def kept_of(answer: Mapping[str, Any]) -> dict[str, Any]:
+        """Of a stop answer, what `StoppedWindow.of` and `LastWindow.of` read: its head, the
+        aggregate's figures, each ok target's increase (~1 MB of 5 at 1000 targets)."""
+        kept = {k: answer[k] for k in ("id", "name", "targets", "labels", "started_at",
+                                       "stopped_at")}
+        return kept | {
+            "aggregate": brief_aggregate(answer["aggregate"]),
+            "results": {name: {"status": r["status"], "increase": r["increase"]}
+                        for name, r in answer["results"].items()
+                        if r["status"] == "ok" and r.get("increase")},
+        }
+
+    @classmethod
+    def parse(cls, data: bytes) -> StopTexts:
+        size = int.from_bytes(data[:8], "big")
+        return cls(compact=data[8 + size:], kept=json.loads(data[8:8 + size]))
 
 
 def indented(value: Any) -> bytes:

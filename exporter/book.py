@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.answertext import AnswerTexts
-from exporter.answertext import compact as compact_json
+from exporter.answertext import AnswerTexts, StopTexts
 from exporter.errors import RequestError, StoreError, UnknownWindowError
 from exporter.isolate import ChildError, run_isolated
 from exporter.isotime import iso_utc
 from exporter.memory import give_back_free_memory
 from exporter.results import result_file_names, window_answer
 from exporter.snapshot import ScrapeResult
-from exporter.stopped import LastWindow, StoppedWindow, brief_aggregate
+from exporter.stopped import LastWindow, StoppedWindow
 from exporter.store import StateStore, prepare_results, write_results
 from exporter.window import (
     MAX_NAME,
@@ -452,37 +451,13 @@ class WindowBook:
             self.store.close()
 
 
-@dataclass(frozen=True)
-class StopTexts:
-    """What a stop's work hands back: the answer's compact text, and what memory keeps of it."""
-
-    compact: bytes
-    kept: dict[str, Any]  # the fields `StoppedWindow.of` and `LastWindow.of` read
-
-    def encode(self) -> bytes:
-        kept = compact_json(self.kept)
-        return len(kept).to_bytes(8, "big") + kept + self.compact
-
-    @classmethod
-    def parse(cls, data: bytes) -> StopTexts:
-        size = int.from_bytes(data[:8], "big")
-        return cls(compact=data[8 + size:], kept=json.loads(data[8:8 + size]))
-
-
 def _stop_work(window: Window, directory: Path) -> bytes:
     """A stopped window's answer computed, encoded and written (`StoreError` if its files
     cannot be); `StopTexts` encoded. Runs in a forked child: no logging, no locks."""
     answer = window_answer(window)
     texts = AnswerTexts.of(answer)
     write_results(directory, texts)
-    results = answer["results"]
-    kept = {k: answer[k] for k in ("id", "name", "targets", "labels", "started_at",
-                                   "stopped_at")}
-    kept |= {"aggregate": brief_aggregate(answer["aggregate"]),
-             "results": {name: {"status": r["status"], "increase": r["increase"]}
-                         for name, r in results.items()
-                         if r["status"] == "ok" and r.get("increase")}}
-    return StopTexts(texts.compact, kept).encode()
+    return StopTexts(texts.compact, StopTexts.kept_of(answer)).encode()
 
 
 def _prepare_quietly(directory: Path, names: list[str]) -> None:

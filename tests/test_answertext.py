@@ -18,9 +18,10 @@ import pytest
 from randomjson import random_value
 
 from exporter import isolate
-from exporter.answertext import AnswerTexts, compact, indented, with_key
+from exporter.answertext import AnswerTexts, StopTexts, compact, indented, with_key
 from exporter.errors import StoreError
 from exporter.isotime import with_iso_times
+from exporter.stopped import LastWindow, StoppedWindow
 from exporter.store import PREPARED, StateStore, atomic_write, prepare_results, write_results
 
 
@@ -181,6 +182,24 @@ class TestStopAnswerTexts:
         assert json.loads(texts.compact) == answer
         assert sorted(texts.files) == ["spec_decode_a.json", "spec_decode_b_1.json"]
         assert_indented(texts.files["spec_decode_b_1.json"], answer["results"]["b:1"])
+
+
+class TestStopTexts:
+    async def test_what_memory_keeps_reads_as_the_whole_answer_does(
+            self, fake_vllm, exporter, unused_tcp_port):
+        exp, body = await TestStopAnswerTexts()._stopped(fake_vllm, exporter, unused_tcp_port)
+        answer = json.loads(body)
+        kept = StopTexts.kept_of(answer)
+        assert StoppedWindow.of(kept) == StoppedWindow.of(answer)
+        assert LastWindow.of(kept) == LastWindow.of(answer)
+        assert LastWindow.of(kept).increases  # "ok" had traffic: its increase is kept
+        assert len(compact(kept)) < len(body) / 2
+
+    @pytest.mark.parametrize("kept", [{}, {"id": "w", "labels": {"é": "🙂"}}])
+    @pytest.mark.parametrize("text", [b"", b"{}", b'{"a":[1,2.5]}', bytes(range(256)) * 9])
+    def test_parse_undoes_encode(self, kept, text):
+        back = StopTexts.parse(StopTexts(text, kept).encode())
+        assert back == StopTexts(text, kept)
 
 
 class TestStateRow:
