@@ -25,6 +25,9 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 _OK, _RAISED = b"\x00", b"\x01"
+_SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP")
+            if hasattr(signal, name)]
+_MAX_FD = 1 << 20  # os.closerange closes them in one call where Linux has close_range
 ENV = "SPECDEC_STOP_IN_CHILD"
 
 
@@ -93,6 +96,15 @@ async def _in_thread(work: Callable[[], bytes]) -> bytes:
 def _child(work: Callable[[], bytes], fd: int) -> None:  # pragma: no cover  (runs in the child)
     code = 0
     try:
+        # Signals meant for the child stay the child's: the loop's handlers would write them
+        # to the parent's wakeup socket (a SIGTERM to the child would stop the server).
+        signal.set_wakeup_fd(-1)
+        for number in _SIGNALS:
+            signal.signal(number, signal.SIG_DFL)
+        # No socket, database or file of the parent held open: a server restarted while the
+        # child still works must find its port free.
+        os.closerange(3, fd)
+        os.closerange(fd + 1, _MAX_FD)
         # A collection would walk (and so copy) every page of the parent's heap; the child
         # lives for a second and frees everything by exiting.
         gc.disable()

@@ -102,3 +102,39 @@ class TestInThread:
 
         monkeypatch.setattr(os, "fork", no_fork)
         assert int(await run_isolated(pid_text)) == PARENT
+
+
+class TestChildHoldsNothing:
+    async def test_no_socket_of_the_parent_stays_open_in_the_child(self):
+        import socket
+
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        try:
+            mine = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+            assert listener.fileno() in mine
+            theirs = await run_isolated(lambda: " ".join(os.listdir("/proc/self/fd")).encode())
+            open_in_child = {int(fd) for fd in theirs.split()}
+            assert listener.fileno() not in open_in_child
+            # Beyond stdin, stdout and stderr: the pipe back, and the listing's own.
+            assert len(open_in_child - {0, 1, 2}) == 2 < len(set(mine) - {0, 1, 2})
+        finally:
+            listener.close()
+
+    async def test_a_signal_to_the_child_is_not_the_parents(self):
+        got: list[int] = []
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, lambda: got.append(1))
+        try:
+            def hup_myself() -> bytes:
+                if os.getpid() != PARENT:
+                    os.kill(os.getpid(), signal.SIGHUP)  # default action: the child ends
+                return pid_text()
+
+            # The child died of it (no answer: the work ran again in a thread) ...
+            assert int(await run_isolated(hup_myself)) == PARENT
+            await asyncio.sleep(0.1)
+            assert got == []  # ... and the parent's handler never heard of it
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
