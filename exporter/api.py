@@ -303,7 +303,7 @@ async def stop_window(request: web.Request) -> web.Response:
     window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
     window = await service.stop_window(window_id, answer=False)
-    text = service.answer_text(window.id)
+    text = service.take_answer_text(window.id)
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
         return _json_text(with_key(text, "results_dir", _results_dir(service, window)))

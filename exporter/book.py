@@ -86,8 +86,8 @@ class WindowBook:
         # The stopped window last read whole from the store, and whether with its series.
         self._read: tuple[Window, bool] | None = None
         self.result_errors = 0  # stops whose result files could not be written
-        # The last stop's answer as encoded for the state database: its HTTP answer, and a
-        # second stop's, send these bytes instead of encoding megabytes again.
+        # The last stop's answer as encoded for the state database, until its HTTP answer
+        # takes it (5 MB at 1000 targets: not kept after; a second stop reads the store).
         self._answer_text: tuple[str, bytes] | None = None
         # Open windows' result files being made ahead of their stop (`prepare_results`).
         self._preparing: dict[str, asyncio.Future[None]] = {}
@@ -127,10 +127,11 @@ class WindowBook:
             self._read = (window, series)
         return self._read[0] if series else self._read[0].as_answer_only()
 
-    def answer_text(self, window_id: str) -> bytes | None:
-        """The compact text of a stopped window's answer when it is the last one stopped."""
+    def take_answer_text(self, window_id: str) -> bytes | None:
+        """The compact text of a window's answer, once, right after the stop that made it."""
         if self._answer_text is not None and self._answer_text[0] == window_id:
-            return self._answer_text[1]
+            text, self._answer_text = self._answer_text[1], None
+            return text
         return None
 
     def in_flight(self, window_id: str) -> bool:
@@ -305,7 +306,7 @@ class WindowBook:
         """Close a window (its targets scraped at once); a second stop gives the same answer.
 
         `answer=False`: the window just stopped comes without its answer, whose text
-        `answer_text` has (the HTTP answer sends that, and memory need not hold the dicts).
+        `take_answer_text` has (the HTTP answer sends that: memory need not hold the dicts).
         """
         await self._settled(window_id)
         window = self.get(window_id)

@@ -205,9 +205,9 @@ class ExporterService:
         """An open or closed window by id, from memory or the store."""
         return self.book.get(window_id)
 
-    def answer_text(self, window_id: str) -> bytes | None:
+    def take_answer_text(self, window_id: str) -> bytes | None:
         """The stopped window's answer as JSON text, when it is at hand already encoded."""
-        return self.book.answer_text(window_id)
+        return self.book.take_answer_text(window_id)
 
     def list_windows(self) -> list[Window | StoppedWindow]:
         """Open windows and the recent closed ones, newest first."""
@@ -235,7 +235,7 @@ class ExporterService:
     async def stop_window(self, window_id: str, *, answer: bool = True) -> Window:
         """Close a window (scraping its targets at once); a second stop gives the same answer.
 
-        `answer=False`: without the answer of a window this call stopped (`answer_text` has it).
+        `answer=False`: without the answer of a window this call stopped (`take_answer_text` has it).
         """
         return await self.book.stop(window_id, self._scrape_for_window, answer=answer)
 

@@ -158,20 +158,26 @@ class TestStopAnswerTexts:
     async def test_second_stop_without_the_text_at_hand_answers_the_same(
             self, fake_vllm, exporter, unused_tcp_port):
         exp, body = await self._stopped(fake_vllm, exporter, unused_tcp_port)
-        # Only the last stop's text is kept: once another window stopped, this one's answer
-        # is encoded again from the window, to the same bytes.
-        await exp.start(id="other")
-        await exp.stop("other")
-        assert exp.service.answer_text("texts") is None
+        # The stop's HTTP answer took its text: memory keeps none. A second stop encodes the
+        # answer again from the store, to the same bytes.
+        assert exp.service.take_answer_text("texts") is None
         again = await exp.client.post("/api/v1/windows/texts/stop")
         assert await again.text() == body
 
-    async def test_deleting_the_window_drops_its_text(
+    async def test_the_text_is_taken_once_and_deleting_drops_it(
             self, fake_vllm, exporter, unused_tcp_port):
-        exp, _ = await self._stopped(fake_vllm, exporter, unused_tcp_port)
-        assert exp.service.answer_text("texts") is not None
-        assert (await exp.client.delete("/api/v1/windows/texts")).status == 200
-        assert exp.service.answer_text("texts") is None
+        a = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": a.url}]})
+        await exp.start(id="w")
+        window = await exp.service.stop_window("w", answer=False)
+        assert window.answer is None  # the dicts were never built here: the text has it all
+        text = exp.service.take_answer_text("w")
+        assert json.loads(text)["id"] == "w"
+        assert exp.service.take_answer_text("w") is None
+        await exp.start(id="v")
+        await exp.service.stop_window("v", answer=False)
+        assert (await exp.client.delete("/api/v1/windows/v")).status == 200
+        assert exp.service.take_answer_text("v") is None
 
     def test_window_json_holds_each_result_file(self):
         answer = {"id": "w", "results": {"a": {"status": "ok", "data": {"x": 1.5}},
