@@ -235,7 +235,8 @@ class ExporterService:
     async def stop_window(self, window_id: str, *, answer: bool = True) -> Window:
         """Close a window (scraping its targets at once); a second stop gives the same answer.
 
-        `answer=False`: without the answer of a window this call stopped (`take_answer_text` has it).
+        `answer=False`: without the answer of a window this call stopped (`take_answer_text`
+        has its text).
         """
         return await self.book.stop(window_id, self._scrape_for_window, answer=answer)
 
