@@ -19,7 +19,7 @@ from exporter.api import PRERENDER, SERVICE, WRITER
 from exporter.app import make_app
 from exporter.config import validate_config
 from exporter.exposition import MetricsWriter
-from exporter.prerender import CHUNK
+from exporter.prerender import CHUNK, Prerender
 
 RENDER_TARGET_S = 0.020  # issue 15
 LAG_TARGET_S = 0.050  # issue 15
@@ -57,15 +57,19 @@ async def _lag_probe(stop: asyncio.Event, lags: list[float]) -> None:
 
 
 async def _after_rounds(service, writer: MetricsWriter, fleet: NginxFleet, repeats: int, *,
-                        ahead: bool) -> float:
+                        ahead: bool, prerender: Prerender | None = None) -> float:
     """Median render time right after a scrape round replaced every target's state, the
-    writer's caches in place. The app's writer has its blocks built as the scrapes landed; a
-    writer of its own (told of no scrape) has them built by the render itself, or ahead of it
-    (`ahead`, as Prerender does before an expected render)."""
+    writer's caches in place. The app's writer (with its `prerender`) has its blocks built as
+    the scrapes landed, in the loop turns after them (let run here, as they run before a
+    request that comes after the round); a writer of our own (told of no scrape) has them built
+    by the render itself, or ahead of it (`ahead`, as Prerender does before an expected
+    render)."""
     times = []
     for _ in range(repeats):
         await asyncio.to_thread(fleet.advance, 20)
         await service.scrape_round()
+        while prerender is not None and prerender.pending:
+            await asyncio.sleep(0)
         if ahead:
             for _ in writer.prepare(CHUNK):
                 pass
@@ -76,28 +80,25 @@ async def _after_rounds(service, writer: MetricsWriter, fleet: NginxFleet, repea
 
 
 async def _build_cost(service, fleet: NginxFleet, n: int, repeats: int) -> tuple[float, float]:
-    """Median seconds per target-scrape of building the target's block as its scrape lands
-    (what `MetricsWriter.scraped` adds to each scrape while /metrics is read), and the
-    process CPU seconds per target of a scrape round without it.
+    """Median CPU seconds per target-scrape of building the target's block after its scrape
+    (what `Prerender.scraped` adds to each scrape while /metrics is read), and the process CPU
+    seconds per target of a scrape round without it.
 
     Run before the app's /metrics is first read, so its writer builds nothing: the rounds'
-    CPU is the scrape path's own. A writer of our own, told of every scrape as the app's is
-    once /metrics is read, times its builds where they happen (right after the scrape is
-    recorded), in rounds of their own.
+    CPU is the scrape path's own. A writer of our own is told of every scrape of rounds of
+    their own, as the app's is once /metrics is read, and builds those blocks after the round
+    (the app's builds run in the loop turns after the scrapes).
     """
     writer = MetricsWriter(service.view, process_metrics=False)
     writer.render()  # read: its `scraped` builds
     timing = False
-    spent = 0.0
+    scraped: list[tuple] = []
 
-    def timed(name: str, state, track, now: float) -> None:
-        nonlocal spent
-        if timing:  # CPU time, as the round's: other processes on the host do not count
-            started = time.thread_time()
-            writer.scraped(name, state, track, now)
-            spent += time.thread_time() - started
+    def queue(*args) -> None:
+        if timing:
+            scraped.append(args)
 
-    service.on_scraped(timed)  # stays registered, idle once this returns
+    service.on_scraped(queue)  # stays registered, idle once this returns
     builds, rounds = [], []
     for _ in range(repeats):
         await asyncio.to_thread(fleet.advance, 20)
@@ -105,10 +106,14 @@ async def _build_cost(service, fleet: NginxFleet, n: int, repeats: int) -> tuple
         await service.scrape_round()
         rounds.append((time.process_time() - cpu) / n)
         await asyncio.to_thread(fleet.advance, 20)
-        timing, spent = True, 0.0
+        timing = True
         await service.scrape_round()
         timing = False
-        builds.append(spent / n)
+        started = time.thread_time()  # CPU time, as the round's: other processes do not count
+        for args in scraped:
+            writer.scraped(*args)
+        builds.append((time.thread_time() - started) / n)
+        scraped.clear()
     return statistics.median(builds), statistics.median(rounds)
 
 
@@ -156,7 +161,8 @@ async def _measure(fleet: NginxFleet, n: int, workdir: Path, *, repeats: int,
                              repeats=repeats, min_seconds=0.0)
         # Right after a round: the blocks built as the scrapes landed (the app's writer, read
         # above); a writer told of no scrape: built by the render / built ahead of it.
-        after_round_s = await _after_rounds(service, writer, fleet, repeats, ahead=False)
+        after_round_s = await _after_rounds(service, writer, fleet, repeats, ahead=False,
+                                            prerender=app[PRERENDER])
         own = MetricsWriter(service.view)
         own.render()
         unbuilt_s = await _after_rounds(service, own, fleet, repeats, ahead=False)
@@ -268,7 +274,7 @@ def run(fleet: NginxFleet, *, n: int = 1000, repeats: int = 7, lag_seconds: floa
             ahead < RENDER_TARGET_S),
         Row("exposition", "render /metrics from nothing (a fresh writer: the first render)",
             render * 1e3, "ms", base * 1e3, name, ratio(render, base)),
-        Row("exposition", "block built as a scrape lands, per target-scrape while /metrics is "
+        Row("exposition", "block built after a scrape, per target-scrape while /metrics is "
             "read (vs a round's in-process CPU per target without it)", build * 1e6, "us",
             round_cpu * 1e6, "round CPU / target", ratio(build, round_cpu)),
         Row("exposition", "render /metrics again, nothing scraped since (cached lines)",

@@ -57,8 +57,8 @@ def make_app(
     app[SERVICE] = service
     app[FANOUT] = Fanout(service)
     app[WRITER] = MetricsWriter(service.view)
-    service.on_scraped(app[WRITER].scraped)
     app[PRERENDER] = Prerender(app[WRITER])
+    service.on_scraped(app[PRERENDER].scraped)
     app[METRICS_CACHE] = {}
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))

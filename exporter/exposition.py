@@ -429,9 +429,13 @@ class MetricsWriter:
         whenever its state or live span is not the one it was built from); unread, scrapes pay
         nothing for it, and read less often than scraped, only the last scrapes before the
         expected read build (`_read_after_next_scrape`)."""
-        if now - self._rendered_at > KEEP_WARM or self._read_after_next_scrape(track, now):
-            return
-        self._entry(name, state).live_lines(track, now)
+        if self.wants(track, now):
+            self._entry(name, state).live_lines(track, now)
+
+    def wants(self, track: LiveTrack, now: float) -> bool:
+        """Whether a scrape of the target of `track` landing at `now` is to build its block."""
+        return now - self._rendered_at <= KEEP_WARM and not self._read_after_next_scrape(
+            track, now)
 
     def _read_after_next_scrape(self, track: LiveTrack, now: float) -> bool:
         """Whether the target's next scrape is due well before the next render we expect: the

@@ -3,6 +3,7 @@ numbers), and MetricsWriter on its own."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 
@@ -11,7 +12,7 @@ from aiohttp import web
 from conftest import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.api import WRITER
+from exporter.api import PRERENDER, WRITER
 from exporter.config import validate_config
 from exporter.exposition import KEEP_WARM, MetricsWriter
 from exporter.formats import to_openmetrics
@@ -529,6 +530,16 @@ class TestMetricsWriterUnit:
         assert b'specdec_scrape_errors_total{target="a"} 2.0' in writer.render()
 
 
+async def _built(exp) -> None:
+    """Let the loop run the builds of the scrapes just recorded (`Prerender.scraped`)."""
+    prerender = exp.client.server.app[PRERENDER]
+    for _ in range(100):
+        if not prerender.pending:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{prerender.pending} blocks still to build")
+
+
 class TestMetricsWriterCache:
     """The per-target lines a writer keeps: always what a fresh writer would render."""
 
@@ -642,6 +653,7 @@ class TestMetricsWriterCache:
         clock.now += 10
         a.server.add(0, 10, 20, [7, 3])
         await exp.service.scrape_target("a")
+        await _built(exp)
         assert list(writer.prepare(1)) == []  # built as the scrape landed, live lines too
         text = writer.render()
         assert text.startswith(self._fresh(exp))  # then its process metrics
@@ -649,6 +661,7 @@ class TestMetricsWriterCache:
         clock.now += KEEP_WARM + 1  # nobody read /metrics for that long
         assert list(writer.prepare(1)) == [1, 2]  # the live spans ended: a's and b's lines
         await exp.service.scrape_target("a")
+        await _built(exp)
         assert list(writer.prepare(1)) == [1]
 
     async def test_read_less_often_than_scraped_the_last_scrapes_build(self, fake_vllm,
@@ -665,6 +678,7 @@ class TestMetricsWriterCache:
             clock.now += seconds
             a.server.add(0, 10, 20, [8, 4])
             await exp.service.scrape_target("a")
+            await _built(exp)
 
         await scrape_in(0)
         for read in range(3):  # three reads 30 s apart: the rhythm is known after them

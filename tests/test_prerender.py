@@ -59,6 +59,62 @@ class TestPrepare:
         assert writer.render() == MetricsWriter(exp.service.view, process_metrics=False).render()
 
 
+class TestScraped:
+    async def test_blocks_built_a_chunk_per_loop_turn_after_the_scrapes(self, exp):
+        writer = MetricsWriter(exp.service.view, process_metrics=False)
+        writer.render()  # read: scrapes build
+        prerender = Prerender(writer, build_chunk=2)
+        await exp.round()  # five new states, not built (this writer hears of no scrape)
+        view = exp.service.view()
+        for name, state in view.targets.items():
+            prerender.scraped(name, state, view.live[name], view.now)
+        assert prerender.pending == 5  # none in the turn that handled the scrapes
+        left = []
+        for _ in range(3):
+            await asyncio.sleep(0)  # one turn: one chunk
+            left.append(prerender.pending)
+        assert left == [3, 1, 0]
+        assert list(writer.prepare(1)) == []  # all five built
+        assert writer.render() == MetricsWriter(exp.service.view, process_metrics=False).render()
+
+    async def test_nothing_queued_while_unread(self, exp):
+        prerender = Prerender(MetricsWriter(exp.service.view, process_metrics=False))
+        view = exp.service.view()
+        prerender.scraped("t0", view.targets["t0"], view.live["t0"], view.now)
+        assert prerender.pending == 0
+
+    async def test_a_failure_is_logged_and_the_rest_built_later(self, exp, caplog):
+        class Breaks(MetricsWriter):
+            def scraped(self, name, state, track, now) -> None:
+                if name == "t0":
+                    raise RuntimeError("broken block")
+                super().scraped(name, state, track, now)
+
+        writer = Breaks(exp.service.view, process_metrics=False)
+        writer.render()
+        prerender = Prerender(writer, build_chunk=10)
+        await exp.round()  # five new states
+        view = exp.service.view()
+        for name in ("t0", "t1"):
+            prerender.scraped(name, view.targets[name], view.live[name], view.now)
+        await wait_for(lambda: "building /metrics lines of scraped targets failed" in caplog.text,
+                       "the log")
+        assert "broken block" in caplog.text
+        await wait_for(lambda: prerender.pending == 0, "the rest built, in a turn of its own")
+        assert list(writer.prepare(10)) == [4]  # t1 built; t0 and the three not queued not
+        await prerender.close()
+
+    async def test_close_drops_what_is_queued(self, exp):
+        writer = MetricsWriter(exp.service.view, process_metrics=False)
+        writer.render()
+        prerender = Prerender(writer)
+        view = exp.service.view()
+        prerender.scraped("t0", view.targets["t0"], view.live["t0"], view.now)
+        await prerender.close()
+        assert prerender.pending == 0
+        await asyncio.sleep(0)  # the cancelled turn builds nothing, raises nothing
+
+
 class TestRhythm:
     async def test_builds_ahead_of_the_next_expected_render(self, exp):
         clock = Clock(100.0)
