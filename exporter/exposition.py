@@ -6,10 +6,10 @@ prometheus_client's generic path (Collector -> Metric families -> generate_lates
 same text directly, from a block of lines per target: its lines of each family for the figures
 of its last scrape (valid while its state object lives: a scrape replaces it) and its live
 gauges (valid while its live span's end points do). While /metrics is read, a block is built
-as the target's scrape lands (`MetricsWriter.scraped`, ~50 µs of CPU on the bench host), so a
-render joins built blocks family by family (a few ms at 1000 targets) whenever it comes; any
-block not built for the state the render sees is built then (`prepare` does that ahead in
-chunks, prerender.py decides when).
+after the target's scrape (`MetricsWriter.scraped`, ~50 µs of CPU on the bench host; in the
+loop turns after the scrape's, prerender.py), so a render joins built blocks family by family
+(a few ms at 1000 targets) whenever it comes; any block not built for the state the render
+sees is built then (`prepare` does that ahead in chunks, prerender.py decides when).
 Process and GC metrics still come from prometheus_client.
 """
 
