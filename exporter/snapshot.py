@@ -256,7 +256,9 @@ def _uneven_engines(values: Iterable[tuple[SeriesKey, float]]) -> dict[int, floa
         # A position whose engines show no drafts series of their own (labels that differ
         # between the two families) cannot be matched: it keeps every draft behind it.
         if len(engines) < len(engine_drafts) and engines <= engine_drafts.keys():
-            uneven[pos] = sum(engine_drafts[e] for e in engines)
+            # In page order, not the set's (which moves with PYTHONHASHSEED): float sums of
+            # fractional drafts differ in the last bit by order, and results must not.
+            uneven[pos] = sum(v for e, v in engine_drafts.items() if e in engines)
     return uneven
 
 
