@@ -166,16 +166,21 @@ def _fill_prepared(directory: Path, files: Mapping[str, bytes]) -> bool:
     try:
         for name in set(os.listdir(at)) - set(files):
             os.unlink(name, dir_fd=at)
-        for name, text in files.items():
-            fd = os.open(name, _FILL, 0o600, dir_fd=at)
-            try:
-                _write_all(fd, text)
-            finally:
-                os.close(fd)
+        _write_into(at, files, _FILL)
     finally:
         os.close(at)
     os.rename(prepared, folder)
     return True
+
+
+def _write_into(at: int, files: Mapping[str, bytes], flags: int) -> None:
+    """Each file written whole into the folder open as `at` (mode 0600, as mkstemp's)."""
+    for name, text in files.items():
+        fd = os.open(name, flags, 0o600, dir_fd=at)
+        try:
+            _write_all(fd, text)
+        finally:
+            os.close(fd)
 
 
 _FILL = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
@@ -196,12 +201,7 @@ def _new_folder(folder: Path, files: Mapping[str, bytes]) -> bool:
     try:
         at = os.open(tmp, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
-            for name, text in files.items():
-                fd = os.open(name, _CREATE, 0o600, dir_fd=at)
-                try:
-                    _write_all(fd, text)
-                finally:
-                    os.close(fd)
+            _write_into(at, files, _CREATE)
         finally:
             os.close(at)
         os.rename(tmp, folder)

@@ -46,6 +46,19 @@ def assert_indented(text: bytes, value) -> None:
     assert json.loads(text) == json.loads(reference(value))
 
 
+def second_write_fails(monkeypatch) -> None:
+    """The disk fills up at the second `os.write` (`monkeypatch.undo()` ends it)."""
+    real, calls = os.write, []
+
+    def second_fails(fd, data):
+        calls.append(fd)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(fd, data)
+
+    monkeypatch.setattr(os, "write", second_fails)
+
+
 class Colour(enum.StrEnum):
     RED = "red"
 
@@ -281,16 +294,7 @@ class TestWriteResults:
             "mine.txt", "spec_decode_h_1.json", "spec_decode_h_2.json"]
 
     def test_a_failed_write_leaves_no_half_folder(self, tmp_path, monkeypatch):
-        real = os.write
-        calls = []
-
-        def second_fails(fd, data):
-            calls.append(fd)
-            if len(calls) == 2:
-                raise OSError(28, "No space left on device")
-            return real(fd, data)
-
-        monkeypatch.setattr(os, "write", second_fails)
+        second_write_fails(monkeypatch)
         with pytest.raises(StoreError, match="No space"):
             write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
         monkeypatch.undo()
@@ -345,15 +349,7 @@ class TestPreparedFiles:
     def test_a_failed_fill_publishes_nothing_and_a_retry_publishes_all(
             self, tmp_path, monkeypatch):
         prepare_results(tmp_path / "w", self.NAMES)
-        real, calls = os.write, []
-
-        def second_fails(fd, data):
-            calls.append(fd)
-            if len(calls) == 2:
-                raise OSError(28, "No space left on device")
-            return real(fd, data)
-
-        monkeypatch.setattr(os, "write", second_fails)
+        second_write_fails(monkeypatch)
         with pytest.raises(StoreError, match="No space"):
             write_results(tmp_path / "w", AnswerTexts.of(self.ANSWER))
         monkeypatch.undo()
