@@ -69,12 +69,17 @@ async def run_isolated(work: Callable[[], bytes], *, timeout: float = 300.0) -> 
         os.close(read_end)
         _child(work, write_end)
     os.close(write_end)
+    reader = asyncio.ensure_future(asyncio.to_thread(_read_all, read_end))
     try:
-        data = await asyncio.wait_for(asyncio.to_thread(_read_all, read_end), timeout)
+        data = await asyncio.wait_for(asyncio.shield(reader), timeout)
     except TimeoutError:
-        os.kill(pid, signal.SIGKILL)
         data = b""
     finally:
+        if not reader.done():  # past its time, or this stop cancelled: the child goes
+            os.kill(pid, signal.SIGKILL)
+        # The reading thread sees the end once the child is gone; its descriptor is closed
+        # only then (closed under it, the number could be another file's by its next read).
+        await asyncio.wait([reader])
         os.close(read_end)
         status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
     if data[:1] == _OK:

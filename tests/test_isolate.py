@@ -138,3 +138,36 @@ class TestChildHoldsNothing:
             assert got == []  # ... and the parent's handler never heard of it
         finally:
             loop.remove_signal_handler(signal.SIGHUP)
+
+
+class TestCancelled:
+    async def test_a_cancelled_wait_ends_the_child_and_leaks_no_descriptor(self):
+        before = len(os.listdir("/proc/self/fd"))
+
+        def sleeps_in_the_child() -> bytes:
+            import time
+            time.sleep(60)
+            return b""
+
+        task = asyncio.create_task(run_isolated(sleeps_in_the_child))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert zombies_of(os.getpid()) == []  # the child was reaped
+
+
+def zombies_of(parent: int) -> list[int]:
+    """Children of `parent` that ended and were never waited for."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if state == "Z" and int(ppid) == parent:
+                found.append(int(entry))
+    return found
