@@ -316,8 +316,8 @@ class WindowBook:
             others = [w for w in self.open_windows() if w is not window]
             results = await scrape(window.live_targets(), others)
             await self._commit_stop(window, results)
-        # The stop's texts are freed by now; its answer's objects mostly live in Python's
-        # own arenas, which go back to the system by themselves once empty.
+        # The state row made from the answer's text (megabytes, freed by now) goes back to
+        # the system; the answer's objects were the child's.
         give_back_free_memory()
         log.info("window stopped id=%s", window_id)
         return self.get(window_id) if answer else window.as_answer_only()

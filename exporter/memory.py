@@ -1,10 +1,10 @@
 """Free heap memory given back to the system after a bulk of short-lived allocations.
 
-A stop over 1000 targets allocates ~70 MB for a moment (the answer's objects, its JSON texts,
-the state row) and frees it all when the answer is out. glibc keeps freed heap pages (and
-each thread's arena: the texts are encoded in a worker thread) until `malloc_trim` asks it to
-give them back: without it, RSS stays ~40-50 MB higher after the first stop over 1000 targets.
-Elsewhere (musl, macOS) this is a no-op.
+A stop over 1000 targets builds its answer in a child process (`isolate`), but the server
+still holds its 5 MB text, the state row made from it and the stop's scrape round for a moment.
+glibc keeps freed heap pages until `malloc_trim` asks it to give them back, and keeps big
+blocks on the heap once a big one was freed (`keep_big_blocks_apart`). Elsewhere (musl,
+macOS) both are no-ops.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from collections.abc import Callable
 
 
 @functools.cache
-def malloc_trim_of_libc() -> Callable[[int], int] | None:
-    """The C library's malloc_trim, or None where it has none (looked up once)."""
-    name = ctypes.util.find_library("c")
+def libc_function(name: str) -> Callable[..., int] | None:
+    """A function of the C library, or None where it has none (looked up once a name)."""
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+        function: Callable[..., int] = getattr(ctypes.CDLL(ctypes.util.find_library("c")), name)
     except (OSError, AttributeError, TypeError):
         return None
-    return trim
+    return function
 
 
 # mallopt's parameters (glibc's malloc.h).
@@ -45,10 +44,8 @@ def keep_big_blocks_apart() -> bool:
     trim threshold is set high instead, and a stop gives the heap back itself
     (`give_back_free_memory`).
     """
-    name = ctypes.util.find_library("c")
-    try:
-        mallopt: Callable[[int, int], int] = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError, TypeError):
+    mallopt = libc_function("mallopt")
+    if mallopt is None:
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
         mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
@@ -56,7 +53,7 @@ def keep_big_blocks_apart() -> bool:
 
 def give_back_free_memory() -> bool:
     """Return freed heap pages to the system (a few ms); False where the C library cannot."""
-    trim = malloc_trim_of_libc()
+    trim = libc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)

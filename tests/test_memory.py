@@ -14,9 +14,9 @@ from exporter import memory
 
 @pytest.fixture(autouse=True)
 def _fresh_lookup():
-    memory.malloc_trim_of_libc.cache_clear()
+    memory.libc_function.cache_clear()
     yield
-    memory.malloc_trim_of_libc.cache_clear()
+    memory.libc_function.cache_clear()
 
 
 @pytest.mark.may_skip_in_ci("malloc_trim is glibc's: musl and macOS have none")
