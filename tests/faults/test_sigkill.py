@@ -95,6 +95,22 @@ def new_truth() -> dict:
     return {"drafts": 0, "tokens": 0, "per_pos": [0] * K}
 
 
+def opened_with_ten(exporter: Exporter, vllm) -> dict:
+    """Window "w" started, 10 drafts counted by `e` and seen; the truth so far."""
+    truth = new_truth()
+    assert exporter.api("POST", "/windows", {"id": "w"})[0] == 201
+    add(vllm, truth, 10, [9, 8, 7, 6, 5])
+    exporter.wait_seen("w")
+    return truth
+
+
+def stopped_result(exporter: Exporter) -> dict:
+    """Window "w" stopped: target `e`'s RESULT."""
+    status, answer = exporter.api("POST", "/windows/w/stop")
+    assert status == 200, answer
+    return answer["results"]["e"]
+
+
 @pytest.fixture
 def exporter_over_e(tmp_path):
     with fake_vllm("--k", str(K)) as vllm:
@@ -110,10 +126,7 @@ class TestRestartSeenThenKilled:
     @pytest.mark.parametrize("restarts", [1, 2])
     def test_exact_after_sigkill(self, exporter_over_e, restarts):
         exporter, vllm = exporter_over_e
-        truth = new_truth()
-        assert exporter.api("POST", "/windows", {"id": "w"})[0] == 201
-        add(vllm, truth, 10, [9, 8, 7, 6, 5])
-        exporter.wait_seen("w")
+        truth = opened_with_ten(exporter, vllm)
         for n in range(restarts):
             restart_server(vllm)
             add(vllm, truth, 5 - n, [5 - n, 4 - n, 3, 2, 1])
@@ -121,9 +134,7 @@ class TestRestartSeenThenKilled:
         exporter.kill()  # long before any periodic save of old would have run
         add(vllm, truth, 5, [4, 4, 4, 4, 4])  # counted while the exporter is down
         exporter.start()
-        status, answer = exporter.api("POST", "/windows/w/stop")
-        assert status == 200, answer
-        result = answer["results"]["e"]
+        result = stopped_result(exporter)
         assert truth["drafts"] == 20 + (restarts - 1) * 4
         assert_exact(result, truth)
         assert result["resets"] == restarts
@@ -134,20 +145,14 @@ class TestRestartSeenThenKilled:
 
     def test_restart_while_down_is_said(self, exporter_over_e):
         exporter, vllm = exporter_over_e
-        truth = new_truth()
-        assert exporter.api("POST", "/windows", {"id": "w"})[0] == 201
-        add(vllm, truth, 10, [9, 8, 7, 6, 5])
-        exporter.wait_seen("w")
+        truth = opened_with_ten(exporter, vllm)
         exporter.kill()
         restart_server(vllm)
         add(vllm, truth, 5, [4, 4, 4, 4, 4])
         exporter.start()
-        status, answer = exporter.api("POST", "/windows/w/stop")
-        assert status == 200, answer
-        result = answer["results"]["e"]
+        result = stopped_result(exporter)
         assert_exact(result, truth)  # everything was seen before the kill: still exact
         assert "while the exporter was down" in result["reset_note"]
-
 
 
 class TestKilledAfterRoundParts:
@@ -156,10 +161,7 @@ class TestKilledAfterRoundParts:
         # killed then, and the server restarted while we were down, the count must go on from
         # those values, not from the whole row written at the start.
         exporter, vllm = exporter_over_e
-        truth = new_truth()
-        assert exporter.api("POST", "/windows", {"id": "w"})[0] == 201
-        add(vllm, truth, 10, [9, 8, 7, 6, 5])
-        exporter.wait_seen("w")
+        truth = opened_with_ten(exporter, vllm)
         exporter.kill()
         # Read-only: a closing reader must not fold the log into the file before the restart.
         db = sqlite3.connect(f"file:{tmp_path / 'out' / 'state.sqlite'}?mode=ro", uri=True)
@@ -173,9 +175,7 @@ class TestKilledAfterRoundParts:
         restart_server(vllm)
         add(vllm, truth, 5, [4, 4, 4, 4, 4])
         exporter.start()
-        status, answer = exporter.api("POST", "/windows/w/stop")
-        assert status == 200, answer
-        assert_exact(answer["results"]["e"], truth)
+        assert_exact(stopped_result(exporter), truth)
         assert truth["drafts"] == 15
 
 
@@ -187,10 +187,7 @@ def test_kill_during_a_stop(tmp_path):
             exporter = Exporter(tmp_path, vllm, slow)
             exporter.start()
             try:
-                truth = new_truth()
-                assert exporter.api("POST", "/windows", {"id": "w"})[0] == 201
-                add(vllm, truth, 10, [9, 8, 7, 6, 5])
-                exporter.wait_seen("w")
+                truth = opened_with_ten(exporter, vllm)
                 restart_server(vllm)
                 add(vllm, truth, 5, [5, 4, 3, 2, 1])
                 exporter.wait_seen("w")
