@@ -53,6 +53,13 @@ def _snapshots(steps: int) -> list[list[Snapshot]]:
 
 def build_window(n: int) -> Window:
     """A stopped window over n targets with realistic accumulators."""
+    window, finals, stop = open_window(n)
+    window.take_final(finals, stop)
+    return window
+
+
+def open_window(n: int) -> tuple[Window, list[ScrapeResult], float]:
+    """An open window over n targets with realistic accumulators, its stop scrapes and time."""
     steps = _snapshots(ROUNDS + 2)
     names = [f"t{i}" for i in range(n)]
     window = Window(
@@ -89,8 +96,7 @@ def build_window(n: int) -> Window:
                 if i % EVERY == REMOVED:
                     window.removed[name] = "removed from the config"
     stop = T0 + (ROUNDS + 1) * INTERVAL
-    window.take_final(results(ROUNDS + 1, stop), stop)
-    return window
+    return window, results(ROUNDS + 1, stop), stop
 
 
 def measure(n: int, repeats: int) -> dict[str, Any]:

@@ -183,6 +183,9 @@ class Accumulator:
     # The shape and scrape count of this accumulator's whole row as the store last committed
     # it (`saved`): what a round part is written against.
     _saved: tuple[Shape, int] | None = field(default=None, init=False, repr=False, compare=False)
+    # Calls of `feed` (usable scrapes or not): what was made from this accumulator is out of
+    # date once it moved (`results.AnswerParts`).
+    feeds: int = field(default=0, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart.
@@ -192,6 +195,7 @@ class Accumulator:
         covers the same span.
         """
         self._totals = None
+        self.feeds += 1
         anomaly = find_anomaly(snapshot, at)
         if anomaly is not None:
             (self.anomalies_after if self.scrapes else self.anomalies_before).add(anomaly)

@@ -191,10 +191,17 @@ def result_advice(
 
 
 def window_advice(
-    answer: Mapping[str, Any], costs: Sequence[float] = DEFAULT_COSTS
+    answer: Mapping[str, Any], costs: Sequence[float] = DEFAULT_COSTS,
+    made: Mapping[str, dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """`advice` of a stop answer: per target (None without rates) and for the aggregate."""
-    results = {name: result_advice(r, costs) for name, r in (answer.get("results") or {}).items()}
+    """`advice` of a stop answer: per target (None without rates) and for the aggregate.
+
+    `made`: targets' `result_advice` with these costs, made already (a stop makes each as its
+    target's RESULT is made: `results.AnswerParts`); the others are made here.
+    """
+    made = made or {}
+    results = {name: made[name] if name in made else result_advice(r, costs)
+               for name, r in (answer.get("results") or {}).items()}
     ks = sorted({a["k"] for a in results.values() if a and "error" not in a})
     if len(ks) > 1:
         # Servers with k = 3 never draft position 4: summed, they dilute the deeper rates of

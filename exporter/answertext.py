@@ -11,6 +11,7 @@ send) takes the stdlib's way instead: slower, never wrong. Pure: no I/O.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,119 @@ class AnswerTexts:
         return cls(files={names[name]: indented(result)
                           for name, result in answer["results"].items()},
                    whole=indented(answer), compact=compact(answer))
+
+
+class TextParts:
+    """A stop answer's texts encoded target by target, as its RESULTs are made
+    (`results.AnswerParts`): `texts` then splices the pieces into the texts of the whole answer
+    instead of encoding it all again. The bytes are those of `AnswerTexts.of` (tests compare).
+    """
+
+    def __init__(self, file_names: Mapping[str, str] | None = None) -> None:
+        # Target name -> its file's name (`result_file_names`), when known already.
+        self._file_names = file_names or {}
+        self._pieces: dict[str, _Piece] = {}
+        # Stand-ins for the two spliced objects: a NUL and a random token, in no real text.
+        token = secrets.token_hex(8)
+        self._marks = (f"\x00{token}r", f"\x00{token}a")
+
+    def target(self, name: str, result: Mapping[str, Any],
+               advice: Mapping[str, Any] | None) -> _Piece:
+        """One target's RESULT and advice encoded, again only if they are other objects than
+        last time (its `file` is the text of its file)."""
+        piece = self._pieces.get(name)
+        if piece is None or piece.result is not result or piece.advice is not advice:
+            piece = self._pieces[name] = _Piece.of(name, result, advice)
+        return piece
+
+    def texts(self, answer: Mapping[str, Any]) -> AnswerTexts:
+        """`AnswerTexts.of(answer)`, its RESULTs and their advice from the pieces."""
+        advice = answer["advice"]
+        pieces = [self.target(name, body, advice["results"][name])
+                  for name, body in answer["results"].items()]
+        if any(p.compact is None for p in pieces):
+            return AnswerTexts.of(answer)  # orjson refused one: the stdlib's encoder does all
+        results, advice_results = self._marks
+        skeleton = dict(answer) | {"results": results,
+                                   "advice": dict(advice) | {"results": advice_results}}
+        try:
+            whole = _spliced(orjson.dumps(skeleton, option=_INDENTED), {
+                results: ([p.indented for p in pieces], b"\n  "),
+                advice_results: ([p.advice_indented for p in pieces], b"\n    ")})
+            one_line = _spliced(orjson.dumps(skeleton), {
+                results: ([p.compact or b"" for p in pieces], b""),
+                advice_results: ([p.advice_compact for p in pieces], b"")})
+        except orjson.JSONEncodeError:
+            return AnswerTexts.of(answer)
+        if whole is None or one_line is None:
+            return AnswerTexts.of(answer)
+        names = self._file_names
+        if not names.keys() >= answer["results"].keys():
+            names = result_file_names(answer["results"])
+        return AnswerTexts(
+            files={names[name]: p.file for name, p in zip(answer["results"], pieces, strict=True)},
+            whole=whole, compact=one_line)
+
+
+# Where the answer has its targets' RESULTs and their advice (`answer["results"]`, and
+# `answer["advice"]["results"]`): how deep, so how far an indented member is moved right.
+_RESULTS_PAD, _ADVICE_PAD = b"\n    ", b"\n      "
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One target's RESULT and advice: the objects, and each as a member of its object in the
+    answer's texts (`compact` None when orjson refused them: the stdlib's encoder then makes
+    the whole answer's texts). Made as the RESULT is, so that `texts` only joins them."""
+
+    result: Mapping[str, Any]
+    advice: Mapping[str, Any] | None
+    file: bytes  # the RESULT indented, with a newline: its file
+    indented: bytes  # `"name": RESULT` as a member of the indented answer's `results`
+    compact: bytes | None  # `"name":RESULT`, of the one-line answer's
+    advice_indented: bytes
+    advice_compact: bytes
+
+    @classmethod
+    def of(cls, name: str, result: Mapping[str, Any],
+           advice: Mapping[str, Any] | None) -> _Piece:
+        file = indented(result)
+        key = orjson.dumps(name)
+        try:
+            one_line = key + b":" + orjson.dumps(result)
+            advice_text = orjson.dumps(advice, option=orjson.OPT_INDENT_2)
+            advice_line = key + b":" + orjson.dumps(advice)
+        except orjson.JSONEncodeError:
+            return cls(result, advice, file, b"", None, b"", b"")
+        return cls(result, advice, file,
+                   _RESULTS_PAD + key + b": " + file[:-1].replace(b"\n", _RESULTS_PAD),
+                   one_line, _ADVICE_PAD + key + b": " + advice_text.replace(b"\n", _ADVICE_PAD),
+                   advice_line)
+
+
+def _spliced(text: bytes, objects: Mapping[str, tuple[list[bytes], bytes]]) -> bytes | None:
+    """`text` with each stand-in string (as JSON) replaced by the JSON object of its members
+    (each with its separator's whitespace before it; then what comes before the `}`: a
+    newline and its indent), as orjson writes it. None when a stand-in is not there exactly
+    once. One join: these texts are megabytes, and each copy of them costs milliseconds."""
+    found = []
+    for mark, (members, closing) in objects.items():
+        at = orjson.dumps(mark)
+        if text.count(at) != 1:
+            return None
+        found.append((text.index(at), len(at), members, closing))
+    chunks, done = [], 0
+    for start, size, members, closing in sorted(found, key=lambda f: f[0]):
+        chunks.append(text[done:start])
+        if members:
+            chunks.append(b"{")
+            chunks += [part for member in members for part in (b",", member)][1:]
+            chunks += [closing, b"}"]
+        else:
+            chunks.append(b"{}")
+        done = start + size
+    chunks.append(text[done:])
+    return b"".join(chunks)
 
 
 @dataclass(frozen=True)

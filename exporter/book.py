@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.answertext import AnswerTexts, StopTexts
+from exporter.answertext import StopTexts
 from exporter.errors import RequestError, StoreError, UnknownWindowError
-from exporter.isolate import ChildError, run_isolated
+from exporter.isolate import Child, ChildError
 from exporter.isotime import iso_utc
 from exporter.memory import give_back_free_memory
-from exporter.results import result_file_names, window_answer
+from exporter.results import result_file_names
 from exporter.snapshot import ScrapeResult
+from exporter.stopchild import END, FEED, FINAL, ResultCodec, streamed_answer, whole_answer
 from exporter.stopped import LastWindow, StoppedWindow
-from exporter.store import StateStore, prepare_results, write_results
+from exporter.store import StateStore, prepare_results
 from exporter.window import (
     MAX_NAME,
     AccumulatorRows,
@@ -40,8 +41,10 @@ log = logging.getLogger(__name__)
 
 RECENT_WINDOWS = 50
 
-# Scrapes the named targets now, handing each result to the given other windows too.
-ScrapeFn = Callable[[list[str], list[Window]], Awaitable[list[ScrapeResult]]]
+# Scrapes the named targets now, handing each result to the given other windows too, and to
+# the callback, if any, as it comes in (in turn with the target's other scrapes).
+ScrapeFn = Callable[[list[str], list[Window], Callable[[ScrapeResult], None] | None],
+                    Awaitable[list[ScrapeResult]]]
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class WindowBook:
         self._answer_text: tuple[str, bytes] | None = None
         # Open windows' result files being made ahead of their stop (`prepare_results`).
         self._preparing: dict[str, asyncio.Future[None]] = {}
+        # Windows being stopped -> the child making the answer, and its codec (`stopchild`).
+        self._stopping: dict[str, tuple[Child, ResultCodec]] = {}
 
     @property
     def state_errors(self) -> int:
@@ -191,6 +196,8 @@ class WindowBook:
     def feed(self, windows: Iterable[Window], result: ScrapeResult) -> None:
         """Hand one scrape to windows; a restart it shows is saved, whole, before anything else."""
         for window in windows:
+            if (stopping := self._stopping.get(window.id)) is not None:
+                stopping[0].send((FEED, stopping[1].pack(result)))
             if window.feed(result) and window.id in self._windows:
                 rows = window.accumulator_rows([result.target], whole=True)
                 try:
@@ -297,7 +304,7 @@ class WindowBook:
         async with self._in_flight(window.id):
             # The other open windows take these scrapes too: a server restart right after
             # must not hide what they counted since their last scrape.
-            window.take_baseline(await scrape(list(window.targets), self.open_windows()))
+            window.take_baseline(await scrape(list(window.targets), self.open_windows(), None))
             self._commit_start(window)
         log.info("window started id=%s targets=%d", window.id, len(window.targets))
         return True, window
@@ -313,9 +320,36 @@ class WindowBook:
         if not window.is_open:
             return window
         async with self._in_flight(window_id):
-            others = [w for w in self.open_windows() if w is not window]
-            results = await scrape(window.live_targets(), others)
-            await self._commit_stop(window, results)
+            if (preparing := self._preparing.pop(window.id, None)) is not None:
+                await preparing  # long done, unless stopped right after its start
+            stop_errors = dict(window.stop_errors)
+            directory = self.results_dir(window.id)
+            refs = {name: {"host_port": ref.host_port} for name, ref in window.targets.items()}
+            # The answer is made by a child forked now, target by target as the stop's scrapes
+            # come in (`stopchild`): its ~40 MB of short-lived objects leave with it, and it
+            # works on the other core while this one scrapes.
+            work = streamed_answer(window, directory, result_file_names(refs))
+            async with Child(work) as child:
+                codec = ResultCodec()
+
+                def take(result: ScrapeResult) -> None:
+                    window.take_stop_scrape(result)
+                    child.send((FINAL, codec.pack(result)))
+
+                self._stopping[window.id] = (child, codec)
+                try:
+                    others = [w for w in self.open_windows() if w is not window]
+                    await scrape(window.live_targets(), others, take)
+                    window.stopped_at = self.clock()
+                    child.send((END, window.stopped_at, window.removed, window.last_errors))
+                    del self._stopping[window.id]
+                    await self._commit_stop(window, child, stop_errors)
+                except BaseException:
+                    # Open again as it was (with the stop's scrapes, taken like any other):
+                    # a later stop retries and answers in full.
+                    self._stopping.pop(window.id, None)
+                    window.reopen(stop_errors)
+                    raise
         # The state row made from the answer's text (megabytes, freed by now) goes back to
         # the system; the answer's objects were the child's.
         give_back_free_memory()
@@ -345,19 +379,15 @@ class WindowBook:
         self._preparing[window.id] = loop.run_in_executor(
             None, _prepare_quietly, self.results_dir(window.id), names)
 
-    async def _commit_stop(self, window: Window, results: list[ScrapeResult]) -> None:
-        """The stop's answer written and saved, or the window exactly as it was, still open."""
-        stop_errors = dict(window.stop_errors)
-        window.take_final(results, self.clock())
-        if (preparing := self._preparing.pop(window.id, None)) is not None:
-            await preparing  # long done, unless stopped right after its start
-        # The answer computed, encoded and written in a forked child (`isolate`): its ~40 MB
-        # of short-lived objects leave with it, and the loop goes on scraping meanwhile.
-        # Nothing feeds a closed window meanwhile; a second stop waits for this one.
+    async def _commit_stop(self, window: Window, child: Child, stop_errors: dict[str, str]
+                           ) -> None:
+        """The stop's answer written and saved; else `StoreError`, the window saved open again
+        (with `stop_errors`, as before the stop)."""
         directory = self.results_dir(window.id)
         try:
             try:
-                done = StopTexts.parse(await run_isolated(lambda: _stop_work(window, directory)))
+                done = StopTexts.parse(await child.result(lambda: whole_answer(window,
+                                                                                directory)))
             except ChildError as exc:
                 if exc.kind != StoreError.__name__:
                     raise RuntimeError(f"window stop failed: {exc.kind}: {exc}") from exc
@@ -366,8 +396,7 @@ class WindowBook:
             self.store.save([window.to_dict(accumulators=False)], sync=True,
                             answers={window.id: done.compact})
         except StoreError as exc:
-            # Stays open, its scrapes kept: a later stop retries and answers in full.
-            window.stopped_at, window.stop_errors = None, stop_errors
+            window.reopen(stop_errors)
             with contextlib.suppress(StoreError):
                 self._save_all_open()
             raise StoreError(
@@ -450,15 +479,6 @@ class WindowBook:
             log.error("open windows not saved at shutdown error=%s", exc)
         finally:
             self.store.close()
-
-
-def _stop_work(window: Window, directory: Path) -> bytes:
-    """A stopped window's answer computed, encoded and written (`StoreError` if its files
-    cannot be); `StopTexts` encoded. Runs in a forked child: no logging, no locks."""
-    answer = window_answer(window)
-    texts = AnswerTexts.of(answer)
-    write_results(directory, texts)
-    return StopTexts(texts.compact, StopTexts.kept_of(answer)).encode()
 
 
 def _prepare_quietly(directory: Path, names: list[str]) -> None:

@@ -18,9 +18,11 @@ import asyncio
 import gc
 import logging
 import os
+import pickle
 import signal
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -50,45 +52,147 @@ async def run_isolated(work: Callable[[], bytes], *, timeout: float = 300.0) -> 
     `work` must not take locks other threads may hold at the fork (logging, the import lock):
     it computes from the objects it was given and writes files.
     """
-    if not forking():
-        return await _in_thread(work)
-    read_end, write_end = os.pipe()
-    try:
-        with warnings.catch_warnings():
-            # Python 3.12+ warns of a fork in a process with threads (the loop's executor):
-            # a lock another thread holds stays locked in the child. The child takes none:
-            # it computes, writes files and a pipe, and leaves by os._exit.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
-    except OSError as exc:
-        os.close(read_end)
-        os.close(write_end)
-        log.warning("no child process for a stop error=%s: working in a thread", exc)
-        return await _in_thread(work)
-    if pid == 0:  # pragma: no cover  (the child: coverage cannot follow os._exit)
-        os.close(read_end)
-        _child(work, write_end)
-    os.close(write_end)
-    reader = asyncio.ensure_future(asyncio.to_thread(_read_all, read_end))
-    try:
-        data = await asyncio.wait_for(asyncio.shield(reader), timeout)
-    except TimeoutError:
-        data = b""
-    finally:
-        if not reader.done():  # past its time, or this stop cancelled: the child goes
-            os.kill(pid, signal.SIGKILL)
-        # The reading thread sees the end once the child is gone; its descriptor is closed
-        # only then (closed under it, the number could be another file's by its next read).
-        await asyncio.wait([reader])
-        os.close(read_end)
-        status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
-    if data[:1] == _OK:
-        return data[1:]
-    if data[:1] == _RAISED:
-        kind, _, message = data[1:].decode(errors="replace").partition("\n")
-        raise ChildError(kind, message)
-    log.warning("stop's child process gave no answer status=%s: working in a thread", status)
-    return await _in_thread(work)
+    async with Child(lambda _inbox: work()) as child:
+        return await child.result(work, timeout=timeout)
+
+
+class Child:
+    """`work(inbox)` in a forked child, fed the messages `send` is given while it runs (the
+    inbox yields them, in order, until `result` is asked for); then its bytes.
+
+    Without a child (no fork here, turned off, or it dies without an answer) `result` runs
+    `fallback()` in a thread instead, and `send` drops its messages: the fallback must do the
+    same from what the parent holds. Use as `async with`: leaving it ends a child still there.
+    """
+
+    def __init__(self, work: Callable[[Iterator[Any]], bytes]):
+        self._work = work
+        self._pid: int | None = None
+        self._to_child: int | None = None  # non-blocking: `send` never waits on the child
+        self._from_child: int | None = None
+        self._pending = bytearray()  # sent, not yet taken by the pipe
+        self._drained: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    async def __aenter__(self) -> Child:
+        if forking():
+            self._fork()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._pid is not None:  # result never read: cancelled, or the caller failed
+            os.kill(self._pid, signal.SIGKILL)
+            self._close_input()
+            if self._from_child is not None:
+                os.close(self._from_child)
+                self._from_child = None
+            pid, self._pid = self._pid, None
+            await asyncio.to_thread(os.waitpid, pid, 0)
+
+    def _fork(self) -> None:
+        inbox_r, inbox_w = os.pipe()
+        answer_r, answer_w = os.pipe()
+        try:
+            with warnings.catch_warnings():
+                # Python 3.12+ warns of a fork in a process with threads (the loop's executor):
+                # a lock another thread holds stays locked in the child. The child takes none:
+                # it computes, writes files and a pipe, and leaves by os._exit.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError as exc:
+            for fd in (inbox_r, inbox_w, answer_r, answer_w):
+                os.close(fd)
+            log.warning("no child process for a stop error=%s: working in a thread", exc)
+            return
+        if pid == 0:  # pragma: no cover  (the child: coverage cannot follow os._exit)
+            os.close(inbox_w)
+            os.close(answer_r)
+            work = self._work
+            _child(lambda: work(_messages(inbox_r)), answer_w, inbox_r)
+        os.close(inbox_r)
+        os.close(answer_w)
+        os.set_blocking(inbox_w, False)
+        self._pid, self._to_child, self._from_child = pid, inbox_w, answer_r
+
+    def send(self, message: Any) -> None:
+        """Hand the child a message (pickled): dropped when there is no child."""
+        if self._to_child is None:
+            return
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self._pending += len(data).to_bytes(4, "big") + data
+        if len(self._pending) == len(data) + 4:  # nothing was waiting: write now
+            self._flush()
+
+    def _flush(self) -> None:
+        fd = self._to_child
+        if fd is None:
+            return
+        try:
+            while self._pending:
+                del self._pending[:os.write(fd, self._pending)]
+        except BlockingIOError:  # the pipe is full: the rest once the child has read some
+            self._loop.add_writer(fd, self._flush)
+            return
+        except OSError:  # the child is gone: `result` sees it has no answer
+            self._pending.clear()
+        self._loop.remove_writer(fd)
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def _close_input(self) -> None:
+        if self._to_child is not None:
+            self._loop.remove_writer(self._to_child)
+            os.close(self._to_child)
+            self._to_child = None
+
+    async def result(self, fallback: Callable[[], bytes], *, timeout: float = 300.0) -> bytes:
+        """The child's bytes once it has every message, or `ChildError` if its work raised;
+        without a child, or past `timeout` seconds, `fallback()`'s in a thread."""
+        if self._pid is None or self._from_child is None:
+            return await _in_thread(fallback)
+        pid, read_end = self._pid, self._from_child
+        reader = asyncio.ensure_future(asyncio.to_thread(_read_all, read_end))
+        try:
+            if self._pending:
+                self._drained = self._loop.create_future()
+                await asyncio.wait_for(asyncio.shield(self._drained), timeout)
+            self._close_input()  # the inbox ends: the child finishes its work
+            data = await asyncio.wait_for(asyncio.shield(reader), timeout)
+        except TimeoutError:
+            data = b""
+        finally:
+            self._close_input()
+            if not reader.done():  # past its time, or this stop cancelled: the child goes
+                os.kill(pid, signal.SIGKILL)
+            # The reading thread sees the end once the child is gone; its descriptor is closed
+            # only then (closed under it, the number could be another file's by its next read).
+            await asyncio.wait([reader])
+            os.close(read_end)
+            self._pid = self._from_child = None
+            status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
+        if data[:1] == _OK:
+            return data[1:]
+        if data[:1] == _RAISED:
+            kind, _, message = data[1:].decode(errors="replace").partition("\n")
+            raise ChildError(kind, message)
+        log.warning("stop's child process gave no answer status=%s: working in a thread", status)
+        return await _in_thread(fallback)
+
+
+def _messages(fd: int) -> Iterator[Any]:  # pragma: no cover  (runs in the child)
+    """What `Child.send` wrote to `fd`, unpickled, until the parent closes it."""
+    buffer = bytearray()
+    while chunk := os.read(fd, 1 << 20):
+        buffer += chunk
+        done = 0
+        while len(buffer) - done >= 4:
+            size = int.from_bytes(buffer[done:done + 4], "big")
+            if len(buffer) - done - 4 < size:
+                break
+            yield pickle.loads(buffer[done + 4:done + 4 + size])
+            done += 4 + size
+        del buffer[:done]
+    os.close(fd)
 
 
 async def _in_thread(work: Callable[[], bytes]) -> bytes:
@@ -98,7 +202,8 @@ async def _in_thread(work: Callable[[], bytes]) -> bytes:
         raise ChildError(type(exc).__name__, str(exc)) from exc
 
 
-def _child(work: Callable[[], bytes], fd: int) -> None:  # pragma: no cover  (runs in the child)
+def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
+           ) -> None:  # pragma: no cover  (runs in the child)
     code = 0
     try:
         # Signals meant for the child stay the child's: the loop's handlers would write them
@@ -108,8 +213,9 @@ def _child(work: Callable[[], bytes], fd: int) -> None:  # pragma: no cover  (ru
             signal.signal(number, signal.SIG_DFL)
         # No socket, database or file of the parent held open: a server restarted while the
         # child still works must find its port free.
-        os.closerange(3, fd)
-        os.closerange(fd + 1, _MAX_FD)
+        kept = sorted({fd, inbox} - {-1})
+        for low, high in zip([2, *kept], [*kept, _MAX_FD], strict=True):
+            os.closerange(low + 1, high)
         # A collection would walk (and so copy) every page of the parent's heap; the child
         # lives for a second and frees everything by exiting.
         gc.disable()

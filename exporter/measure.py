@@ -13,7 +13,7 @@ import contextlib
 import signal
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -178,11 +178,18 @@ async def measure(
     async with make_session(len(targets) + 1) as session:
         scraper = Scraper(session, max_bytes=64 * 1024 * 1024, concurrency=32)
 
-        async def scrape(names: list[str], others: list[Window]) -> list[ScrapeResult]:
-            results = await asyncio.gather(*(scraper.scrape(by_name[n], timeout) for n in names))
-            for result in results:
-                book.feed((w for w in others if w.takes_scrapes_of(result.target)), result)
-            return list(results)
+        async def scrape_one(name: str, others: list[Window],
+                             then: Callable[[ScrapeResult], None] | None) -> ScrapeResult:
+            result = await scraper.scrape(by_name[name], timeout)
+            book.feed((w for w in others if w.takes_scrapes_of(result.target)), result)
+            if then is not None:
+                then(result)
+            return result
+
+        async def scrape(names: list[str], others: list[Window],
+                         then: Callable[[ScrapeResult], None] | None = None
+                         ) -> list[ScrapeResult]:
+            return list(await asyncio.gather(*(scrape_one(n, others, then) for n in names)))
 
         async def keep_scraping() -> None:
             while True:

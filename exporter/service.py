@@ -152,13 +152,16 @@ class ExporterService:
     # -- scraping -------------------------------------------------------------------------
 
     async def scrape_target(
-        self, name: str, *, feed: Iterable[Window] | None = None
+        self, name: str, *, feed: Iterable[Window] | None = None,
+        also: Callable[[ScrapeResult], None] | None = None,
     ) -> ScrapeResult:
         """Scrape one target now; its state, live track and windows (`feed`, or every open
-        window counting it) take the result."""
+        window counting it) take the result, then `also` (a stop's window)."""
         def then(result: ScrapeResult) -> None:
             windows = feed if feed is not None else self.book.open_windows()
             self.book.feed((w for w in windows if w.takes_scrapes_of(name)), result)
+            if also is not None:
+                also(result)
             if self._scraped:
                 self._tell_scraped(name)
 
@@ -213,10 +216,12 @@ class ExporterService:
         """Open windows and the recent closed ones, newest first."""
         return self.book.recent()
 
-    async def _scrape_for_window(self, names: list[str], others: list[Window]
+    async def _scrape_for_window(self, names: list[str], others: list[Window],
+                                 then: Callable[[ScrapeResult], None] | None
                                  ) -> list[ScrapeResult]:
         known = [n for n in names if n in self._targets.states]
-        return list(await asyncio.gather(*(self.scrape_target(n, feed=others) for n in known)))
+        return list(await asyncio.gather(*(self.scrape_target(n, feed=others, also=then)
+                                           for n in known)))
 
     async def start_window(
         self,

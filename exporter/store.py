@@ -127,18 +127,50 @@ def prepare_results(directory: Path, names: Iterable[str]) -> None:
         os.close(at)
 
 
-def write_results(directory: Path, texts: AnswerTexts) -> list[Path]:
+class PreparedFiles:
+    """A window's prepared folder (`prepare_results`), its files filled one by one while its
+    stop's scrapes come in; `write_results(ahead=written)` then leaves those as they are."""
+
+    def __init__(self, directory: Path):
+        self.written: dict[str, bytes] = {}  # file name -> the text it holds
+        try:
+            self._at: int | None = os.open(directory / PREPARED,
+                                           os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        except OSError:  # none (made late, or not at all): `write_results` writes them all
+            self._at = None
+
+    def write(self, name: str, text: bytes) -> None:
+        """Fill one file; if it cannot be, `write_results` tries again (and says why)."""
+        if self._at is None or "/" in name:
+            return
+        try:
+            _write_into(self._at, {name: text}, _FILL)
+        except OSError:
+            return
+        self.written[name] = text
+
+    def close(self) -> None:
+        """Let go of the folder (the files stay)."""
+        if self._at is not None:
+            os.close(self._at)
+            self._at = None
+
+
+def write_results(directory: Path, texts: AnswerTexts,
+                  ahead: Mapping[str, bytes] | None = None) -> list[Path]:
     """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all.
 
     File names as `results.result_file_names` gives them (AISBench's, unless two collide).
+    `ahead`: files of the prepared folder filled already (`PreparedFiles.written`), left
+    as they are where they hold the same text object.
     """
     # One fsync for window.json (which holds every result) and one per directory, not one per
     # target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
     folder = directory / "performances"
     written = [folder / name for name in texts.files]
     try:
-        if texts.files and not _fill_prepared(directory, texts.files) and not _new_folder(
-                folder, texts.files):
+        if texts.files and not _fill_prepared(directory, texts.files, ahead or {}) and (
+                not _new_folder(folder, texts.files)):
             for path, text in zip(written, texts.files.values(), strict=True):
                 atomic_write(path, text, sync=False)
         atomic_write(directory / "window.json", texts.whole)
@@ -152,7 +184,8 @@ def write_results(directory: Path, texts: AnswerTexts) -> list[Path]:
     return written
 
 
-def _fill_prepared(directory: Path, files: Mapping[str, bytes]) -> bool:
+def _fill_prepared(directory: Path, files: Mapping[str, bytes], ahead: Mapping[str, bytes]
+                   ) -> bool:
     """The prepared folder filled and renamed to `performances`: False (nothing done) when
     there is none, or a `performances` folder is there already.
 
@@ -166,7 +199,8 @@ def _fill_prepared(directory: Path, files: Mapping[str, bytes]) -> bool:
     try:
         for name in set(os.listdir(at)) - set(files):
             os.unlink(name, dir_fd=at)
-        _write_into(at, files, _FILL)
+        _write_into(at, {name: text for name, text in files.items()
+                         if ahead.get(name) is not text}, _FILL)
     finally:
         os.close(at)
     os.rename(prepared, folder)

@@ -108,6 +108,9 @@ class Window:
     late_baselines: dict[str, str] = field(default_factory=dict)
     # Targets whose accumulator changed since it was last saved (not saved itself).
     dirty: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Targets whose stop scrape is in, while a stop is under way: a later scrape is not the
+    # window's (fed after the stop's, an older count would look like a server restart).
+    finals: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def is_open(self) -> bool:
@@ -120,6 +123,7 @@ class Window:
             self.is_open
             and target in self.targets
             and target not in self.removed
+            and target not in self.finals
             and (target in self.accumulators or target in self.start_errors
                  or target in self.late_baselines)
         )
@@ -151,14 +155,27 @@ class Window:
     def take_final(self, results: list[ScrapeResult], at: float) -> None:
         """The stop scrapes, then closed at `at` (`reopen` undoes it)."""
         for result in results:
-            if result.snapshot is None:  # not `ok`: spelled out so the type checker narrows
-                self.stop_errors[result.target] = result.error or "scrape failed"
-            elif self.takes_scrapes_of(result.target):
-                self.feed(result)
-                acc = self.accumulators.get(result.target)
-                if not result.snapshot.has_spec_decode and acc is not None and acc.last:
-                    self.stop_errors[result.target] = "no spec decode series on the page"
+            self.take_stop_scrape(result)
         self.stopped_at = at
+
+    def take_stop_scrape(self, result: ScrapeResult) -> None:
+        """One target's stop scrape; the window takes no other scrape of it after."""
+        takes = self.takes_scrapes_of(result.target)
+        self.finals.add(result.target)
+        if result.snapshot is None:  # not `ok`: spelled out so the type checker narrows
+            self.stop_errors[result.target] = result.error or "scrape failed"
+        elif takes:
+            self.feed(result)
+            acc = self.accumulators.get(result.target)
+            if not result.snapshot.has_spec_decode and acc is not None and acc.last:
+                self.stop_errors[result.target] = "no spec decode series on the page"
+
+    def reopen(self, stop_errors: Mapping[str, str]) -> None:
+        """Open again after a stop that failed, its stop errors as they were before it; the
+        stop scrapes it took stay (scrapes like any other)."""
+        self.stopped_at = None
+        self.stop_errors = dict(stop_errors)
+        self.finals.clear()
 
     def baseline_at_restore(self) -> None:
         """Targets a restored window has no baseline for take it from their next scrape."""

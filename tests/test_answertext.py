@@ -18,7 +18,7 @@ import pytest
 from randomjson import random_value
 
 from exporter import isolate
-from exporter.answertext import AnswerTexts, StopTexts, compact, indented, with_key
+from exporter.answertext import AnswerTexts, StopTexts, TextParts, compact, indented, with_key
 from exporter.errors import StoreError
 from exporter.isotime import with_iso_times
 from exporter.stopped import LastWindow, StoppedWindow
@@ -397,3 +397,63 @@ class TestTemporaryNames:
         with pytest.raises(FileExistsError):
             atomic_write(tmp_path / "f.json", b"mine")
         assert not (tmp_path / "f.json").exists()
+
+
+def random_answer(rng: random.Random, targets: int) -> dict:
+    """A stop answer's shape (results and their advice by target, in the middle) with random
+    values; names made of the strings encoders get wrong first."""
+    names = [f"{random_value(rng, 4) if rng.random() < 0.3 else ''}t{i}" for i in range(targets)]
+    names = [n if isinstance(n, str) else f"t{i}" for i, n in enumerate(names)]
+    results = {n: {"status": "ok", "host_port": f"h{i}:1", "x": random_value(rng)}
+               for i, n in enumerate(names)}
+    return {
+        "id": "w", "labels": {"odd": rng.choice(["\x00r", "é\n", '"}']), "v": random_value(rng)},
+        "results": results, "aggregate": {"v": random_value(rng)},
+        "advice": {"draft_costs": [0.0, 0.5],
+                   "results": {n: rng.choice([None, {"k": 3, "v": random_value(rng)}])
+                               for n in names},
+                   "aggregate": rng.choice([None, {"v": random_value(rng)}])},
+    }
+
+
+class TestTextParts:
+    """Texts spliced from per-target pieces are the texts of the answer encoded whole."""
+
+    @staticmethod
+    def spliced(answer, parts=None):
+        parts = parts or TextParts()
+        for name, result in answer["results"].items():
+            parts.target(name, result, answer["advice"]["results"][name])
+        return parts.texts(answer)
+
+    @pytest.mark.parametrize("seed", range(60))
+    def test_the_same_bytes_as_encoded_whole(self, seed):
+        rng = random.Random(seed)
+        answer = random_answer(rng, rng.choice([0, 1, 2, 7]))
+        assert self.spliced(answer) == AnswerTexts.of(answer)
+
+    def test_a_result_replaced_after_its_piece_is_encoded_again(self):
+        answer = random_answer(random.Random(1), 3)
+        parts = TextParts()
+        self.spliced(answer, parts)
+        name = next(iter(answer["results"]))
+        answer["results"][name] = answer["results"][name] | {"status": "na"}
+        answer["advice"]["results"][name] = {"k": 0, "error": "no rates"}
+        texts = parts.texts(answer)
+        assert texts == AnswerTexts.of(answer)
+        assert json.loads(texts.compact)["results"][name]["status"] == "na"
+
+    def test_what_orjson_refuses_takes_the_stdlib_whole(self):
+        answer = random_answer(random.Random(2), 2)
+        name = next(iter(answer["results"]))
+        answer["results"][name]["huge"] = 2**70
+        texts = self.spliced(answer)
+        assert texts == AnswerTexts.of(answer)
+        assert json.loads(texts.compact)["results"][name]["huge"] == 2**70
+
+    def test_file_names_given_are_used(self):
+        answer = random_answer(random.Random(3), 2)
+        names = {n: f"file{i}.json" for i, n in enumerate(answer["results"])}
+        texts = self.spliced(answer, TextParts(names))
+        assert list(texts.files) == ["file0.json", "file1.json"]
+        assert texts.whole == AnswerTexts.of(answer).whole

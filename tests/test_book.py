@@ -4,6 +4,7 @@ retention of stopped windows, and what memory keeps of a stopped window."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
@@ -511,3 +512,61 @@ class TestStoppedWindowsInTheStore:
         assert await (await exp.client.get("/api/v1/windows/kept")).read() == kept
         assert (await exp.client.get("/api/v1/windows/lost")).status == 404
         assert any("not written back id=lost" in r.getMessage() for r in caplog.records)
+
+
+class TestScrapesDuringAStop:
+    """A stop's scrapes come in one by one while the loop scrapes on: each target's count
+    ends at its stop scrape, whatever is scraped of it after."""
+
+    @staticmethod
+    async def gated_target(aiohttp_server, page: bytes):
+        """A /metrics server that answers only once its gate is open."""
+        from aiohttp import web
+
+        gate = asyncio.Event()
+        gate.set()
+
+        async def metrics(request):
+            await gate.wait()
+            return web.Response(body=page, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        server = await aiohttp_server(app)
+        return gate, f"http://127.0.0.1:{server.port}/metrics"
+
+    @staticmethod
+    async def last_scrape_at(exp, name: str) -> float:
+        targets = (await (await exp.client.get("/api/v1/targets")).json())["targets"]
+        return next(t["last_scrape_at"] for t in targets if t["name"] == name)
+
+    async def test_a_scrape_after_a_targets_stop_scrape_is_not_the_windows(
+            self, fake_vllm, exporter, aiohttp_server):
+        fast = await fake_vllm(k=2)
+        fast.server.add(0, 10, 20, [9, 8])
+        gate, slow_url = await self.gated_target(
+            aiohttp_server, b"# TYPE x counter\nx_total 1\n")
+        exp = await exporter({"targets": [{"name": "fast", "url": fast.url},
+                                          {"name": "slow", "url": slow_url}]})
+        await exp.start(id="w")
+        fast.server.add(0, 3, 6, [2, 1])
+        before = await self.last_scrape_at(exp, "fast")
+        gate.clear()  # the stop's scrape of "slow" waits: the stop stays under way
+        stop = asyncio.create_task(exp.client.post("/api/v1/windows/w/stop"))
+        for _ in range(500):
+            if await self.last_scrape_at(exp, "fast") != before:
+                break  # the stop's scrape of "fast" is in
+            await asyncio.sleep(0.01)
+        assert await self.last_scrape_at(exp, "fast") != before and not stop.done()
+        # Traffic after the stop's scrape, and a scrape of it by the loop, before the stop ends.
+        fast.server.add(0, 100, 200, [90, 80])
+        await exp.service.scrape_target("fast")
+        gate.set()
+        response = await stop
+        assert response.status == 200, await response.text()
+        result = (await response.json())["results"]["fast"]
+        # Fed after the stop's, the loop's newer count then the stop's older one looked like a
+        # server restart: resets 1 and the increase counted twice.
+        assert result["resets"] == 0
+        assert result["increase"]["num_drafts"] == 3
+        assert result["raw"]["after"]["num_drafts"] == 13

@@ -10,7 +10,7 @@ import pytest
 
 from exporter import isolate
 from exporter.errors import StoreError
-from exporter.isolate import ChildError, run_isolated
+from exporter.isolate import Child, ChildError, run_isolated
 
 PARENT = os.getpid()
 
@@ -117,8 +117,9 @@ class TestChildHoldsNothing:
             theirs = await run_isolated(lambda: " ".join(os.listdir("/proc/self/fd")).encode())
             open_in_child = {int(fd) for fd in theirs.split()}
             assert listener.fileno() not in open_in_child
-            # Beyond stdin, stdout and stderr: the pipe back, and the listing's own.
-            assert len(open_in_child - {0, 1, 2}) == 2 < len(set(mine) - {0, 1, 2})
+            # Beyond stdin, stdout and stderr: the pipe back, its inbox (`Child.send`), and
+            # the listing's own.
+            assert len(open_in_child - {0, 1, 2}) == 3 < len(set(mine) - {0, 1, 2})
         finally:
             listener.close()
 
@@ -171,3 +172,68 @@ def zombies_of(parent: int) -> list[int]:
             if state == "Z" and int(ppid) == parent:
                 found.append(int(entry))
     return found
+
+
+def summed(inbox) -> bytes:
+    """The child's work in the streaming tests: its pid, then what its messages held."""
+    total, count = 0, 0
+    for number, padding in inbox:
+        total, count = total * 31 % 1_000_003 + number, count + 1
+        assert len(padding) == 1000
+    return f"{os.getpid()} {count} {total}".encode()
+
+
+def expected(numbers) -> str:
+    total = 0
+    for number in numbers:
+        total = total * 31 % 1_000_003 + number
+    return f"{len(numbers)} {total}"
+
+
+class TestFedChild:
+    """`Child.send`: messages to a child while it works, in order, never blocking the loop."""
+
+    async def test_every_message_arrives_in_order(self):
+        numbers = list(range(3000))  # 3 MB: far more than a pipe holds, sent without waiting
+        async with Child(summed) as child:
+            for number in numbers:
+                child.send((number, b"x" * 1000))
+            pid, rest = (await child.result(lambda: b"0 fallback")).decode().split(" ", 1)
+        assert int(pid) != PARENT and rest == expected(numbers)
+
+    async def test_messages_sent_while_the_loop_runs_on(self):
+        async with Child(summed) as child:
+            for number in range(50):
+                child.send((number, b"y" * 1000))
+                await asyncio.sleep(0)
+            assert (await child.result(lambda: b"")).decode().split(" ", 1)[1] == expected(
+                range(50))
+
+    async def test_a_child_dead_while_fed_leaves_the_work_to_the_fallback(self):
+        def dies(inbox) -> bytes:
+            next(inbox)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return b""
+
+        async with Child(dies) as child:
+            for number in range(2000):
+                child.send((number, b"z" * 1000))
+                if number % 100 == 0:
+                    await asyncio.sleep(0.01)
+            assert await child.result(lambda: b"from the parent") == b"from the parent"
+        assert zombies_of(os.getpid()) == []
+
+    async def test_no_child_drops_the_messages_and_runs_the_fallback(self, monkeypatch):
+        monkeypatch.setenv(isolate.ENV, "0")
+        async with Child(summed) as child:
+            child.send((1, b"x" * 1000))
+            assert await child.result(pid_text) == pid_text()
+
+    async def test_leaving_without_the_result_ends_the_child(self):
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(RuntimeError, match="the stop failed"):
+            async with Child(summed) as child:
+                child.send((1, b"x" * 1000))
+                raise RuntimeError("the stop failed")
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert zombies_of(os.getpid()) == []

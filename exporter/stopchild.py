@@ -1,0 +1,124 @@
+"""A stop's answer made by a child process while the stop's scrapes still come in.
+
+A stop over 1000 targets scrapes every target (a third of a second on one core) and then made
+its answer (the RESULTs, their advice, the texts and files: as long again). Here a child
+forked as the stop begins takes each target's stop scrape as it arrives (`Child.send`) and
+makes that target's RESULT, advice, texts and file on the other core meanwhile; once the
+last scrape is in, only the aggregate and the splicing of the texts are left.
+
+The parent feeds its own window the same scrapes (a stop that fails leaves it open, with
+them), so where there is no child the same answer is made from the parent's window in one go
+(`whole_answer`); tests compare the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from exporter.answertext import AnswerTexts, StopTexts, TextParts
+from exporter.results import AnswerParts, window_answer
+from exporter.snapshot import Field, ScrapeResult, SeriesKey, Snapshot
+from exporter.store import PreparedFiles, write_results
+from exporter.window import Window
+
+# Message kinds (`Child.send`): a target's stop scrape, a scrape of the window taken while the
+# stop is under way (before that target's stop scrape), and the stop's end.
+FINAL, FEED, END = "final", "feed", "end"
+
+_Packed = tuple[Any, ...]
+
+
+class ResultCodec:
+    """Scrape results as plain tuples for a pipe, their series keys by number (each key's
+    fields sent once): pickling a `SeriesKey` (a named tuple with an enum) took 80 us a result,
+    a tuple of numbers takes a few."""
+
+    def __init__(self) -> None:
+        self._ids: dict[SeriesKey, int] = {}
+        self._keys: list[SeriesKey] = []
+
+    def pack(self, result: ScrapeResult) -> _Packed:
+        """`result` as tuples of strings and numbers (`unpack` on the other side, in order)."""
+        snapshot = result.snapshot
+        if snapshot is None:
+            return (result.target, result.at, result.duration, result.error, result.size, None)
+        new: list[tuple[Any, ...]] = []
+        ids = self._ids
+
+        def number(key: SeriesKey) -> int:
+            found = ids.get(key)
+            if found is None:
+                found = ids[key] = len(ids)
+                new.append((key.field.value, key.model_name, key.engine, key.position, key.extra))
+            return found
+
+        values = [(number(k), v) for k, v in snapshot.values.items()]
+        created = [(number(k), v) for k, v in snapshot.created.items()]
+        return (result.target, result.at, result.duration, result.error, result.size,
+                (new, values, created, dict(snapshot.gauges), snapshot.dialect,
+                 snapshot.duplicates))
+
+    def unpack(self, packed: _Packed) -> ScrapeResult:
+        """The result `pack` was given."""
+        target, at, duration, error, size, page = packed
+        if page is None:
+            return ScrapeResult(target, at, duration, None, error, size)
+        new, values, created, gauges, dialect, duplicates = page
+        keys = self._keys
+        for field_name, model, engine, position, extra in new:
+            key = SeriesKey(Field(field_name), model, engine, position,
+                            tuple(tuple(pair) for pair in extra))
+            self._ids[key] = len(keys)
+            keys.append(key)
+        snapshot = Snapshot(values={keys[i]: v for i, v in values},
+                            created={keys[i]: v for i, v in created},
+                            gauges=gauges, dialect=dialect, duplicates=duplicates)
+        return ScrapeResult(target, at, duration, snapshot, error, size)
+
+
+def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, str]
+                    ) -> Any:
+    """The child's work (`Child(work)`): the messages in, the answer made, written, encoded.
+
+    `window` is the child's copy, as it was at the fork; the messages bring it up to the
+    parent's. Runs in a forked child: no logging, no locks.
+    """
+
+    def work(inbox: Iterator[Any]) -> bytes:
+        codec, parts, texts = ResultCodec(), AnswerParts(window), TextParts(file_names)
+        files = PreparedFiles(directory)
+        try:
+            for message in inbox:
+                kind = message[0]
+                if kind == FINAL:
+                    result = codec.unpack(message[1])
+                    window.take_stop_scrape(result)
+                    name = result.target
+                    if name in window.targets:
+                        _, body, advice = parts.target(name)
+                        piece = texts.target(name, body, advice)
+                        if name in file_names:
+                            files.write(file_names[name], piece.file)
+                elif kind == FEED:
+                    window.feed(codec.unpack(message[1]))
+                elif kind == END:
+                    _, window.stopped_at, window.removed, window.last_errors = message
+            answer = parts.answer()
+            encoded = texts.texts(answer)
+            write_results(directory, encoded, ahead=files.written)
+        finally:
+            files.close()
+        return StopTexts(encoded.compact, StopTexts.kept_of(answer)).encode()
+
+    return work
+
+
+def whole_answer(window: Window, directory: Path) -> bytes:
+    """A stopped window's answer made, written and encoded in one go (the parent's window,
+    every scrape in): where there is no child. `StoreError` if its files cannot be written."""
+    answer = window_answer(window)
+    texts = AnswerTexts.of(answer)
+    write_results(directory, texts)
+    return StopTexts(texts.compact, StopTexts.kept_of(answer)).encode()
