@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.answertext import StopTexts
+from exporter.answertext import AnswerTexts, StopTexts
 from exporter.errors import RequestError, StoreError, UnknownWindowError
 from exporter.isolate import Child, ChildError
 from exporter.isotime import iso_utc
@@ -27,7 +27,13 @@ from exporter.results import result_file_names
 from exporter.snapshot import ScrapeResult
 from exporter.stopchild import END, FEED, FINAL, ResultCodec, streamed_answer, whole_answer
 from exporter.stopped import LastWindow, StoppedWindow
-from exporter.store import StateStore, prepare_results
+from exporter.store import (
+    EncodedDoc,
+    StateStore,
+    encode_doc,
+    prepare_results,
+    write_results,
+)
 from exporter.window import (
     MAX_NAME,
     AccumulatorRows,
@@ -40,6 +46,9 @@ from exporter.window import (
 log = logging.getLogger(__name__)
 
 RECENT_WINDOWS = 50
+# Stops whose result files a restart checks (`_write_lost_results`): within this many seconds
+# of the newest one (the kernel writes files out within ~30 s of their writing).
+LOST_FILES_SPAN = 300.0
 
 # Scrapes the named targets now, handing each result to the given other windows too, and to
 # the callback, if any, as it comes in (in turn with the target's other scrapes).
@@ -192,6 +201,32 @@ class WindowBook:
             log.info("window restored id=%s targets=%d", window.id, len(window.targets))
         self.last_window = self._newest_stopped()
         self._save_all_open()
+        self._write_lost_results()
+
+    def _write_lost_results(self) -> None:
+        """Result files of the latest stops written again from the state database where
+        window.json is missing or empty: a stop syncs only the database (which holds the same
+        answer), so a power cut right after it can lose the files. Only stops within
+        `LOST_FILES_SPAN` of the newest are looked at: older ones were on the disk long before,
+        and a folder removed by hand stays removed."""
+        recent = self.store.recent_stopped_fields(RECENT_WINDOWS)
+        newest = max((w["stopped_at"] for w in recent), default=0.0)
+        for fields in recent:
+            directory = self.results_dir(fields["id"])
+            path = directory / "window.json"
+            with contextlib.suppress(OSError):
+                if fields["stopped_at"] < newest - LOST_FILES_SPAN or path.stat().st_size:
+                    continue
+            doc = self.store.load(fields["id"], series=False)
+            try:
+                if doc is None or not isinstance(doc.get("answer"), dict):
+                    raise TypeError("no answer in the state database")
+                write_results(directory, AnswerTexts.of(doc["answer"]), sync=True)
+            except (StoreError, KeyError, TypeError, AttributeError) as exc:
+                log.error("result files not written again id=%s error=%r", fields["id"], exc)
+                continue
+            log.warning("result files written again from the state database id=%s dir=%s",
+                        fields["id"], directory)
 
     def feed(self, windows: Iterable[Window], result: ScrapeResult) -> None:
         """Hand one scrape to windows; a restart it shows is saved, whole, before anything else."""
@@ -343,7 +378,9 @@ class WindowBook:
                     window.stopped_at = self.clock()
                     child.send((END, window.stopped_at, window.removed, window.last_errors))
                     del self._stopping[window.id]
-                    await self._commit_stop(window, child, stop_errors)
+                    # Its row, but the answer, encoded while the child finishes that.
+                    row = encode_doc(window.to_dict(accumulators=False))
+                    await self._commit_stop(window, child, stop_errors, row)
                 except BaseException:
                     # Open again as it was (with the stop's scrapes, taken like any other):
                     # a later stop retries and answers in full.
@@ -379,8 +416,8 @@ class WindowBook:
         self._preparing[window.id] = loop.run_in_executor(
             None, _prepare_quietly, self.results_dir(window.id), names)
 
-    async def _commit_stop(self, window: Window, child: Child, stop_errors: dict[str, str]
-                           ) -> None:
+    async def _commit_stop(self, window: Window, child: Child, stop_errors: dict[str, str],
+                           row: EncodedDoc) -> None:
         """The stop's answer written and saved; else `StoreError`, the window saved open again
         (with `stop_errors`, as before the stop)."""
         directory = self.results_dir(window.id)
@@ -393,8 +430,7 @@ class WindowBook:
                     raise RuntimeError(f"window stop failed: {exc.kind}: {exc}") from exc
                 self.result_errors += 1
                 raise StoreError(str(exc)) from exc
-            self.store.save([window.to_dict(accumulators=False)], sync=True,
-                            answers={window.id: done.compact})
+            self.store.save([row], sync=True, answers={window.id: done.compact})
         except StoreError as exc:
             window.reopen(stop_errors)
             with contextlib.suppress(StoreError):

@@ -107,7 +107,8 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
                     _, window.stopped_at, window.removed, window.last_errors = message
             answer = parts.answer()
             encoded = texts.texts(answer)
-            write_results(directory, encoded, ahead=files.written)
+            # Not synced: the state database, synced next, holds the same answer.
+            write_results(directory, encoded, ahead=files.written, sync=False)
         finally:
             files.close()
         return StopTexts(encoded.compact, StopTexts.kept_of(answer)).encode()
@@ -120,5 +121,5 @@ def whole_answer(window: Window, directory: Path) -> bytes:
     every scrape in): where there is no child. `StoreError` if its files cannot be written."""
     answer = window_answer(window)
     texts = AnswerTexts.of(answer)
-    write_results(directory, texts)
+    write_results(directory, texts, sync=False)
     return StopTexts(texts.compact, StopTexts.kept_of(answer)).encode()

@@ -13,6 +13,7 @@ import sqlite3
 import struct
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,12 +158,14 @@ class PreparedFiles:
 
 
 def write_results(directory: Path, texts: AnswerTexts,
-                  ahead: Mapping[str, bytes] | None = None) -> list[Path]:
+                  ahead: Mapping[str, bytes] | None = None, *, sync: bool = True) -> list[Path]:
     """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all.
 
     File names as `results.result_file_names` gives them (AISBench's, unless two collide).
     `ahead`: files of the prepared folder filled already (`PreparedFiles.written`), left
-    as they are where they hold the same text object.
+    as they are where they hold the same text object. `sync`: window.json and the folders
+    forced to disk (a stop leaves that to the state database, which holds the same answer and
+    is synced right after: `WindowBook.restore` writes lost files again from it).
     """
     # One fsync for window.json (which holds every result) and one per directory, not one per
     # target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
@@ -173,9 +176,9 @@ def write_results(directory: Path, texts: AnswerTexts,
                 not _new_folder(folder, texts.files)):
             for path, text in zip(written, texts.files.values(), strict=True):
                 atomic_write(path, text, sync=False)
-        atomic_write(directory / "window.json", texts.whole)
+        atomic_write(directory / "window.json", texts.whole, sync=sync)
         written.append(directory / "window.json")
-        for where in {p.parent for p in written}:
+        for where in {p.parent for p in written} if sync else ():
             _fsync_dir(where)
     except OSError as exc:
         raise StoreError(f"cannot write results to {directory}: {exc.strerror or exc}") from exc
@@ -245,16 +248,33 @@ def _new_folder(folder: Path, files: Mapping[str, bytes]) -> bool:
     return True
 
 
-def _doc_text(doc: dict[str, Any], answer: bytes | None) -> str:
-    """`json.dumps(doc)`, with `answer` (its `answer` already encoded, UTF-8) put in as is."""
-    if answer is None:
-        return json.dumps(doc)
-    keys = list(doc)
-    at = keys.index("answer")
-    before = json.dumps({k: doc[k] for k in keys[:at]})[1:-1]
-    after = json.dumps({k: doc[k] for k in keys[at + 1:]})[1:-1]
-    members = [m for m in (before, '"answer": ' + answer.decode(), after) if m]
-    return "{" + ", ".join(members) + "}"
+@dataclass(frozen=True)
+class EncodedDoc:
+    """A window row's document as JSON around its `answer`'s value, which `text` puts in as
+    is: a stop answer comes encoded already (megabytes, not decoded or encoded again here),
+    and a stop encodes the rest while its child still makes the answer (`encode_doc`)."""
+
+    id: str
+    open: bool
+    started_at: float
+    before: bytes  # the JSON text up to the answer's value
+    own: bytes  # the document's own answer, as JSON
+    after: bytes  # from after it
+
+    def text(self, answer: bytes | None = None) -> bytes:
+        """The document's text, with this answer (already JSON) or its own."""
+        return b"".join((self.before, self.own if answer is None else answer, self.after))
+
+
+def encode_doc(doc: Mapping[str, Any]) -> EncodedDoc:
+    """`json.dumps(doc)` (NaN as NaN, as the stdlib writes it), cut around its answer's value
+    (a document without one gets it last)."""
+    # A stand-in for the answer: NUL and a random token, in no real text.
+    mark = f"\x00{secrets.token_hex(8)}"
+    text = json.dumps(dict(doc) | {"answer": mark}).encode()
+    before, _, after = text.partition(json.dumps(mark).encode())
+    return EncodedDoc(doc["id"], doc["stopped_at"] is None, doc["started_at"], before,
+                      json.dumps(doc.get("answer")).encode(), after)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -411,7 +431,7 @@ class StateStore:
 
     def save(
         self,
-        docs: Iterable[dict[str, Any]] = (),
+        docs: Iterable[Mapping[str, Any] | EncodedDoc] = (),
         accumulators: Iterable[tuple[str, str, str]] = (),
         *,
         rounds: Iterable[tuple[str, str, str]] = (),
@@ -423,14 +443,12 @@ class StateStore:
         to disk. A whole row replaces its round part: the two always belong together.
 
         `answers`: window id -> its stop answer already encoded (`AnswerTexts.compact`), which
-        its row holds as is instead of encoding the document's `answer` again.
+        its row holds as is instead of encoding the document's `answer` again. A document may
+        come encoded already (`encode_doc`).
         """
         answers = answers or {}
-        rows = [
-            (d["id"], int(d["stopped_at"] is None), d["started_at"],
-             _doc_text(d, answers.get(d["id"])))
-            for d in docs
-        ]
+        encoded = [d if isinstance(d, EncodedDoc) else encode_doc(d) for d in docs]
+        rows = [(d.id, int(d.open), d.started_at, d.text(answers.get(d.id))) for d in encoded]
         accs, parts = list(accumulators), list(rounds)
         if not rows and not accs and not parts:
             return
@@ -440,8 +458,10 @@ class StateStore:
             try:
                 with self._db:
                     self._db.execute("BEGIN")
+                    # UTF-8 bytes stored as text: SQLite's JSON functions read it.
                     self._db.executemany(
-                        "INSERT INTO windows (id, open, started_at, doc) VALUES (?, ?, ?, ?) "
+                        "INSERT INTO windows (id, open, started_at, doc) "
+                        "VALUES (?, ?, ?, CAST(? AS TEXT)) "
                         "ON CONFLICT(id) DO UPDATE SET open=excluded.open, doc=excluded.doc",
                         rows,
                     )

@@ -11,7 +11,9 @@ import signal
 
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
+from conftest import Clock
 
+from exporter.book import LOST_FILES_SPAN
 from exporter.store import StateStore
 from faults.checks import assert_increase, increase, still_serving, value
 from faults.servers import Counters, RawTarget
@@ -137,6 +139,53 @@ class TestDeletedUnderUs:
         assert (await after.client.get("/api/v1/windows/done")).status == 200
         answer = await after.stop("w")
         assert_increase(answer["results"]["a"], increase(a0, a.counters.totals()))
+
+
+class TestFilesLostAfterAStop:
+    """A stop syncs the state database, not its result files: a restart writes the latest
+    stops' files again from the database where a power cut lost them."""
+
+    async def test_lost_files_of_the_latest_stops_are_written_again(
+        self, exporter, targets, tmp_path, caplog
+    ):
+        a, b, _ = targets
+        clock = Clock()
+        exp = await exporter(_config(tmp_path, a, b), clock=clock)
+        await exp.start(id="old")
+        await exp.stop("old")
+        clock.now += LOST_FILES_SPAN + 1  # "old" was on the disk long before the cut
+        for window in ("w1", "w2"):
+            await exp.start(id=window)
+            a.counters.add(3, 6, [2, 1])
+            await exp.stop(window)
+        out, cut = tmp_path / "out", tmp_path / "cut"
+        written = {w: _files(out / w) for w in ("w1", "w2")}
+        assert len(written["w1"]) == 3 and written["w1"]["window.json"]
+        # What a power cut right after the stops can leave: the database, synced, and files
+        # not yet on the disk: w1's window.json empty, w2's folder gone.
+        _snapshot_state(out, cut)
+        (cut / "w1" / "performances").mkdir(parents=True)
+        (cut / "w1" / "window.json").write_bytes(b"")
+        with caplog.at_level(logging.WARNING):
+            await exporter(_config(tmp_path, a, b) | {"output_dir": str(cut)}, clock=clock)
+        assert {w: _files(cut / w) for w in ("w1", "w2")} == written
+        assert not (cut / "old").exists()  # older than the span: not looked at
+        said = [r.getMessage() for r in caplog.records if "written again" in r.getMessage()]
+        assert len(said) == 2 and "id=w1" in " ".join(said)
+
+    async def test_files_on_the_disk_are_left_alone(self, exporter, targets, tmp_path):
+        a, b, _ = targets
+        exp = await exporter(_config(tmp_path, a, b))
+        await exp.start(id="w")
+        await exp.stop("w")
+        before = {p: p.stat().st_mtime_ns for p in (tmp_path / "out" / "w").rglob("*")}
+        await exporter(_config(tmp_path, a, b))  # a restart
+        assert {p: p.stat().st_mtime_ns for p in (tmp_path / "out" / "w").rglob("*")} == before
+
+
+def _files(folder) -> dict[str, bytes]:
+    """Every file below `folder` by its path there."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
 
 
 class TestReloadMovesTheState:
