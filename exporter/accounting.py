@@ -578,19 +578,38 @@ def _key_from(data: Sequence[Any]) -> SeriesKey:
 
 @dataclass
 class LiveTrack:
-    """A target's cumulative increase at each scrape, kept for `span` seconds: live gauges."""
+    """A target's cumulative increase at its scrapes, kept for `span` seconds: live gauges.
+
+    Scrapes less than `spacing` apart are thinned (targets.py sets half the scrape interval):
+    window markers scrape every target between the regular rounds, and back-to-back windows
+    kept several times the regular rhythm's points (a `Counts` each, ~0.76 KB), so memory grew
+    with the marker rate. Of two kept points but the newest two, the later is at least
+    `spacing` after the earlier, so a track holds fewer than `span / spacing` + 4 points.
+    The newest two are always kept: the span's end is the last scrape, and the gap between
+    them is the target's last gap between scrapes (exposition.py reads it). A thinned scrape
+    lay less than `spacing` after a kept one, so the span's start (the last kept point at or
+    before `now - span`) is less than `spacing` earlier than the last scrape there; with
+    `spacing` half the scrape interval, finer than the regular rhythm resolves it anyway.
+    """
 
     span: float
+    spacing: float = 0.0
     accumulator: Accumulator = field(default_factory=Accumulator)
     points: deque[tuple[float, Counts]] = field(default_factory=deque)
 
     def feed(self, snapshot: Snapshot, at: float) -> None:
-        """Take one scrape; forget points older than needed to cover `span`."""
+        """Take one scrape; forget points older than `span` needs; thin close ones (see above)."""
         self.accumulator.feed(snapshot, at)
-        self.points.append((at, self.accumulator.totals()))
+        points = self.points
+        # The point about to be third from the end is judged once, now: kept only if at least
+        # `spacing` after the one before it (itself kept by then).
+        if len(points) > 2 and points[-2][0] - points[-3][0] < self.spacing:
+            newest = points.pop()
+            points[-1] = newest
+        points.append((at, self.accumulator.totals()))
         # Keep one point at or before the window's start so the span is fully covered.
-        while len(self.points) > 2 and self.points[1][0] <= at - self.span:
-            self.points.popleft()
+        while len(points) > 2 and points[1][0] <= at - self.span:
+            points.popleft()
 
     def over_span(self, now: float) -> Counts | None:
         """Increase over the last `span` seconds, or None with fewer than two scrapes in it."""

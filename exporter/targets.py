@@ -100,7 +100,9 @@ class Targets:
         }
         self.live = {t.name: self.live.get(t.name) or LiveTrack(config.live_window) for t in owned}
         for track in self.live.values():
-            track.span = config.live_window
+            # Scrapes closer than half an interval (window markers') are thinned from the
+            # track: its memory follows the scrape interval, not how often windows come.
+            track.span, track.spacing = config.live_window, config.scrape_interval / 2
         self.version += 1
         self.set_version += 1
 

@@ -432,6 +432,71 @@ class TestLiveTrack:
         assert live.points[0][0] <= 9_999 - 60
 
 
+class TestLiveTrackSpacing:
+    """Scrapes closer than `spacing` are thinned: the points follow the spacing, not the rate."""
+
+    @staticmethod
+    def times(rate_s: float, until: float) -> list[float]:
+        return [i * rate_s for i in range(int(until / rate_s))]
+
+    def test_points_bounded_by_span_over_spacing_whatever_the_rate(self):
+        for rate_s in (0.05, 0.3, 1.0, 2.4):
+            live = LiveTrack(span=20, spacing=2.5)
+            for at in self.times(rate_s, 200):
+                live.feed(step(1, at), at)
+                assert len(live.points) < 20 / 2.5 + 4
+            unthinned = LiveTrack(span=20)
+            for at in self.times(rate_s, 200):
+                unthinned.feed(step(1, at), at)
+            # what the bound saves: the track without spacing holds a point per scrape
+            assert len(unthinned.points) >= 20 / rate_s
+
+    def test_regular_rhythm_is_not_thinned(self):
+        jittered = [5.0 * i + (0.9 if i % 3 else -0.9) for i in range(1, 60)]
+        live, unthinned = LiveTrack(span=60, spacing=2.5), LiveTrack(span=60)
+        for at in jittered:
+            live.feed(step(1, at), at)
+            unthinned.feed(step(1, at), at)
+            assert list(live.points) == list(unthinned.points)
+
+    def test_newest_two_are_the_last_two_scrapes(self):
+        live = LiveTrack(span=20, spacing=2.5)
+        times = self.times(0.1, 50)
+        for before, at in zip(times, times[1:], strict=False):
+            live.feed(step(1, before), before)
+            live.feed(step(1, at), at)
+            assert [p[0] for p in list(live.points)[-2:]] == [before, at]
+
+    def test_span_start_within_spacing_of_the_exact_one(self):
+        # the regular 5 s rhythm plus window markers: a start and a stop scrape every 1.5 s
+        scrapes = sorted({*range(0, 300, 5), *(m * 1.5 for m in range(200)),
+                          *(m * 1.5 + 0.6 for m in range(200))})
+        live = LiveTrack(span=20, spacing=2.5)
+        for i, at in enumerate(scrapes):
+            live.feed(step(1, at), float(at))
+            later = scrapes[i + 1] if i + 1 < len(scrapes) else at + 5
+            for now in (at, (at + later) / 2) if i else ():
+                exact = max(t for t in scrapes[: i + 1] if t <= now - 20) if now >= 20 else None
+                ends = live.span_ends(now)
+                assert ends is not None and ends[1][0] == at
+                if exact is None:
+                    assert ends[0][0] == scrapes[0]
+                else:
+                    assert exact - 2.5 < ends[0][0] <= exact
+                # the increase is the one between those two scrapes
+                assert live.over_span(now).drafts == at - ends[0][0]
+
+    def test_a_thinned_track_keeps_its_points_identity(self):
+        # the exposition caches by the identity of `span_ends`' points: thinning moves none
+        live = LiveTrack(span=20, spacing=2.5)
+        for at in self.times(0.5, 30):
+            before = list(live.points)
+            live.feed(step(1, at), at)
+            kept = set(map(id, live.points))
+            assert not before or id(before[-1]) in kept, "the newest point was rebuilt"
+            assert len(kept & set(map(id, before))) == len(live.points) - 1
+
+
 class TestRestartSeenLate:
     def test_series_skipped_across_a_restart_does_not_recount_its_engine(self):
         drafts, accepted = key(Field.DRAFTS), key(Field.ACCEPTED)
