@@ -156,15 +156,17 @@ def _spliced(text: bytes, objects: Mapping[str, tuple[list[bytes], bytes]]) -> b
 
 @dataclass(frozen=True)
 class StopTexts:
-    """What a stop's work hands back through a pipe: the answer's compact text, and what
-    memory keeps of it; `encode` and `parse` are each other's inverse."""
+    """What a stop's work hands back through a pipe: the answer's compact text, what memory
+    keeps of it, and the window's state row around the answer (`store.EncodedDoc`'s `before`
+    and `after`); `encode` and `parse` are each other's inverse."""
 
     compact: bytes
     kept: dict[str, Any]  # the fields `StoppedWindow.of` and `LastWindow.of` read
+    row: tuple[bytes, bytes] = (b"", b"")
 
     def encode(self) -> bytes:
-        kept = compact(self.kept)
-        return len(kept).to_bytes(8, "big") + kept + self.compact
+        parts = (compact(self.kept), *self.row)
+        return b"".join(len(p).to_bytes(8, "big") + p for p in parts) + self.compact
 
     @staticmethod
     def kept_of(answer: Mapping[str, Any]) -> dict[str, Any]:
@@ -181,8 +183,12 @@ class StopTexts:
 
     @classmethod
     def parse(cls, data: bytes) -> StopTexts:
-        size = int.from_bytes(data[:8], "big")
-        return cls(compact=data[8 + size:], kept=json.loads(data[8:8 + size]))
+        parts, at = [], 0
+        for _ in range(3):
+            size = int.from_bytes(data[at:at + 8], "big")
+            parts.append(data[at + 8:at + 8 + size])
+            at += 8 + size
+        return cls(compact=data[at:], kept=json.loads(parts[0]), row=(parts[1], parts[2]))
 
 
 def indented(value: Any) -> bytes:

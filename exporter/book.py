@@ -20,7 +20,7 @@ from typing import Any
 
 from exporter.answertext import AnswerTexts, StopTexts
 from exporter.errors import RequestError, StoreError, UnknownWindowError
-from exporter.isolate import Child, ChildError
+from exporter.isolate import Child, ChildError, in_thread
 from exporter.isotime import iso_utc
 from exporter.memory import give_back_free_memory
 from exporter.results import result_file_names
@@ -30,7 +30,6 @@ from exporter.stopped import LastWindow, StoppedWindow
 from exporter.store import (
     EncodedDoc,
     StateStore,
-    encode_doc,
     prepare_results,
     write_results,
 )
@@ -368,23 +367,26 @@ class WindowBook:
                 codec = ResultCodec()
 
                 def take(result: ScrapeResult) -> None:
-                    window.take_stop_scrape(result)
+                    # The child's window takes it: this one only marks it taken (no later
+                    # scrape of that target is the window's), and takes them all only if the
+                    # child gives no answer, or the stop fails (`_take_stop_scrapes`).
+                    window.finals.add(result.target)
                     child.send((FINAL, codec.pack(result)))
 
                 self._stopping[window.id] = (child, codec)
+                results: list[ScrapeResult] = []
                 try:
                     others = [w for w in self.open_windows() if w is not window]
-                    await scrape(window.live_targets(), others, take)
+                    results = await scrape(window.live_targets(), others, take)
                     window.stopped_at = self.clock()
                     child.send((END, window.stopped_at, window.removed, window.last_errors))
                     del self._stopping[window.id]
-                    # Its row, but the answer, encoded while the child finishes that.
-                    row = encode_doc(window.to_dict(accumulators=False))
-                    await self._commit_stop(window, child, stop_errors, row)
+                    await self._commit_stop(window, child, stop_errors, results)
                 except BaseException:
-                    # Open again as it was (with the stop's scrapes, taken like any other):
-                    # a later stop retries and answers in full.
+                    # Open again as it was, with the stop's scrapes (taken like any other): a
+                    # later stop retries and answers in full.
                     self._stopping.pop(window.id, None)
+                    _take_stop_scrapes(window, results)
                     window.reopen(stop_errors)
                     raise
         # The state row made from the answer's text (megabytes, freed by now) goes back to
@@ -417,21 +419,28 @@ class WindowBook:
             None, _prepare_quietly, self.results_dir(window.id), names)
 
     async def _commit_stop(self, window: Window, child: Child, stop_errors: dict[str, str],
-                           row: EncodedDoc) -> None:
+                           results: list[ScrapeResult]) -> None:
         """The stop's answer written and saved; else `StoreError`, the window saved open again
-        (with `stop_errors`, as before the stop)."""
+        (with the stop's scrapes, and `stop_errors` as before the stop)."""
         directory = self.results_dir(window.id)
         try:
             try:
-                done = StopTexts.parse(await child.result(lambda: whole_answer(window,
-                                                                                directory)))
+                data = await child.result()
+                if data is None:  # no child: this window takes the scrapes, a thread the work
+                    _take_stop_scrapes(window, results)
+                    data = await in_thread(lambda: whole_answer(window, directory))
             except ChildError as exc:
                 if exc.kind != StoreError.__name__:
                     raise RuntimeError(f"window stop failed: {exc.kind}: {exc}") from exc
                 self.result_errors += 1
                 raise StoreError(str(exc)) from exc
+            done = StopTexts.parse(data)
+            # The row as the child's window has it (this one has not taken the scrapes).
+            row = EncodedDoc(window.id, False, window.started_at, before=done.row[0],
+                             own=b"null", after=done.row[1])
             self.store.save([row], sync=True, answers={window.id: done.compact})
         except StoreError as exc:
+            _take_stop_scrapes(window, results)
             window.reopen(stop_errors)
             with contextlib.suppress(StoreError):
                 self._save_all_open()
@@ -515,6 +524,13 @@ class WindowBook:
             log.error("open windows not saved at shutdown error=%s", exc)
         finally:
             self.store.close()
+
+
+def _take_stop_scrapes(window: Window, results: list[ScrapeResult]) -> None:
+    """The stop's scrapes taken by the parent's window (the child's took them as they came
+    in), once: `results` is emptied."""
+    window.take_stop_scrapes_late(results)
+    results.clear()
 
 
 def _prepare_quietly(directory: Path, names: list[str]) -> None:

@@ -53,16 +53,17 @@ async def run_isolated(work: Callable[[], bytes], *, timeout: float = 300.0) -> 
     it computes from the objects it was given and writes files.
     """
     async with Child(lambda _inbox: work()) as child:
-        return await child.result(work, timeout=timeout)
+        data = await child.result(timeout=timeout)
+    return data if data is not None else await in_thread(work)
 
 
 class Child:
     """`work(inbox)` in a forked child, fed the messages `send` is given while it runs (the
     inbox yields them, in order, until `result` is asked for); then its bytes.
 
-    Without a child (no fork here, turned off, or it dies without an answer) `result` runs
-    `fallback()` in a thread instead, and `send` drops its messages: the fallback must do the
-    same from what the parent holds. Use as `async with`: leaving it ends a child still there.
+    Without a child (no fork here, or turned off) `send` drops its messages, and `result` is
+    None, as when the child dies without an answer: the caller then does the work itself
+    (`in_thread`) from what it holds. Use as `async with`: leaving it ends a child still there.
     """
 
     def __init__(self, work: Callable[[Iterator[Any]], bytes]):
@@ -119,9 +120,11 @@ class Child:
         if self._to_child is None:
             return
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if not self._pending:
+            # Written once this turn of the loop is over, with whatever else is sent in it:
+            # a write per message woke the child (and the scheduler) a thousand times a stop.
+            self._loop.call_soon(self._flush)
         self._pending += len(data).to_bytes(4, "big") + data
-        if len(self._pending) == len(data) + 4:  # nothing was waiting: write now
-            self._flush()
 
     def _flush(self) -> None:
         fd = self._to_child
@@ -145,11 +148,11 @@ class Child:
             os.close(self._to_child)
             self._to_child = None
 
-    async def result(self, fallback: Callable[[], bytes], *, timeout: float = 300.0) -> bytes:
+    async def result(self, *, timeout: float = 300.0) -> bytes | None:
         """The child's bytes once it has every message, or `ChildError` if its work raised;
-        without a child, or past `timeout` seconds, `fallback()`'s in a thread."""
+        None without a child, or one that gave no answer (dead, or past `timeout` seconds)."""
         if self._pid is None or self._from_child is None:
-            return await _in_thread(fallback)
+            return None
         pid, read_end = self._pid, self._from_child
         reader = asyncio.ensure_future(asyncio.to_thread(_read_all, read_end))
         try:
@@ -176,7 +179,7 @@ class Child:
             kind, _, message = data[1:].decode(errors="replace").partition("\n")
             raise ChildError(kind, message)
         log.warning("stop's child process gave no answer status=%s: working in a thread", status)
-        return await _in_thread(fallback)
+        return None
 
 
 def _messages(fd: int) -> Iterator[Any]:  # pragma: no cover  (runs in the child)
@@ -195,7 +198,8 @@ def _messages(fd: int) -> Iterator[Any]:  # pragma: no cover  (runs in the child
     os.close(fd)
 
 
-async def _in_thread(work: Callable[[], bytes]) -> bytes:
+async def in_thread(work: Callable[[], bytes]) -> bytes:
+    """`work()` in a thread, raising as a child's work would (`ChildError`)."""
     try:
         return await asyncio.to_thread(work)
     except Exception as exc:  # the same contract as the child's

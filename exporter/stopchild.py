@@ -20,7 +20,7 @@ from typing import Any
 from exporter.answertext import AnswerTexts, StopTexts, TextParts
 from exporter.results import AnswerParts, window_answer
 from exporter.snapshot import Field, ScrapeResult, SeriesKey, Snapshot
-from exporter.store import PreparedFiles, write_results
+from exporter.store import PreparedFiles, encode_doc, write_results
 from exporter.window import Window
 
 # Message kinds (`Child.send`): a target's stop scrape, a scrape of the window taken while the
@@ -111,7 +111,7 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
             write_results(directory, encoded, ahead=files.written, sync=False)
         finally:
             files.close()
-        return StopTexts(encoded.compact, StopTexts.kept_of(answer)).encode()
+        return _stop_texts(window, answer, encoded.compact)
 
     return work
 
@@ -122,4 +122,11 @@ def whole_answer(window: Window, directory: Path) -> bytes:
     answer = window_answer(window)
     texts = AnswerTexts.of(answer)
     write_results(directory, texts, sync=False)
-    return StopTexts(texts.compact, StopTexts.kept_of(answer)).encode()
+    return _stop_texts(window, answer, texts.compact)
+
+
+def _stop_texts(window: Window, answer: Mapping[str, Any], text: bytes) -> bytes:
+    """`StopTexts` encoded: with the window's state row (the child's window is the one fed
+    the stop's scrapes: the parent's is not, `book`)."""
+    row = encode_doc(window.to_dict(accumulators=False))
+    return StopTexts(text, StopTexts.kept_of(answer), (row.before, row.after)).encode()

@@ -170,6 +170,15 @@ class Window:
             if not result.snapshot.has_spec_decode and acc is not None and acc.last:
                 self.stop_errors[result.target] = "no spec decode series on the page"
 
+    def take_stop_scrapes_late(self, results: list[ScrapeResult]) -> None:
+        """Stop scrapes marked taken as they came (in `finals`) but not fed, fed now; the
+        window stays as stopped (or open) as it is."""
+        at, self.stopped_at = self.stopped_at, None
+        for result in results:
+            self.finals.discard(result.target)
+            self.take_stop_scrape(result)
+        self.stopped_at = at
+
     def reopen(self, stop_errors: Mapping[str, str]) -> None:
         """Open again after a stop that failed, its stop errors as they were before it; the
         stop scrapes it took stay (scrapes like any other)."""

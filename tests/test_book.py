@@ -570,3 +570,17 @@ class TestScrapesDuringAStop:
         assert result["resets"] == 0
         assert result["increase"]["num_drafts"] == 3
         assert result["raw"]["after"]["num_drafts"] == 13
+
+    @pytest.mark.parametrize("child", ["1", "0"])
+    async def test_the_stop_scrapes_count_with_or_without_a_child(
+            self, fake_vllm, exporter, monkeypatch, child):
+        # With a child, its window takes the stop's scrapes; without, this process's does.
+        monkeypatch.setenv("SPECDEC_STOP_IN_CHILD", child)
+        fake = await fake_vllm(k=2)
+        fake.server.add(0, 10, 20, [9, 8])
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.start(id="w")
+        fake.server.add(0, 7, 14, [6, 5])  # only the stop's scrape sees this
+        result = (await exp.stop("w"))["results"]["a"]
+        assert result["increase"]["num_drafts"] == 7 and result["scrapes"] == 2
+        assert result["increase"]["accepted_per_pos"] == {"0": 6, "1": 5}

@@ -69,6 +69,8 @@ class TestResultsNotWritable:
         assert 'window "w1" stays open' in error and "stop it again" in error
         state = await (await exp.client.get("/api/v1/windows/w1")).json()
         assert state["status"] == "open"
+        # The failed stop's scrapes are the window's (start, round, stop: three each).
+        assert state["scrapes"] == {"a": 3, "b": 3}
         found = await still_serving(exp.client)
         assert value(found, "specdec_windows_open") == 1
         a.counters.add(1, 2, [1, 0])  # the window still counts after the failed stop
