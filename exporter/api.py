@@ -317,8 +317,19 @@ def _json(value: Any, status: int = 200) -> web.Response:
 
 
 def _json_text(text: bytes, status: int = 200) -> web.Response:
-    return web.Response(body=text, status=status, content_type="application/json",
+    return SentResponse(body=text, status=status, content_type="application/json",
                         charset="utf-8")
+
+
+class SentResponse(web.Response):
+    """A response that lets go of its body once sent. aiohttp's connection handler keeps the
+    last response of a kept-alive connection until its next request comes: a client that
+    stopped a 1000-target window held its ~5 MB answer in our memory until it asked again."""
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        """Send the rest, then drop the body (its length stays known for the access log)."""
+        await super().write_eof(data)
+        self.body = None
 
 
 def _results_dir(service: ExporterService, window: Window) -> str:

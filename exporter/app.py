@@ -32,6 +32,7 @@ from exporter.fanout import FANOUT, Fanout, fanout_middleware, peer_session
 from exporter.prerender import Prerender
 from exporter.scrape import Scraper, make_session
 from exporter.service import ExporterService
+from exporter.store import connect_state
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def make_app(
     overrides: dict[str, Any] | None = None,
     clock: Callable[[], float] = time.time,
     scrape_loop: bool = True,
-    state_connect: Callable[[Path], sqlite3.Connection] = sqlite3.connect,
+    state_connect: Callable[[Path], sqlite3.Connection] = connect_state,
 ) -> web.Application:
     """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds.
     `state_connect` opens the state database's connection (see `StateStore`)."""

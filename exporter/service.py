@@ -20,7 +20,7 @@ from exporter.scheduler import Scheduler
 from exporter.scrape import Scraper
 from exporter.snapshot import ScrapeResult
 from exporter.stopped import StoppedWindow
-from exporter.store import StateStore
+from exporter.store import StateStore, connect_state
 from exporter.targets import Targets, TargetState, owns
 from exporter.view import StateView
 from exporter.window import TargetRef, Window
@@ -40,7 +40,7 @@ class ExporterService:
         config_path: str | Path | None = None,
         overrides: dict[str, Any] | None = None,
         clock: Callable[[], float] = time.time,
-        state_connect: Callable[[Path], sqlite3.Connection] = sqlite3.connect,
+        state_connect: Callable[[Path], sqlite3.Connection] = connect_state,
     ):
         """`state_connect` opens the state database's connection (see `StateStore`)."""
         self.config_path = config_path

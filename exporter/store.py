@@ -285,6 +285,14 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def connect_state(path: Path) -> sqlite3.Connection:
+    """The state database's connection, without a statement cache: SQLite keeps a prepared
+    statement's last bound values until it runs again, so the cached window upsert held a
+    copy of the last stop's answer (~5 MB at 1000 targets) until the next window row was
+    written. Preparing a save's few statements again costs microseconds."""
+    return sqlite3.connect(path, cached_statements=0)
+
+
 class StateStore:
     """Open and recent windows in one SQLite file; a corrupt file is moved aside, not lost.
 
@@ -295,13 +303,13 @@ class StateStore:
     with `synchronous=NORMAL` a commit survives the death of our process (not a power cut);
     `sync=True` (a start, a stop) makes one survive a power cut too.
 
-    `connect` opens the SQLite connection (every time the file is opened or reopened): the
-    standard one by default; a test passes one that keeps the connection, to give it SQLite's
-    own faults (a full database, one that refuses writes).
+    `connect` opens the SQLite connection (every time the file is opened or reopened):
+    `connect_state` by default; a test passes one that keeps the connection, to give it
+    SQLite's own faults (a full database, one that refuses writes).
     """
 
     def __init__(self, path: Path, *,
-                 connect: Callable[[Path], sqlite3.Connection] = sqlite3.connect):
+                 connect: Callable[[Path], sqlite3.Connection] = connect_state):
         self.path = path
         self.connect = connect
         self.moved_aside: Path | None = None

@@ -12,7 +12,7 @@ from faults.servers import Counters, RawTarget
 
 from exporter.accounting import Accumulator
 from exporter.snapshot import Field, SeriesKey, Snapshot
-from exporter.store import StateStore
+from exporter.store import StateStore, connect_state
 from exporter.window import Window
 
 
@@ -189,3 +189,24 @@ class TestThroughTheBook:
             assert answer["results"]["a"]["increase"]["num_drafts"] == 7
         finally:
             await target.stop()
+
+
+class TestWhatSQLiteKeeps:
+    def test_a_saved_answer_is_not_held_by_a_prepared_statement(self, tmp_path):
+        # SQLite keeps a statement's last bound values until it runs again: a cached window
+        # upsert held the last stop's answer (~5 MB at 1000 targets) until the next save.
+        connections = []
+
+        def connect(path):
+            connections.append(connect_state(path))
+            return connections[-1]
+
+        store, window = StateStore(tmp_path / "state.sqlite", connect=connect), open_window()
+        save(store, window)
+        window.stopped_at, window.answer = 102.0, {"results": {}, "note": "x" * 2_000_000}
+        store.save([window.to_dict(accumulators=False)], sync=True)
+        (held,) = connections[-1].execute(
+            "SELECT coalesce(sum(mem), 0) FROM sqlite_stmt").fetchone()
+        assert held < 100_000
+        assert store.load("w")["answer"]["note"] == "x" * 2_000_000
+        store.close()
