@@ -366,27 +366,29 @@ class WindowBook:
             async with Child(work) as child:
                 codec = ResultCodec()
 
+                taken: list[ScrapeResult] = []
+
                 def take(result: ScrapeResult) -> None:
                     # The child's window takes it: this one only marks it taken (no later
                     # scrape of that target is the window's), and takes them all only if the
                     # child gives no answer, or the stop fails (`_take_stop_scrapes`).
                     window.finals.add(result.target)
+                    taken.append(result)
                     child.send((FINAL, codec.pack(result)))
 
                 self._stopping[window.id] = (child, codec)
-                results: list[ScrapeResult] = []
                 try:
                     others = [w for w in self.open_windows() if w is not window]
-                    results = await scrape(window.live_targets(), others, take)
+                    await scrape(window.live_targets(), others, take)
                     window.stopped_at = self.clock()
                     child.send((END, window.stopped_at, window.removed, window.last_errors))
                     del self._stopping[window.id]
-                    await self._commit_stop(window, child, stop_errors, results)
+                    await self._commit_stop(window, child, stop_errors, taken)
                 except BaseException:
-                    # Open again as it was, with the stop's scrapes (taken like any other): a
-                    # later stop retries and answers in full.
+                    # Open again as it was, with the stop's scrapes in so far (taken like any
+                    # other): a later stop retries and answers in full.
                     self._stopping.pop(window.id, None)
-                    _take_stop_scrapes(window, results)
+                    _take_stop_scrapes(window, taken)
                     window.reopen(stop_errors)
                     raise
         # The state row made from the answer's text (megabytes, freed by now) goes back to

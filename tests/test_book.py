@@ -8,6 +8,7 @@ import asyncio
 import gc
 import json
 import logging
+import os
 import sqlite3
 import types
 
@@ -15,6 +16,7 @@ import pytest
 from conftest import Clock
 from faults.checks import samples, value
 from faults.servers import Counters, RawTarget
+from test_isolate import zombies_of
 
 from exporter.book import RECENT_WINDOWS
 from exporter.console import format_window
@@ -584,3 +586,32 @@ class TestScrapesDuringAStop:
         result = (await exp.stop("w"))["results"]["a"]
         assert result["increase"]["num_drafts"] == 7 and result["scrapes"] == 2
         assert result["increase"]["accepted_per_pos"] == {"0": 6, "1": 5}
+
+    async def test_a_stop_cancelled_midway_leaves_the_window_open_with_its_scrapes(
+            self, fake_vllm, exporter, aiohttp_server):
+        fast = await fake_vllm(k=2)
+        fast.server.add(0, 10, 20, [9, 8])
+        gate, slow_url = await self.gated_target(
+            aiohttp_server, b"# TYPE x counter\nx_total 1\n")
+        exp = await exporter({"targets": [{"name": "fast", "url": fast.url},
+                                          {"name": "slow", "url": slow_url}]})
+        await exp.start(id="w")
+        fast.server.add(0, 3, 6, [2, 1])
+        before = await self.last_scrape_at(exp, "fast")
+        gate.clear()
+        stop = asyncio.create_task(exp.service.stop_window("w"))
+        for _ in range(500):
+            if await self.last_scrape_at(exp, "fast") != before:
+                break
+            await asyncio.sleep(0.01)
+        stop.cancel()  # the stop's child is working on "fast" meanwhile
+        with pytest.raises(asyncio.CancelledError):
+            await stop
+        window = exp.service.get_window("w")
+        assert window.is_open and not window.finals
+        assert window.accumulators["fast"].scrapes == 2  # its start and the stop's scrape
+        assert zombies_of(os.getpid()) == []
+        gate.set()
+        fast.server.add(0, 1, 2, [1, 0])
+        result = (await exp.stop("w"))["results"]["fast"]
+        assert result["increase"]["num_drafts"] == 4 and result["resets"] == 0
