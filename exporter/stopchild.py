@@ -89,6 +89,7 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
     def work(inbox: Iterator[Any]) -> bytes:
         codec, parts, texts = ResultCodec(), AnswerParts(window), TextParts(file_names)
         files = PreparedFiles(directory)
+        ended = False
         try:
             for message in inbox:
                 kind = message[0]
@@ -105,6 +106,12 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
                     window.feed(codec.unpack(message[1]))
                 elif kind == END:
                     _, window.stopped_at, window.removed, window.last_errors = message
+                    ended = True
+            if not ended:
+                # The inbox ended without the stop's end: the server died under the stop
+                # (kill -9). Its window is still open in the state database, and it will be
+                # stopped again; no half-made answer goes to the files meanwhile.
+                raise RuntimeError("the stop was cut short: no end of it came")
             answer = parts.answer()
             encoded = texts.texts(answer)
             # Not synced: the state database, synced next, holds the same answer.

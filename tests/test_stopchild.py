@@ -145,3 +145,15 @@ class TestStreamedAnswer:
         streamed = streamed_answer(child_copy, tmp_path / "streamed", names)(iter(messages))
         assert streamed == whole
         assert json.loads(StopTexts.parse(streamed).compact)["results"]["t0"]["scrapes"] == 6
+
+    def test_an_inbox_cut_short_writes_nothing(self, tmp_path):
+        # The server killed mid-stop: the child's inbox ends without END.
+        window, finals, _ = open_window(3)
+        names = file_names(window)
+        prepare_results(tmp_path / "w", names.values())
+        work = streamed_answer(window, tmp_path / "w", names)
+        codec = ResultCodec()
+        with pytest.raises(RuntimeError, match="cut short"):
+            work(iter([(FINAL, codec.pack(finals[0]))]))
+        assert not (tmp_path / "w" / "window.json").exists()
+        assert not (tmp_path / "w" / "performances").exists()
