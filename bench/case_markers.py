@@ -12,7 +12,14 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import CaseResult, Row, ratio, rss_mb
+from bench.common import (
+    CaseResult,
+    Row,
+    cpu_seconds,
+    ratio,
+    reaped_children_cpu_seconds,
+    rss_mb,
+)
 from bench.fleet import NginxFleet
 from bench.procs import ExporterProcess
 
@@ -54,7 +61,7 @@ async def markers(base: str, fleet: NginxFleet, n: int, repeats: int, pid: int |
     With `pid`, the exporter's RSS before the first window (after `warmup` seconds of scrape
     rounds) and after each stop (memory flat across windows: a stopped window keeps no answer).
     """
-    starts, stops, statuses, rss = [], [], [], []
+    starts, stops, statuses, rss, stop_cpu = [], [], [], [], []
     if pid is not None:
         await asyncio.sleep(warmup)
         rss.append(rss_mb(pid))
@@ -69,12 +76,17 @@ async def markers(base: str, fleet: NginxFleet, n: int, repeats: int, pid: int |
                     raise RuntimeError(f"window start answered {response.status}")
             starts.append(time.perf_counter() - t0)
             fleet.advance()  # traffic flows during the window
+            cpu0 = _server_cpu(pid)
             t0 = time.perf_counter()
             async with session.post(f"{base}/api/v1/windows/{window}/stop") as response:
                 raw = await response.read()
             # The marker's latency is the last byte of its answer; parsing that JSON (~0.2 s
             # for 1000 targets' 5 MB) is the client's own cost.
             stops.append(time.perf_counter() - t0)
+            cpu1 = _server_cpu(pid)
+            if cpu0 is not None and cpu1 is not None:
+                # The server's and its (waited-for) child's, the periodic loop's included.
+                stop_cpu.append((cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]))
             body = json.loads(raw)
             if response.status != 200:
                 raise RuntimeError(f"window stop answered {response.status}: {body}")
@@ -85,10 +97,18 @@ async def markers(base: str, fleet: NginxFleet, n: int, repeats: int, pid: int |
         "rss_mb": rss,
         "start_s": starts,
         "stop_s": stops,
+        "stop_cpu_s": stop_cpu,  # (server, its child) per stop
         "start_median_s": statistics.median(starts),
         "stop_median_s": statistics.median(stops),
         "ok_results_per_stop": statuses,
     }
+
+
+def _server_cpu(pid: int | None) -> tuple[float, float] | None:
+    """CPU seconds of the exporter and of its children it has waited for (a stop's child)."""
+    if pid is None:
+        return None
+    return cpu_seconds(pid), reaped_children_cpu_seconds(pid)
 
 
 def run(fleet: NginxFleet, *, sizes=(100, 1000), repeats=None, interval: float = 5.0,
@@ -113,6 +133,8 @@ def run(fleet: NginxFleet, *, sizes=(100, 1000), repeats=None, interval: float =
             result.data[str(n)] = figures
             limit = STOP_TARGETS.get(n)
             stop = figures["stop_median_s"]
+            server_cpu = statistics.median([c[0] for c in figures["stop_cpu_s"]] or [0.0])
+            child_cpu = statistics.median([c[1] for c in figures["stop_cpu_s"]] or [0.0])
             name = "plain aiohttp round"
             result.rows += [
                 Row("markers", f"N={n}: POST /api/v1/windows median", figures["start_median_s"],
@@ -123,6 +145,12 @@ def run(fleet: NginxFleet, *, sizes=(100, 1000), repeats=None, interval: float =
                     stop < limit if limit else None),
                 Row("markers", f"N={n}: stop cost per target", stop / n * 1e3, "ms",
                     base_s / n * 1e3, "plain round per target", ratio(stop, base_s)),
+                # A stop's answer is made by a child on the other core while the server
+                # scrapes (`exporter/stopchild.py`): CPU beside the wall time it takes.
+                Row("markers", f"N={n}: stop CPU of the server, median", server_cpu, "s",
+                    stop, "the stop's wall time", ratio(server_cpu, stop)),
+                Row("markers", f"N={n}: stop CPU of its child, median", child_cpu, "s",
+                    stop, "the stop's wall time", ratio(child_cpu, stop)),
                 Row("markers", f"N={n}: RSS after {reps} stopped windows", figures["rss_mb"][-1],
                     "MB", figures["rss_mb"][0], "RSS before the first, live tracks full",
                     ratio(figures["rss_mb"][-1], figures["rss_mb"][0]),

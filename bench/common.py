@@ -116,6 +116,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def reaped_children_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the process's children it has waited for (a stop's child:
+    cutime and cstime, fields 16 and 17 of /proc/<pid>/stat)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()
+    return (int(fields[13]) + int(fields[14])) / CLK_TCK
+
+
 def peak_rss_mb(pid: int) -> float:
     """Peak resident set size (VmHWM) in MB, from /proc/<pid>/status."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
