@@ -542,8 +542,10 @@ class TestScrapesDuringAStop:
         targets = (await (await exp.client.get("/api/v1/targets")).json())["targets"]
         return next(t["last_scrape_at"] for t in targets if t["name"] == name)
 
-    async def test_a_scrape_after_a_targets_stop_scrape_is_not_the_windows(
-            self, fake_vllm, exporter, aiohttp_server):
+    async def stop_halfway(self, fake_vllm, exporter, aiohttp_server, stop):
+        """Window "w" over "fast" (3 drafts in it) and "slow", whose stop scrape waits at its
+        gate: `stop(exp)` started as a task, returned once the stop's scrape of "fast" is in.
+        (fake server, exporter, gate, the stop's task)."""
         fast = await fake_vllm(k=2)
         fast.server.add(0, 10, 20, [9, 8])
         gate, slow_url = await self.gated_target(
@@ -554,12 +556,19 @@ class TestScrapesDuringAStop:
         fast.server.add(0, 3, 6, [2, 1])
         before = await self.last_scrape_at(exp, "fast")
         gate.clear()  # the stop's scrape of "slow" waits: the stop stays under way
-        stop = asyncio.create_task(exp.client.post("/api/v1/windows/w/stop"))
+        task = asyncio.create_task(stop(exp))
         for _ in range(500):
             if await self.last_scrape_at(exp, "fast") != before:
                 break  # the stop's scrape of "fast" is in
             await asyncio.sleep(0.01)
-        assert await self.last_scrape_at(exp, "fast") != before and not stop.done()
+        assert await self.last_scrape_at(exp, "fast") != before and not task.done()
+        return fast, exp, gate, task
+
+    async def test_a_scrape_after_a_targets_stop_scrape_is_not_the_windows(
+            self, fake_vllm, exporter, aiohttp_server):
+        fast, exp, gate, stop = await self.stop_halfway(
+            fake_vllm, exporter, aiohttp_server,
+            lambda exp: exp.client.post("/api/v1/windows/w/stop"))
         # Traffic after the stop's scrape, and a scrape of it by the loop, before the stop ends.
         fast.server.add(0, 100, 200, [90, 80])
         await exp.service.scrape_target("fast")
@@ -589,21 +598,8 @@ class TestScrapesDuringAStop:
 
     async def test_a_stop_cancelled_midway_leaves_the_window_open_with_its_scrapes(
             self, fake_vllm, exporter, aiohttp_server):
-        fast = await fake_vllm(k=2)
-        fast.server.add(0, 10, 20, [9, 8])
-        gate, slow_url = await self.gated_target(
-            aiohttp_server, b"# TYPE x counter\nx_total 1\n")
-        exp = await exporter({"targets": [{"name": "fast", "url": fast.url},
-                                          {"name": "slow", "url": slow_url}]})
-        await exp.start(id="w")
-        fast.server.add(0, 3, 6, [2, 1])
-        before = await self.last_scrape_at(exp, "fast")
-        gate.clear()
-        stop = asyncio.create_task(exp.service.stop_window("w"))
-        for _ in range(500):
-            if await self.last_scrape_at(exp, "fast") != before:
-                break
-            await asyncio.sleep(0.01)
+        fast, exp, gate, stop = await self.stop_halfway(
+            fake_vllm, exporter, aiohttp_server, lambda exp: exp.service.stop_window("w"))
         stop.cancel()  # the stop's child is working on "fast" meanwhile
         with pytest.raises(asyncio.CancelledError):
             await stop
