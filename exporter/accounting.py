@@ -89,7 +89,7 @@ def find_anomaly(snapshot: Snapshot, at: float) -> Anomaly | None:
     return Anomaly(at, series_text(first), value_text(snapshot.values[first]), len(bad) - 1)
 
 
-@dataclass
+@dataclass(slots=True)
 class AnomalyTally:
     """Anomalous scrapes of one stretch: the first and the last, and how many (bounded state)."""
 
@@ -203,8 +203,9 @@ class Accumulator:
         baseline = self.scrapes == 0
         if not baseline:
             self._carry_relabelled(snapshot)
-            self.anomalies_inside.absorb(self.anomalies_after)
-            self.anomalies_after = AnomalyTally()
+            if self.anomalies_after.count:  # else nothing to move (and no tally to make)
+                self.anomalies_inside.absorb(self.anomalies_after)
+                self.anomalies_after = AnomalyTally()
         values = snapshot.values
         # A restart zeroes every counter of an engine at once, but one whose old value was small
         # (a late position, say) can be past it again by the next scrape. A series that shows
@@ -576,37 +577,74 @@ def _key_from(data: Sequence[Any]) -> SeriesKey:
     return SeriesKey(Field(fld), model, engine, position, tuple(tuple(p) for p in extra))
 
 
+# A live track's point as kept: its time, then the totals packed (`_pack`): the counters and
+# positions' values as doubles, the positions (one tuple shared by consecutive points), and
+# the positions' own drafts where they differ (None, nearly always).
+Packed = tuple[float, bytes, tuple[int, ...], Mapping[int, float] | None]
+Point = tuple[float, Counts]
+
+
+def _pack(at: float, counts: Counts, positions: tuple[int, ...]) -> Packed:
+    per_position = counts.per_position
+    values = per_position.values()
+    numbers = _doubles(3 + len(values)).pack(
+        counts.drafts, counts.draft_tokens, counts.accepted, *values)
+    return at, numbers, positions, counts.position_drafts or None
+
+
+def _unpack(packed: Packed) -> Point:
+    at, numbers, positions, uneven = packed
+    values = _doubles(len(numbers) // 8).unpack(numbers)
+    per_position = dict(zip(positions, values[3:], strict=True))
+    return at, Counts(values[0], values[1], values[2], per_position, dict(uneven or {}))
+
+
 @dataclass
 class LiveTrack:
     """A target's cumulative increase at its scrapes, kept for `span` seconds: live gauges.
 
     Scrapes less than `spacing` apart are thinned (targets.py sets half the scrape interval):
     window markers scrape every target between the regular rounds, and back-to-back windows
-    kept several times the regular rhythm's points (a `Counts` each, ~0.76 KB), so memory grew
-    with the marker rate. Of two kept points but the newest two, the later is at least
-    `spacing` after the earlier, so a track holds fewer than `span / spacing` + 4 points.
-    The newest two are always kept: the span's end is the last scrape, and the gap between
-    them is the target's last gap between scrapes (exposition.py reads it). A thinned scrape
-    lay less than `spacing` after a kept one, so the span's start (the last kept point at or
-    before `now - span`) is less than `spacing` earlier than the last scrape there; with
-    `spacing` half the scrape interval, finer than the regular rhythm resolves it anyway.
+    kept several times the regular rhythm's points, so memory grew with the marker rate. Of
+    two kept points but the newest two, the later is at least `spacing` after the earlier, so
+    a track holds fewer than `span / spacing` + 4 points. The newest two are always kept: the
+    span's end is the last scrape, and the gap between them is the target's last gap between
+    scrapes (exposition.py reads it). A thinned scrape lay less than `spacing` after a kept
+    one, so the span's start (the last kept point at or before `now - span`) is less than
+    `spacing` earlier than the last scrape there; with `spacing` half the scrape interval,
+    finer than the regular rhythm resolves it anyway.
+
+    `points` are kept packed (`Packed`, ~0.24 KB, where a `Counts` with its two dicts is
+    ~0.9 KB and a dozen objects): a point's time is its first item. `span_ends` hands out
+    (time, `Counts`) pairs, made from a packed point when it becomes the span's start.
     """
 
     span: float
     spacing: float = 0.0
     accumulator: Accumulator = field(default_factory=Accumulator)
-    points: deque[tuple[float, Counts]] = field(default_factory=deque)
+    points: deque[Packed] = field(default_factory=deque)
+    # The newest point unpacked (its totals are the accumulator's), and the last start point
+    # `span_ends` unpacked, with the packed point it came from: the same pairs while the
+    # span's ends stay, so readers can cache by their identity.
+    _newest: Point | None = field(default=None, init=False, repr=False, compare=False)
+    _start: tuple[Packed, Point] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> None:
         """Take one scrape; forget points older than `span` needs; thin close ones (see above)."""
         self.accumulator.feed(snapshot, at)
+        totals = self.accumulator.totals()
         points = self.points
         # The point about to be third from the end is judged once, now: kept only if at least
         # `spacing` after the one before it (itself kept by then).
         if len(points) > 2 and points[-2][0] - points[-3][0] < self.spacing:
             newest = points.pop()
             points[-1] = newest
-        points.append((at, self.accumulator.totals()))
+        positions = tuple(totals.per_position)
+        if points and points[-1][2] == positions:
+            positions = points[-1][2]  # one tuple for the track's points while they agree
+        points.append(_pack(at, totals, positions))
+        self._newest = (at, totals)
         # Keep one point at or before the window's start so the span is fully covered.
         while len(points) > 2 and points[1][0] <= at - self.span:
             points.popleft()
@@ -616,18 +654,21 @@ class LiveTrack:
         ends = self.span_ends(now)
         return None if ends is None else ends[1][1] - ends[0][1]
 
-    def span_ends(self, now: float) -> tuple[tuple[float, Counts], tuple[float, Counts]] | None:
+    def span_ends(self, now: float) -> tuple[Point, Point] | None:
         """The (time, totals) points `over_span` subtracts; the same objects until one of them
         changes, so a reader can cache what it derives from them."""
-        if len(self.points) < 2:
+        points = self.points
+        if len(points) < 2 or self._newest is None:
             return None
-        start = self.points[0]
-        for point in self.points:
+        start = points[0]
+        for point in points:
             if point[0] <= now - self.span:
                 start = point
             else:
                 break
-        end = self.points[-1]
-        if end[0] <= start[0]:
+        if points[-1][0] <= start[0]:
             return None
-        return start, end
+        made = self._start
+        if made is None or made[0] is not start:
+            made = self._start = (start, _unpack(start))
+        return made[1], self._newest

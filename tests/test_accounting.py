@@ -497,6 +497,48 @@ class TestLiveTrackSpacing:
             assert len(kept & set(map(id, before))) == len(live.points) - 1
 
 
+class TestLiveTrackPacked:
+    """Points are kept packed; `span_ends` hands out the very totals the track saw."""
+
+    @staticmethod
+    def pages(at: float) -> Snapshot:
+        # two engines of different k (position 2 drafted by one only): uneven position drafts
+        i = at + 1
+        return snap(engine_page("0", 10 * i, 30 * i, [6 * i, 4 * i, 2 * i])
+                    | engine_page("1", 5 * i, 10 * i, [3 * i, 1 * i]))
+
+    def test_span_ends_are_the_totals_fed(self):
+        live, reference, seen = LiveTrack(span=20, spacing=2.5), Accumulator(), {}
+        for at in [i * 0.7 for i in range(120)]:
+            live.feed(self.pages(at), at)
+            reference.feed(self.pages(at), at)
+            seen[at] = reference.totals()
+            for now in (at, at + 3.0):
+                ends = live.span_ends(now)
+                if ends is None:
+                    continue
+                (start_at, start), (end_at, end) = ends
+                assert end is live.accumulator.totals() and end_at == at
+                assert start == seen[start_at]
+                assert start.position_drafts  # the uneven drafts survive the packing
+                assert live.over_span(now) == end - seen[start_at]
+        assert not any(isinstance(item, Counts) for point in live.points for item in point)
+
+    def test_the_same_pairs_until_an_end_moves(self):
+        live = LiveTrack(span=20)
+        for at in range(0, 30, 5):
+            live.feed(step(1, at), float(at))
+        first = live.span_ends(26.0)
+        assert first is not None and live.span_ends(26.0)[0] is first[0]
+        assert live.span_ends(26.0)[1] is first[1]
+        assert live.span_ends(29.0)[0] is first[0]  # the start did not move: the same pair
+        live.feed(step(1, 28), 28.0)
+        moved = live.span_ends(28.0)
+        assert moved[0] is first[0] and moved[1] is not first[1]  # only the end moved
+        assert live.span_ends(31.0)[0] is not first[0]  # now the start moved on
+        assert live.span_ends(31.0)[0][0] == 10.0
+
+
 class TestRestartSeenLate:
     def test_series_skipped_across_a_restart_does_not_recount_its_engine(self):
         drafts, accepted = key(Field.DRAFTS), key(Field.ACCEPTED)
