@@ -381,7 +381,7 @@ class WindowBook:
                     others = [w for w in self.open_windows() if w is not window]
                     await scrape(window.live_targets(), others, take)
                     window.stopped_at = self.clock()
-                    child.send((END, window.stopped_at, window.removed, window.last_errors))
+                    child.send((END, window.stopped_at, window.removed))
                     del self._stopping[window.id]
                     await self._commit_stop(window, child, stop_errors, taken)
                 except BaseException:

@@ -24,7 +24,8 @@ from exporter.store import PreparedFiles, encode_doc, write_results
 from exporter.window import Window
 
 # Message kinds (`Child.send`): a target's stop scrape, a scrape of the window taken while the
-# stop is under way (before that target's stop scrape), and the stop's end.
+# stop is under way (before that target's stop scrape), and the stop's end (its time, and the
+# window's removed targets).
 FINAL, FEED, END = "final", "feed", "end"
 
 _Packed = tuple[Any, ...]
@@ -105,7 +106,8 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
                 elif kind == FEED:
                     window.feed(codec.unpack(message[1]))
                 elif kind == END:
-                    _, window.stopped_at, window.removed, window.last_errors = message
+                    # What the server's window changed without a scrape: a reload's removals.
+                    _, window.stopped_at, window.removed = message
                     ended = True
             if not ended:
                 # The inbox ended without the stop's end: the server died under the stop

@@ -90,7 +90,7 @@ def stopped_both_ways(tmp_path, n: int, change=None, before=None):
     if change:
         change(end_window)
     messages = [(FINAL, codec.pack(r)) for r in finals]
-    messages.append((END, stop, end_window.removed, end_window.last_errors))
+    messages.append((END, stop, end_window.removed))
     streamed = work(iter(pickle.loads(pickle.dumps(m)) for m in messages))
     return whole, streamed
 
@@ -141,7 +141,7 @@ class TestStreamedAnswer:
         whole = whole_answer(parent, tmp_path / "whole")
         codec = ResultCodec()
         messages = [(FEED, codec.pack(between))] + [(FINAL, codec.pack(r)) for r in finals]
-        messages.append((END, stop, parent.removed, parent.last_errors))
+        messages.append((END, stop, parent.removed))
         streamed = streamed_answer(child_copy, tmp_path / "streamed", names)(iter(messages))
         assert streamed == whole
         assert json.loads(StopTexts.parse(streamed).compact)["results"]["t0"]["scrapes"] == 6
