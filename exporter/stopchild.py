@@ -13,7 +13,7 @@ them), so where there is no child the same answer is made from the parent's wind
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ class ResultCodec:
 
 
 def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, str]
-                    ) -> Any:
+                    ) -> Callable[[Iterator[Any]], bytes]:
     """The child's work (`Child(work)`): the messages in, the answer made, written, encoded.
 
     `window` is the child's copy, as it was at the fork; the messages bring it up to the
