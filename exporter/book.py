@@ -20,7 +20,7 @@ from typing import Any
 
 from exporter.answertext import AnswerTexts, StopTexts
 from exporter.errors import RequestError, StoreError, UnknownWindowError
-from exporter.isolate import Child, ChildError, in_thread
+from exporter.isolate import Child, ChildError, in_thread, spare_cores
 from exporter.isotime import iso_utc
 from exporter.memory import give_back_free_memory
 from exporter.results import result_file_names
@@ -359,38 +359,49 @@ class WindowBook:
             stop_errors = dict(window.stop_errors)
             directory = self.results_dir(window.id)
             refs = {name: {"host_port": ref.host_port} for name, ref in window.targets.items()}
-            # The answer is made by a child forked now, target by target as the stop's scrapes
-            # come in (`stopchild`): its ~40 MB of short-lived objects leave with it, and it
-            # works on the other core while this one scrapes.
-            work = streamed_answer(window, directory, result_file_names(refs))
-            async with Child(work) as child:
-                codec = ResultCodec()
+            streamed = streams_stops()
+            # The answer is made by a forked child: its ~40 MB of short-lived objects leave
+            # with it. With a core to spare, the child is forked now and makes each target's
+            # part as the stop's scrapes come in (`stopchild`), on the other core. With none it
+            # would only compete with the scrapes, and every page the scrapes write would be
+            # copied while it lives (~0.13 s of this process's CPU at 1000 targets): it is
+            # forked after them, from a window that took them, and makes the answer in one go.
+            work = (streamed_answer(window, directory, result_file_names(refs)) if streamed
+                    else lambda _inbox: whole_answer(window, directory))
+            child, codec = Child(work), ResultCodec()
+            taken: list[ScrapeResult] = []
 
-                taken: list[ScrapeResult] = []
+            def take(result: ScrapeResult) -> None:
+                if not streamed:
+                    window.take_stop_scrape(result)
+                    return
+                # The child's window takes it: this one only marks it taken (no later scrape
+                # of that target is the window's), and takes them all only if the child gives
+                # no answer, or the stop fails (`_take_stop_scrapes`).
+                window.finals.add(result.target)
+                taken.append(result)
+                child.send((FINAL, codec.pack(result)))
 
-                def take(result: ScrapeResult) -> None:
-                    # The child's window takes it: this one only marks it taken (no later
-                    # scrape of that target is the window's), and takes them all only if the
-                    # child gives no answer, or the stop fails (`_take_stop_scrapes`).
-                    window.finals.add(result.target)
-                    taken.append(result)
-                    child.send((FINAL, codec.pack(result)))
-
-                self._stopping[window.id] = (child, codec)
-                try:
-                    others = [w for w in self.open_windows() if w is not window]
-                    await scrape(window.live_targets(), others, take)
-                    window.stopped_at = self.clock()
-                    child.send((END, window.stopped_at, window.removed))
-                    del self._stopping[window.id]
-                    await self._commit_stop(window, child, stop_errors, taken)
-                except BaseException:
-                    # Open again as it was, with the stop's scrapes in so far (taken like any
-                    # other): a later stop retries and answers in full.
-                    self._stopping.pop(window.id, None)
-                    _take_stop_scrapes(window, taken)
-                    window.reopen(stop_errors)
-                    raise
+            try:
+                if streamed:
+                    child.start()
+                    self._stopping[window.id] = (child, codec)
+                others = [w for w in self.open_windows() if w is not window]
+                await scrape(window.live_targets(), others, take)
+                window.stopped_at = self.clock()
+                child.send((END, window.stopped_at, window.removed))
+                self._stopping.pop(window.id, None)
+                child.start()  # after the scrapes, when not streamed
+                await self._commit_stop(window, child, stop_errors, taken)
+            except BaseException:
+                # Open again as it was, with the stop's scrapes in so far (taken like any
+                # other): a later stop retries and answers in full.
+                self._stopping.pop(window.id, None)
+                _take_stop_scrapes(window, taken)
+                window.reopen(stop_errors)
+                raise
+            finally:
+                await child.close()
         # The state row made from the answer's text (megabytes, freed by now) goes back to
         # the system; the answer's objects were the child's.
         give_back_free_memory()
@@ -526,6 +537,18 @@ class WindowBook:
             log.error("open windows not saved at shutdown error=%s", exc)
         finally:
             self.store.close()
+
+
+STREAMED_ENV = "SPECDEC_STOP_STREAMED"
+
+
+def streams_stops() -> bool:
+    """Whether a stop's child is fed its scrapes as they come (a core to spare for it), or
+    forked after them; `SPECDEC_STOP_STREAMED=1` or `0` says which (tests, the bench)."""
+    said = os.environ.get(STREAMED_ENV)
+    if said in ("0", "1"):
+        return said == "1"
+    return spare_cores() >= 1
 
 
 def _take_stop_scrapes(window: Window, results: list[ScrapeResult]) -> None:

@@ -22,6 +22,7 @@ import pickle
 import signal
 import warnings
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,22 @@ class ChildError(Exception):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
+
+
+def spare_cores(cpu_max: Path = Path("/sys/fs/cgroup/cpu.max")) -> float:
+    """CPUs this process may use beside the one its event loop runs on: those it may run on,
+    capped by its cgroup's CPU quota (`cpu_max`, cgroup v2: a container's limit), less one."""
+    try:
+        cpus = float(len(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity here (macOS)
+        cpus = float(os.cpu_count() or 1)
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        if quota != "max":
+            cpus = min(cpus, int(quota) / int(period))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 quota: the CPUs are the limit
+    return cpus - 1
 
 
 def forking() -> bool:
@@ -76,12 +93,20 @@ class Child:
         self._loop = asyncio.get_running_loop()
 
     async def __aenter__(self) -> Child:
-        if forking():
-            self._fork()
+        self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._pid is not None:  # result never read: cancelled, or the caller failed
+        await self.close()
+
+    def start(self) -> None:
+        """Fork the child now (where there is a fork, and it is not turned off)."""
+        if forking() and self._pid is None:
+            self._fork()
+
+    async def close(self) -> None:
+        """End a child whose result was not read (cancelled, or the caller failed)."""
+        if self._pid is not None:
             os.kill(self._pid, signal.SIGKILL)
             self._close_input()
             if self._from_child is not None:

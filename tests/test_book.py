@@ -582,11 +582,13 @@ class TestScrapesDuringAStop:
         assert result["increase"]["num_drafts"] == 3
         assert result["raw"]["after"]["num_drafts"] == 13
 
-    @pytest.mark.parametrize("child", ["1", "0"])
+    @pytest.mark.parametrize(("child", "streamed"), [("1", "1"), ("1", "0"), ("0", "1")])
     async def test_the_stop_scrapes_count_with_or_without_a_child(
-            self, fake_vllm, exporter, monkeypatch, child):
-        # With a child, its window takes the stop's scrapes; without, this process's does.
+            self, fake_vllm, exporter, monkeypatch, child, streamed):
+        # A child fed the scrapes as they come takes them in its window; one forked after
+        # them, or a thread, has the server's window take them.
         monkeypatch.setenv("SPECDEC_STOP_IN_CHILD", child)
+        monkeypatch.setenv("SPECDEC_STOP_STREAMED", streamed)
         fake = await fake_vllm(k=2)
         fake.server.add(0, 10, 20, [9, 8])
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
@@ -611,3 +613,16 @@ class TestScrapesDuringAStop:
         fast.server.add(0, 1, 2, [1, 0])
         result = (await exp.stop("w"))["results"]["fast"]
         assert result["increase"]["num_drafts"] == 4 and result["resets"] == 0
+
+
+class TestStreamsStops:
+    def test_said_by_the_environment_or_by_a_spare_core(self, monkeypatch):
+        from exporter.book import streams_stops
+        from exporter.isolate import spare_cores
+
+        monkeypatch.setenv("SPECDEC_STOP_STREAMED", "0")
+        assert streams_stops() is False
+        monkeypatch.setenv("SPECDEC_STOP_STREAMED", "1")
+        assert streams_stops() is True
+        monkeypatch.delenv("SPECDEC_STOP_STREAMED")
+        assert streams_stops() is (spare_cores() >= 1)

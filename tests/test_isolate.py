@@ -236,3 +236,20 @@ class TestFedChild:
                 raise RuntimeError("the stop failed")
         assert len(os.listdir("/proc/self/fd")) == before
         assert zombies_of(os.getpid()) == []
+
+
+class TestSpareCores:
+    """What decides whether a stop's child works beside the scrapes (`book.streams_stops`)."""
+
+    def test_the_cpus_this_process_may_run_on_less_one(self, tmp_path):
+        cpus = len(os.sched_getaffinity(0))
+        assert isolate.spare_cores(tmp_path / "no such file") == cpus - 1
+
+    def test_a_container_quota_caps_them(self, tmp_path):
+        limit = tmp_path / "cpu.max"
+        limit.write_text("150000 100000\n")  # 1.5 CPUs
+        assert isolate.spare_cores(limit) == min(len(os.sched_getaffinity(0)), 1.5) - 1
+        limit.write_text("max 100000\n")  # no quota
+        assert isolate.spare_cores(limit) == len(os.sched_getaffinity(0)) - 1
+        limit.write_text("garbage")
+        assert isolate.spare_cores(limit) == len(os.sched_getaffinity(0)) - 1
