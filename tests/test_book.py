@@ -626,3 +626,29 @@ class TestStreamsStops:
         assert streams_stops() is True
         monkeypatch.delenv("SPECDEC_STOP_STREAMED")
         assert streams_stops() is (spare_cores() >= 1)
+
+
+class TestStopWorkFails:
+    async def test_an_error_of_the_answers_work_leaves_the_window_open(
+            self, fake_vllm, exporter, monkeypatch):
+        from exporter import stopchild
+
+        fake = await fake_vllm(k=2)
+        fake.server.add(0, 10, 20, [9, 8])
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.start(id="w")
+        fake.server.add(0, 3, 6, [2, 1])
+        real = stopchild.write_results
+
+        def broken(*args, **kwargs):
+            raise ValueError("a bug in the answer's work")
+
+        monkeypatch.setattr(stopchild, "write_results", broken)  # the child inherits it
+        response = await exp.client.post("/api/v1/windows/w/stop")
+        assert response.status == 500
+        state = await (await exp.client.get("/api/v1/windows/w")).json()
+        assert state["status"] == "open" and state["scrapes"] == {"a": 2}
+        monkeypatch.setattr(stopchild, "write_results", real)
+        fake.server.add(0, 1, 2, [1, 0])
+        result = (await exp.stop("w"))["results"]["a"]
+        assert result["increase"]["num_drafts"] == 4 and result["scrapes"] == 3
