@@ -652,3 +652,18 @@ class TestStopWorkFails:
         fake.server.add(0, 1, 2, [1, 0])
         result = (await exp.stop("w"))["results"]["a"]
         assert result["increase"]["num_drafts"] == 4 and result["scrapes"] == 3
+
+
+class TestConcurrentStops:
+    async def test_two_windows_stopped_at_once_each_answer_exact(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=2)
+        fake.server.add(0, 10, 20, [9, 8])
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
+        await exp.start(id="first")
+        fake.server.add(0, 5, 10, [4, 3])
+        await exp.start(id="second")
+        fake.server.add(0, 2, 4, [2, 1])
+        answers = await asyncio.gather(exp.stop("first"), exp.stop("second"))
+        drafts = [a["results"]["a"]["increase"]["num_drafts"] for a in answers]
+        assert drafts == [7, 2]
+        assert all(a["results"]["a"]["resets"] == 0 for a in answers)
