@@ -26,8 +26,9 @@ from bench.procs import ExporterProcess
 # Stop latency targets (median seconds) by fleet size (issue 15: under 0.5 s at 1000).
 STOP_TARGETS = {100: 0.5, 1000: 0.5}
 RSS_GROWTH_LIMIT = 0.15  # RSS after the last stopped window vs before the first
-# The exporter's live tracks grow until they span live_window (~13 MB at 1000 targets over the
-# default 60 s), windows or not: RSS "before the first" is taken once they are full. A shorter
+# The exporter's live tracks grow until they span live_window (~5 MB at 1000 targets over the
+# default 60 s, points packed), windows or not: RSS "before the first" is taken once they are
+# full. A shorter
 # live_window than the default keeps that warm-up short (and the baseline, if anything, lower).
 LIVE_WINDOW = 20.0
 CONCURRENCY = 64  # the exporter's default scrape_concurrency, for the baseline too
