@@ -273,14 +273,18 @@ class TestWindowsPerDialect:
         assert result["data"]["accepted_tokens"] == 25
         assert result["data"]["per_position_acceptance_rates"] == {"0": 0.7, "1": 0.4, "2": 0.15}
 
-    async def test_vllm_v0(self, fake_vllm, exporter):
+    @pytest.mark.parametrize("streamed", ["0", "1"])
+    async def test_vllm_v0(self, fake_vllm, exporter, monkeypatch, streamed):
+        # Fed the stop's scrapes as they come, the stop's child takes them in its own window;
+        # forked after them, this window took them first.
+        monkeypatch.setenv("SPECDEC_STOP_STREAMED", streamed)
         fake = await fake_vllm(dialect="vllm-v0", k=2)
         exp = await exporter({"targets": [{"name": "v0", "url": fake.url}]})
         await exp.start(id="w0")
         window = exp.service.get_window("w0")  # the stopped window keeps only its answer
         fake.server.add(0, 10, 20, [8, 4])
-        # A round's scrape: this window's second (the stop's is its child's window's).
-        await exp.round()
+        if streamed == "1":
+            await exp.round()  # this window's second scrape, the stop's being the child's
         answer = await exp.stop("w0")
         result = answer["results"]["v0"]
         assert result["dialect"] == "vllm-v0"
@@ -318,7 +322,9 @@ class TestWindowsPerDialect:
         assert answer["results"]["t"]["status"] == "na"
         assert "not Prometheus text" in answer["results"]["t"]["error"]
 
-    async def test_sglang_time_weighted_gauges(self, fake_vllm, exporter):
+    @pytest.mark.parametrize("streamed", ["0", "1"])
+    async def test_sglang_time_weighted_gauges(self, fake_vllm, exporter, monkeypatch, streamed):
+        monkeypatch.setenv("SPECDEC_STOP_STREAMED", streamed)
         now = [1000.0]
         fake = await fake_vllm(dialect="sglang", k=3, engines=2)
         exp = await exporter({"targets": [{"name": "s", "url": fake.url}]}, clock=lambda: now[0])
@@ -329,6 +335,7 @@ class TestWindowsPerDialect:
         fake.server.add(0, 10, 30, [5, 2, 1])  # rank 0: length 1.8, rate 8/30
         fake.server.add(1, 10, 20, [10, 10])  # rank 1: length 3.0, rate 1.0
         now[0] = 1040.0
+        window = exp.service.get_window("ws")  # the stopped window keeps only its answer
         answer = await exp.stop("ws")
         result = answer["results"]["s"]
         assert result["dialect"] == "sglang" and result["scrapes"] == 3
@@ -336,9 +343,15 @@ class TestWindowsPerDialect:
         # scrape at 1040: the means are over 40 s).
         length = (2.8 * 10 + (1.8 + 3.0) / 2 * 30) / 40
         rate = (0.6 * 10 + (8 / 30 + 1.0) / 2 * 30) / 40
-        assert result["gauge_means"] == pytest.approx(
-            {"sglang:spec_accept_length": length, "sglang:spec_accept_rate": rate}
-        )
+        means = {"sglang:spec_accept_length": length, "sglang:spec_accept_rate": rate}
+        assert result["gauge_means"] == pytest.approx(means)
+        if streamed == "0":  # this window took the stop's scrape (forked after it)
+            acc = window.accumulators["s"]
+            assert acc.dialect == "sglang" and acc.scrapes == 3
+            assert acc.gauge_means() == pytest.approx(means)
+            assert acc.gauge_seconds == {
+                "sglang:spec_accept_length": 40.0, "sglang:spec_accept_rate": 40.0
+            }
         assert result["status"] == "ok" and result["estimate"] is True
         assert result["data"]["acceptance_length"] == round(length, 3)
         assert result["data"]["acceptance_rate"] == round(100 * rate, 2)
