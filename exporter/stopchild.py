@@ -1,14 +1,15 @@
 """A stop's answer made by a child process while the stop's scrapes still come in.
 
-A stop over 1000 targets scrapes every target (a third of a second on one core) and then made
-its answer (the RESULTs, their advice, the texts and files: as long again). Here a child
-forked as the stop begins takes each target's stop scrape as it arrives (`Child.send`) and
-makes that target's RESULT, advice, texts and file on the other core meanwhile; once the
-last scrape is in, only the aggregate and the splicing of the texts are left.
+A stop over 1000 targets scrapes every target and then made its answer (the RESULTs, their
+advice, the texts and files: about as long again). Where the server has a core to spare, a
+child forked as the stop begins takes each target's stop scrape as it arrives (`Child.send`)
+and makes that target's RESULT, advice, texts and file on that core meanwhile; once the last
+scrape is in, only the aggregate and the splicing of the texts are left (`streamed_answer`).
 
-The parent feeds its own window the same scrapes (a stop that fails leaves it open, with
-them), so where there is no child the same answer is made from the parent's window in one go
-(`whole_answer`); tests compare the two.
+The server's own window then only marks each stop scrape taken, and takes them itself where
+the child gives no answer or the stop fails (`book`). Forked after the scrapes (no core to
+spare), or with no child at all, the answer is made in one go from a window that took them
+(`whole_answer`); tests compare the ways.
 """
 
 from __future__ import annotations
