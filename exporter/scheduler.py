@@ -39,10 +39,9 @@ class Scheduler:
     async def round(self, spread: float = 0.0) -> None:
         """Scrape every target once, concurrently (bounded by the scraper).
 
-        With `spread` (the loop's rounds), each target waits a fixed share of it (by a hash of
-        its name, as Prometheus offsets its scrapes) before its scrape: answers then arrive
-        over the spread instead of all in one burst that holds the event loop; and a target a
-        window's marker scraped less than half an interval ago is left to its next round.
+        With `spread`, each target waits a fixed share of it (by a hash of its name, as
+        Prometheus offsets its scrapes) before its scrape: answers then arrive over the
+        spread instead of all in one burst that holds the event loop.
         """
         config = self.targets.config
         if (config.file_sd or config.http_sd or config.prometheus_sd) and (
@@ -54,8 +53,6 @@ class Scheduler:
             if spread > 0:
                 slot = zlib.crc32(name.encode()) % SPREAD_SLOTS
                 await asyncio.sleep(spread * slot / SPREAD_SLOTS)
-                if self._scraped_lately(name, config.scrape_interval / 2):
-                    return
             await self._scrape(name)
 
         await asyncio.gather(*(scrape(n) for n in list(self.targets.states)))
@@ -70,16 +67,6 @@ class Scheduler:
                 self._next_expiry = now + EXPIRY_EVERY
         except StoreError as exc:
             log.error("window state not saved error=%s", exc)
-
-    def _scraped_lately(self, name: str, within: float) -> bool:
-        """The target was scraped (successfully) less than `within` seconds ago: the loop's
-        own rounds are an interval apart, so it was a window's start or stop, whose scrape
-        every open window and the live track took; the loop's would only repeat it.
-        Back-to-back windows (a benchmark suite's markers) otherwise scraped every target
-        twice over, competing with the markers' own scrapes for the CPU."""
-        state = self.targets.states.get(name)
-        last = state.last if state is not None else None
-        return last is not None and last.ok and self.targets.clock() - last.at < within
 
     async def run(self) -> None:
         """Rounds every `scrape_interval` until cancelled; a slow round skips no beat."""
