@@ -13,7 +13,7 @@ import json
 import math
 import struct
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,15 +147,21 @@ class Encoded:
     scrapes: int  # the accumulator's scrapes when it was encoded
 
 
-@dataclass
+@dataclass(slots=True)
 class Accumulator:
     """Increases of one target's series since a baseline scrape, fed scrape by scrape.
 
     Owned by one window (or one target's live track), so it is mutated in place; its whole
     state round-trips through `to_dict`/`from_dict` for the durable store.
+
+    The last usable scrape's values and `_created` times are that snapshot's own mappings
+    (never mutated, `snapshot.Snapshot`): the target's last scrape, its live track and every
+    open window share them, where each kept a copy (a tuple per series, and a dict of when each
+    series was read). Only series off that page are kept apart, in `gone`.
     """
 
-    last: dict[SeriesKey, tuple[float, float | None]] = field(default_factory=dict)
+    last: Mapping[SeriesKey, float] = field(default_factory=dict)
+    created: Mapping[SeriesKey, float] = field(default_factory=dict)
     increase: dict[SeriesKey, float] = field(default_factory=dict)
     resets: int = 0
     scrapes: int = 0
@@ -165,7 +171,10 @@ class Accumulator:
     dialect: str = ""
     before: Counts | None = None  # the baseline scrape's totals (AISBench's `before`)
     reset_spans: list[tuple[float, float]] = field(default_factory=list)  # (prev scrape, seen)
-    seen: dict[SeriesKey, float] = field(default_factory=dict)  # when each series was last read
+    # Series of earlier scrapes off the last usable one's page: (last value, its `_created`,
+    # when it was last read), what a series that comes back counts from. The series in
+    # `last` were read at `last_at`.
+    gone: dict[SeriesKey, tuple[float, float | None, float]] = field(default_factory=dict)
     # Interval gauges (SGLang's acceptance, V0's rates), time-weighted: per gauge name,
     # sum(value * dt) and sum(dt) over the intervals between consecutive scrapes.
     gauge_weighted: dict[str, float] = field(default_factory=dict)
@@ -201,12 +210,15 @@ class Accumulator:
             (self.anomalies_after if self.scrapes else self.anomalies_before).add(anomaly)
             return False
         baseline = self.scrapes == 0
+        renamed: set[SeriesKey] = set()
         if not baseline:
-            self._carry_relabelled(snapshot)
+            renamed = self._carry_relabelled(snapshot)
             if self.anomalies_after.count:  # else nothing to move (and no tally to make)
                 self.anomalies_inside.absorb(self.anomalies_after)
                 self.anomalies_after = AnomalyTally()
-        values = snapshot.values
+        values, created = snapshot.values, snapshot.created
+        last, last_created, gone = self.last, self.created, self.gone
+        last_at = self.last_at or 0.0  # when the series in `last` were read
         # A restart zeroes every counter of an engine at once, but one whose old value was small
         # (a late position, say) can be past it again by the next scrape. A series that shows
         # the restart bounds it from below (it happened after that series was last seen), so
@@ -214,23 +226,33 @@ class Accumulator:
         # series seen since (one skipped across the restart shows it a scrape late) keeps its
         # own evidence and is not counted twice.
         bounds: dict[Engine, float] = {}
+        in_last = 0  # of this page's series, those on the last usable scrape's page
         for key, value in values.items():
-            previous = self.last.get(key)
-            if previous is not None and counter_increase(
-                previous[0], previous[1], value, snapshot.created.get(key)
-            )[1]:
-                engine, seen = _engine_of(key), self._seen_at(key)
+            before = last.get(key)
+            if before is not None:
+                in_last += 1
+                before_created, seen = last_created.get(key), last_at
+            elif gone and key in gone:
+                before, before_created, seen = gone[key]
+            else:
+                continue
+            if counter_increase(before, before_created, value, created.get(key))[1]:
+                engine = _engine_of(key)
                 bounds[engine] = max(bounds.get(engine, seen), seen)
         reset = bool(bounds)
+        increase = self.increase
         for key, value in values.items():
-            created = snapshot.created.get(key)
-            previous = self.last.get(key)
-            if previous is not None:
-                bound = bounds.get(_engine_of(key))
-                if bound is not None and self._seen_at(key) <= bound:
+            before = last.get(key)
+            if before is not None:
+                before_created, seen = last_created.get(key), last_at
+            elif gone and key in gone:
+                before, before_created, seen = gone.pop(key)  # back on the page
+            if before is not None:
+                bound = bounds.get(_engine_of(key)) if reset else None
+                if bound is not None and seen <= bound:
                     inc = value
                 else:
-                    inc, _ = counter_increase(previous[0], previous[1], value, created)
+                    inc, _ = counter_increase(before, before_created, value, created.get(key))
             elif baseline:
                 inc = 0.0
             else:
@@ -238,11 +260,16 @@ class Accumulator:
                 # while absent) grew from zero inside the window.
                 inc = value
             # Zero increases are kept too: a position nobody reached shows as 0, not missing.
-            self.increase[key] = self.increase.get(key, 0.0) + inc
-            self.last[key] = (value, created)
-            self.seen[key] = at
+            increase[key] = increase.get(key, 0.0) + inc
             self.engines.add(key.engine)
-        self._retire_absent(values)
+        if in_last < len(last):
+            # Series of the last usable scrape off this page: kept apart with their values (a
+            # page with the series of the last, the usual case, skips this loop).
+            for key, value in last.items():
+                if key not in values and key not in renamed:
+                    gone[key] = (value, last_created.get(key), last_at)
+        self.last, self.created = values, created
+        self._retire_absent()
         self._feed_gauges(snapshot, at, baseline)
         if baseline:
             self.before = sum_series(snapshot.values.items())
@@ -281,63 +308,83 @@ class Accumulator:
             if seconds > 0
         }
 
-    def _carry_relabelled(self, snapshot: Snapshot) -> None:
+    def _carry_relabelled(self, snapshot: Snapshot) -> set[SeriesKey]:
         """A series that gains (or loses) its `engine` label is the same series renamed.
 
         A server that starts labelling `engine="0"` mid-window would otherwise show a new
         series whose whole value (warm-up included) counts as increase. The old series' state
-        moves to the new name, so the increase is counted from it; a changed `_created` still
-        reads as a restart.
+        moves to the new name (into `gone`, which the new name is read from), so the increase
+        is counted from it; a changed `_created` still reads as a restart. Returns the old
+        names taken from `last` (they are not off the page: they were renamed).
         """
+        last, gone, values = self.last, self.gone, snapshot.values
+        renamed: set[SeriesKey] = set()
         # Engine-labelled series by their name without it, built once per scrape and only if
         # needed: a page renaming its series every scrape must not cost new x known.
         unlabelled: dict[SeriesKey, list[SeriesKey]] | None = None
-        for key in snapshot.values:
-            if key in self.last:
+        for key in values:
+            if key in last or key in gone:
                 continue
             if key.engine:
                 olds = [key._replace(engine="")]
             else:
                 if unlabelled is None:
                     unlabelled = {}
-                    for known in self.last:
+                    for known in (*last, *gone):
                         if known.engine:
                             unlabelled.setdefault(known._replace(engine=""), []).append(known)
                 olds = sorted(unlabelled.get(key, ()))
             for old in olds[:1]:
-                if old in self.last and old not in snapshot.values:
-                    self.last[key] = self.last.pop(old)
-                    if old in self.seen:
-                        self.seen[key] = self.seen.pop(old)
-                    if old in self.increase:
-                        self.increase[key] = self.increase.get(key, 0.0) + self.increase.pop(old)
+                if old in values:
+                    continue
+                if old in last and old not in renamed:
+                    renamed.add(old)
+                    gone[key] = (last[old], self.created.get(old), self.last_at or 0.0)
+                elif old in gone:
+                    gone[key] = gone.pop(old)
+                else:
+                    continue
+                if old in self.increase:
+                    self.increase[key] = self.increase.get(key, 0.0) + self.increase.pop(old)
+        return renamed
 
-    def _retire_absent(self, present: Mapping[SeriesKey, float]) -> None:
+    def _retire_absent(self) -> None:
         """Forget the oldest-seen absent series past MAX_ABSENT_SERIES, keeping their counts.
 
         Their last value is what a series that comes back would count from; past the bound
         (a page whose label values change every scrape) the oldest go, and their increase moves
         to one retired key per counter and position, so totals stay exact.
         """
-        absent = len(self.last) - len(present)
-        if absent <= MAX_ABSENT_SERIES:
+        gone = self.gone
+        if len(gone) <= MAX_ABSENT_SERIES:
             return
-        gone = sorted((k for k in self.last if k not in present), key=self._seen_at)
-        for key in gone[: absent - MAX_ABSENT_SERIES]:
-            del self.last[key]
-            self.seen.pop(key, None)
+        oldest = sorted(gone, key=lambda k: gone[k][2])
+        for key in oldest[: len(gone) - MAX_ABSENT_SERIES]:
+            del gone[key]
             increase = self.increase.pop(key, 0.0)
             retired = SeriesKey(key.field, RETIRED_MODEL, "", key.position)
             self.increase[retired] = self.increase.get(retired, 0.0) + increase
 
-    def _seen_at(self, key: SeriesKey) -> float:
-        return self.seen.get(key, self.last_at or 0.0)
+    @property
+    def has_series(self) -> bool:
+        """Whether a counter series was read: on the last usable scrape's page or before."""
+        return bool(self.last) or bool(self.gone)
 
-    def totals(self) -> Counts:
-        """The increase since the baseline, summed over engines and models."""
-        if self._totals is None:
-            self._totals = sum_series(self.increase.items())
-        return self._totals
+    @property
+    def seen(self) -> dict[SeriesKey, float]:
+        """When each series off the last usable scrape's page was last read (those on it were
+        read at `last_at`)."""
+        return {key: state[2] for key, state in self.gone.items()}
+
+    def totals(self, *, cached: bool = True) -> Counts:
+        """The increase since the baseline, summed over engines and models; kept until the
+        next `feed` unless not `cached` (and not kept already)."""
+        if self._totals is not None:
+            return self._totals
+        totals = sum_series(self.increase.items())
+        if cached:
+            self._totals = totals
+        return totals
 
     def by_model(self) -> dict[str, Counts]:
         """The increase since the baseline, per model name."""
@@ -349,18 +396,21 @@ class Accumulator:
         return counts_by_model(self.increase)
 
     def current(self) -> Counts:
-        """The last counter values seen, summed (AISBench's `after`)."""
-        return sum_series([(k, v[0]) for k, v in self.last.items()])
+        """The last counter values seen, summed (AISBench's `after`): those off the last
+        usable scrape's page too, as they were last read."""
+        if not self.gone:
+            return sum_series(self.last.items())
+        return sum_series([*self.last.items(), *((k, g[0]) for k, g in self.gone.items())])
 
     @property
     def model_names(self) -> list[str]:
         """Model names whose series this accumulator has seen."""
-        return sorted({k.model_name for k in self.last})
+        return sorted({k.model_name for k in (*self.last, *self.gone)})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state."""
         return {
-            "last": [[_key_list(k), v, c] for k, (v, c) in self.last.items()],
+            "last": [[_key_list(k), v, c] for k, v, c, _ in self._series()],
             "increase": [[_key_list(k), v] for k, v in self.increase.items()],
             "resets": self.resets,
             "scrapes": self.scrapes,
@@ -370,7 +420,7 @@ class Accumulator:
             "dialect": self.dialect,
             "before": self.before.as_raw() if self.before is not None else None,
             "reset_spans": [list(span) for span in self.reset_spans],
-            "seen": [[_key_list(k), t] for k, t in self.seen.items()],
+            "seen": [[_key_list(k), t] for k, _, _, t in self._series()],
             "gauge_weighted": dict(self.gauge_weighted),
             "gauge_seconds": dict(self.gauge_seconds),
             "anomalies": [t.to_dict() for t in self.tallies()],
@@ -393,14 +443,19 @@ class Accumulator:
         A round changes the series' values, increases and seen times, the scrape count and
         time and the gauges' sums; keys, created times, restarts, the baseline, engines and
         anomalies change rarely, and a whole row is several times the bytes and the work."""
-        keys = list(self.last)
-        # Every series with a value and an increase, in one order (so, always but for series
-        # retired or from an old state): what a round part holds.
-        aligned = list(self.increase) == keys
-        if not aligned:
-            keys += [k for k in self.increase if k not in self.last]
-        # (values, created times) of `last`, transposed in one pass
-        values, created = zip(*self.last.values(), strict=True) if self.last else ((), ())
+        keys = self._keys()
+        # Every series with a value and an increase (so, always but for series retired or from
+        # an old state): what a round part holds.
+        aligned = len(keys) == len(self.last) + len(self.gone) == len(self.increase)
+        last = self.last
+        values: Sequence[float | None]
+        if not self.gone and aligned:
+            values = list(map(last.__getitem__, keys))
+            created = tuple(map(self.created.get, keys))
+        else:
+            rows = list(self._series(keys))
+            values = [v for _, v, _, _ in rows]
+            created = tuple(c for _, _, c, _ in rows)
         shape = self._shape(keys, created)
         saved = self._saved
         if aligned and not whole and saved is not None and shape == saved[0]:
@@ -413,10 +468,27 @@ class Accumulator:
             self._saved = (encoded.shape, encoded.scrapes)
 
     def _keys(self) -> list[SeriesKey]:
-        # The order of the whole row's series: `last`'s, then series with an increase only.
-        keys = list(self.last)
-        keys += [k for k in self.increase if k not in self.last]
+        # The order of a row's series: the increases' (every series fed has one), then any
+        # series with a value but no increase (none, unless a state was edited by hand).
+        keys = list(self.increase)
+        if len(keys) < len(self.last) + len(self.gone):
+            keys += [k for k in (*self.last, *self.gone) if k not in self.increase]
         return keys
+
+    def _series(self, keys: Sequence[SeriesKey] | None = None,
+                ) -> Iterator[tuple[SeriesKey, float | None, float | None, float | None]]:
+        """(key, last value, `_created`, when last read) of each series (default: those with
+        a value), None where a series has none (a retired series has an increase only)."""
+        last, created, gone, at = self.last, self.created, self.gone, self.last_at
+        if keys is None:
+            keys = [*last, *gone]
+        for k in keys:
+            if k in last:
+                yield k, last[k], created.get(k), at
+            elif k in gone:
+                yield k, *gone[k]
+            else:
+                yield k, None, None, None
 
     def _shape(self, keys: list[SeriesKey], created: tuple[float | None, ...]) -> Shape:
         """Everything a whole row holds that its round part does not: equal shapes, equal
@@ -431,11 +503,10 @@ class Accumulator:
         )
 
     def _whole_json(self, keys: list[SeriesKey]) -> str:
-        last, increase, seen = self.last, self.increase, self.seen
+        increase = self.increase
         values: list[float | None] = []
-        for k in keys:
-            v, c = last.get(k, _NO_VALUE)
-            values += (v, c, increase.get(k), seen.get(k))
+        for k, v, c, t in self._series(keys):
+            values += (v, c, increase.get(k), t)
         engines = sorted(self.engines)
         return "".join((
             '{"keys":[', ",".join(_key_json(k) for k in keys), '],"values":', json.dumps(values),
@@ -449,19 +520,20 @@ class Accumulator:
             ',"anomalies":[', ",".join(_tally_json(t) for t in self.tallies()), "]}",
         ))
 
-    def _round_json(self, keys: list[SeriesKey], values: tuple[float, ...], base: int) -> str:
+    def _round_json(self, keys: list[SeriesKey], values: Sequence[float | None],
+                    base: int) -> str:
         """What a round changes, for the whole row of `base` scrapes and its `keys` (every
-        series in `last` and in `increase`, in that order): the `values` and increases as
+        series with a value, in the increases' order): the `values` and increases as
         little-endian doubles in base64 (the C encoder spends a microsecond per float,
         `struct` nanoseconds), and a seen time only where it is not the last scrape's (a
         series on the page is seen at every scrape: one time for all, not a Unix time each)."""
-        at = self.last_at
+        at, gone = self.last_at, self.gone
         numbers = _doubles(len(keys) * 2).pack(*values, *self.increase.values())
-        seen = self.seen
-        if at is not None and list(seen) == keys and list(seen.values()).count(at) == len(keys):
+        if not gone:
             moved = "[]"
         else:
-            moved = json.dumps([(i, t) for i, k in enumerate(keys) if (t := seen.get(k)) != at])
+            moved = json.dumps([(i, g[2]) for i, k in enumerate(keys)
+                                if (g := gone.get(k)) is not None and g[2] != at])
         return "".join((
             f'{{"base":{base},"scrapes":{self.scrapes},"last_at":{_num(at)},"values":"',
             base64.b64encode(numbers).decode(), '","seen":', moved,
@@ -493,8 +565,24 @@ class Accumulator:
                 "increase": [(k, inc) for k, _, _, inc, _ in rows if inc is not None],
                 "seen": [(k, t) for k, _, _, _, t in rows if t is not None],
             }
+        at = data["last_at"]
+        seen = {_as_key(k): t for k, t in data.get("seen", [])}
+        last: dict[SeriesKey, float] = {}
+        created: dict[SeriesKey, float] = {}
+        gone: dict[SeriesKey, tuple[float, float | None, float]] = {}
+        for k, v, c in data["last"]:
+            key = _as_key(k)
+            t = seen.get(key, at)
+            if t is None or t == at:  # read at the last usable scrape: on its page
+                last[key] = v
+                if c is not None:
+                    created[key] = c
+            else:
+                gone[key] = (v, c, t)
         return cls(
-            last={_as_key(k): (v, c) for k, v, c in data["last"]},
+            last=last,
+            created=created,
+            gone=gone,
             increase={_as_key(k): v for k, v in data["increase"]},
             resets=data["resets"],
             scrapes=data["scrapes"],
@@ -504,7 +592,6 @@ class Accumulator:
             dialect=data.get("dialect", ""),
             before=Counts.from_raw(data["before"]) if data.get("before") else None,
             reset_spans=[tuple(span) for span in data.get("reset_spans", [])],
-            seen={_as_key(k): t for k, t in data.get("seen", [])},
             gauge_weighted=dict(data.get("gauge_weighted", {})),
             gauge_seconds=dict(data.get("gauge_seconds", {})),
             **dict(zip(

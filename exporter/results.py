@@ -334,7 +334,7 @@ def target_result(window: Window, name: str) -> Result:
         return Result(Status.NA, **base, error="; ".join(notes) or NO_METRICS)
     if is_estimate(acc.dialect):
         return _estimate_result(window, acc, base, notes)
-    if not acc.last:
+    if not acc.has_series:
         return Result(Status.NA, **base, error=NO_METRICS)
     if acc.scrapes < 2:
         # One usable scrape is a baseline with nothing to compare it to.

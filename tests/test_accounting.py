@@ -193,6 +193,44 @@ class TestAccumulator:
         assert acc.resets == 0
         assert acc.engines == {"0", "1"}
 
+    def test_the_last_page_is_held_not_copied(self):
+        # The target's last scrape, its live track and every open window hold one page.
+        first = snap(engine_page("0", 10, 30, [8, 4]), {key(D): 1.0})
+        second = snap(engine_page("0", 12, 36, [9, 5]), {key(D): 1.0})
+        window, live = Accumulator(), LiveTrack(span=60.0)
+        for i, page in enumerate((first, second)):
+            window.feed(page, 100.0 + i)
+            live.feed(page, 100.0 + i)
+        assert window.last is second.values and window.created is second.created
+        assert live.accumulator.last is second.values
+        assert not window.gone and window.has_series
+        assert window.totals().drafts == 2
+
+    def test_series_off_the_page_kept_apart_until_back(self):
+        acc = Accumulator()
+        both = engine_page("0", 10, 30, [8]) | engine_page("1", 20, 60, [15])
+        feed_all(acc, [snap(both), snap(engine_page("0", 12, 36, [9]))])
+        assert set(acc.gone) == set(engine_page("1", 0, 0, [0]))
+        assert {t for _, _, t in acc.gone.values()} == {100.0}  # read at the first scrape
+        assert acc.current().drafts == 12 + 20  # AISBench's `after`: as last read
+        assert acc.model_names == ["m"] and acc.has_series
+        acc.feed(snap(engine_page("0", 13, 39, [10]) | engine_page("1", 22, 66, [16])), 102.0)
+        assert not acc.gone and acc.totals().drafts == 3 + 2
+
+    def test_a_series_renamed_while_off_the_page_counts_from_its_value(self):
+        # Engine "" drops off the page, then comes back labelled engine="0": the same series.
+        acc = Accumulator()
+        feed_all(acc, [snap(engine_page("", 10, 30, [8])), snap({}),
+                       snap(engine_page("0", 15, 45, [11]))])
+        totals = acc.totals()
+        assert (totals.drafts, totals.draft_tokens, totals.accepted) == (5, 15, 3)
+        assert acc.resets == 0 and not acc.gone
+
+    def test_nothing_on_any_page_has_no_series(self):
+        acc = Accumulator()
+        feed_all(acc, [snap({}), snap({})])
+        assert not acc.has_series and acc.scrapes == 2
+
     def test_series_reappearing_after_restart(self):
         acc = Accumulator()
         pages = [

@@ -4,6 +4,8 @@ rows older versions wrote, which must still load."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import sqlite3
 
@@ -12,7 +14,7 @@ from faults.servers import Counters, RawTarget
 
 from exporter.accounting import Accumulator
 from exporter.snapshot import Field, SeriesKey, Snapshot
-from exporter.store import StateStore, connect_state
+from exporter.store import STATE_CACHE_KIB, StateStore, connect_state
 from exporter.window import Window
 
 
@@ -210,3 +212,38 @@ class TestWhatSQLiteKeeps:
         assert held < 100_000
         assert store.load("w")["answer"]["note"] == "x" * 2_000_000
         store.close()
+
+    def test_the_page_cache_is_small(self, tmp_path):
+        db = connect_state(tmp_path / "state.sqlite")
+        assert db.execute("PRAGMA cache_size").fetchone()[0] == -STATE_CACHE_KIB
+        db.close()
+
+    @pytest.mark.may_skip_in_ci("asks the shared SQLite library, which the sqlite3 module "
+                                "may not be linked to")
+    def test_a_big_answer_does_not_fill_a_big_page_cache(self, tmp_path):
+        # The default page cache (2 MiB) filled with the first big answer's pages and stayed
+        # full: 2 MiB of the server's growth over its first window (bench markers).
+        sqlite_memory = _sqlite_memory_used()
+        store, window = StateStore(tmp_path / "state.sqlite"), open_window()
+        save(store, window)
+        before = sqlite_memory()
+        window.stopped_at, window.answer = 102.0, {"results": {}, "note": "x" * 5_000_000}
+        store.save([window.to_dict(accumulators=False)], sync=True)
+        assert store.load("w")["answer"]["note"] == "x" * 5_000_000
+        grown = sqlite_memory() - before
+        assert grown < (STATE_CACHE_KIB + 256) * 1024, grown
+        store.close()
+
+
+def _sqlite_memory_used():
+    """SQLite's own count of the memory it holds (the whole process), from the library the
+    sqlite3 module uses; the test is skipped where that library is not the system's."""
+    name = ctypes.util.find_library("sqlite3")
+    if name is None:
+        pytest.skip("no shared SQLite library to ask")
+    lib = ctypes.CDLL(name)
+    lib.sqlite3_libversion.restype = ctypes.c_char_p
+    if lib.sqlite3_libversion().decode() != sqlite3.sqlite_version:
+        pytest.skip("the sqlite3 module links another SQLite than the shared library")
+    lib.sqlite3_memory_used.restype = ctypes.c_int64
+    return lib.sqlite3_memory_used
