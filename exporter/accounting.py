@@ -11,13 +11,23 @@ import base64
 import functools
 import json
 import math
-import struct
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.snapshot import Counts, Field, SeriesKey, Snapshot, counts_by_model, sum_series
+from exporter.snapshot import (
+    Counts,
+    Field,
+    PackedCounts,
+    SeriesKey,
+    Snapshot,
+    counts_by_model,
+    doubles,
+    pack_counts,
+    sum_series,
+    unpack_counts,
+)
 
 # Series gone from the page are remembered (their last value, to count from if they return)
 # up to this many per accumulator; a real server's model or engine leaving stays far below it.
@@ -167,9 +177,11 @@ class Accumulator:
     scrapes: int = 0
     first_at: float | None = None
     last_at: float | None = None
-    engines: set[str] = field(default_factory=set)
+    engines: frozenset[str] = frozenset()  # one set shared by all alike (`_engines`)
     dialect: str = ""
-    before: Counts | None = None  # the baseline scrape's totals (AISBench's `before`)
+    # The baseline scrape's totals (AISBench's `before`, read as `before`), packed: ~0.2 KB
+    # where a `Counts` is ~0.7 KB, kept by every target of an open window.
+    packed_before: PackedCounts | None = None
     reset_spans: list[tuple[float, float]] = field(default_factory=list)  # (prev scrape, seen)
     # Series of earlier scrapes off the last usable one's page: (last value, its `_created`,
     # when it was last read), what a series that comes back counts from. The series in
@@ -260,8 +272,14 @@ class Accumulator:
                 # while absent) grew from zero inside the window.
                 inc = value
             # Zero increases are kept too: a position nobody reached shows as 0, not missing.
-            increase[key] = increase.get(key, 0.0) + inc
-            self.engines.add(key.engine)
+            # An unchanged series keeps its number, and a new one at zero holds the constant:
+            # no float made (~0.26 MB at a 1000-target window's start).
+            if key not in increase:
+                increase[key] = 0.0 + inc if inc else 0.0
+            elif inc:
+                increase[key] += inc
+            if key.engine not in self.engines:
+                self.engines = _engines(self.engines | {key.engine})
         if in_last < len(last):
             # Series of the last usable scrape off this page: kept apart with their values (a
             # page with the series of the last, the usual case, skips this loop).
@@ -366,6 +384,15 @@ class Accumulator:
             self.increase[retired] = self.increase.get(retired, 0.0) + increase
 
     @property
+    def before(self) -> Counts | None:
+        """The baseline scrape's totals (AISBench's `before`); None before a baseline."""
+        return None if self.packed_before is None else unpack_counts(self.packed_before)
+
+    @before.setter
+    def before(self, counts: Counts | None) -> None:
+        self.packed_before = None if counts is None else pack_counts(counts)
+
+    @property
     def has_series(self) -> bool:
         """Whether a counter series was read: on the last usable scrape's page or before."""
         return bool(self.last) or bool(self.gone)
@@ -418,7 +445,7 @@ class Accumulator:
             "last_at": self.last_at,
             "engines": sorted(self.engines),
             "dialect": self.dialect,
-            "before": self.before.as_raw() if self.before is not None else None,
+            "before": before.as_raw() if (before := self.before) is not None else None,
             "reset_spans": [list(span) for span in self.reset_spans],
             "seen": [[_key_list(k), t] for k, _, _, t in self._series()],
             "gauge_weighted": dict(self.gauge_weighted),
@@ -465,7 +492,9 @@ class Accumulator:
     def saved(self, encoded: Encoded) -> None:
         """The store committed `encoded` (from `encode`): later rounds write against it."""
         if encoded.whole:
-            self._saved = (encoded.shape, encoded.scrapes)
+            keys, *rest = encoded.shape
+            # Kept while the window is open: targets alike share one tuple of keys.
+            self._saved = ((_shared_keys(keys), *rest), encoded.scrapes)
 
     def _keys(self) -> list[SeriesKey]:
         # The order of a row's series: the increases' (every series fed has one), then any
@@ -497,8 +526,8 @@ class Accumulator:
         time never equals itself: such a series' row is written whole every round, correct
         if slower.)"""
         return (
-            keys, created, self.resets, len(self.reset_spans),
-            self.first_at, len(self.engines), self.dialect, self.before,
+            tuple(keys), created, self.resets, len(self.reset_spans),
+            self.first_at, len(self.engines), self.dialect, self.packed_before,
             self.anomalies_before.count, self.anomalies_inside.count, self.anomalies_after.count,
         )
 
@@ -513,7 +542,7 @@ class Accumulator:
             f',"resets":{self.resets},"scrapes":{self.scrapes},',
             f'"first_at":{_num(self.first_at)},"last_at":{_num(self.last_at)},',
             '"engines":', json.dumps(engines), ',"dialect":', json.dumps(self.dialect),
-            ',"before":', json.dumps(self.before.as_raw()) if self.before is not None else "null",
+            ',"before":', json.dumps(before.as_raw()) if (before := self.before) else "null",
             ',"reset_spans":', json.dumps([list(span) for span in self.reset_spans]),
             ',"gauge_weighted":', _dict_json(self.gauge_weighted),
             ',"gauge_seconds":', _dict_json(self.gauge_seconds),
@@ -528,7 +557,7 @@ class Accumulator:
         `struct` nanoseconds), and a seen time only where it is not the last scrape's (a
         series on the page is seen at every scrape: one time for all, not a Unix time each)."""
         at, gone = self.last_at, self.gone
-        numbers = _doubles(len(keys) * 2).pack(*values, *self.increase.values())
+        numbers = doubles(len(keys) * 2).pack(*values, *self.increase.values())
         if not gone:
             moved = "[]"
         else:
@@ -588,9 +617,10 @@ class Accumulator:
             scrapes=data["scrapes"],
             first_at=data["first_at"],
             last_at=data["last_at"],
-            engines=set(data["engines"]),
+            engines=_engines(frozenset(data["engines"])),
             dialect=data.get("dialect", ""),
-            before=Counts.from_raw(data["before"]) if data.get("before") else None,
+            packed_before=pack_counts(Counts.from_raw(data["before"])) if data.get("before")
+            else None,
             reset_spans=[tuple(span) for span in data.get("reset_spans", [])],
             gauge_weighted=dict(data.get("gauge_weighted", {})),
             gauge_seconds=dict(data.get("gauge_seconds", {})),
@@ -600,6 +630,20 @@ class Accumulator:
                 strict=True,
             )),
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _shared_keys(keys: tuple[SeriesKey, ...]) -> tuple[SeriesKey, ...]:
+    """One tuple for equal tuples of series keys (an open window's targets serving one model
+    have the same series)."""
+    return keys
+
+
+@functools.lru_cache(maxsize=1024)
+def _engines(names: frozenset[str]) -> frozenset[str]:
+    """One frozenset for equal sets of engine names: every accumulator of a fleet serving one
+    engine holds the same one (a set of its own was ~0.2 KB an accumulator)."""
+    return names
 
 
 def _engine_of(key: SeriesKey) -> Engine:
@@ -624,15 +668,10 @@ def _with_round(rows: list[_Row], part: Mapping[str, Any]) -> list[_Row]:
     numbers, at, n = base64.b64decode(part["values"], validate=True), part["last_at"], len(rows)
     if len(numbers) != 16 * n:
         raise ValueError(f"round part has {len(numbers) / 8:g} numbers for {n} series (2 each)")
-    values = _doubles(2 * n).unpack(numbers)
+    values = doubles(2 * n).unpack(numbers)
     seen = {i: t for i, t in part["seen"]}
     return [(k, values[i], c, values[n + i], seen.get(i, at))
             for i, (k, _, c, _, _) in enumerate(rows)]
-
-
-@functools.lru_cache(maxsize=256)
-def _doubles(count: int) -> struct.Struct:
-    return struct.Struct(f"<{count}d")
 
 
 def _dict_json(gauges: dict[str, float]) -> str:
@@ -664,26 +703,18 @@ def _key_from(data: Sequence[Any]) -> SeriesKey:
     return SeriesKey(Field(fld), model, engine, position, tuple(tuple(p) for p in extra))
 
 
-# A live track's point as kept: its time, then the totals packed (`_pack`): the counters and
-# positions' values as doubles, the positions (one tuple shared by consecutive points), and
-# the positions' own drafts where they differ (None, nearly always).
+# A live track's point as kept: its time, then the totals packed (`snapshot.pack_counts`; the
+# positions' tuple shared by consecutive points).
 Packed = tuple[float, bytes, tuple[int, ...], Mapping[int, float] | None]
 Point = tuple[float, Counts]
 
 
 def _pack(at: float, counts: Counts, positions: tuple[int, ...]) -> Packed:
-    per_position = counts.per_position
-    values = per_position.values()
-    numbers = _doubles(3 + len(values)).pack(
-        counts.drafts, counts.draft_tokens, counts.accepted, *values)
-    return at, numbers, positions, counts.position_drafts or None
+    return at, *pack_counts(counts, positions)
 
 
 def _unpack(packed: Packed) -> Point:
-    at, numbers, positions, uneven = packed
-    values = _doubles(len(numbers) // 8).unpack(numbers)
-    per_position = dict(zip(positions, values[3:], strict=True))
-    return at, Counts(values[0], values[1], values[2], per_position, dict(uneven or {}))
+    return packed[0], unpack_counts(packed[1:])
 
 
 @dataclass

@@ -740,3 +740,40 @@ class TestRoundPart:
                                 "values": stored.whole["values"][4:]}
         with pytest.raises(ValueError, match=r"round part has 24 numbers for 11 series \(2 each\)"):
             Accumulator.from_dict(fewer | {"round": stored.part})
+
+
+class TestWhatAnOpenWindowKeeps:
+    """Each of an open window's targets keeps an accumulator: what it holds is shared or packed
+    where it can be (memory flat across windows, issue 15)."""
+
+    def test_an_unchanged_series_keeps_its_number(self):
+        acc = Accumulator()
+        feed_all(acc, [snap(engine_page("0", 10, 30, [8, 4])),
+                       snap(engine_page("0", 12, 36, [9, 4]))])
+        held = dict(acc.increase)
+        acc.feed(snap(engine_page("0", 12, 36, [9, 4])), 200.0)  # nothing moved
+        assert all(acc.increase[k] is held[k] for k in held)
+        zeros = {id(v) for v in Accumulator().increase.values()}
+        baseline = Accumulator()
+        baseline.feed(snap(engine_page("0", 5, 15, [3, 2])), 1.0)
+        assert len({id(v) for v in baseline.increase.values()} | zeros) == 1  # one 0.0
+
+    def test_the_baseline_totals_are_packed(self):
+        acc = Accumulator()
+        acc.feed(snap(engine_page("0", 10, 30, [8, 4, 2])), 1.0)
+        assert isinstance(acc.packed_before, tuple) and isinstance(acc.packed_before[0], bytes)
+        assert acc.before == Counts(10, 30, 14, {0: 8, 1: 4, 2: 2})
+        acc.before = None
+        assert acc.packed_before is None and acc.before is None
+
+    def test_targets_alike_share_their_saved_keys_and_engines(self):
+        accs = [Accumulator(), Accumulator()]
+        for i, acc in enumerate(accs):
+            acc.feed(snap(engine_page("0", 10 + i, 30, [8, 4])), 1.0)
+            StoredRows().save(acc)
+        assert accs[0]._saved[0][0] is accs[1]._saved[0][0]
+        assert accs[0].engines is accs[1].engines == {"0"}
+        # A round part is still written against the shared keys.
+        for acc in accs:
+            acc.feed(snap(engine_page("0", 20, 60, [9, 5])), 2.0)
+            assert not acc.encode().whole
