@@ -154,12 +154,23 @@ def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
         return None
     name, fld, kind, labels, _ = parsed
     if kind is SampleKind.GAUGE:
-        return name, kind, tuple(sorted(labels.items()))
+        pairs = tuple(sorted(labels.items()))
+        return name, kind, pairs, max((len(v) for _, v in pairs), default=0), -1
     key = _series_key(fld, labels, spec, kind)
-    return None if key is None else (name, kind, key)
+    if key is None:
+        return None
+    values = (key.model_name, key.engine, *(v for _, v in key.extra))
+    return name, kind, key, max(len(v) for v in values), key.position
 
 
 def _sample_value(rest: bytes) -> float | None:
+    # Nearly always " <number>": float() reads it whole (it strips the same ASCII whitespace
+    # `split` splits on). A timestamp after it, or an underscore, takes the careful way.
+    if b"_" not in rest:
+        try:
+            return float(rest)
+        except ValueError:
+            pass
     parts = rest.split()
     if not parts or len(parts) > 2:  # value and an optional timestamp
         return None
@@ -258,9 +269,10 @@ def parse_page(
         value = _sample_value(rest)
         if value is None:
             continue
-        name, kind, key = resolved
+        name, kind, key, longest, position = resolved
         if limits is not None:
-            limits.check(key)
+            if position >= limits.positions or longest > limits.label_value_length:
+                limits.check(key)  # raises, saying which limit
             if len(values) + len(gauge_series) >= limits.series and (
                 key not in values and (name, key) not in gauge_series
                 and kind is not _CREATED and kind is not _FIRST_CREATED

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.fakevllm import FakeServer, page_for_bench
-from exporter.parse import Dialect, parse_page
+from exporter.parse import Dialect, PageLimitError, PageLimits, parse_page
 from exporter.snapshot import Field, SeriesKey, Snapshot
 
 PAGES = Path(__file__).parent / "testdata" / "pages"
@@ -436,6 +436,59 @@ MALFORMED = {
     "a very long line": (TOKENS + b" " + b"9" * 200_000 + b"\n" + GOOD, None),
     "leading prefix page": (GOOD + GOOD.replace(b"10", b"11"), {GOOD_KEY: 10}),
 }
+
+
+TOKENS_KEY = SeriesKey(Field.DRAFT_TOKENS, "m", "", -1)
+# How a value may be written: each read as Prometheus's text parser reads it.
+VALUES = {
+    "plain": ("5", 5.0),
+    "with a timestamp": ("5 1700000000000", 5.0),
+    "tab before, and a timestamp": ("\t7.5\t1700000000000", 7.5),
+    "several spaces": ("   8", 8.0),
+    "exponent": ("1.5e3", 1500.0),
+    "plus infinity": ("+Inf", math.inf),
+    "negative zero": ("-0", -0.0),
+    "underscore in the timestamp": ("5 1_700", None),
+    "two timestamps": ("5 1 2", None),
+    "hex": ("0x10", None),
+}
+
+
+class TestSampleValues:
+    @pytest.mark.parametrize("text,want", VALUES.values(), ids=VALUES.keys())
+    def test_read_as_prometheus_reads_them(self, text, want):
+        line = TOKENS + b'{model_name="m"}' + (b"" if text[0] in " \t" else b" ")
+        snap = parse_page(line + text.encode() + b"\n" + GOOD)
+        assert dict(snap.values) == ({GOOD_KEY: 10} if want is None
+                                     else {TOKENS_KEY: want, GOOD_KEY: 10})
+
+    def test_nan_is_read(self):
+        snap = parse_page(_tokens('{model_name="m"}', "NaN"))
+        assert math.isnan(snap.values[TOKENS_KEY])
+
+
+class TestPageLimits:
+    LIMITS = PageLimits(series=10, label_value_length=5, positions=4)
+
+    def test_within_every_limit_the_page_is_read(self):
+        page = GOOD + b'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="3"} 2\n'
+        assert len(parse_page(page, limits=self.LIMITS).values) == 2
+
+    @pytest.mark.parametrize("line,reason", [
+        (b'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="4"} 2\n',
+         "position 4 is over position_limit (4)"),
+        (b'vllm:spec_decode_num_drafts_total{model_name="sixsix"} 2\n',
+         "a label value of 6 characters is over label_value_length_limit (5)"),
+        (b'vllm:spec_decode_num_drafts_total{engine="0",extra="sixsix"} 2\n',
+         "a label value of 6 characters"),
+    ])
+    def test_over_a_limit_says_which_every_time(self, line, reason):
+        # Heads are resolved once and cached: the second page must be refused as the first.
+        for _ in range(2):
+            with pytest.raises(PageLimitError, match=re.escape(reason)):
+                parse_page(GOOD + line, limits=self.LIMITS)
+        wider = PageLimits(series=10, label_value_length=6, positions=5)
+        assert len(parse_page(GOOD + line, limits=wider).values) == 2
 
 
 class TestMalformedPages:
