@@ -239,29 +239,42 @@ class Accumulator:
         # own evidence and is not counted twice.
         bounds: dict[Engine, float] = {}
         in_last = 0  # of this page's series, those on the last usable scrape's page
-        for key, value in values.items():
-            before = last.get(key)
-            if before is not None:
-                in_last += 1
-                before_created, seen = last_created.get(key), last_at
-            elif gone and key in gone:
-                before, before_created, seen = gone[key]
-            else:
-                continue
-            if counter_increase(before, before_created, value, created.get(key))[1]:
-                engine = _engine_of(key)
-                bounds[engine] = max(bounds.get(engine, seen), seen)
+        if not gone and created == last_created:
+            # The usual scrape: every `_created` as at the last one (NaN ones the same
+            # objects), so only a value gone down shows a restart (`counter_increase`).
+            for key, value in values.items():
+                before = last.get(key)
+                if before is not None:
+                    in_last += 1
+                    if value < before:
+                        engine = _engine_of(key)
+                        bounds[engine] = max(bounds.get(engine, last_at), last_at)
+        else:
+            for key, value in values.items():
+                before = last.get(key)
+                if before is not None:
+                    in_last += 1
+                    before_created, seen = last_created.get(key), last_at
+                elif gone and key in gone:
+                    before, before_created, seen = gone[key]
+                else:
+                    continue
+                if counter_increase(before, before_created, value, created.get(key))[1]:
+                    engine = _engine_of(key)
+                    bounds[engine] = max(bounds.get(engine, seen), seen)
         reset = bool(bounds)
         increase = self.increase
         for key, value in values.items():
             before = last.get(key)
             if before is not None:
-                before_created, seen = last_created.get(key), last_at
+                if reset:
+                    before_created, seen = last_created.get(key), last_at
             elif gone and key in gone:
                 before, before_created, seen = gone.pop(key)  # back on the page
             if before is not None:
-                bound = bounds.get(_engine_of(key)) if reset else None
-                if bound is not None and seen <= bound:
+                if not reset:  # no series showed a restart: each grew by the difference
+                    inc = value - before
+                elif (bound := bounds.get(_engine_of(key))) is not None and seen <= bound:
                     inc = value
                 else:
                     inc, _ = counter_increase(before, before_created, value, created.get(key))
