@@ -14,10 +14,9 @@ from enum import StrEnum
 from exporter.snapshot import Field, SeriesKey
 
 Labels = tuple[tuple[str, str], ...]  # a gauge series' sorted label pairs
-# What a line's text before its value resolves to: (name, kind, key), the key a `SeriesKey`
-# for counters and the sorted labels for gauges (kind GAUGE).
-# A line head resolved: its metric name, kind, series key (or gauge labels), and what
-# `PageLimits` checks of it, worked out once: its longest label value and its position.
+# What a line's text before its value resolves to: (name, kind, key, longest, position), the
+# key a `SeriesKey` for counters and the sorted labels for gauges (kind GAUGE); then what
+# `PageLimits` checks of it, worked out once: its longest label value and its position (-1).
 Head = tuple[str, "SampleKind", SeriesKey | Labels, int, int]
 
 
