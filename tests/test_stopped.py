@@ -34,12 +34,9 @@ class TestLastWindow:
         assert packed["a"] == uneven and packed["a"].drafts_at(1) == 6.0
         assert packed["b"] == short and packed["c"] == counts(0)
 
-    def test_targets_alike_share_one_positions_tuple(self):
-        packed = PackedIncreases([(f"t{i}", counts(i)) for i in range(3)])
-        assert len({id(p[1]) for p in packed._packed.values()}) == 1
-
     def test_a_quarter_of_the_counts_it_replaces(self):
-        # Kept from one stop to the next: ~0.76 KB a target as `Counts`.
+        # Kept from one stop to the next: ~0.76 KB a target as `Counts` (targets alike share
+        # one tuple of positions).
         items = [(f"t{i}", counts(i)) for i in range(1000)]
         tracemalloc.start()
         try:
