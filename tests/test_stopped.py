@@ -5,7 +5,7 @@ from __future__ import annotations
 import tracemalloc
 
 from exporter.snapshot import Counts
-from exporter.stopped import LastWindow, PackedIncreases
+from exporter.stopped import LastWindow, PackedIncreases, StoppedWindow
 
 
 def counts(i: int, k: int = 8) -> Counts:
@@ -50,3 +50,12 @@ class TestLastWindow:
             tracemalloc.stop()
         assert dict(packed) == plain
         assert as_packed < 0.35 * as_counts, (as_packed, as_counts)
+
+
+class TestStoppedWindow:
+    def test_windows_over_the_same_targets_share_their_names(self):
+        one, two = (StoppedWindow.of(answer(3) | {"id": i, "labels": {},
+                                                   "started_at": 1.0, "targets": ["t0", "t1"]})
+                    for i in ("a", "b"))
+        assert one.targets is two.targets and one.targets == ("t0", "t1")
+        assert (one.id, two.id) == ("a", "b")
