@@ -155,12 +155,19 @@ def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
     name, fld, kind, labels, _ = parsed
     if kind is SampleKind.GAUGE:
         pairs = tuple(sorted(labels.items()))
-        return name, kind, pairs, max((len(v) for _, v in pairs), default=0), -1
+        return name, kind, pairs, max(map(len, _label_values(pairs)), default=0), -1
     key = _series_key(fld, labels, spec, kind)
     if key is None:
         return None
-    values = (key.model_name, key.engine, *(v for _, v in key.extra))
-    return name, kind, key, max(len(v) for v in values), key.position
+    return name, kind, key, max(map(len, _label_values(key)), default=0), key.position
+
+
+def _label_values(key: SeriesKey | Labels) -> tuple[str, ...]:
+    """The label values of a series (model, engine, extra labels) or of a gauge's labels: what
+    `label_value_length` bounds."""
+    if isinstance(key, SeriesKey):
+        return (key.model_name, key.engine, *(v for _, v in key.extra))
+    return tuple(v for _, v in key)
 
 
 def _sample_value(rest: bytes) -> float | None:
@@ -208,14 +215,10 @@ class PageLimits:
 
     def check(self, key: SeriesKey | Labels) -> None:
         """`PageLimitError` if one series breaks a per-series limit."""
-        if isinstance(key, SeriesKey):
-            if key.position >= self.positions:
-                raise PageLimitError(
-                    f"position {key.position} is over position_limit ({self.positions})")
-            values = (key.model_name, key.engine, *(v for _, v in key.extra))
-        else:
-            values = tuple(v for _, v in key)
-        for value in values:
+        if isinstance(key, SeriesKey) and key.position >= self.positions:
+            raise PageLimitError(
+                f"position {key.position} is over position_limit ({self.positions})")
+        for value in _label_values(key):
             if len(value) > self.label_value_length:
                 raise PageLimitError(
                     f"a label value of {len(value)} characters is over "
