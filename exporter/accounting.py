@@ -14,7 +14,7 @@ import math
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from exporter.snapshot import (
     Counts,
@@ -99,26 +99,27 @@ def find_anomaly(snapshot: Snapshot, at: float) -> Anomaly | None:
     return Anomaly(at, series_text(first), value_text(snapshot.values[first]), len(bad) - 1)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class AnomalyTally:
-    """Anomalous scrapes of one stretch: the first and the last, and how many (bounded state)."""
+    """Anomalous scrapes of one stretch: the first and the last, and how many (bounded state).
+
+    Immutable: most accumulators never see one, and all of those share `NO_ANOMALIES` (three
+    tallies an accumulator, ~0.2 KB at each of 1000 targets of a window and of the live tracks).
+    """
 
     count: int = 0
     first: Anomaly | None = None
     last: Anomaly | None = None
 
-    def add(self, anomaly: Anomaly) -> None:
-        """One more anomalous scrape."""
-        self.count += 1
-        self.first = self.first or anomaly
-        self.last = anomaly
+    def plus(self, anomaly: Anomaly) -> AnomalyTally:
+        """This tally and one more anomalous scrape."""
+        return AnomalyTally(self.count + 1, self.first or anomaly, anomaly)
 
-    def absorb(self, other: AnomalyTally) -> None:
-        """Take over another tally's scrapes (a later stretch)."""
-        if other.count:
-            self.count += other.count
-            self.first = self.first or other.first
-            self.last = other.last
+    def joined(self, other: AnomalyTally) -> AnomalyTally:
+        """This tally and another's scrapes (a later stretch)."""
+        if not other.count:
+            return self
+        return AnomalyTally(self.count + other.count, self.first or other.first, other.last)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state."""
@@ -128,9 +129,50 @@ class AnomalyTally:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> AnomalyTally:
         """Inverse of `to_dict`."""
-        if not data:
-            return cls()
+        if not data or not data["count"]:
+            return NO_ANOMALIES
         return cls(data["count"], _anomaly_from(data["first"]), _anomaly_from(data["last"]))
+
+
+NO_ANOMALIES = AnomalyTally()
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _writable(mapping: Mapping[K, V]) -> dict[K, V]:
+    """`mapping` itself where it is a dict of its own, else a dict of its items (a shared
+    empty one is never written to)."""
+    return mapping if isinstance(mapping, dict) else dict(mapping)
+
+
+class _NoItems(Mapping[Any, Any]):
+    """The empty mapping accumulators share until they have something to hold (most never
+    do): read-only, so that a write not made through a dict of the accumulator's own fails
+    loudly; a copy of it is itself."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: object) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __copy__(self) -> _NoItems:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _NoItems:
+        return self
+
+    def __reduce__(self) -> str:
+        return "NO_ITEMS"  # pickled by name: unpickled as the shared one
+
+
+NO_ITEMS: Mapping[Any, Any] = _NoItems()
 
 
 def _anomaly_list(anomaly: Anomaly | None) -> list[Any] | None:
@@ -182,22 +224,26 @@ class Accumulator:
     # The baseline scrape's totals (AISBench's `before`, read as `before`), packed: ~0.2 KB
     # where a `Counts` is ~0.7 KB, kept by every target of an open window.
     packed_before: PackedCounts | None = None
-    reset_spans: list[tuple[float, float]] = field(default_factory=list)  # (prev scrape, seen)
+    # (prev scrape, seen) of each restart; a list once there is one. The containers below that
+    # most accumulators leave empty start as shared empty ones (`NO_ITEMS`, `NO_ANOMALIES`):
+    # ~0.5 KB an accumulator, at every target of a window and of the live tracks.
+    reset_spans: Sequence[tuple[float, float]] = ()
     # Series of earlier scrapes off the last usable one's page: (last value, its `_created`,
     # when it was last read), what a series that comes back counts from. The series in
     # `last` were read at `last_at`.
-    gone: dict[SeriesKey, tuple[float, float | None, float]] = field(default_factory=dict)
+    gone: Mapping[SeriesKey, tuple[float, float | None, float]] = field(
+        default_factory=lambda: NO_ITEMS)
     # Interval gauges (SGLang's acceptance, V0's rates), time-weighted: per gauge name,
     # sum(value * dt) and sum(dt) over the intervals between consecutive scrapes.
-    gauge_weighted: dict[str, float] = field(default_factory=dict)
-    gauge_seconds: dict[str, float] = field(default_factory=dict)
+    gauge_weighted: Mapping[str, float] = field(default_factory=lambda: NO_ITEMS)
+    gauge_seconds: Mapping[str, float] = field(default_factory=lambda: NO_ITEMS)
     # Scrapes with an unusable counter value are not taken (as if they had failed): the counts
     # then cover only spans whose both ends had every series usable. Those before the first
     # usable scrape move the span's start, those after the last usable one its end, and those
     # between are bridged exactly by the counters' next usable values.
-    anomalies_before: AnomalyTally = field(default_factory=AnomalyTally)
-    anomalies_inside: AnomalyTally = field(default_factory=AnomalyTally)
-    anomalies_after: AnomalyTally = field(default_factory=AnomalyTally)
+    anomalies_before: AnomalyTally = NO_ANOMALIES
+    anomalies_inside: AnomalyTally = NO_ANOMALIES
+    anomalies_after: AnomalyTally = NO_ANOMALIES
     # `totals()` since the last `feed` (the only place the increases change): a window reads
     # it after every scrape, and its stop answer reads it again, with `by_model`.
     _totals: Counts | None = field(default=None, init=False, repr=False, compare=False)
@@ -219,15 +265,18 @@ class Accumulator:
         self.feeds += 1
         anomaly = find_anomaly(snapshot, at)
         if anomaly is not None:
-            (self.anomalies_after if self.scrapes else self.anomalies_before).add(anomaly)
+            if self.scrapes:
+                self.anomalies_after = self.anomalies_after.plus(anomaly)
+            else:
+                self.anomalies_before = self.anomalies_before.plus(anomaly)
             return False
         baseline = self.scrapes == 0
         renamed: set[SeriesKey] = set()
         if not baseline:
             renamed = self._carry_relabelled(snapshot)
-            if self.anomalies_after.count:  # else nothing to move (and no tally to make)
-                self.anomalies_inside.absorb(self.anomalies_after)
-                self.anomalies_after = AnomalyTally()
+            if self.anomalies_after.count:  # else nothing to move
+                self.anomalies_inside = self.anomalies_inside.joined(self.anomalies_after)
+                self.anomalies_after = NO_ANOMALIES
         values, created = snapshot.values, snapshot.created
         last, last_created, gone = self.last, self.created, self.gone
         last_at = self.last_at or 0.0  # when the series in `last` were read
@@ -270,7 +319,7 @@ class Accumulator:
                 if reset:
                     before_created, seen = last_created.get(key), last_at
             elif gone and key in gone:
-                before, before_created, seen = gone.pop(key)  # back on the page
+                before, before_created, seen = self._own_gone().pop(key)  # back on the page
             if before is not None:
                 if not reset:  # no series showed a restart: each grew by the difference
                     inc = value - before
@@ -296,9 +345,10 @@ class Accumulator:
         if in_last < len(last):
             # Series of the last usable scrape off this page: kept apart with their values (a
             # page with the series of the last, the usual case, skips this loop).
+            own = self._own_gone()
             for key, value in last.items():
                 if key not in values and key not in renamed:
-                    gone[key] = (value, last_created.get(key), last_at)
+                    own[key] = (value, last_created.get(key), last_at)
         self.last, self.created = values, created
         self._retire_absent()
         self._feed_gauges(snapshot, at, baseline)
@@ -306,7 +356,7 @@ class Accumulator:
             self.before = sum_series(snapshot.values.items())
         if reset:
             self.resets += 1
-            self.reset_spans.append((self.last_at or at, at))
+            self.reset_spans = [*self.reset_spans, (self.last_at or at, at)]
         self.scrapes += 1
         if self.first_at is None:
             self.first_at = at
@@ -324,8 +374,10 @@ class Accumulator:
         dt = at - self.last_at
         for name, value in snapshot.gauges.items():
             if math.isfinite(value):
-                self.gauge_weighted[name] = self.gauge_weighted.get(name, 0.0) + value * dt
-                self.gauge_seconds[name] = self.gauge_seconds.get(name, 0.0) + dt
+                weighted = self.gauge_weighted = _writable(self.gauge_weighted)
+                seconds = self.gauge_seconds = _writable(self.gauge_seconds)
+                weighted[name] = weighted.get(name, 0.0) + value * dt
+                seconds[name] = seconds.get(name, 0.0) + dt
 
     def gauge_means(self) -> dict[str, float]:
         """Each interval gauge's time-weighted mean over the scrapes since the baseline.
@@ -370,8 +422,10 @@ class Accumulator:
                     continue
                 if old in last and old not in renamed:
                     renamed.add(old)
+                    gone = self._own_gone()
                     gone[key] = (last[old], self.created.get(old), self.last_at or 0.0)
                 elif old in gone:
+                    gone = self._own_gone()
                     gone[key] = gone.pop(old)
                 else:
                     continue
@@ -386,15 +440,20 @@ class Accumulator:
         (a page whose label values change every scrape) the oldest go, and their increase moves
         to one retired key per counter and position, so totals stay exact.
         """
-        gone = self.gone
-        if len(gone) <= MAX_ABSENT_SERIES:
+        if len(self.gone) <= MAX_ABSENT_SERIES:
             return
+        gone = self._own_gone()
         oldest = sorted(gone, key=lambda k: gone[k][2])
         for key in oldest[: len(gone) - MAX_ABSENT_SERIES]:
             del gone[key]
             increase = self.increase.pop(key, 0.0)
             retired = SeriesKey(key.field, RETIRED_MODEL, "", key.position)
             self.increase[retired] = self.increase.get(retired, 0.0) + increase
+
+    def _own_gone(self) -> dict[SeriesKey, tuple[float, float | None, float]]:
+        """`gone` to write in: a dict of this accumulator's own (not the shared empty one)."""
+        gone = self.gone = _writable(self.gone)
+        return gone
 
     @property
     def before(self) -> Counts | None:
@@ -624,7 +683,7 @@ class Accumulator:
         return cls(
             last=last,
             created=created,
-            gone=gone,
+            gone=gone or NO_ITEMS,
             increase={_as_key(k): v for k, v in data["increase"]},
             resets=data["resets"],
             scrapes=data["scrapes"],
@@ -634,9 +693,9 @@ class Accumulator:
             dialect=data.get("dialect", ""),
             packed_before=pack_counts(Counts.from_raw(data["before"])) if data.get("before")
             else None,
-            reset_spans=[tuple(span) for span in data.get("reset_spans", [])],
-            gauge_weighted=dict(data.get("gauge_weighted", {})),
-            gauge_seconds=dict(data.get("gauge_seconds", {})),
+            reset_spans=[tuple(span) for span in data.get("reset_spans", [])] or (),
+            gauge_weighted=dict(data.get("gauge_weighted", {})) or NO_ITEMS,
+            gauge_seconds=dict(data.get("gauge_seconds", {})) or NO_ITEMS,
             **dict(zip(
                 ("anomalies_before", "anomalies_inside", "anomalies_after"),
                 (AnomalyTally.from_dict(t) for t in data.get("anomalies", [None] * 3)),
@@ -687,8 +746,8 @@ def _with_round(rows: list[_Row], part: Mapping[str, Any]) -> list[_Row]:
             for i, (k, _, c, _, _) in enumerate(rows)]
 
 
-def _dict_json(gauges: dict[str, float]) -> str:
-    return json.dumps(gauges) if gauges else "{}"
+def _dict_json(gauges: Mapping[str, float]) -> str:
+    return json.dumps(_writable(gauges)) if gauges else "{}"
 
 
 def _tally_json(tally: AnomalyTally) -> str:

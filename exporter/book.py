@@ -464,7 +464,7 @@ class WindowBook:
         # and the text of the last one stopped (its HTTP answer).
         self._windows.pop(window.id, None)
         self._stopped[window.id] = StoppedWindow.of(done.kept)
-        self.last_window = LastWindow.of(done.kept)
+        self.last_window = LastWindow.of_kept(done.kept)
         self._answer_text = (window.id, done.compact)
         self._forget_old()
         self.version += 1

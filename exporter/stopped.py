@@ -89,14 +89,14 @@ class LastWindow:
     @classmethod
     def of(cls, answer: Mapping[str, Any]) -> LastWindow:
         """From a stop answer: its targets with status ok and an increase."""
-        return cls(
-            id=answer["id"], name=answer["name"], stopped_at=answer["stopped_at"] or 0.0,
-            increases=PackedIncreases(
-                (name, Counts.from_raw(result["increase"]))
-                for name, result in answer["results"].items()
-                if result["status"] == "ok" and result.get("increase")
-            ),
-        )
+        return cls.of_kept({**answer, "increases": PackedIncreases.of_results(answer["results"])})
+
+    @classmethod
+    def of_kept(cls, kept: Mapping[str, Any]) -> LastWindow:
+        """From what a stop keeps (`answertext.StopTexts.kept_of`): the answer's head and its
+        `increases`, packed."""
+        return cls(id=kept["id"], name=kept["name"], stopped_at=kept["stopped_at"] or 0.0,
+                   increases=kept["increases"])
 
 
 class PackedIncreases(Mapping[str, Counts]):
@@ -110,6 +110,18 @@ class PackedIncreases(Mapping[str, Counts]):
         for name, counts in items:
             positions = tuple(counts.per_position)
             self._packed[name] = pack_counts(counts, shared.setdefault(positions, positions))
+
+    @classmethod
+    def of_results(cls, results: Mapping[str, Mapping[str, Any]]) -> PackedIncreases:
+        """The increases of a stop answer's RESULTs with status ok and an increase."""
+        return cls((name, Counts.from_raw(result["increase"]))
+                   for name, result in results.items()
+                   if result["status"] == "ok" and result.get("increase"))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled in the parent from a stop's child: each name one copy with the window
+        # list's (`StoppedWindow.of` interns them).
+        self._packed = {sys.intern(name): packed for name, packed in state["_packed"].items()}
 
     def __getitem__(self, name: str) -> Counts:
         return unpack_counts(self._packed[name])
