@@ -111,6 +111,9 @@ class AnomalyTally:
     first: Anomaly | None = None
     last: Anomaly | None = None
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> AnomalyTally:
+        return self  # immutable: `NO_ANOMALIES` stays the one shared
+
     def plus(self, anomaly: Anomaly) -> AnomalyTally:
         """This tally and one more anomalous scrape."""
         return AnomalyTally(self.count + 1, self.first or anomaly, anomaly)
@@ -173,6 +176,37 @@ class _NoItems(Mapping[Any, Any]):
 
 
 NO_ITEMS: Mapping[Any, Any] = _NoItems()
+
+
+class _Parked(Mapping[SeriesKey, float]):
+    """A page's values packed (`Accumulator.park`): a tuple of keys and their doubles, made
+    a dict again when first read."""
+
+    __slots__ = ("_keys", "_numbers", "_read")
+
+    def __init__(self, keys: tuple[SeriesKey, ...], numbers: bytes):
+        self._keys, self._numbers = keys, numbers
+        self._read: dict[SeriesKey, float] | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[SeriesKey, float]) -> _Parked:
+        """`values` packed."""
+        return cls(tuple(values), doubles(len(values)).pack(*values.values()))
+
+    def _values(self) -> dict[SeriesKey, float]:
+        if self._read is None:
+            numbers = doubles(len(self._keys)).unpack(self._numbers)
+            self._read = dict(zip(self._keys, numbers, strict=True))
+        return self._read
+
+    def __getitem__(self, key: SeriesKey) -> float:
+        return self._values()[key]
+
+    def __iter__(self) -> Iterator[SeriesKey]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 def _anomaly_list(anomaly: Anomaly | None) -> list[Any] | None:
@@ -449,6 +483,23 @@ class Accumulator:
             increase = self.increase.pop(key, 0.0)
             retired = SeriesKey(key.field, RETIRED_MODEL, "", key.position)
             self.increase[retired] = self.increase.get(retired, 0.0) + increase
+
+    def park(self, created_now: Mapping[SeriesKey, float]) -> None:
+        """Hold the last page's values packed, until fed again.
+
+        A streamed stop (`book`) marks a target's stop scrape taken and leaves the counting
+        to its child: the target's live track has moved on to the stop's page, and only this
+        accumulator still holds the page before (~13 objects a target, 13,000 at once at 1000
+        targets). It is fed the stop scrape only if the child fails, which reads the values
+        back. `created_now`: the stop page's `_created` times, shared where they are the same
+        (the usual case).
+        """
+        if not isinstance(self.last, _Parked):
+            self.last = _Parked.of(self.last)
+        if self.created == created_now:
+            self.created = created_now
+        elif not isinstance(self.created, _Parked):
+            self.created = _Parked.of(self.created)
 
     def _own_gone(self) -> dict[SeriesKey, tuple[float, float | None, float]]:
         """`gone` to write in: a dict of this accumulator's own (not the shared empty one)."""

@@ -378,7 +378,7 @@ class WindowBook:
                 # The child's window takes it: this one only marks it taken (no later scrape
                 # of that target is the window's), and takes them all only if the child gives
                 # no answer, or the stop fails (`_take_stop_scrapes`).
-                window.finals.add(result.target)
+                window.mark_stop_scrape(result)
                 taken.append(result)
                 child.send((FINAL, codec.pack(result)))
 

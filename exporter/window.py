@@ -172,6 +172,16 @@ class Window:
             if not result.snapshot.has_spec_decode and acc is not None and acc.has_series:
                 self.stop_errors[result.target] = "no spec decode series on the page"
 
+    def mark_stop_scrape(self, result: ScrapeResult) -> None:
+        """One target's stop scrape, counted elsewhere (a stop's child): marked taken (no later
+        scrape of that target is the window's), not fed; what the target's accumulator holds
+        of its page before is packed meanwhile (`Accumulator.park`). `take_stop_scrapes_late`
+        feeds it, if the stop needs this window to count after all."""
+        self.finals.add(result.target)
+        acc = self.accumulators.get(result.target)
+        if acc is not None and result.snapshot is not None:
+            acc.park(result.snapshot.created)
+
     def take_stop_scrapes_late(self, results: list[ScrapeResult]) -> None:
         """Stop scrapes marked taken as they came (in `finals`) but not fed, fed now; the
         window stays as stopped (or open) as it is."""

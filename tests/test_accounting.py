@@ -776,3 +776,73 @@ class TestWhatAnOpenWindowKeeps:
         for acc in accs:
             acc.feed(snap(engine_page("0", 20, 60, [9, 5])), 2.0)
             assert not acc.encode().whole
+
+    def test_what_most_never_hold_is_one_shared_empty_until_written(self):
+        accs = [Accumulator(), Accumulator()]
+        for acc in accs:
+            feed_all(acc, [snap(engine_page("0", 10, 30, [8, 4])),
+                           snap(engine_page("0", 12, 36, [9, 4]))])
+        one, other = accs
+        for name in ("gone", "gauge_weighted", "gauge_seconds", "reset_spans",
+                     "anomalies_before", "anomalies_inside", "anomalies_after"):
+            held = getattr(one, name)
+            assert held is getattr(other, name), name
+            assert (held.count if isinstance(held, AnomalyTally) else len(held)) == 0
+        # Written by one (a series off the page, an interval gauge, a restart, an anomaly),
+        # the other's stay empty.
+        page = engine_page("0", 1, 3, [1])  # position 1 gone, every counter down: a restart
+        one.feed(Snapshot(values=page, created={}, gauges={"sglang:spec_accept_rate": 0.5}),
+                 300.0)
+        one.feed(snap(engine_page("0", NAN, 3, [1])), 301.0)
+        assert key(P, "0", 1) in one.gone and one.gauge_seconds and one.reset_spans
+        assert one.anomalies_after.count == 1
+        assert not other.gone and not other.gauge_seconds and not other.reset_spans
+        assert not other.anomalies_after.count
+        with pytest.raises(TypeError):
+            other.gone[key(P)] = (1.0, None, 1.0)  # type: ignore[index]
+
+    def test_the_shared_empty_survives_copies_and_the_store(self):
+        import copy
+        import pickle
+        acc = Accumulator()
+        acc.feed(snap(engine_page("0", 10, 30, [8, 4])), 1.0)
+        for again in (copy.deepcopy(acc), pickle.loads(pickle.dumps(acc)),
+                      Accumulator.from_dict(json.loads(json.dumps(acc.to_dict())))):
+            assert again.gone is acc.gone and again.gauge_weighted is acc.gauge_weighted
+            assert again.anomalies_before == acc.anomalies_before  # pickled: an equal one
+            again.feed(snap(engine_page("0", 12, 36, [9, 4])), 2.0)
+            assert again.totals() == Counts(2, 6, 1, {0: 1, 1: 0})
+
+
+class TestParked:
+    """A streamed stop's parent window packs what an accumulator holds of the page before
+    the stop's (`Accumulator.park`), and counts the same from it if it must take the stop."""
+
+    @pytest.mark.parametrize("restart", [False, True])
+    def test_a_parked_accumulator_counts_as_it_would_have(self, restart):
+        pages = [snap(engine_page("0", 10, 30, [8, 4]), {key(D): 1.0}),
+                 snap(engine_page("0", 12, 36, [9, 4]), {key(D): 1.0})]
+        stop = snap(engine_page("0", 3 if restart else 20, 60, [9, 5]),
+                    {key(D): 2.0 if restart else 1.0})
+        plain, parked = Accumulator(), Accumulator()
+        feed_all(plain, pages)
+        feed_all(parked, pages)
+        page_before = parked.last
+        parked.park(stop.created)
+        assert parked.last is not page_before and dict(parked.last) == page_before
+        # The stop page's `_created` times are shared where they are the same.
+        assert (parked.created is stop.created) is (not restart)
+        assert plain.feed(stop, 300.0) is parked.feed(stop, 300.0) is restart
+        assert parked.totals() == plain.totals() and parked.increase == plain.increase
+        assert parked.last is stop.values  # fed: the page's own mapping again
+
+    def test_parked_twice_or_read_while_parked(self):
+        acc = Accumulator()
+        acc.feed(snap(engine_page("0", 10, 30, [8, 4])), 1.0)
+        page = dict(acc.last)
+        acc.park({})
+        held = acc.last
+        acc.park({})
+        assert acc.last is held and len(held) == len(page) and list(held) == list(page)
+        assert held[key(D)] == 10 and acc.has_series
+        assert acc.to_dict()["last"] == Accumulator(last=page).to_dict()["last"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+import sys
 import tracemalloc
 
 from exporter.snapshot import Counts
@@ -33,6 +35,16 @@ class TestLastWindow:
         packed = PackedIncreases([("a", uneven), ("b", short), ("c", counts(0))])
         assert packed["a"] == uneven and packed["a"].drafts_at(1) == 6.0
         assert packed["b"] == short and packed["c"] == counts(0)
+
+    def test_sent_by_a_stop_child_it_reads_the_same_its_names_shared(self):
+        # A stop's child sends them pickled (`answertext.StopTexts`): the parent makes only
+        # what it keeps, its names one copy with the window list's (interned).
+        sent = PackedIncreases.of_results(answer(3)["results"])
+        back = pickle.loads(pickle.dumps(sent))
+        assert back == sent == {f"t{i}": counts(i) for i in range(3)}
+        assert all(name is sys.intern("".join(["t", str(i)])) for i, name in enumerate(back))
+        kept = {"id": "w", "name": "n", "stopped_at": None, "increases": back}
+        assert LastWindow.of_kept(kept) == LastWindow("w", "n", 0.0, sent)
 
     def test_a_quarter_of_the_counts_it_replaces(self):
         # Kept from one stop to the next: ~0.76 KB a target as `Counts` (targets alike share
