@@ -211,16 +211,24 @@ def _fill_prepared(directory: Path, files: Mapping[str, bytes], ahead: Mapping[s
 
 
 def _write_into(at: int, files: Mapping[str, bytes], flags: int) -> None:
-    """Each file written whole into the folder open as `at` (mode 0600, as mkstemp's)."""
+    """Each file written whole into the folder open as `at` (mode 0600, as mkstemp's).
+
+    `_FILL`: a file there already is written over, and cut to its new text only if it held
+    more. Not `O_TRUNC`: ext4 takes the truncation of a file to zero as a file being replaced
+    and starts writing it to disk at its close (`auto_da_alloc`), even where it was empty (a
+    prepared file): filling 1000 files took 41 ms, against 12 ms without (this machine)."""
     for name, text in files.items():
         fd = os.open(name, flags, 0o600, dir_fd=at)
         try:
+            held = os.fstat(fd).st_size if flags == _FILL else 0
             _write_all(fd, text)
+            if held > len(text):
+                os.ftruncate(fd, len(text))
         finally:
             os.close(fd)
 
 
-_FILL = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+_FILL = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 
 
 def _new_folder(folder: Path, files: Mapping[str, bytes]) -> bool:

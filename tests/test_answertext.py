@@ -23,7 +23,14 @@ from exporter.answertext import AnswerTexts, StopTexts, TextParts, compact, inde
 from exporter.errors import StoreError
 from exporter.isotime import with_iso_times
 from exporter.stopped import LastWindow, StoppedWindow
-from exporter.store import PREPARED, StateStore, atomic_write, prepare_results, write_results
+from exporter.store import (
+    PREPARED,
+    PreparedFiles,
+    StateStore,
+    atomic_write,
+    prepare_results,
+    write_results,
+)
 
 
 def reference(value) -> str:
@@ -337,6 +344,23 @@ class TestPreparedFiles:
         folder = tmp_path / "w" / "performances"
         assert sorted(os.listdir(folder)) == self.NAMES
         assert json.loads((folder / self.NAMES[0]).read_text())["status"] == "ok"
+
+    def test_a_file_holding_more_than_its_new_text_is_cut_to_it(self, tmp_path):
+        # Filled without O_TRUNC (ext4 writes a truncated file out at its close): a file a
+        # killed stop filled with more keeps none of it.
+        prepare_results(tmp_path / "w", self.NAMES)
+        longer = b"x" * 100_000
+        for name in self.NAMES:
+            (tmp_path / "w" / PREPARED / name).write_bytes(longer)
+        texts = AnswerTexts.of(self.ANSWER)
+        ahead = PreparedFiles(tmp_path / "w")
+        ahead.write(self.NAMES[0], texts.files[self.NAMES[0]])
+        ahead.close()
+        assert (tmp_path / "w" / PREPARED / self.NAMES[0]).read_bytes() == texts.files[
+            self.NAMES[0]]
+        write_results(tmp_path / "w", texts, ahead=ahead.written)
+        folder = tmp_path / "w" / "performances"
+        assert {n: (folder / n).read_bytes() for n in self.NAMES} == texts.files
 
     def test_a_folder_there_already_is_written_file_by_file_and_the_prepared_one_goes(
             self, tmp_path):
