@@ -15,11 +15,13 @@ without an answer, the same function runs in a thread of this process instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
 import pickle
 import signal
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -180,6 +182,7 @@ class Child:
             return None
         pid, read_end = self._pid, self._from_child
         reader = asyncio.ensure_future(asyncio.to_thread(_read_all, read_end))
+        data, status = b"", 0
         try:
             if self._pending:
                 self._drained = self._loop.create_future()
@@ -192,12 +195,18 @@ class Child:
             self._close_input()
             if not reader.done():  # past its time, or this stop cancelled: the child goes
                 os.kill(pid, signal.SIGKILL)
-            # The reading thread sees the end once the child is gone; its descriptor is closed
-            # only then (closed under it, the number could be another file's by its next read).
+            # The reading thread sees the end once the child closed it or is gone; its
+            # descriptor is closed only then (closed under it, the number could be another
+            # file's by its next read).
             await asyncio.wait([reader])
             os.close(read_end)
             self._pid = self._from_child = None
-            status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
+            if data[:1] in (_OK, _RAISED):
+                # Its answer is in: the child is reaped as it goes, and the stop does not
+                # wait while its memory is freed.
+                _reap_later(pid)
+            else:
+                status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
         if data[:1] == _OK:
             return data[1:]
         if data[:1] == _RAISED:
@@ -205,6 +214,20 @@ class Child:
             raise ChildError(kind, message)
         log.warning("stop's child process gave no answer status=%s: working in a thread", status)
         return None
+
+
+def _reap_later(pid: int) -> None:
+    """Wait for the child `pid` in a thread of its own (never leaving a zombie, whatever
+    becomes of the loop), unless it is gone already."""
+    with contextlib.suppress(ChildProcessError):
+        if not os.waitpid(pid, os.WNOHANG)[0]:
+            threading.Thread(target=_wait_quietly, args=(pid,), daemon=True,
+                             name=f"reap-{pid}").start()
+
+
+def _wait_quietly(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 def _messages(fd: int) -> Iterator[Any]:  # pragma: no cover  (runs in the child)
@@ -253,6 +276,9 @@ def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
         except Exception as exc:  # no traceback printed: stderr's lock may be another thread's
             data = _RAISED + f"{type(exc).__name__}\n{exc}".encode(errors="replace")
         _write_all(fd, data)
+        # The parent reads to the end of the pipe: closed now, not when this process is
+        # gone (exit frees its memory first, ~10 ms the parent's stop would wait for).
+        os.close(fd)
     except BaseException:
         code = 1
     finally:

@@ -159,6 +159,20 @@ class TestCancelled:
         assert zombies_of(os.getpid()) == []  # the child was reaped
 
 
+class TestReaped:
+    async def test_a_child_that_answered_is_reaped_as_it_goes(self):
+        # Its answer is taken without waiting for it to be gone (`_reap_later`), and it is
+        # still waited for: no zombie stays.
+        for _ in range(3):
+            pid = int(await run_isolated(lambda: str(os.getpid()).encode()))
+            assert pid != PARENT
+            for _ in range(300):
+                if not os.path.exists(f"/proc/{pid}") and not zombies_of(PARENT):
+                    break
+                await asyncio.sleep(0.01)
+            assert not os.path.exists(f"/proc/{pid}") and zombies_of(PARENT) == []
+
+
 def zombies_of(parent: int) -> list[int]:
     """Children of `parent` that ended and were never waited for."""
     found = []
