@@ -14,7 +14,7 @@ from faults.servers import Counters, RawTarget
 
 from exporter.accounting import Accumulator
 from exporter.snapshot import Field, SeriesKey, Snapshot
-from exporter.store import STATE_CACHE_KIB, StateStore, connect_state
+from exporter.store import STATE_CACHE_KIB, STATE_PAGE_SIZE, StateStore, connect_state
 from exporter.window import Window
 
 
@@ -217,6 +217,28 @@ class TestWhatSQLiteKeeps:
         db = connect_state(tmp_path / "state.sqlite")
         assert db.execute("PRAGMA cache_size").fetchone()[0] == -STATE_CACHE_KIB
         db.close()
+
+    def test_a_new_database_has_bigger_pages_and_an_old_one_keeps_its_own(self, tmp_path):
+        # A stop's ~5 MB answer is a chain of overflow pages: fewer, bigger ones write faster.
+        def page_size(path):
+            db = sqlite3.connect(path)
+            try:
+                return db.execute("PRAGMA page_size").fetchone()[0]
+            finally:
+                db.close()
+
+        old = sqlite3.connect(tmp_path / "old.sqlite")
+        old.execute("PRAGMA journal_mode=WAL")
+        old.execute("CREATE TABLE mine (x)")
+        old.close()
+        for name, size in (("new.sqlite", STATE_PAGE_SIZE), ("old.sqlite", 4096)):
+            store, window = StateStore(tmp_path / name), open_window()
+            save(store, window)
+            window.stopped_at, window.answer = 102.0, {"results": {}, "note": "x" * 100_000}
+            store.save([window.to_dict(accumulators=False)], sync=True)
+            assert store.load("w")["answer"]["note"] == "x" * 100_000
+            store.close()
+            assert page_size(tmp_path / name) == size
 
     @pytest.mark.may_skip_in_ci("asks the shared SQLite library, which the sqlite3 module "
                                 "may not be linked to")
