@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.answertext import AnswerTexts, StopTexts, TextParts
+from exporter.isolate import leave_to_exit
 from exporter.results import AnswerParts, window_answer
 from exporter.snapshot import Field, ScrapeResult, SeriesKey, Snapshot
 from exporter.store import PreparedFiles, encode_doc, write_results
@@ -121,7 +122,9 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
             write_results(directory, encoded, ahead=files.written, sync=False)
         finally:
             files.close()
-        return _stop_texts(window, answer, encoded.compact)
+        done = _stop_texts(window, answer, encoded.compact)
+        leave_to_exit(parts, texts, answer, encoded, codec)
+        return done
 
     return work
 
@@ -132,7 +135,9 @@ def whole_answer(window: Window, directory: Path) -> bytes:
     answer = window_answer(window)
     texts = AnswerTexts.of(answer)
     write_results(directory, texts, sync=False)
-    return _stop_texts(window, answer, texts.compact)
+    done = _stop_texts(window, answer, texts.compact)
+    leave_to_exit(answer, texts)
+    return done
 
 
 def _stop_texts(window: Window, answer: Mapping[str, Any], text: bytes) -> bytes:

@@ -10,7 +10,7 @@ import pytest
 
 from exporter import isolate
 from exporter.errors import StoreError
-from exporter.isolate import Child, ChildError, run_isolated
+from exporter.isolate import Child, ChildError, in_thread, leave_to_exit, run_isolated
 
 PARENT = os.getpid()
 
@@ -171,6 +171,26 @@ class TestReaped:
                     break
                 await asyncio.sleep(0.01)
             assert not os.path.exists(f"/proc/{pid}") and zombies_of(PARENT) == []
+
+
+class TestLeftToExit:
+    async def test_a_child_holds_what_it_leaves_to_its_exit_a_thread_does_not(self):
+        # A stop's answer is millions of objects: a child frees them by exiting, not one by
+        # one before its answer is read; where the work runs in a thread they are freed.
+        def leaves() -> bytes:
+            import weakref
+
+            class Big:
+                pass
+
+            big = Big()
+            seen = weakref.ref(big)
+            leave_to_exit(big)
+            del big
+            return b"held" if seen() is not None else b"freed"
+
+        assert await run_isolated(leaves) == b"held"
+        assert await in_thread(leaves) == b"freed"
 
 
 def zombies_of(parent: int) -> list[int]:
