@@ -56,14 +56,23 @@ class TestResultCodec:
         assert repr(back) == repr(results)  # NaN != NaN: compared as text
         assert back[1:] == results[1:]
 
-    def test_each_key_is_sent_once(self):
+    def test_each_shape_is_sent_once(self):
+        # A page's keys in order (its shape) are sent the first time; after that, by number,
+        # for that target or another with the same series, its numbers packed.
         snapshot = parse_page(PAGE)
+        other = Snapshot({k: v + 1 for k, v in snapshot.values.items()}, snapshot.created)
+        renamed = Snapshot(dict(list(snapshot.values.items())[1:]), {})
         packer, unpacker = ResultCodec(), ResultCodec()
-        first = packer.pack(ScrapeResult("t1", 1.0, 0.0, snapshot))
-        second = packer.pack(ScrapeResult("t2", 2.0, 0.0, snapshot))
-        assert len(first[5][0]) == len(snapshot.values) and second[5][0] == []
-        unpacker.unpack(first)
-        assert unpacker.unpack(second).snapshot.values.keys() == snapshot.values.keys()
+        results = [ScrapeResult("t1", 1.0, 0.0, snapshot), ScrapeResult("t2", 2.0, 0.0, other),
+                   ScrapeResult("t1", 3.0, 0.0, other), ScrapeResult("t1", 4.0, 0.0, renamed),
+                   ScrapeResult("t2", 5.0, 0.0, snapshot)]
+        sent = [pickle.dumps(packer.pack(r)) for r in results]
+        assert all(len(later) < len(sent[0]) / 2 for later in sent[1:3] + sent[4:])
+        assert len(sent[3]) > len(sent[0]) / 2  # a new shape: its keys go again
+        back = [unpacker.unpack(pickle.loads(s)) for s in sent]
+        assert repr(back) == repr(results)  # NaN != NaN: compared as text
+        assert [list(b.snapshot.values) for b in back] == [list(r.snapshot.values)
+                                                           for r in results]
 
 
 def stopped_both_ways(tmp_path, n: int, change=None, before=None):
