@@ -25,8 +25,10 @@ from exporter.snapshot import (
     counts_by_model,
     doubles,
     pack_counts,
+    pack_values,
     sum_series,
     unpack_counts,
+    unpack_values,
 )
 
 # Series gone from the page are remembered (their last value, to count from if they return)
@@ -191,12 +193,11 @@ class _Parked(Mapping[SeriesKey, float]):
     @classmethod
     def of(cls, values: Mapping[SeriesKey, float]) -> _Parked:
         """`values` packed."""
-        return cls(tuple(values), doubles(len(values)).pack(*values.values()))
+        return cls(tuple(values), pack_values(values))
 
     def _values(self) -> dict[SeriesKey, float]:
         if self._read is None:
-            numbers = doubles(len(self._keys)).unpack(self._numbers)
-            self._read = dict(zip(self._keys, numbers, strict=True))
+            self._read = unpack_values(self._keys, self._numbers)
         return self._read
 
     def __getitem__(self, key: SeriesKey) -> float:

@@ -353,6 +353,16 @@ def unpack_counts(packed: PackedCounts) -> Counts:
     return Counts(values[0], values[1], values[2], per_position, dict(uneven or {}))
 
 
+def pack_values(values: Mapping[SeriesKey, float]) -> bytes:
+    """A page's values (or `_created` times) as packed doubles, in the mapping's order."""
+    return doubles(len(values)).pack(*values.values())
+
+
+def unpack_values(keys: tuple[SeriesKey, ...], numbers: bytes) -> dict[SeriesKey, float]:
+    """The mapping `pack_values` packed, given its keys in order."""
+    return dict(zip(keys, doubles(len(keys)).unpack(numbers), strict=True))
+
+
 @functools.lru_cache(maxsize=256)
 def doubles(count: int) -> struct.Struct:
     """The struct of `count` little-endian doubles (made once a count)."""

@@ -21,7 +21,14 @@ from typing import Any
 from exporter.answertext import AnswerTexts, StopTexts, TextParts
 from exporter.isolate import leave_to_exit
 from exporter.results import AnswerParts, window_answer
-from exporter.snapshot import Field, ScrapeResult, SeriesKey, Snapshot, doubles
+from exporter.snapshot import (
+    Field,
+    ScrapeResult,
+    SeriesKey,
+    Snapshot,
+    pack_values,
+    unpack_values,
+)
 from exporter.store import PreparedFiles, encode_doc, write_results
 from exporter.window import Window
 
@@ -54,8 +61,8 @@ class ResultCodec:
             return (result.target, result.at, result.duration, result.error, result.size, None)
         values, created = snapshot.values, snapshot.created
         return (result.target, result.at, result.duration, result.error, result.size,
-                (self._shape(self._last[0], result.target, values), _doubles(values),
-                 self._shape(self._last[1], result.target, created), _doubles(created),
+                (self._shape(self._last[0], result.target, values), pack_values(values),
+                 self._shape(self._last[1], result.target, created), pack_values(created),
                  dict(snapshot.gauges), snapshot.dialect, snapshot.duplicates))
 
     def _shape(self, last: dict[str, _Shape], target: str, mapping: Mapping[SeriesKey, float]
@@ -67,11 +74,12 @@ class ResultCodec:
         if held is not None and held[0] == keys:  # the usual case: compared, not hashed
             return held[1]
         known = self._ids.get(keys)
+        new = known is None
         if known is None:
             known = self._ids[keys] = len(self._ids)
-            last[target] = (keys, known)
-            return [(k.field.value, k.model_name, k.engine, k.position, k.extra) for k in keys]
         last[target] = (keys, known)
+        if new:
+            return [(k.field.value, k.model_name, k.engine, k.position, k.extra) for k in keys]
         return known
 
     def unpack(self, packed: _Packed) -> ScrapeResult:
@@ -94,11 +102,7 @@ class ResultCodec:
                                    tuple(tuple(pair) for pair in extra))
                          for name, model, engine, position, extra in shape)
             self._shapes.append(keys)
-        return dict(zip(keys, doubles(len(keys)).unpack(numbers), strict=True))
-
-
-def _doubles(mapping: Mapping[SeriesKey, float]) -> bytes:
-    return doubles(len(mapping)).pack(*mapping.values())
+        return unpack_values(keys, numbers)
 
 
 def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, str]
