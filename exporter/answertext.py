@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import pickle
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,21 +157,23 @@ def _spliced(text: bytes, objects: Mapping[str, tuple[list[bytes], bytes]]) -> b
 
 @dataclass(frozen=True)
 class StopTexts:
-    """What a stop's work hands back through a pipe: the answer's compact text, what memory
+    """What a stop's work hands back from its child: the answer's compact text, what memory
     keeps of it, and the window's state row around the answer (`store.EncodedDoc`'s `before`
-    and `after`); `encode` and `parse` are each other's inverse."""
+    and `after`); `parts` and `of_parts` are each other's inverse."""
 
     compact: bytes
     kept: dict[str, Any]  # the fields `StoppedWindow.of` and `LastWindow.of_kept` read
     row: tuple[bytes, bytes] = (b"", b"")
 
-    def encode(self) -> bytes:
+    def parts(self) -> list[bytes]:
+        """The texts as the parts `Child.answer` hands over as they are (the answer's
+        megabytes are not joined to anything)."""
         # Pickled, not JSON: the parent then makes only what it keeps (packed increases), where
         # JSON's dicts of each target's increase were ~15,000 objects at 1000 targets made
         # and dropped at once, a peak that memory kept (bench markers). The bytes come from
         # our own forked child, as its messages do (`isolate`).
-        parts = (pickle.dumps(self.kept, protocol=pickle.HIGHEST_PROTOCOL), *self.row)
-        return b"".join(len(p).to_bytes(8, "big") + p for p in parts) + self.compact
+        return [pickle.dumps(self.kept, protocol=pickle.HIGHEST_PROTOCOL), *self.row,
+                self.compact]
 
     @staticmethod
     def kept_of(answer: Mapping[str, Any]) -> dict[str, Any]:
@@ -185,13 +187,10 @@ class StopTexts:
         }
 
     @classmethod
-    def parse(cls, data: bytes) -> StopTexts:
-        parts, at = [], 0
-        for _ in range(3):
-            size = int.from_bytes(data[at:at + 8], "big")
-            parts.append(data[at + 8:at + 8 + size])
-            at += 8 + size
-        return cls(compact=data[at:], kept=pickle.loads(parts[0]), row=(parts[1], parts[2]))
+    def of_parts(cls, parts: Sequence[bytes]) -> StopTexts:
+        """The inverse of `parts`."""
+        kept, before, after, text = parts
+        return cls(compact=text, kept=pickle.loads(kept), row=(before, after))
 
 
 def indented(value: Any) -> bytes:

@@ -13,7 +13,7 @@ import contextlib
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -433,33 +433,43 @@ class WindowBook:
 
     async def _commit_stop(self, window: Window, child: Child, stop_errors: dict[str, str],
                            results: list[ScrapeResult]) -> None:
-        """The stop's answer written and saved; else `StoreError`, the window saved open again
+        """The stop's answer saved and written; else `StoreError`, the window saved open again
         (with the stop's scrapes, and `stop_errors` as before the stop)."""
         directory = self.results_dir(window.id)
+        saved = False
         try:
             try:
-                data = await child.result()
-                if data is None:  # no child: this window takes the scrapes, a thread the work
+                parts: Sequence[bytes] | None = await child.answer()
+                if parts is None:  # no child: this window takes the scrapes, a thread the work
                     _take_stop_scrapes(window, results)
-                    data = await in_thread(lambda: whole_answer(window, directory))
+                    parts = (await in_thread(lambda: whole_answer(window, directory))).parts
+                done = StopTexts.of_parts(parts)
+                # The row as the child's window has it (this one has not taken the scrapes).
+                row = EncodedDoc(window.id, False, window.started_at, before=done.row[0],
+                                 own=b"null", after=done.row[1])
+                self.store.save([row], sync=True, answers={window.id: done.compact})
+                saved = True
+                # The child writes the result files once it has sent the answer, while this
+                # process saved it: the stop is done when they are written too.
+                await child.finished()
             except ChildError as exc:
                 if exc.kind != StoreError.__name__:
                     raise RuntimeError(f"window stop failed: {exc.kind}: {exc}") from exc
                 self.result_errors += 1
                 raise StoreError(str(exc)) from exc
-            done = StopTexts.parse(data)
-            # The row as the child's window has it (this one has not taken the scrapes).
-            row = EncodedDoc(window.id, False, window.started_at, before=done.row[0],
-                             own=b"null", after=done.row[1])
-            self.store.save([row], sync=True, answers={window.id: done.compact})
-        except StoreError as exc:
+        except BaseException as exc:
+            # Open again, in the state database too if it holds the window stopped already.
+            if not saved and not isinstance(exc, StoreError):
+                raise  # nothing saved: `stop` opens the window again
             _take_stop_scrapes(window, results)
             window.reopen(stop_errors)
             with contextlib.suppress(StoreError):
                 self._save_all_open()
-            raise StoreError(
-                f'window "{window.id}" stays open: {exc}; stop it again once fixed'
-            ) from exc
+            if isinstance(exc, StoreError):
+                raise StoreError(
+                    f'window "{window.id}" stays open: {exc}; stop it again once fixed'
+                ) from exc
+            raise
         # A stopped window's answer is in the store: memory keeps what lists and gauges read,
         # and the text of the last one stopped (its HTTP answer).
         self._windows.pop(window.id, None)

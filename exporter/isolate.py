@@ -21,19 +21,35 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
-_OK, _RAISED = b"\x00", b"\x01"
+# What the child sends back: frames of a kind, a count of parts, each part's size, the parts.
+# `_STAGED` is an answer with more work after it, whose outcome comes in a second frame.
+_OK, _RAISED, _STAGED = b"\x00", b"\x01", b"\x02"
+_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
+_T = TypeVar("_T")
 _SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP")
             if hasattr(signal, name)]
 _MAX_FD = 1 << 20  # os.closerange closes them in one call where Linux has close_range
 ENV = "SPECDEC_STOP_IN_CHILD"
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A child's answer in parts, sent as they are (no join of megabytes), and `then`: work
+    it does after the parent has the answer (a stop's result files, written while the parent
+    saves it), whose outcome `Child.finished` gives."""
+
+    parts: Sequence[bytes]
+    then: Callable[[], None] | None = None
 
 
 class ChildError(Exception):
@@ -83,13 +99,18 @@ class Child:
     Without a child (no fork here, or turned off) `send` drops its messages, and `result` is
     None, as when the child dies without an answer: the caller then does the work itself
     (`in_thread`) from what it holds. Use as `async with`: leaving it ends a child still there.
+
+    A work that returns `Staged` answers in parts (`answer`), then does its `then` while the
+    parent goes on with the answer; `finished` waits for that.
     """
 
-    def __init__(self, work: Callable[[Iterator[Any]], bytes]):
+    def __init__(self, work: Callable[[Iterator[Any]], bytes | Staged]):
         self._work = work
         self._pid: int | None = None
         self._to_child: int | None = None  # non-blocking: `send` never waits on the child
-        self._from_child: int | None = None
+        # A socket, not a pipe: `recv(size, MSG_WAITALL)` reads a part of megabytes into the
+        # bytes it is kept as, where a pipe's reads came in 64 KB pieces to join.
+        self._from_child: socket.socket | None = None
         self._pending = bytearray()  # sent, not yet taken by the pipe
         self._drained: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
@@ -112,14 +133,14 @@ class Child:
             os.kill(self._pid, signal.SIGKILL)
             self._close_input()
             if self._from_child is not None:
-                os.close(self._from_child)
+                self._from_child.close()
                 self._from_child = None
             pid, self._pid = self._pid, None
             await asyncio.to_thread(os.waitpid, pid, 0)
 
     def _fork(self) -> None:
         inbox_r, inbox_w = os.pipe()
-        answer_r, answer_w = os.pipe()
+        answer_r, answer_w = socket.socketpair()
         try:
             with warnings.catch_warnings():
                 # Python 3.12+ warns of a fork in a process with threads (the loop's executor):
@@ -128,17 +149,19 @@ class Child:
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
         except OSError as exc:
-            for fd in (inbox_r, inbox_w, answer_r, answer_w):
+            for fd in (inbox_r, inbox_w):
                 os.close(fd)
+            answer_r.close()
+            answer_w.close()
             log.warning("no child process for a stop error=%s: working in a thread", exc)
             return
         if pid == 0:  # pragma: no cover  (the child: coverage cannot follow os._exit)
             os.close(inbox_w)
-            os.close(answer_r)
+            answer_r.close()
             work = self._work
-            _child(lambda: work(_messages(inbox_r)), answer_w, inbox_r)
+            _child(lambda: work(_messages(inbox_r)), answer_w.detach(), inbox_r)
         os.close(inbox_r)
-        os.close(answer_w)
+        answer_w.close()
         os.set_blocking(inbox_w, False)
         self._pid, self._to_child, self._from_child = pid, inbox_w, answer_r
 
@@ -178,42 +201,76 @@ class Child:
     async def result(self, *, timeout: float = 300.0) -> bytes | None:
         """The child's bytes once it has every message, or `ChildError` if its work raised;
         None without a child, or one that gave no answer (dead, or past `timeout` seconds)."""
+        parts = await self.answer(timeout=timeout)
+        if parts is None:
+            return None
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def answer(self, *, timeout: float = 300.0) -> list[bytes] | None:
+        """`result`, as the parts the work gave (`Staged`): each its own bytes, as sent."""
         if self._pid is None or self._from_child is None:
             return None
-        pid, read_end = self._pid, self._from_child
-        reader = asyncio.ensure_future(asyncio.to_thread(_read_all, read_end))
-        data, status = b"", 0
         try:
             if self._pending:
                 self._drained = self._loop.create_future()
                 await asyncio.wait_for(asyncio.shield(self._drained), timeout)
             self._close_input()  # the inbox ends: the child finishes its work
-            data = await asyncio.wait_for(asyncio.shield(reader), timeout)
         except TimeoutError:
-            data = b""
+            await self._next_frame(0.0)  # it is past its time: ended, and said so
+            return None
+        frame = await self._next_frame(timeout)
+        if frame is None:
+            return None
+        return _outcome(*frame)
+
+    async def finished(self, *, timeout: float = 300.0) -> None:
+        """Once a `Staged` work's `then` is done: `ChildError` if it raised, or if the child
+        ended before saying (ChildExited). At once for a work that was not staged."""
+        if self._pid is None or self._from_child is None:
+            return
+        frame = await self._next_frame(timeout)
+        if frame is None:
+            raise ChildError("ChildExited", "the child ended before its work after the answer")
+        _outcome(*frame)
+
+    async def _next_frame(self, timeout: float) -> tuple[bytes, list[bytes]] | None:
+        """The child's next frame (None: it ended without one, or took longer than `timeout`
+        seconds and is killed). After its last frame the child is let go (reaped as it goes)."""
+        assert self._pid is not None and self._from_child is not None
+        pid, channel = self._pid, self._from_child
+        self._close_input()
+        reader = asyncio.ensure_future(asyncio.to_thread(_read_frame, channel))
+        frame: tuple[bytes, list[bytes]] | None = None
+        try:
+            frame = await asyncio.wait_for(asyncio.shield(reader), timeout)
+        except TimeoutError:
+            pass
         finally:
-            self._close_input()
             if not reader.done():  # past its time, or this stop cancelled: the child goes
                 os.kill(pid, signal.SIGKILL)
-            # The reading thread sees the end once the child closed it or is gone; its
-            # descriptor is closed only then (closed under it, the number could be another
-            # file's by its next read).
+            # The reading thread sees the end once the child closed it or is gone; the socket
+            # is closed only then (closed under it, the number could be another file's by its
+            # next read).
             await asyncio.wait([reader])
-            os.close(read_end)
-            self._pid = self._from_child = None
-            if data[:1] in (_OK, _RAISED):
-                # Its answer is in: the child is reaped as it goes, and the stop does not
-                # wait while its memory is freed.
-                _reap_later(pid)
-            else:
-                status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
-        if data[:1] == _OK:
-            return data[1:]
-        if data[:1] == _RAISED:
-            kind, _, message = data[1:].decode(errors="replace").partition("\n")
-            raise ChildError(kind, message)
-        log.warning("stop's child process gave no answer status=%s: working in a thread", status)
-        return None
+            if frame is None or frame[0] != _STAGED:  # its last word
+                channel.close()
+                self._pid = self._from_child = None
+                if frame is not None:
+                    # Its answer is in: the child is reaped as it goes, and the stop does not
+                    # wait while its memory is freed.
+                    _reap_later(pid)
+                else:
+                    status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
+                    log.warning("child process ended without answering status=%s", status)
+        return frame
+
+
+def _outcome(kind: bytes, parts: list[bytes]) -> list[bytes]:
+    """A frame's parts, or the `ChildError` it carries."""
+    if kind == _RAISED:
+        name, _, message = b"".join(parts).decode(errors="replace").partition("\n")
+        raise ChildError(name, message)
+    return parts
 
 
 def _reap_later(pid: int) -> None:
@@ -246,7 +303,7 @@ def _messages(fd: int) -> Iterator[Any]:  # pragma: no cover  (runs in the child
     os.close(fd)
 
 
-async def in_thread(work: Callable[[], bytes]) -> bytes:
+async def in_thread(work: Callable[[], _T]) -> _T:
     """`work()` in a thread, raising as a child's work would (`ChildError`)."""
     try:
         return await asyncio.to_thread(work)
@@ -269,7 +326,7 @@ def leave_to_exit(*objects: Any) -> None:
         _LEFT_TO_EXIT.append(objects)
 
 
-def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
+def _child(work: Callable[[], bytes | Staged], fd: int, inbox: int = -1
            ) -> None:  # pragma: no cover  (runs in the child)
     global _in_child
     _in_child = True
@@ -288,12 +345,21 @@ def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
         # A collection would walk (and so copy) every page of the parent's heap; the child
         # lives for a second and frees everything by exiting.
         gc.disable()
+        then = None
         try:
-            data = _OK + work()
+            done = work()
+            staged = done if isinstance(done, Staged) else Staged((done,))
+            then = staged.then
+            _send_frame(fd, _OK if then is None else _STAGED, staged.parts)
         except Exception as exc:  # no traceback printed: stderr's lock may be another thread's
-            data = _RAISED + f"{type(exc).__name__}\n{exc}".encode(errors="replace")
-        _write_all(fd, data)
-        # The parent reads to the end of the pipe: closed now, not when this process is
+            _send_frame(fd, _RAISED, [_error_text(exc)])
+        if then is not None:
+            try:
+                then()
+                _send_frame(fd, _OK, [])
+            except Exception as exc:
+                _send_frame(fd, _RAISED, [_error_text(exc)])
+        # The parent reads to its last frame: the socket closed now, not when this process is
         # gone (exit frees its memory first, ~10 ms the parent's stop would wait for).
         os.close(fd)
     except BaseException:
@@ -302,14 +368,55 @@ def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
         os._exit(code)
 
 
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    while chunk := os.read(fd, 1 << 20):
+def _error_text(exc: Exception) -> bytes:  # pragma: no cover  (runs in the child)
+    return f"{type(exc).__name__}\n{exc}".encode(errors="replace")
+
+
+def _send_frame(fd: int, kind: bytes, parts: Sequence[bytes]
+                ) -> None:  # pragma: no cover  (runs in the child)
+    """A frame (`_read_frame`): its head, then the parts as they are, a writev at a time."""
+    head = b"".join([kind, len(parts).to_bytes(4, "big"),
+                     *(len(p).to_bytes(8, "big") for p in parts)])
+    views = [memoryview(b) for b in (head, *parts) if b]
+    at = 0
+    while at < len(views):
+        sent = os.writev(fd, views[at:at + _IOV_MAX])
+        while sent:  # what was sent leaves the list; a part sent in half keeps its rest
+            size = views[at].nbytes
+            if sent < size:
+                views[at], sent = views[at][sent:], 0
+            else:
+                sent, at = sent - size, at + 1
+
+
+def _read_frame(channel: socket.socket) -> tuple[bytes, list[bytes]] | None:
+    """One frame of the child's (kind, parts); None if the child ended before it was whole."""
+    head = _receive(channel, 5)
+    if head is None:
+        return None
+    sizes = _receive(channel, 8 * int.from_bytes(head[1:5], "big"))
+    if sizes is None:
+        return None
+    parts = []
+    for at in range(0, len(sizes), 8):
+        part = _receive(channel, int.from_bytes(sizes[at:at + 8], "big"))
+        if part is None:
+            return None
+        parts.append(part)
+    return head[:1], parts
+
+
+def _receive(channel: socket.socket, size: int) -> bytes | None:
+    """`size` bytes, received into the bytes object they are kept as (one copy, where reads
+    of a pipe's 64 KB and a join made two); None at the end before them."""
+    data = channel.recv(size, socket.MSG_WAITALL) if size else b""
+    if len(data) == size:
+        return data
+    chunks, got = [data], len(data)
+    while got < size:  # a signal cut the wait short, or the child is gone
+        chunk = channel.recv(size - got, socket.MSG_WAITALL)
+        if not chunk:
+            return None
         chunks.append(chunk)
+        got += len(chunk)
     return b"".join(chunks)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]

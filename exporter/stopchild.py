@@ -4,7 +4,8 @@ A stop over 1000 targets scrapes every target and then made its answer (the RESU
 advice, the texts and files: about as long again). Where the server has a core to spare, a
 child forked as the stop begins takes each target's stop scrape as it arrives (`Child.send`)
 and makes that target's RESULT, advice, texts and file on that core meanwhile; once the last
-scrape is in, only the aggregate and the splicing of the texts are left (`streamed_answer`).
+scrape is in, only the aggregate and the splicing of the texts are left (`streamed_answer`);
+the files are written once the parent has the answer, while it saves it.
 
 The server's own window then only marks each stop scrape taken, and takes them itself where
 the child gives no answer or the stop fails (`book`). Forked after the scrapes (no core to
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.answertext import AnswerTexts, StopTexts, TextParts
-from exporter.isolate import leave_to_exit
+from exporter.isolate import Staged, leave_to_exit
 from exporter.results import AnswerParts, window_answer
 from exporter.snapshot import (
     Field,
@@ -106,18 +107,19 @@ class ResultCodec:
 
 
 def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, str]
-                    ) -> Callable[[Iterator[Any]], bytes]:
-    """The child's work (`Child(work)`): the messages in, the answer made, written, encoded.
+                    ) -> Callable[[Iterator[Any]], Staged]:
+    """The child's work (`Child(work)`): the messages in, the answer made and encoded, then
+    written (`Staged`: the parent saves the answer while the files are written).
 
     `window` is the child's copy, as it was at the fork; the messages bring it up to the
     parent's. Runs in a forked child: no logging, no locks.
     """
 
-    def work(inbox: Iterator[Any]) -> bytes:
+    def work(inbox: Iterator[Any]) -> Staged:
         codec, parts, texts = ResultCodec(), AnswerParts(window), TextParts(file_names)
         files = PreparedFiles(directory)
-        ended = False
         try:
+            ended = False
             for message in inbox:
                 kind = message[0]
                 if kind == FINAL:
@@ -142,18 +144,25 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
                 raise RuntimeError("the stop was cut short: no end of it came")
             answer = parts.answer()
             encoded = texts.texts(answer)
-            # Not synced: the state database, synced next, holds the same answer.
-            write_results(directory, encoded, ahead=files.written, sync=False)
-        finally:
+            done = _stop_texts(window, answer, encoded.compact)
+        except BaseException:
             files.close()
-        done = _stop_texts(window, answer, encoded.compact)
-        leave_to_exit(parts, texts, answer, encoded, codec)
-        return done
+            raise
+
+        def write() -> None:
+            try:
+                # Not synced: the state database, synced meanwhile, holds the same answer.
+                write_results(directory, encoded, ahead=files.written, sync=False)
+            finally:
+                files.close()
+                leave_to_exit(parts, texts, answer, encoded, codec)
+
+        return Staged(done, write)
 
     return work
 
 
-def whole_answer(window: Window, directory: Path) -> bytes:
+def whole_answer(window: Window, directory: Path) -> Staged:
     """A stopped window's answer made, written and encoded in one go (the parent's window,
     every scrape in): where there is no child. `StoreError` if its files cannot be written."""
     answer = window_answer(window)
@@ -161,11 +170,11 @@ def whole_answer(window: Window, directory: Path) -> bytes:
     write_results(directory, texts, sync=False)
     done = _stop_texts(window, answer, texts.compact)
     leave_to_exit(answer, texts)
-    return done
+    return Staged(done)
 
 
-def _stop_texts(window: Window, answer: Mapping[str, Any], text: bytes) -> bytes:
-    """`StopTexts` encoded: with the window's state row (the child's window is the one fed
+def _stop_texts(window: Window, answer: Mapping[str, Any], text: bytes) -> list[bytes]:
+    """`StopTexts` as parts: with the window's state row (the child's window is the one fed
     the stop's scrapes: the parent's is not, `book`)."""
     row = encode_doc(window.to_dict(accumulators=False))
-    return StopTexts(text, StopTexts.kept_of(answer), (row.before, row.after)).encode()
+    return StopTexts(text, StopTexts.kept_of(answer), (row.before, row.after)).parts()

@@ -20,6 +20,7 @@ from test_isolate import zombies_of
 
 from exporter.book import RECENT_WINDOWS
 from exporter.console import format_window
+from exporter.store import StateStore
 
 DAY = 86400.0
 
@@ -648,6 +649,12 @@ class TestStopWorkFails:
         assert response.status == 500
         state = await (await exp.client.get("/api/v1/windows/w")).json()
         assert state["status"] == "open" and state["scrapes"] == {"a": 2}
+        # The files are written after the answer is saved: the state database was set back.
+        saved = StateStore(exp.service.config.state_path)
+        try:
+            assert [doc["id"] for doc in saved.load_open()] == ["w"]
+        finally:
+            saved.close()
         monkeypatch.setattr(stopchild, "write_results", real)
         fake.server.add(0, 1, 2, [1, 0])
         result = (await exp.stop("w"))["results"]["a"]

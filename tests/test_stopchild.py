@@ -12,6 +12,7 @@ import pytest
 
 from bench.answer import EVERY, REMOVED, open_window
 from exporter.answertext import StopTexts
+from exporter.isolate import Staged
 from exporter.parse import parse_page
 from exporter.results import result_file_names
 from exporter.snapshot import ScrapeResult, Snapshot
@@ -89,7 +90,7 @@ def stopped_both_ways(tmp_path, n: int, change=None, before=None):
     whole_window.take_final(finals, stop)
     if change:
         change(whole_window)
-    whole = whole_answer(whole_window, tmp_path / "whole")
+    whole = done(whole_answer(whole_window, tmp_path / "whole"))
 
     prepare_results(tmp_path / "streamed", names.values())
     work = streamed_answer(streamed_window, tmp_path / "streamed", names)
@@ -100,8 +101,15 @@ def stopped_both_ways(tmp_path, n: int, change=None, before=None):
         change(end_window)
     messages = [(FINAL, codec.pack(r)) for r in finals]
     messages.append((END, stop, end_window.removed))
-    streamed = work(iter(pickle.loads(pickle.dumps(m)) for m in messages))
+    streamed = done(work(iter(pickle.loads(pickle.dumps(m)) for m in messages)))
     return whole, streamed
+
+
+def done(staged: Staged) -> list[bytes]:
+    """A work's answer parts, its work after them done (the result files written)."""
+    if staged.then is not None:
+        staged.then()
+    return list(staged.parts)
 
 
 class TestStreamedAnswer:
@@ -111,7 +119,7 @@ class TestStreamedAnswer:
         assert streamed == whole
         assert files_of(tmp_path / "streamed") == files_of(tmp_path / "whole")
         assert not (tmp_path / "streamed" / PREPARED).exists()
-        answer = json.loads(StopTexts.parse(streamed).compact)
+        answer = json.loads(StopTexts.of_parts(streamed).compact)
         assert len(answer["results"]) == n
 
     def test_a_target_removed_after_its_stop_scrape_is_made_again(self, tmp_path):
@@ -120,7 +128,7 @@ class TestStreamedAnswer:
 
         whole, streamed = stopped_both_ways(tmp_path, 3, remove_t0)
         assert streamed == whole
-        result = json.loads(StopTexts.parse(streamed).compact)["results"]["t0"]
+        result = json.loads(StopTexts.of_parts(streamed).compact)["results"]["t0"]
         assert result["status"] == "na" and "at the stop" in result["error"]
         assert files_of(tmp_path / "streamed") == files_of(tmp_path / "whole")
 
@@ -132,7 +140,7 @@ class TestStreamedAnswer:
 
         whole, streamed = stopped_both_ways(tmp_path, EVERY, before=late)
         assert streamed == whole
-        results = json.loads(StopTexts.parse(streamed).compact)["results"]
+        results = json.loads(StopTexts.of_parts(streamed).compact)["results"]
         assert results[f"t{REMOVED}"]["status"] == "na"
         assert results["t1"]["coverage"] == "partial"
         assert ("of the window 2026-12-02T18:00:00.000Z to 2026-12-02T18:00:20.500Z; "
@@ -147,13 +155,30 @@ class TestStreamedAnswer:
         between = ScrapeResult("t0", stop - 1, 0.01, finals[0].snapshot)
         parent.feed(between)
         parent.take_final(finals, stop)
-        whole = whole_answer(parent, tmp_path / "whole")
+        whole = done(whole_answer(parent, tmp_path / "whole"))
         codec = ResultCodec()
         messages = [(FEED, codec.pack(between))] + [(FINAL, codec.pack(r)) for r in finals]
         messages.append((END, stop, parent.removed))
-        streamed = streamed_answer(child_copy, tmp_path / "streamed", names)(iter(messages))
+        streamed = done(streamed_answer(child_copy, tmp_path / "streamed", names)(iter(messages)))
         assert streamed == whole
-        assert json.loads(StopTexts.parse(streamed).compact)["results"]["t0"]["scrapes"] == 6
+        assert json.loads(StopTexts.of_parts(streamed).compact)["results"]["t0"]["scrapes"] == 6
+
+    def test_the_answer_comes_before_the_files_are_written(self, tmp_path):
+        # The parent saves the answer while the child writes the files (`Staged.then`).
+        window, finals, stop = open_window(3)
+        names = file_names(window)
+        prepare_results(tmp_path / "w", names.values())
+        codec = ResultCodec()
+        messages = [(FINAL, codec.pack(r)) for r in finals] + [(END, stop, {})]
+        staged = streamed_answer(window, tmp_path / "w", names)(iter(messages))
+        assert len(json.loads(StopTexts.of_parts(list(staged.parts)).compact)["results"]) == 3
+        assert not (tmp_path / "w" / "window.json").exists()
+        assert not (tmp_path / "w" / "performances").exists()
+        assert staged.then is not None
+        staged.then()
+        assert json.loads((tmp_path / "w" / "window.json").read_bytes())["results"].keys() == {
+            "t0", "t1", "t2"}
+        assert sorted(os.listdir(tmp_path / "w" / "performances")) == sorted(names.values())
 
     def test_an_inbox_cut_short_writes_nothing(self, tmp_path):
         # The server killed mid-stop: the child's inbox ends without END.

@@ -69,6 +69,14 @@ class TestResultsNotWritable:
         assert 'window "w1" stays open' in error and "stop it again" in error
         state = await (await exp.client.get("/api/v1/windows/w1")).json()
         assert state["status"] == "open"
+        # Open in the state database too, which the stop had saved it stopped in before its
+        # files failed (they are written while it saves): a restart now finds it open.
+        saved = store.StateStore(exp.service.config.state_path)
+        try:
+            (doc,) = saved.load_open()
+            assert doc["id"] == "w1" and sorted(doc["accumulators"]) == ["a", "b"]
+        finally:
+            saved.close()
         # The failed stop's scrapes are the window's (start, round, stop: three each).
         assert state["scrapes"] == {"a": 3, "b": 3}
         found = await still_serving(exp.client)
