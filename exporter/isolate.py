@@ -5,7 +5,7 @@ texts) while the loop goes on scraping. Freed, that memory mostly stayed: Python
 arenas return to the system only when wholly empty, and the scrapes' long-lived objects made
 meanwhile pin them, so RSS grew with every stop (76 MB to 167 MB over 50 windows). A forked
 child sees the parent's memory as it was at the fork (copy-on-write), does the work on the
-other core, hands back bytes through a pipe and exits: its memory goes with it, and the
+other core, hands back bytes through a socket and exits: its memory goes with it, and the
 parent's event loop no longer shares the GIL with the encoding either.
 
 Where there is no `fork` (Windows), `SPECDEC_STOP_IN_CHILD=0` is set, or the child dies
@@ -145,7 +145,7 @@ class Child:
             with warnings.catch_warnings():
                 # Python 3.12+ warns of a fork in a process with threads (the loop's executor):
                 # a lock another thread holds stays locked in the child. The child takes none:
-                # it computes, writes files and a pipe, and leaves by os._exit.
+                # it computes, writes files and a socket, and leaves by os._exit.
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pid = os.fork()
         except OSError as exc:

@@ -118,7 +118,7 @@ class TestChildHoldsNothing:
             theirs = await run_isolated(lambda: " ".join(os.listdir("/proc/self/fd")).encode())
             open_in_child = {int(fd) for fd in theirs.split()}
             assert listener.fileno() not in open_in_child
-            # Beyond stdin, stdout and stderr: the pipe back, its inbox (`Child.send`), and
+            # Beyond stdin, stdout and stderr: the socket back, its inbox (`Child.send`), and
             # the listing's own.
             assert len(open_in_child - {0, 1, 2}) == 3 < len(set(mine) - {0, 1, 2})
         finally:
