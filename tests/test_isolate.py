@@ -257,6 +257,21 @@ class TestFedChild:
             assert await child.result() is None  # the caller does the work itself
         assert zombies_of(os.getpid()) == []
 
+    async def test_a_child_that_stops_reading_is_killed_past_its_time(self):
+        # Its inbox never drains: the wait for it ends at the timeout, the child with it.
+        def never_reads(_inbox) -> bytes:
+            time.sleep(60)
+            return b""
+
+        before = len(os.listdir("/proc/self/fd"))
+        async with Child(never_reads) as child:
+            for number in range(3000):  # 3 MB: more than the pipe holds
+                child.send((number, b"w" * 1000))
+            await asyncio.sleep(0)  # the first write fills the pipe
+            assert await child.result(timeout=0.5) is None
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert zombies_of(os.getpid()) == []
+
     async def test_no_child_drops_the_messages_and_gives_no_answer(self, monkeypatch):
         monkeypatch.setenv(isolate.ENV, "0")
         async with Child(summed) as child:
