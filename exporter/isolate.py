@@ -349,8 +349,8 @@ def _child(work: Callable[[], bytes | Staged], fd: int, inbox: int = -1
         try:
             done = work()
             staged = done if isinstance(done, Staged) else Staged((done,))
-            then = staged.then
-            _send_frame(fd, _OK if then is None else _STAGED, staged.parts)
+            _send_frame(fd, _OK if staged.then is None else _STAGED, staged.parts)
+            then = staged.then  # only once the parent has the answer it comes after
         except Exception as exc:  # no traceback printed: stderr's lock may be another thread's
             _send_frame(fd, _RAISED, [_error_text(exc)])
         if then is not None:
