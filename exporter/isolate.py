@@ -214,7 +214,6 @@ class Child:
             if self._pending:
                 self._drained = self._loop.create_future()
                 await asyncio.wait_for(asyncio.shield(self._drained), timeout)
-            self._close_input()  # the inbox ends: the child finishes its work
         except TimeoutError:
             await self._next_frame(0.0)  # it is past its time: ended, and said so
             return None
@@ -238,7 +237,7 @@ class Child:
         seconds and is killed). After its last frame the child is let go (reaped as it goes)."""
         assert self._pid is not None and self._from_child is not None
         pid, channel = self._pid, self._from_child
-        self._close_input()
+        self._close_input()  # the inbox ends: the child finishes its work
         reader = asyncio.ensure_future(asyncio.to_thread(_read_frame, channel))
         frame: tuple[bytes, list[bytes]] | None = None
         try:
