@@ -26,10 +26,10 @@ import time
 from typing import Any
 
 from bench.fleet import PageSet
-from exporter.parse import parse_page
-from exporter.results import window_answer
-from exporter.snapshot import ScrapeResult, Snapshot
-from exporter.window import TargetRef, Window
+from exporter.core.parse import parse_page
+from exporter.core.results import window_answer
+from exporter.core.snapshot import ScrapeResult, Snapshot
+from exporter.core.window import TargetRef, Window
 
 T0 = 1796234400.0  # 2026-12-02T18:00:00Z
 INTERVAL = 5.0

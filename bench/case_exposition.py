@@ -16,11 +16,11 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from bench.common import CaseResult, Row, percentile, ratio, time_call
 from bench.fleet import NginxFleet
-from exporter.api import PRERENDER, SERVICE, WRITER
-from exporter.app import make_app
-from exporter.config import validate_config
-from exporter.exposition import MetricsWriter
-from exporter.prerender import CHUNK, Prerender
+from exporter.web.handlers import PRERENDER, SERVICE, WRITER
+from exporter.web.app import make_app
+from exporter.config.model import validate_config
+from exporter.web.exposition import MetricsWriter
+from exporter.web.prerender import CHUNK, Prerender
 
 RENDER_TARGET_S = 0.020  # issue 15
 LAG_TARGET_S = 0.050  # issue 15

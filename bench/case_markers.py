@@ -147,7 +147,7 @@ def run(fleet: NginxFleet, *, sizes=(100, 1000), repeats=None, interval: float =
                 Row("markers", f"N={n}: stop cost per target", stop / n * 1e3, "ms",
                     base_s / n * 1e3, "plain round per target", ratio(stop, base_s)),
                 # A stop's answer is made by a child on the other core while the server
-                # scrapes (`exporter/stopchild.py`): CPU beside the wall time it takes.
+                # scrapes (`exporter/server/stop.py`): CPU beside the wall time it takes.
                 Row("markers", f"N={n}: stop CPU of the server, median", server_cpu, "s",
                     stop, "the stop's wall time", ratio(server_cpu, stop)),
                 Row("markers", f"N={n}: stop CPU of its child, median", child_cpu, "s",

@@ -22,7 +22,7 @@ from bench.common import (
     wait_until,
 )
 from bench.fleet import NginxFleet
-from exporter.config import validate_config
+from exporter.config.model import validate_config
 
 EXPORTER_AGENT = "specdec-exporter/"
 PROMETHEUS_AGENT = "Prometheus/"
@@ -100,7 +100,7 @@ class ExporterProcess(_ServingProcess):
         ))
         env = {k: v for k, v in os.environ.items() if k not in ("SPECDEC_TOKEN",)}
         env["PYTHONUNBUFFERED"] = "1"
-        if event_loop:  # "asyncio" opts out of uvloop (exporter/eventloop.py)
+        if event_loop:  # "asyncio" opts out of uvloop (exporter/server/eventloop.py)
             env["SPECDEC_EVENT_LOOP"] = event_loop
         self._launch([sys.executable, "-m", "exporter", "serve", "--config", str(path)],
                      workdir / "exporter.log", "exporter ready", 60 + n * 0.05, env=env)

@@ -1,5 +1,5 @@
 """Entry point for `python -m exporter`."""
 
-from exporter.cli import main
+from exporter.cli.main import main
 
 raise SystemExit(main())

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from exporter.advise import window_advice
-from exporter.console import format_window
-from exporter.errors import ExporterError
-from exporter.redact import redact_url
-from exporter.results import Result, Status, aggregate
-from exporter.window import new_window_id
+from exporter.analysis.advise import window_advice
+from exporter.core.console import format_window
+from exporter.core.errors import ExporterError
+from exporter.core.redact import redact_url
+from exporter.core.results import Result, Status, aggregate
+from exporter.core.window import new_window_id
 
 
 class ClientError(ExporterError):
@@ -164,7 +164,7 @@ class FleetClient:
 
     Each shard scrapes its own share of the targets; a window is opened on every shard with the
     same id, and the stop answers are merged into one, aggregate recomputed from the counts.
-    Shards configured with `peers` do this themselves (exporter/fanout.py): one URL is enough.
+    Shards configured with `peers` do this themselves (exporter/web/fanout.py): one URL is enough.
     """
 
     def __init__(self, urls: Sequence[str], token: str | None = None, timeout: float = 60.0):

@@ -74,7 +74,7 @@ class TestAnswerBench:
         assert "window_answer over 30 targets" in capsys.readouterr().out
 
     def test_window_takes_every_path(self):
-        from exporter.results import window_answer
+        from exporter.core.results import window_answer
 
         results = window_answer(answer.build_window(120))["results"]
         assert results["t0"]["status"] == "ok" and results["t0"]["coverage"] == "full"

@@ -13,8 +13,8 @@ import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
 
 from exporter.client import ClientError, ExporterClient, FleetClient, merge_answers
-from exporter.console import format_window
-from exporter.shards import owner
+from exporter.core.console import format_window
+from exporter.core.shards import owner
 
 
 class TestExporterClient:

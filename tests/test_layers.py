@@ -1,5 +1,10 @@
 """The package's layering, read from the source (this file tests no single module).
 
+- Packages stack: `core` < `analysis` < `config` < `scrape` < `state` < `server` < `web` <
+  `cli`; a module imports only from its own package and the ones below it. `client` (stdlib
+  only) and `fakevllm` (never imported by `serve`) sit beside the stack and read `core` and
+  `analysis` only, and `cli` may import them. No import cycle between modules, function-level imports included.
+- No module over ~500 lines, no function over ~60.
 - The pure domain imports no I/O library.
 - Readers (/metrics, the JSON views, the HTML pages) take a `StateView`: they import none of
   the service's parts (targets aside, whose `TargetState` is what the view holds), nor the
@@ -22,26 +27,134 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 EXPORTER = ROOT / "exporter"
 
-READERS = ("exposition", "views", "landing", "window_page", "compare_page", "advice_html",
-           "pages")
-NOT_FOR_READERS = {"exporter.service", "exporter.book", "exporter.scheduler", "exporter.store",
-                   "exporter.scrape", "exporter.api", "exporter.app", "exporter.fanout"}
+STACK = ("core", "analysis", "config", "scrape", "state", "server", "web", "cli")
+BESIDE = {"client": {"core", "analysis"}, "fakevllm": {"core"}, "__main__": {"cli"}}
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+
+READERS = ("web/exposition", "web/jsonviews", "web/pages/landing", "web/pages/window",
+           "web/pages/compare", "web/pages/advice", "web/pages/html")
+NOT_FOR_READERS = {"exporter.server.service", "exporter.server.book",
+                   "exporter.server.scheduler", "exporter.state.store",
+                   "exporter.scrape.scraper", "exporter.web.handlers", "exporter.web.app",
+                   "exporter.web.fanout"}
 
 # namedtuple's public API starts with an underscore.
 NAMEDTUPLE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 # argparse offers no public way to list a parser's options (test_cli checks their help);
-# os._exit is the documented way out of a forked child (exporter/isolate.py).
+# os._exit is the documented way out of a forked child (exporter/server/isolate.py).
 ALLOWED = {"_actions", "_SubParsersAction", "_exit"}
 
 
 def _imports(path: Path) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
             found.update(f"{node.module}.{a.name}" for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
+    return found
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of the package."""
+    found = {}
+    for path in EXPORTER.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        name = ".".join(parts).removesuffix(".__init__")
+        found[name] = path
+    return found
+
+
+def _room(name: str) -> str:
+    """The package of exporter.<room>.x (or the top-level module's own name)."""
+    return name.split(".")[1]
+
+
+def upward_imports(modules: dict[str, Path]) -> list[str]:
+    """`module -> import` for every import that reaches above or outside the importer's room."""
+    found = []
+    for name, path in sorted(modules.items()):
+        if name == "exporter":
+            continue
+        room = _room(name)
+        for imported in sorted(_imports(path)):
+            if imported not in modules or imported == "exporter":
+                continue
+            other = _room(imported)
+            if other == room:
+                continue
+            if room == "cli":
+                allowed = True  # the top: the commands run the client and the simulator too
+            elif room in STACK:
+                allowed = other in STACK and STACK.index(other) < STACK.index(room)
+            else:
+                allowed = other in BESIDE.get(room, set())
+            if not allowed:
+                found.append(f"{name} -> {imported}")
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    # `from exporter.x import y` imports the package exporter.x, and y when y is a module.
+    return {name: {m for m in _imports(path) if m in modules and m not in (name, "exporter")}
+            for name, path in modules.items()}
+
+
+def oversized(modules: dict[str, Path]) -> list[str]:
+    found = []
+    for name, path in sorted(modules.items()):
+        source = path.read_text()
+        if (lines := len(source.splitlines())) > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}.{node.name}: {length} lines")
     return found
 
 
@@ -81,11 +194,36 @@ def private_reads(source: str) -> list[str]:
     return found
 
 
+class TestPackages:
+    def test_each_package_imports_only_from_those_below_it(self):
+        assert upward_imports(_modules()) == []
+
+    def test_the_check_sees_an_upward_import(self, tmp_path):
+        core = tmp_path / "exporter" / "core"
+        core.mkdir(parents=True)
+        (core / "low.py").write_text("from exporter.web.app import make_app\n")
+        (tmp_path / "exporter" / "web").mkdir()
+        (tmp_path / "exporter" / "web" / "app.py").write_text("from exporter.core import low\n")
+        modules = {"exporter.core.low": core / "low.py",
+                   "exporter.web.app": tmp_path / "exporter" / "web" / "app.py"}
+        assert upward_imports(modules) == ["exporter.core.low -> exporter.web.app"]
+
+    def test_no_import_cycle(self):
+        assert cycles(import_graph(_modules())) == []
+
+    def test_the_check_sees_a_cycle(self):
+        graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+        assert cycles(graph) == [["a", "b", "c"]]
+
+    def test_no_module_or_function_over_the_size_limits(self):
+        assert oversized(_modules()) == []
+
+
 class TestPureDomain:
     def test_domain_and_client_import_no_io_libraries(self):
         # A fresh interpreter: what importing the domain (and the stdlib-only client) loads.
-        modules = ("exporter.snapshot", "exporter.accounting", "exporter.window",
-                   "exporter.derive", "exporter.results", "exporter.console", "exporter.client")
+        modules = ("exporter.core.snapshot", "exporter.core.counting", "exporter.core.window",
+                   "exporter.core.derive", "exporter.core.results", "exporter.core.console", "exporter.client")
         code = (
             "import importlib, sys\n"
             f"for name in {modules!r}:\n"
@@ -106,8 +244,8 @@ class TestReaders:
 
     def test_the_check_sees_an_import_of_a_part(self, tmp_path):
         path = tmp_path / "reader.py"
-        path.write_text("from exporter.book import WindowBook\nimport exporter.store\n")
-        assert _imports(path) & NOT_FOR_READERS == {"exporter.book", "exporter.store"}
+        path.write_text("from exporter.server.book import WindowBook\nimport exporter.state.store\n")
+        assert _imports(path) & NOT_FOR_READERS == {"exporter.server.book", "exporter.state.store"}
 
 
 class TestNoPrivateReads:

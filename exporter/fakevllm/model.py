@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.dialects import SIMULATED_DIALECTS, default_path
+from exporter.core.dialects import SIMULATED_DIALECTS, default_path
 
 
 @dataclass

@@ -300,7 +300,7 @@ def _render_trtllm(server: FakeServer) -> bytes:
     return generate_latest(_Families(families))
 
 
-# One entry per dialect the simulator speaks, keyed as `exporter.dialects.REPORTING` is.
+# One entry per dialect the simulator speaks, keyed as `exporter.core.dialects.REPORTING` is.
 RENDERERS: dict[str, Callable[[FakeServer], bytes]] = {
     "vllm": _render_vllm,
     "vllm-v0": _render_vllm,

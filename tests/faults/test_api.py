@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from exporter import api
+from exporter.web import handlers as api
 from faults.checks import still_serving, value
 from faults.servers import Counters, RawTarget
 

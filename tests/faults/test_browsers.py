@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
 
-from exporter.csrf import host_allowed, host_name
+from exporter.web.csrf import host_allowed, host_name
 from faults.servers import Counters, RawTarget
 
 

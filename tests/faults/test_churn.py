@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from exporter.accounting import MAX_ABSENT_SERIES, RETIRED_MODEL
+from exporter.core.counting import MAX_ABSENT_SERIES, RETIRED_MODEL
 from faults.checks import still_serving, value
 from faults.servers import RawTarget
 

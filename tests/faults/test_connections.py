@@ -117,7 +117,7 @@ class TestGuardUnit:
     async def test_at_the_cap_the_oldest_waiting_connection_makes_room(self):
         from aiohttp import web
 
-        from exporter.guard import GuardedSite
+        from exporter.web.guard import GuardedSite
 
         async def hello(request):
             return web.Response(text="ok")

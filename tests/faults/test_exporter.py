@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
-from exporter import store
-from exporter.store import PREPARED
+from exporter.state import store
+from exporter.state.store import PREPARED
 from faults.checks import assert_increase, increase, still_serving, value
 from faults.servers import Counters, RawTarget, hanging_listener
 

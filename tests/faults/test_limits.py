@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.parse import PageLimitError, PageLimits, parse_page
+from exporter.core.parse import PageLimitError, PageLimits, parse_page
 from faults.checks import still_serving, target_view, value
 from faults.servers import Counters, RawTarget
 

@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from exporter.api import SERVICE
-from exporter.app import make_app
-from exporter.config import validate_config
+from exporter.web.handlers import SERVICE
+from exporter.web.app import make_app
+from exporter.config.model import validate_config
 from faults.checks import samples, value
 from faults.servers import Counters, RawTarget
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from clitools import CLI
 
-from exporter.config import MAX_CONFIG_BYTES
+from exporter.config.model import MAX_CONFIG_BYTES
 from faults.checks import still_serving, value
 from faults.servers import Counters, RawTarget
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from clitools import CLI, free_port, http, process, wait_http, write_config
 
-from exporter.redact import SECRET, redact_text, redact_url
+from exporter.core.redact import SECRET, redact_text, redact_url
 from faults.servers import Counters, RawTarget
 
 PASSWORD = "pa55-w0rd-url"
@@ -156,8 +156,8 @@ async def _malformed_requests(port: int) -> None:
 
 class TestConflictingCredentials:
     def test_url_userinfo_and_token_env_is_a_config_error(self):
-        from exporter.config import validate_config
-        from exporter.errors import ConfigError
+        from exporter.config.model import validate_config
+        from exporter.core.errors import ConfigError
 
         with pytest.raises(ConfigError) as caught:
             validate_config({"targets": [{"url": "http://u:p@h:1/metrics", "token_env": "T"}]})

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 from clitools import CLI
 
-from exporter.text import TextError, clean_text
+from exporter.core.text import TextError, clean_text
 from faults.checks import still_serving, value
 from faults.servers import Counters, RawTarget
 

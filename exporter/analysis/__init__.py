@@ -1,0 +1,1 @@
+"""Pure statistics over results: intervals, comparisons, the speculation advisor."""

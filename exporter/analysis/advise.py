@@ -1,0 +1,214 @@
+"""Pure math of the speculation advisor: which number of speculative tokens k' to run.
+
+With k' <= k drafted tokens the expected tokens per target forward pass is exactly
+L(k') = 1 + sum_{i<k'} p_i: the first k' positions do not depend on what is drafted after
+them. With c the cost of drafting one token relative to one target forward pass, the expected
+speed-up over no speculation is S(k') = L(k') / (1 + c k') (Leviathan et al., "Fast Inference
+from Transformers via Speculative Decoding", 2023, with measured instead of modelled
+acceptance). Past k the rates are unmeasured: a geometric fit of the measured ones extends
+them to 2k, and every such row is marked as an estimate.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from itertools import accumulate, repeat
+from operator import mul, sub, truediv
+from typing import Any, TypedDict
+
+from exporter.analysis.distribution import Distribution, distribution, rates_from_mapping
+
+DEFAULT_COSTS = (0.0, 0.05, 0.1, 0.25)
+TAIL_FIT = "least squares of log p_i on i over the measured positions with p_i > 0"
+
+
+class AdviceRow(TypedDict):
+    """One k' of the advisor table: L, and S per draft cost key."""
+
+    k: int
+    length: float
+    estimate: bool  # past the measured k: rates from the tail fit
+    speedup: dict[str, float]
+
+
+class Best(TypedDict):
+    """The best k' for one draft cost."""
+
+    k: int
+    speedup: float
+    estimate: bool
+
+
+def expected_length(rates: Sequence[float], k: int) -> float:
+    """L(k) = 1 + sum of the first k rates (tokens per target forward pass)."""
+    if k < 0 or k > len(rates):
+        raise ValueError(f"k={k} outside 0..{len(rates)}")
+    return 1.0 + sum(rates[:k])
+
+
+def speedup(length: float, cost: float, k: int) -> float:
+    """S = L / (1 + c k): tokens per unit of time relative to plain decoding."""
+    return length / (1.0 + cost * k)
+
+
+def tail_ratio(rates: Sequence[float]) -> float | None:
+    """The ratio r of a geometric fit p_i ~ a r^i; None without any positive rate.
+
+    One positive rate alone (k = 1) gives r = p_0: drafts accepted token by token at the same
+    odds, the model of Leviathan et al.
+    """
+    # Looped in C with map (the fit runs for each of 1000 targets at a stop): the same float
+    # operations, the sums adding the same terms in the same order.
+    xs = [i for i, p in enumerate(rates) if p > 0]
+    if not xs:
+        return None
+    if len(xs) == 1:
+        return min(1.0, rates[xs[0]])
+    n = len(xs)
+    ys = [math.log(p) for p in rates if p > 0]
+    mean_x = sum(xs) / n
+    mean_y = sum(ys) / n
+    dx = list(map(sub, xs, repeat(mean_x)))
+    sxx = sum(map(pow, dx, repeat(2)))
+    sxy = sum(map(mul, dx, map(sub, ys, repeat(mean_y))))
+    return min(1.0, max(0.0, math.exp(sxy / sxx)))
+
+
+def extended_rates(rates: Sequence[float], upto: int) -> tuple[list[float], float | None]:
+    """The measured rates, then p_i = p_{k-1} r^(i-k+1) up to `upto` positions; and r.
+
+    The tail is anchored at the last measured rate so it continues the measured curve.
+    """
+    ratio = tail_ratio(rates)
+    extended = list(rates)
+    last = rates[-1] if rates else 0.0
+    past = range(1, upto - len(rates) + 1)
+    if ratio is None:
+        extended += [0.0] * len(past)
+    else:
+        extended += map(mul, repeat(last), map(pow, repeat(ratio), past))
+    return extended, ratio
+
+
+def cost_key(cost: float) -> str:
+    """A draft cost as a JSON key: 0, 0.05, 0.1, 0.25."""
+    return format(cost, "g")
+
+
+def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict[str, Any]:
+    """The advisor table: per k' = 1..2k, L and S per cost; the best k' per cost.
+
+    k' = 0 (no speculation, S = 1) is a candidate too: with a costly drafter it can win.
+    """
+    k = dist.k
+    if k == 0:
+        return {"k": 0, "error": "no per-position rates: the advisor needs them"}
+    rates, ratio = extended_rates(dist.rates, 2 * k)
+    # A stop over 1000 targets advises each one: the loops run in C (accumulate, map, zip)
+    # over the lengths and each cost's column of speed-ups, with the same float operations in
+    # the same order as the definitions (L summed as it goes, S = L / (1 + c k')).
+    keys, denominators = _cost_table(tuple(costs), 2 * k)
+    lengths = list(accumulate(rates, initial=1.0))[1:]
+    columns = [list(map(truediv, lengths, column)) for column in denominators]
+    return {
+        "k": k,
+        "draft_costs": list(map(float, costs)),
+        "monotone": dist.monotone,
+        "tail_ratio": ratio,
+        "tail_fit": TAIL_FIT,
+        "rows": _rows(k, keys, lengths, columns),
+        "best": {key: _best(column, k) for key, column in zip(keys, columns, strict=True)},
+        "distribution": dist.as_dict(),
+    }
+
+
+def _rows(
+    k: int, keys: Sequence[str], lengths: Sequence[float], columns: Sequence[Sequence[float]]
+) -> list[AdviceRow]:
+    """Per k' = 1..2k: k', L, whether it is past the measured k, and S per cost key."""
+    counts = range(1, len(lengths) + 1)
+    if len(keys) == 4:
+        # The default costs: S per cost as a dict display (a third of dict(zip(...)), made 16
+        # times per target).
+        k0, k1, k2, k3 = keys
+        return [
+            {"k": kk, "length": length, "estimate": kk > k,
+             "speedup": {k0: a, k1: b, k2: c, k3: d}}
+            for kk, length, a, b, c, d in zip(counts, lengths, *columns, strict=True)
+        ]
+    speeds = zip(*columns, strict=True) if columns else [()] * len(lengths)
+    return [
+        {"k": kk, "length": length, "estimate": kk > k,
+         "speedup": dict(zip(keys, row, strict=True))}
+        for kk, length, row in zip(counts, lengths, speeds, strict=True)
+    ]
+
+
+def _best(speedups: Sequence[float], k: int) -> Best:
+    """The first k' whose S beats the best so far by more than rounding; k' = 0 (S = 1) first."""
+    top_k, top, beat = 0, 1.0, 1.0 + 1e-12
+    for kk, value in enumerate(speedups, 1):
+        if value > beat:
+            top_k, top, beat = kk, value, value + 1e-12
+    return {"k": top_k, "speedup": top, "estimate": top_k > k}
+
+
+@functools.lru_cache(maxsize=64)
+def _cost_table(
+    costs: tuple[float, ...], upto: int
+) -> tuple[tuple[str, ...], tuple[tuple[float, ...], ...]]:
+    """The costs' JSON keys, and per cost the denominators 1 + c k' for k' = 1..upto."""
+    return (
+        tuple(cost_key(c) for c in costs),
+        tuple(tuple(1.0 + c * kk for kk in range(1, upto + 1)) for c in costs),
+    )
+
+
+def result_rates(result: Mapping[str, Any] | None) -> list[float] | None:
+    """Per-position rates of one RESULT (ours or AISBench's); None when it has none."""
+    if not result or result.get("status") != "ok":
+        return None
+    increase = result.get("increase")
+    if increase and increase.get("num_drafts", 0) > 0 and increase.get("accepted_per_pos"):
+        # Our files keep the exact counts: rates at full precision whatever `data` rounds to.
+        drafts = increase["num_drafts"]
+        rates = rates_from_mapping(
+            {p: v / drafts for p, v in increase["accepted_per_pos"].items()})
+    else:
+        rates = rates_from_mapping((result.get("data") or {}).get("per_position_acceptance_rates")
+                                   or {})
+    return rates or None
+
+
+def result_advice(
+    result: Mapping[str, Any] | None, costs: Sequence[float] = DEFAULT_COSTS
+) -> dict[str, Any] | None:
+    """The advisor table of one RESULT; None when it has no per-position rates."""
+    rates = result_rates(result)
+    return None if rates is None else advice(distribution(rates), costs)
+
+
+def window_advice(
+    answer: Mapping[str, Any], costs: Sequence[float] = DEFAULT_COSTS,
+    made: Mapping[str, dict[str, Any] | None] | None = None,
+) -> dict[str, Any]:
+    """`advice` of a stop answer: per target (None without rates) and for the aggregate.
+
+    `made`: targets' `result_advice` with these costs, made already (a stop makes each as its
+    target's RESULT is made: `results.AnswerParts`); the others are made here.
+    """
+    made = made or {}
+    results = {name: made[name] if name in made else result_advice(r, costs)
+               for name, r in (answer.get("results") or {}).items()}
+    ks = sorted({a["k"] for a in results.values() if a and "error" not in a})
+    if len(ks) > 1:
+        # Servers with k = 3 never draft position 4: summed, they dilute the deeper rates of
+        # the k = 5 ones, and the "best k" of the mixture is nobody's best k.
+        aggregate: dict[str, Any] | None = {
+            "k": 0, "error": f"targets run different k ({', '.join(map(str, ks))}): advice "
+                             "is per target only"}
+    else:
+        aggregate = result_advice(answer.get("aggregate"), costs)
+    return {"draft_costs": [float(c) for c in costs], "results": results, "aggregate": aggregate}

@@ -1,0 +1,289 @@
+"""Pure comparison of two runs' RESULTs: per metric A, B, B - A with 95% intervals, a verdict.
+
+Metrics: `acceptance_rate` (percent), `acceptance_length`, `position_<i>` (0..1). Every one is
+better when higher. A regression gate (`acceptance_length=2%`) trips when B is worse than A by
+more than the limit with 95% confidence: even the interval's end nearest to no change loses
+more than the limit. A difference that is merely significant, or merely large, does not trip
+it: a CI gate that cried wolf on noise would soon be switched off.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.analysis.distribution import distribution, rates_from_mapping
+from exporter.core.errors import ExporterError
+from exporter.core.results import Result, Status, aggregate
+from exporter.core.snapshot import Counts
+from exporter.analysis.stats import (
+    ASSUMPTION,
+    CONFIDENCE,
+    Estimate,
+    Verdict,
+    Z,
+    mean_interval,
+    newcombe_difference,
+    normal_difference,
+    verdict,
+    wilson,
+)
+
+RATE = "acceptance_rate"
+LENGTH = "acceptance_length"
+_POSITION = re.compile(r"position_(\d+)")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """What one RESULT says: counts (None for estimates) and its figures."""
+
+    drafts: float | None
+    draft_tokens: float | None
+    accepted: float | None
+    rates: tuple[float, ...]  # per position, in order
+    acceptance_rate: float | None  # percent
+    acceptance_length: float | None
+
+
+def sample(result: Mapping[str, Any] | None) -> Sample | None:
+    """The numbers of an `ok` RESULT, ours or AISBench's; None for N/A."""
+    if not result or result.get("status") != "ok" or not result.get("data"):
+        return None
+    data = result["data"]
+    increase = result.get("increase")
+    if increase and increase.get("num_drafts", 0) > 0:
+        # Our files keep the exact counts; `data` may be rounded.
+        drafts = float(increase["num_drafts"])
+        draft_tokens = float(increase.get("num_draft_tokens", 0))
+        accepted = float(increase.get("num_accepted_tokens", 0))
+        rates = rates_from_mapping(
+            {p: v / drafts for p, v in (increase.get("accepted_per_pos") or {}).items()})
+        return Sample(drafts, draft_tokens, accepted, tuple(rates),
+                      100 * accepted / draft_tokens if draft_tokens > 0 else None,
+                      1 + accepted / drafts)
+    return Sample(
+        _number(data.get("num_drafts")),
+        _number(data.get("draft_tokens")),
+        _number(data.get("accepted_tokens")),
+        tuple(rates_from_mapping(data.get("per_position_acceptance_rates") or {})),
+        _number(data.get("acceptance_rate")),
+        _number(data.get("acceptance_length")),
+    )
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def length_estimate(s: Sample) -> tuple[Estimate | None, str | None]:
+    """Acceptance length with a normal interval from the variance of X; a note when bounded.
+
+    Without per-position rates the variance is unknown; the largest one a variable in
+    [0, k] with this mean can have (Bhatia-Davis: m (k - m)) gives a wider, safe interval.
+    """
+    if s.acceptance_length is None:
+        return None, None
+    if s.drafts is None:
+        return Estimate(s.acceptance_length), "an estimate without counts: no interval"
+    if s.drafts <= 0:
+        # AISBench writes length 0.0 when draft tokens grew but drafts did not: no length.
+        return None, "no drafts counted: no acceptance length"
+    mean = s.acceptance_length - 1
+    if s.rates:
+        variance, note = distribution(s.rates).variance, None
+    elif s.draft_tokens:
+        k = s.draft_tokens / s.drafts
+        variance = max(mean * (k - mean), 0.0)
+        note = "no per-position rates: the variance is bounded by m (k - m), a wider interval"
+    else:
+        return Estimate(s.acceptance_length), "no draft tokens: no interval"
+    interval = mean_interval(s.acceptance_length, variance, s.drafts)
+    return interval, note
+
+
+def metric_estimates(s: Sample) -> tuple[dict[str, Estimate], list[str]]:
+    """Every metric of one sample with its interval, and notes on how they were made."""
+    notes = []
+    estimates: dict[str, Estimate] = {}
+    length, note = length_estimate(s)
+    if note:
+        notes.append(note)
+    if s.acceptance_rate is not None:
+        if length is not None and length.se is not None and s.drafts and s.draft_tokens:
+            # rate = 100 (L - 1) / (draft tokens per draft): the same spread, rescaled.
+            factor = 100 * s.drafts / s.draft_tokens
+            se = length.se * factor
+            estimates[RATE] = Estimate(s.acceptance_rate, s.acceptance_rate - Z * se,
+                                       s.acceptance_rate + Z * se, se)
+            per_draft = s.draft_tokens / s.drafts
+            if abs(per_draft - round(per_draft)) > 1e-9:
+                notes.append("drafts differ in length (n-gram drafting, or targets with "
+                             f"different k): the rate's interval takes the mean, "
+                             f"{per_draft:.3g} tokens per draft, as fixed")
+        else:
+            estimates[RATE] = Estimate(s.acceptance_rate)
+    if length is not None:
+        estimates[LENGTH] = length
+    for i, rate in enumerate(s.rates):
+        interval = wilson(rate * s.drafts, s.drafts) if s.drafts else None
+        estimates[f"position_{i}"] = interval or Estimate(rate)
+    return estimates, notes
+
+
+def compare_samples(a: Sample, b: Sample) -> dict[str, Any]:
+    """One comparison entry: per metric present in both, A, B, B - A and the verdict."""
+    ea, notes_a = metric_estimates(a)
+    eb, notes_b = metric_estimates(b)
+    rows = []
+    for metric in _ordered(set(ea) & set(eb)):
+        if metric.startswith("position_"):
+            diff = newcombe_difference(ea[metric], eb[metric])
+        else:
+            diff = normal_difference(ea[metric], eb[metric])
+        rows.append({
+            "metric": metric,
+            "a": ea[metric].as_dict(),
+            "b": eb[metric].as_dict(),
+            "difference": diff.as_dict(),
+            "verdict": verdict(diff).value,
+        })
+    notes = [f"A: {n}" for n in notes_a] + [f"B: {n}" for n in notes_b]
+    return {"a_drafts": a.drafts, "b_drafts": b.drafts, "metrics": rows, "notes": notes}
+
+
+def _ordered(metrics: set[str]) -> list[str]:
+    fixed = [m for m in (RATE, LENGTH) if m in metrics]
+    positions = sorted((m for m in metrics if m.startswith("position_")),
+                       key=lambda m: int(m.split("_")[1]))
+    return fixed + positions
+
+
+def compare_answers(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Compare two windows' answers ({"results": {name: RESULT}, "aggregate": RESULT})."""
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    targets = {}
+    for name in [n for n in ra if n in rb]:
+        sa, sb = sample(ra[name]), sample(rb[name])
+        if sa is None or sb is None:
+            targets[name] = {"metrics": [], "notes": [_na_note(ra[name], rb[name])]}
+        else:
+            targets[name] = compare_samples(sa, sb)
+    agg_a, agg_b = sample(a.get("aggregate")), sample(b.get("aggregate"))
+    aggregate = compare_samples(agg_a, agg_b) if agg_a and agg_b else None
+    return {
+        "confidence": CONFIDENCE,
+        "assumption": ASSUMPTION,
+        "targets": targets,
+        "aggregate": aggregate,
+        "only_in_a": [n for n in ra if n not in rb],
+        "only_in_b": [n for n in rb if n not in ra],
+    }
+
+
+def _na_note(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> str:
+    parts = []
+    for side, result in (("A", a), ("B", b)):
+        if sample(result) is None:
+            parts.append(f"{side} is N/A: {(result or {}).get('error') or 'no data'}")
+    return "; ".join(parts)
+
+
+class GateError(ExporterError):
+    """A `--fail-if-worse` value that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Gate:
+    """`METRIC=LIMIT`: trip when B is worse than A by more than LIMIT with 95% confidence."""
+
+    metric: str
+    limit: float
+    relative: bool  # LIMIT was given in percent of A's value
+
+    def __str__(self) -> str:
+        return f"{self.metric}={self.limit:g}{'%' if self.relative else ''}"
+
+    def drop(self, a: float, b: float) -> float:
+        """How much worse B is, in the limit's unit (percent of A, or absolute)."""
+        if self.relative:
+            if a == 0:
+                return math.inf if b < a else 0.0
+            return (a - b) / abs(a) * 100
+        return a - b
+
+    def least_drop(self, row: Mapping[str, Any]) -> float | None:
+        """The smallest drop the 95% interval of B - A allows; None without an interval."""
+        high = row["difference"].get("high")
+        if high is None:
+            return None
+        return self.drop(row["a"]["value"], row["a"]["value"] + high)
+
+    def trips(self, row: Mapping[str, Any]) -> bool:
+        """Whether this comparison row breaks the gate."""
+        least = self.least_drop(row)
+        return row["verdict"] == Verdict.WORSE and least is not None and least > self.limit
+
+
+def parse_gate(text: str) -> Gate:
+    """`acceptance_length=2%` (relative) or `acceptance_rate=1.5` (absolute, metric units)."""
+    metric, sep, limit = text.partition("=")
+    metric = metric.strip()
+    if not sep or not limit.strip():
+        raise GateError(f"--fail-if-worse {text!r}: want METRIC=LIMIT, e.g. acceptance_length=2%")
+    if metric not in (RATE, LENGTH) and not _POSITION.fullmatch(metric):
+        raise GateError(f"--fail-if-worse {text!r}: unknown metric {metric!r}; known: "
+                        f"{RATE}, {LENGTH}, position_<i>")
+    limit = limit.strip()
+    relative = limit.endswith("%")
+    try:
+        value = float(limit.removesuffix("%"))
+    except ValueError:
+        raise GateError(f"--fail-if-worse {text!r}: limit {limit!r} is not a number") from None
+    if not math.isfinite(value) or value < 0:
+        raise GateError(f"--fail-if-worse {text!r}: limit must be a number >= 0")
+    return Gate(metric, value, relative)
+
+
+def apply_gates(comparison: dict[str, Any], gates: list[Gate]) -> dict[str, Any]:
+    """The comparison with `gates` (each gate per target and aggregate) and `tripped`."""
+    entries = [(name, entry) for name, entry in comparison["targets"].items()]
+    if comparison["aggregate"] is not None:
+        entries.append(("all", comparison["aggregate"]))
+    checks = []
+    for gate in gates:
+        for name, entry in entries:
+            for row in entry["metrics"]:
+                if row["metric"] == gate.metric:
+                    checks.append({
+                        "gate": str(gate), "target": name,
+                        "drop": gate.drop(row["a"]["value"], row["b"]["value"]),
+                        "least_drop": gate.least_drop(row),
+                        "verdict": row["verdict"], "tripped": gate.trips(row),
+                    })
+    return comparison | {"gates": checks, "tripped": any(c["tripped"] for c in checks)}
+
+
+def summed_result(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The aggregate of several RESULTs (counts summed, then divided), in AISBench's shape.
+
+    For result folders without our window.json, e.g. AISBench's own: each file's numbers
+    become counts (a position's accepted count is its rate x drafts) and go through the
+    exporter's own `results.aggregate`, so position i is over the drafts of the targets that
+    draft it here too. Estimates (no counts) stay out, as they do in the exporter's aggregate.
+    """
+    counted = []
+    for name, result in results.items():
+        s = sample(result)
+        if s is None or not s.drafts or s.draft_tokens is None or s.accepted is None:
+            continue
+        per_position = {i: rate * s.drafts for i, rate in enumerate(s.rates)}
+        counts = Counts(s.drafts, s.draft_tokens, s.accepted, per_position)
+        counted.append((name, Result(status=Status.OK, url=None, increase=counts)))
+    total = aggregate(counted)
+    return total.to_json() if total.ok else None

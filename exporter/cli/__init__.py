@@ -1,0 +1,1 @@
+"""The specdec-exporter command: sub-commands, measure, demo."""

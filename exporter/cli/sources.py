@@ -1,0 +1,105 @@
+"""Where `compare` and `advise` read a window from: an exporter's API or a result folder.
+
+A result folder is what a stopped window, `measure` or AISBench itself leaves behind:
+`performances/spec_decode_<host>_<port>.json`, one RESULT per server (our `window.json`
+beside it is not needed). Every problem is a `SourceError` saying which input and why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from exporter.client import ClientError, ExporterClient
+from exporter.analysis.compare import summed_result
+from exporter.core.errors import ExporterError
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+
+
+class SourceError(ExporterError):
+    """A window or folder that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One side of a comparison: where it came from and its answer-shaped body."""
+
+    label: str  # "window w1 on http://..." or the folder path
+    answer: dict[str, Any]  # {"results": {name: RESULT}, "aggregate": RESULT or None, ...}
+
+
+def load_source(spec: str, exporter: str | None, token: str | None = None) -> Source:
+    """A window id on `exporter`, or (without an exporter) a result folder."""
+    if exporter:
+        return load_window(spec, exporter, token)
+    return load_folder(Path(spec))
+
+
+def load_window(window_id: str, exporter: str, token: str | None = None) -> Source:
+    """A stopped window's answer from the exporter's API."""
+    try:
+        state = ExporterClient(exporter, token=token, timeout=30).get(window_id)
+    except ClientError as exc:
+        raise SourceError(f"window {window_id!r}: {exc}") from None
+    if state.get("stopped_at") is None or "results" not in state:
+        raise SourceError(f"window {window_id!r} on {exporter} is still open; stop it first")
+    return Source(f"window {window_id} on {exporter}", state)
+
+
+def _label(result: dict[str, Any], path: Path) -> str:
+    # Ours and AISBench's files for the same server must meet under one name.
+    host_port = result.get("host_port")
+    if isinstance(host_port, str):
+        return host_port
+    url = result.get("url")
+    if isinstance(url, str) and url:
+        return re.sub(r"^https?://", "", url).rstrip("/").removesuffix("/metrics")
+    return path.stem.removeprefix("spec_decode_")
+
+
+def load_folder(folder: Path) -> Source:
+    """Every `spec_decode_*.json` of a result folder (or of its `performances/` itself)."""
+    if not folder.is_dir():
+        raise SourceError(f"{folder}: no such directory (to compare window ids, give "
+                          "--exporter URL)")
+    directory = folder / "performances" if (folder / "performances").is_dir() else folder
+    files = sorted(directory.glob("spec_decode_*.json"))
+    if not files:
+        raise SourceError(f"{folder}: no performances/spec_decode_*.json in it")
+    results: dict[str, dict[str, Any]] = {}
+    for path in files:
+        result = _read_result(path)
+        name = _label(result, path)
+        if name in results:
+            name = path.stem.removeprefix("spec_decode_")
+        results[name] = result
+    return Source(str(folder), {"results": results, "aggregate": summed_result(results)})
+
+
+def _read_result(path: Path) -> dict[str, Any]:
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise SourceError(f"{path}: larger than {MAX_FILE_BYTES} bytes; not a result file")
+        result = json.loads(path.read_bytes())
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise SourceError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(result, dict) or "status" not in result:
+        raise SourceError(f"{path}: not a spec-decode result (no \"status\")")
+    if result.get("status") == "ok" and not isinstance(result.get("data"), dict):
+        raise SourceError(f"{path}: status ok without a \"data\" object")
+    rates = (result.get("data") or {}).get("per_position_acceptance_rates") or {}
+    if not isinstance(rates, dict) or not all(
+        re.fullmatch(r"[0-9]{1,4}", str(pos)) and isinstance(rate, int | float)
+        and not isinstance(rate, bool) and math.isfinite(rate)
+        for pos, rate in rates.items()
+    ):
+        raise SourceError(f"{path}: per_position_acceptance_rates must map positions "
+                          "0..9999 to finite numbers")
+    return result

@@ -1,0 +1,127 @@
+"""Console text of `compare` and `advise` (the figures come from compare.py and advise.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from exporter.analysis.stats import ASSUMPTION
+
+_FORMATS = {"acceptance_rate": ".2f", "acceptance_length": ".3f"}
+_NAMES = {"acceptance_rate": "acceptance rate %", "acceptance_length": "acceptance length"}
+
+
+def _spec(metric: str) -> str:
+    return _FORMATS.get(metric, ".4f")
+
+
+def _value(estimate: Mapping[str, Any], spec: str, signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    text = format(estimate["value"], sign + spec)
+    if estimate.get("low") is None:
+        return text
+    low, high = format(estimate["low"], sign + spec), format(estimate["high"], sign + spec)
+    return f"{text} [{low}, {high}]"
+
+
+def _drafts(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f}"
+
+
+def format_entry(name: str, entry: Mapping[str, Any]) -> list[str]:
+    """One target's (or the aggregate's) comparison as table lines."""
+    lines = [f"[{name}]  A: {_drafts(entry.get('a_drafts'))} drafts, "
+             f"B: {_drafts(entry.get('b_drafts'))} drafts"]
+    rows = [("metric", "A", "B", "B - A", "verdict")]
+    for row in entry["metrics"]:
+        spec = _spec(row["metric"])
+        rows.append((
+            _NAMES.get(row["metric"], row["metric"].replace("_", " ")),
+            _value(row["a"], spec), _value(row["b"], spec),
+            _value(row["difference"], spec, signed=True), row["verdict"],
+        ))
+    if len(rows) > 1:
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        for r in rows:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True))
+                         + "  " + r[4])
+    lines.extend(f"  note: {note}" for note in entry.get("notes", []))
+    return lines
+
+
+def format_comparison(body: Mapping[str, Any]) -> str:
+    """The whole `compare` console output."""
+    lines = [f"A: {body['a']}", f"B: {body['b']}", ASSUMPTION + ".", ""]
+    for name, entry in body["targets"].items():
+        lines += format_entry(name, entry) + [""]
+    if body.get("aggregate") is not None and len(body["targets"]) != 1:
+        lines += format_entry("all", body["aggregate"]) + [""]
+    if not body["targets"] and body.get("aggregate") is None:
+        lines += ["no target in both A and B has results to compare", ""]
+    for side, key in (("A", "only_in_a"), ("B", "only_in_b")):
+        if body.get(key):
+            lines.append(f"only in {side}: {', '.join(body[key])}")
+    for check in body.get("gates", []):
+        if check["verdict"] == "unknown":
+            lines.append(f"SKIP {check['gate']} [{check['target']}]: no interval to test")
+        if check["verdict"] == "worse":
+            # Worse but within the limit is worth a line too: the next run may trip it.
+            unit = "%" if check["gate"].endswith("%") else ""
+            lines.append(f"{'FAIL' if check['tripped'] else 'pass'} {check['gate']} "
+                         f"[{check['target']}]: B is worse by {check['drop']:.4g}{unit}, "
+                         f"at least {check['least_drop']:.4g}{unit} with 95% confidence")
+    if body.get("gates"):
+        lines.append("gates: tripped" if body.get("tripped") else "gates: passed")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def format_advice(name: str, advice: Mapping[str, Any] | None) -> str:
+    """One target's advisor table."""
+    title = f"========== Speculation advisor  [{name}] =========="
+    lines = [title]
+    if advice is None or advice.get("error"):
+        reason = (advice or {}).get("error") or "no per-position rates: nothing to advise"
+        lines.append(reason)
+        return "\n".join(lines) + "\n"
+    dist = advice["distribution"]
+    costs = list(advice["best"])
+    lines.append(f"measured k = {advice['k']}; accepted tokens per draft X: mean "
+                 f"{dist['mean']:.3f}, variance {dist['variance']:.3f}")
+    if not advice["monotone"]:
+        lines.append(f"note: {dist['note']}")
+    lines.append("P(X = j)   " + "  ".join(
+        f"{j}: {p:.4f}" for j, p in dist["probabilities"].items()))
+    header = ["k'", "tokens/step"] + [f"S c={c}" for c in costs]
+    rows = [header]
+    for row in advice["rows"]:
+        mark = "*" if row["estimate"] else ""
+        rows.append([f"{row['k']}{mark}", f"{row['length']:.3f}"]
+                    + [f"{row['speedup'][c]:.3f}" for c in costs])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    best = []
+    for c in costs:
+        top = advice["best"][c]
+        mark = "*" if top["estimate"] else ""
+        choice = "0 (no speculation)" if top["k"] == 0 else f"{top['k']}{mark}"
+        best.append(f"c={c}: k'={choice} S={top['speedup']:.3f}")
+    lines.append("best: " + "; ".join(best))
+    ratio = advice.get("tail_ratio")
+    ratio_text = "none (no accepted token)" if ratio is None else f"{ratio:.4f}"
+    lines.append(f"* estimate: rates past k = {advice['k']} from a geometric fit of the "
+                 f"measured ones, ratio {ratio_text}")
+    lines.append("S = L / (1 + c k'): speed-up over no speculation; c = draft cost per token "
+                 "relative to one target forward pass")
+    return "\n".join(lines) + "\n"
+
+
+def format_window_advice(label: str, body: Mapping[str, Any]) -> str:
+    """Every target's advisor table, then the aggregate's when there are two or more."""
+    parts = [f"window: {label}\n"]
+    results = body["results"]
+    for name, advice in results.items():
+        parts.append(format_advice(name, advice))
+    if len(results) >= 2:
+        parts.append(format_advice("all", body.get("aggregate")))
+    return "\n".join(parts)

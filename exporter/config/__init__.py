@@ -1,0 +1,1 @@
+"""The strict YAML configuration and its located errors."""

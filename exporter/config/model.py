@@ -1,0 +1,523 @@
+"""Strict, frozen configuration: YAML -> `Config`, with `key.path: what is wrong` errors."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+
+from exporter.core.dialects import Dialect, default_path
+from exporter.core.errors import ConfigError
+from exporter.core.parse import PageLimits
+from exporter.core.redact import redact_url
+from exporter.core.text import TextError, clean_tree
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+DEFAULT_MAX_TARGETS = 10_000
+_RESERVED_LABELS = {"target", "model_name", "position", "engine", "le", "quantile"}
+
+
+# A config is read whole and parsed on every reload: 1 MiB holds ~10,000 static targets (the
+# default max_targets) with room to spare; fleets larger than that belong in file_sd/http_sd.
+MAX_CONFIG_BYTES = 1024 * 1024
+# Longer than a week is a typo (h for m, a stray zero); asyncio's timers misbehave near inf.
+MAX_DURATION = 7 * 24 * 3600.0
+
+
+def parse_duration(value: Any) -> float:
+    """`250ms`, `5s`, `1m`, `1h` or a number of seconds -> seconds; finite, positive, <= 7d."""
+    if isinstance(value, bool):
+        raise ValueError("must be a duration like 250ms, 5s or 1m")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _UNIT[match.group(2)]
+    else:
+        raise ValueError(f"must be a duration like 250ms, 5s or 1m, not {value!r}")
+    if not math.isfinite(seconds):
+        raise ValueError(f"must be a finite duration, not {value!r}")
+    if seconds <= 0:
+        raise ValueError("must be greater than 0")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"must be at most 7 days ({MAX_DURATION:g}s), not {seconds:g}s")
+    return seconds
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+_DAYS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*d\s*$")
+MAX_RETENTION = 3650 * 24 * 3600.0  # ten years: past that, keep the result files instead
+
+
+def parse_retention(value: Any) -> float:
+    """`30d`, `12h`, `90m` ... or a number of seconds -> seconds; finite, positive, <= 3650d."""
+    if isinstance(value, str) and (match := _DAYS.match(value)):
+        seconds = float(match.group(1)) * 86400.0
+    elif isinstance(value, str) and (match := _DURATION.match(value)):
+        seconds = float(match.group(1)) * _UNIT[match.group(2)]
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ValueError(f"must be a duration like 30d, 12h or 90m, not {value!r}")
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_RETENTION:
+        raise ValueError(f"must be greater than 0 and at most 3650d, not {value!r}")
+    return seconds
+
+
+class _KeyError(ValueError):
+    """A whole-model check whose problem belongs to one key: located there, not at the top."""
+
+    def __init__(self, key: str, message: str):
+        self.key = key
+        super().__init__(message)
+
+
+def _check_host_port(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"must be host:port, not {value!r}")
+    return value
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AuthConfig(_Strict):
+    """Who may POST: a bearer token read from an environment variable, if that is set."""
+
+    token_env: str = "SPECDEC_TOKEN"
+
+
+class TargetConfig(_Strict):
+    """One server to scrape: `url`, or `host` + `port` (AISBench's `host_ip`/`host_port` too)."""
+
+    name: str = ""
+    url: str = ""
+    host: str = ""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    scheme: str = "http"
+    path: str = "/metrics"  # with host + port; TensorRT-LLM's default is /prometheus/metrics
+    timeout: Duration | None = None
+    headers: dict[str, str] = {}
+    token_env: str | None = None
+    tls_verify: bool = True
+    ca_file: str | None = None
+    labels: dict[str, str] = {}
+    # A page over one of these is a failed scrape (up=0, the reason), as Prometheus's
+    # sample_limit and label_value_length_limit. Generous for real servers: 20,000 series is
+    # 16 engines x 8 models x (4 counters + 64 positions) with room to spare; model names are
+    # names or paths, far below 1024 characters; no drafter proposes 64 tokens.
+    series_limit: int = Field(default=20_000, ge=1)
+    label_value_length_limit: int = Field(default=1024, ge=1)
+    position_limit: int = Field(default=64, ge=1)
+    # `auto` reads the dialect off the page's first spec-decode name (free: the parser looks
+    # for that line anyway); name one to ignore other engines' names on the page.
+    dialect: Dialect = Dialect.AUTO
+    # A forward proxy for this target alone (http://host:port); unset: HTTP(S)_PROXY/NO_PROXY.
+    # Either is resolved once per config load, never per scrape.
+    proxy_url: str | None = None
+    # `none` for loopback/LAN targets: inflating ~100 KB of gzip costs more CPU than the
+    # bytes it saves on a fast link.
+    compression: Literal["gzip", "none"] = "gzip"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _aisbench_words(cls, data: Any) -> Any:
+        # AISBench model configs say host_ip/host_port/enable_ssl; accept them as synonyms.
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for alias, key in (("host_ip", "host"), ("host_port", "port")):
+            if alias in data:
+                if key in data:
+                    raise ValueError(f"give {key} or {alias}, not both")
+                data[key] = data.pop(alias)
+        if "enable_ssl" in data:
+            data.setdefault("scheme", "https" if data.pop("enable_ssl") else "http")
+        return data
+
+    @field_validator("scheme")
+    @classmethod
+    def _scheme(cls, value: str) -> str:
+        if value not in ("http", "https"):
+            raise ValueError(f"must be http or https, not {value!r}")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL with a host, not {value!r}")
+        try:
+            _ = parts.port  # urlsplit checks the port only when asked
+        except ValueError as exc:
+            raise ValueError(f"has a bad port: {value!r}") from exc
+        return value
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        parts = urlsplit(value)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"must be an http:// URL with a host, not {value!r}")
+        try:
+            _ = parts.port
+        except ValueError as exc:
+            raise ValueError(f"has a bad port: {value!r}") from exc
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _LABEL_NAME.match(name) or name.startswith("__"):
+                raise ValueError(f"{name!r} is not a valid Prometheus label name")
+            if name in _RESERVED_LABELS:
+                raise ValueError(f"{name!r} is reserved by the exporter")
+        return value
+
+    @model_validator(mode="after")
+    def _resolve(self) -> TargetConfig:
+        if self.url and (self.host or self.port):
+            raise ValueError("give url, or host and port, not both")
+        if not self.url:
+            if not self.host or self.port is None:
+                raise ValueError("needs url, or host and port")
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            if "path" not in self.model_fields_set:
+                # trtllm-serve answers /metrics with JSON iteration stats, not Prometheus text.
+                object.__setattr__(self, "path", default_path(self.dialect))
+            path = self.path if self.path.startswith("/") else "/" + self.path
+            object.__setattr__(self, "url", f"{self.scheme}://{host}:{self.port}{path}")
+        if not self.name:
+            object.__setattr__(self, "name", self.host_port)
+        sets_auth = self.token_env or any(h.lower() == "authorization" for h in self.headers)
+        if "@" in urlsplit(self.url).netloc and sets_auth:
+            # aiohttp refuses the request at every scrape: say so once, here.
+            raise ValueError("credentials in the url and an Authorization header (token_env or "
+                             "headers) both set Authorization: give one")
+        return self
+
+    @property
+    def page_limits(self) -> PageLimits:
+        """The limits a page of this target must keep."""
+        return PageLimits(self.series_limit, self.label_value_length_limit, self.position_limit)
+
+    @property
+    def display_url(self) -> str:
+        """The URL as pages, the API and result files show it: credentials as `<secret>`."""
+        return redact_url(self.url)
+
+    @property
+    def host_port(self) -> str:
+        """`host:port` of the URL (`[::1]:8080`), the default name and the console title."""
+        parts = urlsplit(self.url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        host = parts.hostname or ""
+        # AISBench's label: an IPv6 host in brackets, so the port stays readable.
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class FileSDConfig(_Strict):
+    """Prometheus-style file discovery: JSON or YAML files of `[{targets, labels}]`."""
+
+    files: list[str] = Field(min_length=1)  # glob patterns
+    refresh_interval: Duration = 30.0
+
+
+class HttpSDConfig(_Strict):
+    """Prometheus-style HTTP discovery: a URL answering `[{targets, labels}]` as JSON."""
+
+    url: str
+    refresh_interval: Duration = 60.0
+    headers: dict[str, str] = {}
+    token_env: str | None = None
+
+    _check_url = field_validator("url")(classmethod(lambda cls, v: TargetConfig._url(v)))
+
+
+_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*$')
+
+
+def parse_matcher(text: str) -> tuple[str, str, str]:
+    """`name="v"`, `name!="v"`, `name=~"re"`, `name!~"re"` -> (name, op, value); regexes checked."""
+    match = _MATCHER.match(text)
+    if match is None:
+        raise ValueError(
+            f'must be a label matcher like name="value" or name=~"regex", not {text!r}')
+    name, op, value = match.groups()
+    value = re.sub(r"\\(.)", r"\1", value)
+    if op in ("=~", "!~"):
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{text!r}: bad regex: {exc}") from None
+    return name, op, value
+
+
+class PrometheusSDConfig(_Strict):
+    """Targets from a Prometheus server's active targets (`/api/v1/targets`), by job and labels."""
+
+    url: str  # the Prometheus server's base URL, e.g. http://prometheus:9090
+    job: str | None = None  # only targets of this scrape job (scrape pool)
+    matchers: list[str] = []  # PromQL-style, on the target's labels: namespace="llm"
+    refresh_interval: Duration = 60.0
+    headers: dict[str, str] = {}
+    token_env: str | None = None
+
+    _check_url = field_validator("url")(classmethod(lambda cls, v: TargetConfig._url(v)))
+
+    @field_validator("matchers")
+    @classmethod
+    def _matchers(cls, value: list[str]) -> list[str]:
+        for text in value:
+            parse_matcher(text)
+        return value
+
+
+class Config(_Strict):
+    """The whole exporter configuration; replaced whole on reload."""
+
+    listen: str = "127.0.0.1:9400"
+    scrape_interval: Duration = 5.0
+    scrape_timeout: Duration = 3.0
+    live_window: Duration = 60.0
+    output_dir: str = "outputs"
+    state_db: str | None = None  # default: <output_dir>/state.sqlite
+    # Accepted so that configs written for older versions still load; ignored: what changed is
+    # saved after every round now, which costs under 5% of a round (docs/performance.md).
+    state_save_interval: Duration | None = None
+    max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    scrape_concurrency: int = Field(default=64, ge=1, le=10000)
+    max_open_windows: int = Field(default=1000, ge=1)
+    # Stopped windows leave the state database (their result files stay) this long after
+    # their start; DELETE /api/v1/windows/{id} forgets one sooner.
+    window_retention: Annotated[float, BeforeValidator(parse_retention)] = 30 * 86400.0
+    # A client's request head must be complete this long after it connects (or after its last
+    # answer on a kept-alive connection); slower ones are cut (slowloris). Read at start.
+    header_timeout: Duration = 10.0
+    # Host names (or `*.example.org`) POSTs may be sent to, beside the listen host, localhost,
+    # IP addresses, single-label and Kubernetes service names and our own: DNS rebinding.
+    allowed_hosts: list[str] = []
+    # Static plus discovered. Every target costs state, a scrape per interval and lines on
+    # /metrics (~40 us each): past ~10,000 one exporter misses its beat; shard instead.
+    max_targets: int = Field(default=DEFAULT_MAX_TARGETS, ge=1)
+    shards: int = Field(default=1, ge=1)
+    shard_index: int = Field(default=0, ge=0)
+    # Base URL of every shard in shard_index order, this one included: a window call to any
+    # shard then acts on every shard and answers for the whole fleet.
+    peers: list[Annotated[str, AfterValidator(lambda v: TargetConfig._url(v).rstrip("/"))]] = []
+    auth: AuthConfig = AuthConfig()
+    targets: list[TargetConfig] = []
+    file_sd: list[FileSDConfig] = []
+    http_sd: list[HttpSDConfig] = []
+    prometheus_sd: list[PrometheusSDConfig] = []
+
+    _check_listen = field_validator("listen")(classmethod(lambda cls, v: _check_host_port(v)))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.scrape_timeout > self.scrape_interval:
+            raise _KeyError(
+                "scrape_timeout",
+                f"must not be longer than scrape_interval "
+                f"({self.scrape_timeout:g}s > {self.scrape_interval:g}s)",
+            )
+        for index, target in enumerate(self.targets):
+            # A target slower than the interval would stretch every round past its beat.
+            if target.timeout is not None and target.timeout > self.scrape_interval:
+                raise _KeyError(
+                    f"targets.{index}.timeout",
+                    f"must not be longer than scrape_interval "
+                    f"({target.timeout:g}s > {self.scrape_interval:g}s)",
+                )
+        if self.shard_index >= self.shards:
+            raise _KeyError("shard_index", f"must be below shards ({self.shards})")
+        if self.peers and len(self.peers) != self.shards:
+            raise _KeyError("peers", f"must list every shard: {len(self.peers)} URL(s) for "
+                                     f"shards={self.shards}")
+        return self
+
+    @property
+    def state_path(self) -> Path:
+        """Where the durable window state lives."""
+        return Path(self.state_db) if self.state_db else Path(self.output_dir) / "state.sqlite"
+
+    def target(self, name: str) -> TargetConfig | None:
+        """The target called `name` (or with that host:port), if configured."""
+        for target in self.targets:
+            if target.name == name:
+                return target
+        for target in self.targets:
+            if target.host_port == name:
+                return target
+        return None
+
+
+def _location(error: ErrorDetails) -> str:
+    # pydantic puts validator names like "function-after[...]" in loc for model validators.
+    parts = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, _KeyError):
+        parts.append(cause.key)
+    return ".".join(parts) or "(top)"
+
+
+def _message(error: ErrorDetails) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "field required"
+    message = error["msg"].removeprefix("Value error, ")
+    # pydantic's own checks say "Input should be ..."; match the voice of ours.
+    if message.startswith("Input should be "):
+        message = "must be " + message.removeprefix("Input should be ")
+    return message
+
+
+def validate_config(data: Any, source: str = "<config>") -> Config:
+    """A parsed YAML document -> `Config`, or `ConfigError` listing every problem at once."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["(top): must be a mapping of keys"])
+    targets = data.get("targets")
+    limit = data.get("max_targets", DEFAULT_MAX_TARGETS)
+    if isinstance(targets, list) and isinstance(limit, int) and len(targets) > limit:
+        # Before validating them: 100,000 targets take seconds and hundreds of MB to build.
+        raise ConfigError(source, [
+            f"targets: {len(targets)} targets is over max_targets ({limit}); raise "
+            "max_targets if this is meant, or split the targets over shards"])
+    problems: list[str] = []
+    config = None
+    try:
+        data = clean_tree(data)
+    except TextError as exc:
+        raise ConfigError(source, [str(exc)]) from None
+    except RecursionError:
+        raise ConfigError(source, ["(top): nested too deeply"]) from None
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        problems += [f"{_location(e)}: {_message(e)}" for e in exc.errors()]
+    # pydantic skips whole-model checks once a field fails; run them on the raw values too,
+    # so a file with four mistakes shows four lines in one run, not one per run.
+    problems += _cross_field_problems(data)
+    problems = list(dict.fromkeys(problems))
+    if problems or config is None:
+        raise ConfigError(source, problems or ["(top): invalid"])
+    return config
+
+
+def _try_duration(value: Any, default: float) -> float | None:
+    try:
+        return default if value is None else parse_duration(value)
+    except ValueError:
+        return None
+
+
+def _cross_field_problems(data: dict[str, Any]) -> list[str]:
+    """Checks across keys on the raw document, skipping values that are wrong on their own."""
+    problems = []
+    interval = _try_duration(data.get("scrape_interval"), 5.0)
+    timeout = _try_duration(data.get("scrape_timeout"), 3.0)
+    if interval is not None and timeout is not None and timeout > interval:
+        problems.append(f"scrape_timeout: must not be longer than scrape_interval "
+                        f"({timeout:g}s > {interval:g}s)")
+    shards, index = data.get("shards", 1), data.get("shard_index", 0)
+    if type(shards) is int and type(index) is int and 0 <= index and index >= shards >= 1:
+        problems.append(f"shard_index: must be below shards ({shards})")
+    targets = data.get("targets")
+    seen: dict[str, int] = {}
+    for position, raw in enumerate(targets if isinstance(targets, list) else []):
+        try:
+            target = TargetConfig.model_validate(raw)
+        except ValidationError:
+            continue  # its own problems are listed already
+        if interval is not None and target.timeout is not None and target.timeout > interval:
+            problems.append(f"targets.{position}.timeout: must not be longer than "
+                            f"scrape_interval ({target.timeout:g}s > {interval:g}s)")
+        if target.name in seen:
+            problems.append(f'targets.{position}.name: duplicate target name "{target.name}"'
+                            f" (also targets.{seen[target.name]})")
+        seen.setdefault(target.name, position)
+    return problems
+
+
+def load_config(
+    path: str | Path, overrides: dict[str, Any] | None = None, *, allow_empty: bool = False
+) -> Config:
+    """Read and validate a YAML config file; `overrides` (top-level keys) win over the file's.
+
+    A file with no targets and no discovery is refused unless `allow_empty`: an editor that
+    truncates before it writes, or a ConfigMap caught mid-update, would otherwise drop every
+    target and close every open window as N/A.
+    """
+    source = str(path)
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(source, [f"(file): cannot read {source}: {reason}"]) from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(source, [
+            f"(file): over {MAX_CONFIG_BYTES} bytes (1 MiB); put large target lists in "
+            "file_sd or http_sd"])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [
+            f"(file): not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
+        ]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [f"(yaml): invalid YAML at {where}: {problem}"]) from None
+    except RecursionError:
+        raise ConfigError(source, ["(yaml): nested too deeply to read"]) from None
+    if overrides and (data is None or isinstance(data, dict)):
+        data = (data or {}) | overrides
+    config = validate_config(data, source)
+    if not allow_empty and not (config.targets or config.file_sd or config.http_sd
+                                or config.prometheus_sd):
+        problem = "(file): empty" if not raw.strip() else "targets: no targets and no discovery"
+        raise ConfigError(source, [
+            f"{problem}: refused so that a file caught mid-write does not drop every target "
+            "(check-config --allow-empty accepts it)"])
+    return config
+
+
+def check_reload(old: Config, new: Config, source: str) -> None:
+    """What a reload cannot change while we run: `ConfigError` saying so."""
+    if new.listen != old.listen:
+        raise ConfigError(source, [
+            f"listen: changed from {old.listen} to {new.listen}: the listening socket is "
+            "bound at start, restart the exporter to move it"])

@@ -1,0 +1,1 @@
+"""The pure domain: counters, windows, results, dialects, parsing; no I/O."""

@@ -1,0 +1,196 @@
+"""Every server kind we read, in one place: names, default path, parse spec, policy, notes.
+
+Adding a dialect is one entry in `DIALECTS` (how its page names the counters), one in
+`REPORTING` (whether its numbers are exact and what results must say about them), and one
+page renderer in `exporter.fakevllm.render`. `config` (names, default path), `parse` (the
+spec), `results` (policy and notes) and the simulator (names, path) all read this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from exporter.core.snapshot import Field, SeriesKey
+
+Labels = tuple[tuple[str, str], ...]  # a gauge series' sorted label pairs
+# What a line's text before its value resolves to: (name, kind, key, longest, position), the
+# key a `SeriesKey` for counters and the sorted labels for gauges (kind GAUGE); then what
+# `PageLimits` checks of it, worked out once: its longest label value and its position (-1).
+Head = tuple[str, "SampleKind", SeriesKey | Labels, int, int]
+
+
+class SampleKind(StrEnum):
+    """What one sample line of a spec-decode family is."""
+
+    VALUE = "value"  # a counter's `_total`
+    CREATED = "created"  # a counter's `_created`
+    FIRST = "first"  # position 0 of a per-position counter read as another field (TRT-LLM)
+    FIRST_CREATED = "first_created"  # its `_created`
+    GAUGE = "gauge"  # an interval gauge (SGLang, vLLM V0)
+
+    @property
+    def is_created(self) -> bool:
+        """A `_created` sample: the counter's start time, not its value."""
+        return self in (SampleKind.CREATED, SampleKind.FIRST_CREATED)
+
+    @property
+    def is_first(self) -> bool:
+        """Position 0 of a per-position counter standing for another field."""
+        return self in (SampleKind.FIRST, SampleKind.FIRST_CREATED)
+
+
+class Dialect(StrEnum):
+    """Metric naming schemes we understand, picked per target or detected from the page."""
+
+    AUTO = "auto"  # the first spec-decode name on the page picks one of the others
+    VLLM = "vllm"  # V1 names; V0 names on the same prefix are recognised too
+    LLAMACPP = "llamacpp"  # llama.cpp server: vLLM V1's counter names under `llamacpp:`
+    SGLANG = "sglang"  # interval gauges only: `sglang:spec_accept_length`, `..._rate`
+    TRTLLM = "trtllm"  # TensorRT-LLM's `trtllm_spec_decode_*`, served at /prometheus/metrics
+
+
+@dataclass(frozen=True)
+class DialectSpec:
+    """How one dialect names its series: a line prefix and metric name -> field tables."""
+
+    prefix: bytes
+    counters: dict[str, Field]  # counter name without `_total`/`_created`
+    gauges: frozenset[str] = frozenset()
+    v0_markers: frozenset[str] = frozenset()  # names only vLLM V0 exposes
+    # Per-position counters of which only position 0 is read, as this field: TensorRT-LLM
+    # counts no drafts, but every draft proposes a token at position 0.
+    first_position: dict[str, Field] = field(default_factory=dict)
+    position_label: str = "position"
+    # A gauge whose value 0 means "nothing measured yet" (SGLang sets its spec gauges to 0
+    # until a decode batch is logged, and always when spec decoding is off): a series whose
+    # gate is not above 0 contributes no gauge.
+    gauge_gate: str | None = None
+    path: str = "/metrics"  # where the server serves Prometheus text by default
+    names: dict[bytes, tuple[Field | None, SampleKind]] = field(init=False, default_factory=dict)
+    # Line text before the value -> what it resolves to: the same few dozen series come back
+    # on every scrape, so their labels are parsed once, not once per scrape.
+    heads: dict[bytes, Head | None] = field(init=False, default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for base, fld in self.counters.items():
+            self.names[(base + "_total").encode()] = (fld, SampleKind.VALUE)
+            self.names[(base + "_created").encode()] = (fld, SampleKind.CREATED)
+        for base, fld in self.first_position.items():
+            self.names[(base + "_total").encode()] = (fld, SampleKind.FIRST)
+            self.names[(base + "_created").encode()] = (fld, SampleKind.FIRST_CREATED)
+        for name in self.gauges:
+            self.names[name.encode()] = (None, SampleKind.GAUGE)
+
+
+def _v1_counters(prefix: str) -> dict[str, Field]:
+    return {
+        f"{prefix}spec_decode_num_drafts": Field.DRAFTS,
+        f"{prefix}spec_decode_num_draft_tokens": Field.DRAFT_TOKENS,
+        f"{prefix}spec_decode_num_accepted_tokens": Field.ACCEPTED,
+        f"{prefix}spec_decode_num_accepted_tokens_per_pos": Field.PER_POS,
+    }
+
+
+_V0_GAUGES = frozenset({"vllm:spec_decode_draft_acceptance_rate", "vllm:spec_decode_efficiency"})
+SGLANG_LENGTH = "sglang:spec_accept_length"
+SGLANG_RATE = "sglang:spec_accept_rate"
+TRTLLM_LENGTH = "trtllm_spec_decode_acceptance_length"
+
+DIALECTS: dict[Dialect, DialectSpec] = {
+    Dialect.VLLM: DialectSpec(
+        prefix=b"vllm:spec_decode_",
+        counters=_v1_counters("vllm:")
+        | {"vllm:spec_decode_num_emitted_tokens": Field.EMITTED},
+        gauges=_V0_GAUGES,
+        v0_markers=_V0_GAUGES | {"vllm:spec_decode_num_emitted_tokens_total"},
+    ),
+    # tools/server/server-task.cpp, server_task_result_metrics::to_metrics(): no labels but
+    # `position`, no `_created`, values printed by a C++ stream (6 significant digits).
+    Dialect.LLAMACPP: DialectSpec(
+        prefix=b"llamacpp:spec_decode_", counters=_v1_counters("llamacpp:")
+    ),
+    # python/sglang/srt/metrics/collector.py: gauges over the last decode_log_interval
+    # batches, labels model_name, engine_type, tp_rank, pp_rank (and dp_rank).
+    Dialect.SGLANG: DialectSpec(
+        prefix=b"sglang:spec_accept_",
+        counters={},
+        gauges=frozenset({SGLANG_LENGTH, SGLANG_RATE}),
+        gauge_gate=SGLANG_LENGTH,
+    ),
+    # tensorrt_llm/metrics/collector.py: iteration counters of draft and accepted tokens,
+    # per-request counters per `token_position`; labels model_name, engine_type.
+    Dialect.TRTLLM: DialectSpec(
+        prefix=b"trtllm_spec_decode_",
+        counters={
+            "trtllm_spec_decode_num_draft_tokens": Field.DRAFT_TOKENS,
+            "trtllm_spec_decode_num_accepted_tokens": Field.ACCEPTED,
+            "trtllm_spec_decode_accepted_tokens": Field.PER_POS,
+        },
+        first_position={"trtllm_spec_decode_drafted_tokens": Field.DRAFTS},
+        gauges=frozenset({TRTLLM_LENGTH}),
+        position_label="token_position",
+        path="/prometheus/metrics",
+    ),
+}
+
+
+
+@dataclass(frozen=True)
+class Reporting:
+    """What results built from one reported dialect say about their numbers."""
+
+    # Exact dialects count drafts and tokens; an estimate is derived from gauges and is kept
+    # out of the aggregate (a sum of exact counts and an estimate is neither).
+    estimate: bool = False
+    note: str | None = None  # the caveat results carry as `dialect_note`
+
+
+# By the name results report (`Snapshot.dialect`): a `Dialect` value, or "vllm-v0" for vLLM V0
+# names found on a `vllm` page.
+REPORTING: dict[str, Reporting] = {
+    "vllm": Reporting(),
+    "vllm-v0": Reporting(note=(
+        "vLLM V0 counters over-count: V0 re-adds a running total every logging interval, so "
+        "draft and accepted token counts are inflated; the acceptance rate is indicative only"
+    )),
+    "llamacpp": Reporting(),
+    "sglang": Reporting(estimate=True, note=(
+        "SGLang exposes no counters, only interval gauges (sglang:spec_accept_length, "
+        "sglang:spec_accept_rate): the figures are their time-weighted means over the "
+        "window's scrapes, an estimate, not exact counts"
+    )),
+    "trtllm": Reporting(note=(
+        "TensorRT-LLM counts drafts only per position (trtllm_spec_decode_drafted_tokens_total"
+        ", needs return_perf_metrics); without it, acceptance length and per-position rates "
+        "cannot be computed"
+    )),
+}
+
+# Every page the simulator (`specdec-exporter fake-vllm --dialect`) can serve.
+SIMULATED_DIALECTS: tuple[str, ...] = tuple(REPORTING)
+
+
+def dialect_note(name: str | None) -> str | None:
+    """The caveat results must carry for numbers from dialect `name` (`Snapshot.dialect`)."""
+    reporting = REPORTING.get(name or "")
+    return reporting.note if reporting else None
+
+
+def is_estimate(name: str | None) -> bool:
+    """Whether results from dialect `name` are estimated from gauges rather than counted."""
+    reporting = REPORTING.get(name or "")
+    return reporting is not None and reporting.estimate
+
+
+def default_path(dialect: Dialect | str) -> str:
+    """The path a dialect's server serves Prometheus text on (for host + port targets)."""
+    if dialect == "vllm-v0":
+        dialect = Dialect.VLLM
+    spec = DIALECTS.get(Dialect(dialect))
+    return spec.path if spec is not None else "/metrics"
+
+
+def spec_name(dialect: Dialect | str) -> str:
+    """The dialect's name as results report it."""
+    return Dialect(dialect).value

@@ -1,0 +1,342 @@
+"""Bytes of a /metrics page -> `Snapshot` of the spec-decode families, without parsing the rest.
+
+vLLM pages are 0.1-5 MB, nearly all histograms we do not need. Instead of a full exposition
+parser (prometheus_client reads ~4 MB/s) we jump from one line starting with the dialect's
+prefix to the next with `bytes.find`, which runs at memory speed, and parse only those lines.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Final
+
+from exporter.core.dialects import (
+    DIALECTS,
+    SGLANG_LENGTH,
+    SGLANG_RATE,
+    Dialect,
+    DialectSpec,
+    Head,
+    Labels,
+    SampleKind,
+    default_path,
+    dialect_note,
+    spec_name,
+)
+from exporter.core.errors import ExporterError
+from exporter.core.snapshot import Field, SeriesKey, Snapshot
+
+# Re-exported: callers that parse pages name dialects through this module too.
+__all__ = [
+    "DIALECTS", "SGLANG_LENGTH", "SGLANG_RATE", "Dialect", "DialectSpec", "Head", "Labels",
+    "default_path", "detect_dialect", "dialect_note", "parse_labels", "parse_line",
+    "parse_page", "spec_name",
+]
+
+
+# The detection probe: every dialect's prefix holds `spec_`, preceded by its namespace.
+_PROBE = b"spec_"
+_NAMESPACES = tuple(
+    (spec.prefix[: spec.prefix.index(_PROBE)], dialect, spec) for dialect, spec in DIALECTS.items()
+)
+
+
+def detect_dialect(page: bytes) -> tuple[Dialect | None, int]:
+    """The dialect of the first spec-decode name on the page and the start of its line.
+
+    One `bytes.find` pass that stops at the first hit, so detection adds no pass over the page:
+    the parser starts from the returned line, above which no spec-decode series can be.
+    """
+    at = page.find(_PROBE)
+    while at >= 0:
+        for namespace, dialect, spec in _NAMESPACES:
+            begin = at - len(namespace)
+            if (
+                begin >= 0
+                and page.startswith(spec.prefix, begin)
+                and (begin == 0 or page[begin - 1] in b"\n \t")
+            ):
+                return dialect, page.rfind(b"\n", 0, begin) + 1
+        at = page.find(_PROBE, at + len(_PROBE))
+    return None, -1
+
+
+# name="value" pairs; values may hold escaped quotes, backslashes, commas, spaces and `/`.
+# The value pattern is the unrolled form of `(?:[^"\\\n]|\\.)*`: runs of plain characters are
+# taken in one step, not one alternation per character (100k-character values stay cheap).
+_LABEL = re.compile(
+    rb'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*'
+)
+_ESCAPE = re.compile(r"\\(.)")
+_UNESCAPE = {"n": "\n", "\\": "\\", '"': '"'}
+
+
+def _unescape(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    if "\\" not in text:
+        return text
+    return _ESCAPE.sub(lambda m: _UNESCAPE.get(m.group(1), "\\" + m.group(1)), text)
+
+
+def parse_labels(line: bytes, start: int) -> tuple[dict[str, str], int] | None:
+    """Labels from `{` at `start`; returns them and the index after `}`, or None if malformed."""
+    labels: dict[str, str] = {}
+    pos = start + 1
+    while True:
+        while pos < len(line) and line[pos] in b" \t":
+            pos += 1
+        if pos < len(line) and line[pos] == ord("}"):
+            return labels, pos + 1
+        match = _LABEL.match(line, pos)
+        if match is None:
+            return None
+        name = match.group(1).decode()
+        if name in labels:  # a repeated label name is invalid exposition, not "last one wins"
+            return None
+        labels[name] = _unescape(match.group(2))
+        pos = match.end()
+        # Labels are separated by commas (one trailing comma allowed): `{a="1"b="2"}` is bad.
+        if pos < len(line) and line[pos] == ord(","):
+            pos += 1
+        elif pos >= len(line) or line[pos] != ord("}"):
+            return None
+
+
+def parse_line(
+    line: bytes, spec: DialectSpec
+) -> tuple[str, Field | None, SampleKind, dict[str, str], float] | None:
+    """One sample line -> (name, field, kind, labels, value); None when it is not ours or bad."""
+    cut = len(line)
+    for sep in (b"{", b" ", b"\t"):
+        i = line.find(sep)
+        if 0 <= i < cut:
+            cut = i
+    name = line[:cut]
+    entry = spec.names.get(name)
+    if entry is None:
+        return None
+    labels: dict[str, str] = {}
+    rest_at = cut
+    if cut < len(line) and line[cut] == ord("{"):
+        parsed = parse_labels(line, cut)
+        if parsed is None:
+            return None
+        labels, rest_at = parsed
+    parts = line[rest_at:].split()
+    if not parts or len(parts) > 2:  # value and an optional timestamp
+        return None
+    value = _number(parts[0])
+    if value is None or (len(parts) == 2 and _number(parts[1]) is None):
+        return None
+    return name.decode(), entry[0], entry[1], labels, value
+
+
+class _Unseen(Enum):
+    """A head not resolved yet (a resolved head that is not ours is None)."""
+
+    TOKEN = 0
+
+
+_UNSEEN: Final = _Unseen.TOKEN
+# Bound once: the page loop compares every line's kind (a member look-up costs a call each).
+_GAUGE, _CREATED, _FIRST_CREATED = SampleKind.GAUGE, SampleKind.CREATED, SampleKind.FIRST_CREATED
+_MAX_HEADS = 65536
+_MAX_HEAD_BYTES = 1024
+
+
+def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
+    """(name, kind, series key or gauge labels) of a line's text before its value."""
+    parsed = parse_line(head + b" 0", spec)
+    if parsed is None:
+        return None
+    name, fld, kind, labels, _ = parsed
+    if kind is SampleKind.GAUGE:
+        pairs = tuple(sorted(labels.items()))
+        return name, kind, pairs, max(map(len, _label_values(pairs)), default=0), -1
+    key = _series_key(fld, labels, spec, kind)
+    if key is None:
+        return None
+    return name, kind, key, max(map(len, _label_values(key)), default=0), key.position
+
+
+def _label_values(key: SeriesKey | Labels) -> tuple[str, ...]:
+    """The label values of a series (model, engine, extra labels) or of a gauge's labels: what
+    `label_value_length` bounds."""
+    if isinstance(key, SeriesKey):
+        return (key.model_name, key.engine, *(v for _, v in key.extra))
+    return tuple(v for _, v in key)
+
+
+def _sample_value(rest: bytes) -> float | None:
+    # Nearly always " <number>": float() reads it whole (it strips the same ASCII whitespace
+    # `split` splits on). A timestamp after it, or an underscore, takes the careful way.
+    if b"_" not in rest:
+        try:
+            return float(rest)
+        except ValueError:
+            pass
+    parts = rest.split()
+    if not parts or len(parts) > 2:  # value and an optional timestamp
+        return None
+    value = _number(parts[0])
+    if value is None or (len(parts) == 2 and _number(parts[1]) is None):
+        return None
+    return value
+
+
+def _number(text: bytes) -> float | None:
+    # Python's float() also takes `1_000`; the exposition format (and Go's parser) does not.
+    if b"_" in text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class PageLimitError(ExporterError):
+    """A page over one of its target's limits: the scrape fails with this reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class PageLimits:
+    """Per-target bounds on a page, as Prometheus's `sample_limit`/`label_value_length_limit`.
+
+    A hostile or broken server (a new model name every scrape, 181,000 per-position series)
+    must not cost us more than a real one: the parse stops at the first breach.
+    """
+
+    series: int  # spec-decode series (counters and gauges) on one page
+    label_value_length: int  # characters in any label value of a spec-decode series
+    positions: int  # draft positions 0 .. positions-1
+
+    def check(self, key: SeriesKey | Labels) -> None:
+        """`PageLimitError` if one series breaks a per-series limit."""
+        if isinstance(key, SeriesKey) and key.position >= self.positions:
+            raise PageLimitError(
+                f"position {key.position} is over position_limit ({self.positions})")
+        for value in _label_values(key):
+            if len(value) > self.label_value_length:
+                raise PageLimitError(
+                    f"a label value of {len(value)} characters is over "
+                    f"label_value_length_limit ({self.label_value_length}): {value[:40]!r}...")
+
+
+def parse_page(
+    page: bytes, dialect: Dialect | str = Dialect.VLLM, limits: PageLimits | None = None
+) -> Snapshot:
+    """The spec-decode series of a page; counters keyed per engine, model and position.
+
+    Gauges are averaged over their series (ranks, models): a sum of ratios means nothing.
+    With `limits`, a page over one raises `PageLimitError`.
+    """
+    dialect = Dialect(dialect)
+    frm = 0
+    if dialect is Dialect.AUTO:
+        found, frm = detect_dialect(page)
+        if found is None:
+            return Snapshot({}, {}, {}, Dialect.AUTO.value, 0)
+        dialect = found
+    spec = DIALECTS[dialect]
+    values: dict[SeriesKey, float] = {}
+    created: dict[SeriesKey, float] = {}
+    gauge_series: dict[tuple[str, SeriesKey | Labels], float] = {}
+    duplicates = 0
+    is_v0 = False
+    needle = b"\n" + spec.prefix
+    start = frm if page.startswith(spec.prefix, frm) else _next_line(page, needle, frm)
+    while start >= 0:
+        end = page.find(b"\n", start)
+        if end < 0:
+            # Every line of an exposition ends with a line feed; a last line without one is a
+            # cut-off body, whose value may be cut too (`1234` read as `12`): drop it.
+            break
+        line = page[start:end].rstrip()
+        start = _next_line(page, needle, end)
+        close = line.rfind(b"}")
+        if close >= 0:
+            head, rest = line[: close + 1], line[close + 1 :]
+        else:
+            head, _, rest = line.replace(b"\t", b" ").partition(b" ")
+        resolved = spec.heads.get(head, _UNSEEN)
+        if resolved is _UNSEEN:
+            resolved = _resolve_head(head, spec)
+            # Bounded in count and size: odd pages must not grow it without end.
+            if len(spec.heads) < _MAX_HEADS and len(head) <= _MAX_HEAD_BYTES:
+                spec.heads[head] = resolved
+        if resolved is None:
+            continue
+        value = _sample_value(rest)
+        if value is None:
+            continue
+        name, kind, key, longest, position = resolved
+        if limits is not None:
+            if position >= limits.positions or longest > limits.label_value_length:
+                limits.check(key)  # raises, saying which limit
+            if len(values) + len(gauge_series) >= limits.series and (
+                key not in values and (name, key) not in gauge_series
+                and kind is not _CREATED and kind is not _FIRST_CREATED
+            ):
+                raise PageLimitError(
+                    f"more than {limits.series} spec-decode series on the page (series_limit)")
+        if name in spec.v0_markers:
+            is_v0 = True
+        if kind is _GAUGE:
+            if math.isfinite(value):
+                gauge_series.setdefault((name, key), value)
+            continue
+        target = created if kind is _CREATED or kind is _FIRST_CREATED else values
+        if key in target:
+            duplicates += 1
+            continue
+        # Not a gauge, so `_resolve_head` made the key a SeriesKey; an isinstance check here
+        # would cost on every line of every scrape.
+        target[key] = value  # type: ignore[index]
+    gauges = _gauge_means(gauge_series, spec.gauge_gate)
+    dialect_name = "vllm-v0" if is_v0 else spec_name(dialect)
+    return Snapshot(values, created, gauges, dialect_name, duplicates)
+
+
+def _gauge_means(
+    series: dict[tuple[str, SeriesKey | Labels], float], gate: str | None
+) -> dict[str, float]:
+    if gate is not None:
+        # Series of a rank that has measured nothing yet (gate at 0) are left out entirely.
+        live = {labels for (name, labels), value in series.items() if name == gate and value > 0}
+        series = {key: value for key, value in series.items() if key[1] in live}
+    sums: dict[str, list[float]] = {}
+    for (name, _), value in series.items():
+        total = sums.setdefault(name, [0.0, 0])
+        total[0] += value
+        total[1] += 1
+    return {name: total / count for name, (total, count) in sums.items()}
+
+
+def _next_line(page: bytes, needle: bytes, frm: int) -> int:
+    found = page.find(needle, frm)
+    return found + 1 if found >= 0 else -1
+
+
+def _series_key(
+    fld: Field | None, labels: dict[str, str], spec: DialectSpec,
+    kind: SampleKind = SampleKind.VALUE,
+) -> SeriesKey | None:
+    assert fld is not None
+    model = labels.pop("model_name", "")
+    engine = labels.pop("engine", "")
+    position = -1
+    if fld is Field.PER_POS or kind.is_first:
+        text = labels.pop(spec.position_label, "")
+        # ASCII digits only: int() also takes " 3", "+3", "3_0" and non-ASCII digits.
+        if not (text.isascii() and text.isdigit()):
+            return None
+        if kind.is_first:
+            if int(text) != 0:
+                return None
+        else:
+            position = int(text)
+    extra = tuple(sorted(labels.items())) if labels else ()
+    return SeriesKey(fld, model, engine, position, extra)

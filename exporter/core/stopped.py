@@ -1,0 +1,133 @@
+"""What memory keeps of a stopped window: a list item, and the last one's gauge counts.
+
+A stop answer over 1000 targets is ~20 MB of Python objects (its advice rows most of it), and
+the window book lists 50 stopped windows: kept whole, they grew the exporter by ~1 GB. Memory
+keeps only what the lists and the last-window gauges read; the answer itself stays in the
+state database (and the window's result files), read back when one window is asked for.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from exporter.core.snapshot import Counts, PackedCounts, pack_counts, unpack_counts
+
+# What a list item shows of the aggregate (`api.window_summary`, the landing page's table).
+AGGREGATE_FIGURES = ("acceptance_rate", "acceptance_length", "num_drafts")
+
+
+@dataclass(frozen=True)
+class StoppedWindow:
+    """A stopped window as the window lists show it; its answer is read from the store."""
+
+    id: str
+    name: str
+    targets: Sequence[str]
+    labels: Mapping[str, str]
+    started_at: float
+    stopped_at: float
+    aggregate: Mapping[str, Any] | None  # status and AGGREGATE_FIGURES only
+
+    @property
+    def is_open(self) -> bool:
+        """Never: only a stopped window is kept this way."""
+        return False
+
+    def state(self) -> dict[str, Any]:
+        """The stop answer's keys a list item reads, without results or advice."""
+        return {
+            "id": self.id, "name": self.name, "targets": list(self.targets),
+            "labels": dict(self.labels), "started_at": self.started_at,
+            "stopped_at": self.stopped_at, "aggregate": self.aggregate,
+        }
+
+    @classmethod
+    def of(cls, fields: Mapping[str, Any]) -> StoppedWindow:
+        """From a stop answer, or the same fields of a stored window (its `aggregate` holding
+        only what `brief_aggregate` keeps)."""
+        return cls(
+            id=fields["id"], name=fields["name"],
+            # Interned, and the tuple shared: 50 windows over the same 1000 targets share one
+            # copy of each name and one tuple of them (8 KB a window otherwise).
+            targets=_shared_targets(tuple(sys.intern(name) for name in fields["targets"])),
+            labels=dict(fields["labels"]), started_at=fields["started_at"],
+            stopped_at=fields["stopped_at"], aggregate=brief_aggregate(fields.get("aggregate")),
+        )
+
+
+@functools.lru_cache(maxsize=16)
+def _shared_targets(targets: tuple[str, ...]) -> tuple[str, ...]:
+    """One tuple for equal tuples of target names (a few kept for windows over other sets)."""
+    return targets
+
+
+def brief_aggregate(aggregate: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The aggregate RESULT's status and the few figures a list shows."""
+    if not aggregate:
+        return None
+    data = aggregate.get("data")
+    return {
+        "status": aggregate.get("status"),
+        "data": {k: data.get(k) for k in AGGREGATE_FIGURES} if data else None,
+    }
+
+
+@dataclass(frozen=True)
+class LastWindow:
+    """The most recently stopped window as the `specdec_last_window_*` gauges read it: per
+    target with numbers, the counted increase (packed, `PackedIncreases`)."""
+
+    id: str
+    name: str
+    stopped_at: float
+    increases: Mapping[str, Counts]
+
+    @classmethod
+    def of(cls, answer: Mapping[str, Any]) -> LastWindow:
+        """From a stop answer: its targets with status ok and an increase."""
+        return cls.of_kept({**answer, "increases": PackedIncreases.of_results(answer["results"])})
+
+    @classmethod
+    def of_kept(cls, kept: Mapping[str, Any]) -> LastWindow:
+        """From what a stop keeps (`answertext.StopTexts.kept_of`): the answer's head and its
+        `increases`, packed."""
+        return cls(id=kept["id"], name=kept["name"], stopped_at=kept["stopped_at"] or 0.0,
+                   increases=kept["increases"])
+
+
+class PackedIncreases(Mapping[str, Counts]):
+    """Per target `Counts`, kept packed (~0.2 KB a target where a `Counts` is ~0.76 KB), each
+    made again when read: kept from one stop to the next, read when /metrics renders them
+    (its lines are cached until the next stop)."""
+
+    def __init__(self, items: Iterable[tuple[str, Counts]]):
+        shared: dict[tuple[int, ...], tuple[int, ...]] = {}  # one positions tuple for all alike
+        self._packed: dict[str, PackedCounts] = {}
+        for name, counts in items:
+            positions = tuple(counts.per_position)
+            self._packed[name] = pack_counts(counts, shared.setdefault(positions, positions))
+
+    @classmethod
+    def of_results(cls, results: Mapping[str, Mapping[str, Any]]) -> PackedIncreases:
+        """The increases of a stop answer's RESULTs with status ok and an increase."""
+        return cls((name, Counts.from_raw(result["increase"]))
+                   for name, result in results.items()
+                   if result["status"] == "ok" and result.get("increase"))
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled in the parent from a stop's child: each name one copy with the window
+        # list's (`StoppedWindow.of` interns them).
+        self._packed = {sys.intern(name): packed for name, packed in state["_packed"].items()}
+
+    def __getitem__(self, name: str) -> Counts:
+        return unpack_counts(self._packed[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._packed)
+
+    def __len__(self) -> int:
+        return len(self._packed)

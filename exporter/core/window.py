@@ -1,0 +1,304 @@
+"""Benchmark windows: their ids, per-target accumulators, and the state that must survive us."""
+
+from __future__ import annotations
+
+import re
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.core.counting import Accumulator, Encoded
+from exporter.core.errors import RequestError
+from exporter.core.redact import redact_url
+from exporter.core.snapshot import ScrapeResult
+
+# Ids name directories of results: letters, digits and . _ - only, so no path can escape.
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_NAME = 256
+MAX_SERIES_POINTS = 720  # per target; past it every other point goes (resolution halves)
+
+
+def check_window_id(value: object) -> str:
+    """A client-given id, or `RequestError` saying which rule it breaks."""
+    # fullmatch: `$` would let a trailing newline through into a directory name.
+    if not isinstance(value, str) or not _ID.fullmatch(value) or ".." in value:
+        raise RequestError(
+            "id must be 1-128 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit, without '..'"
+        )
+    return value
+
+
+def new_window_id(now: float) -> str:
+    """A fresh id that sorts by start time: `w-20261202-134501-3fa2c1`."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    return f"w-{stamp}-{secrets.token_hex(3)}"
+
+
+@dataclass
+class TargetRef:
+    """What a window remembers of a target, even if the config later drops it."""
+
+    name: str
+    url: str  # for display only, so without credentials: the scrape uses the target's config
+    host_port: str
+
+    def __post_init__(self) -> None:
+        self.url = redact_url(self.url)
+
+
+Row = tuple[str, str, str]  # (window id, target, JSON)
+
+
+@dataclass
+class AccumulatorRows:
+    """Accumulator rows for one transaction: whole rows and round parts (`Accumulator.encode`).
+
+    Once the store has committed them, `committed` tells each accumulator (its next round part
+    is written against the whole row just saved) and its window (not dirty any more).
+    """
+
+    whole: list[Row] = field(default_factory=list)
+    rounds: list[Row] = field(default_factory=list)
+    _encoded: list[tuple[Window, str, Accumulator, Encoded]] = field(default_factory=list)
+
+    def add(self, window: Window, target: str, acc: Accumulator, *, whole: bool) -> None:
+        """One accumulator's row: its round part if it can, or `whole`."""
+        encoded = acc.encode(whole=whole)
+        (self.whole if encoded.whole else self.rounds).append((window.id, target, encoded.text))
+        self._encoded.append((window, target, acc, encoded))
+
+    def extend(self, other: AccumulatorRows) -> None:
+        """Another window's rows, for the same transaction."""
+        self.whole += other.whole
+        self.rounds += other.rounds
+        self._encoded += other._encoded
+
+    def committed(self) -> None:
+        """The store holds these rows now."""
+        for window, target, acc, encoded in self._encoded:
+            acc.saved(encoded)
+            window.dirty.discard(target)
+
+
+@dataclass
+class Window:
+    """One benchmark window: open until stopped; then `answer` holds the stop answer."""
+
+    id: str
+    name: str
+    targets: dict[str, TargetRef]
+    labels: dict[str, str]
+    started_at: float
+    stopped_at: float | None = None
+    accumulators: dict[str, Accumulator] = field(default_factory=dict)
+    start_errors: dict[str, str] = field(default_factory=dict)
+    stop_errors: dict[str, str] = field(default_factory=dict)
+    last_errors: dict[str, str] = field(default_factory=dict)
+    removed: dict[str, str] = field(default_factory=dict)  # target -> why it left the window
+    downtimes: list[tuple[float, float]] = field(default_factory=list)  # exporter not running
+    # Per target, (at, drafts, draft tokens, accepted) increased since the baseline, per scrape.
+    # Saved with the closed window only: an open window's is rebuilt from its restore on.
+    series: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
+    answer: dict[str, Any] | None = None
+    # Targets whose baseline came after the start (a restore found none): their results are
+    # partial and say why.
+    late_baselines: dict[str, str] = field(default_factory=dict)
+    # Targets whose accumulator changed since it was last saved (not saved itself).
+    dirty: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Targets whose stop scrape is in, while a stop is under way: a later scrape is not the
+    # window's (fed after the stop's, an older count would look like a server restart).
+    finals: set[str] = field(default_factory=set, compare=False, repr=False)
+
+    @property
+    def is_open(self) -> bool:
+        """Not stopped yet."""
+        return self.stopped_at is None
+
+    def takes_scrapes_of(self, target: str) -> bool:
+        """Periodic scrapes count only once the target's start scrape is done, until removal."""
+        return (
+            self.is_open
+            and target in self.targets
+            and target not in self.removed
+            and target not in self.finals
+            and (target in self.accumulators or target in self.start_errors
+                 or target in self.late_baselines)
+        )
+
+    def feed(self, result: ScrapeResult) -> bool:
+        """Take one scrape of one of the window's targets; whether it showed a server restart."""
+        if result.snapshot is None:
+            self.last_errors[result.target] = result.error or "scrape failed"
+            return False
+        self.last_errors.pop(result.target, None)
+        acc = self.accumulators.setdefault(result.target, Accumulator())
+        reset = acc.feed(result.snapshot, result.at)
+        self.dirty.add(result.target)
+        # Not kept (`cached=False`): a `Counts` a target, held while the window is open, was
+        # ~0.5 MB at 1000 targets; the stop's answer sums the increases once more.
+        totals = acc.totals(cached=False)
+        points = self.series.setdefault(result.target, [])
+        points.append((result.at, totals.drafts, totals.draft_tokens, totals.accepted))
+        if len(points) > MAX_SERIES_POINTS:
+            points[:] = points[:-1:2] + points[-1:]
+        return reset
+
+    def take_baseline(self, results: list[ScrapeResult]) -> None:
+        """The start scrapes: a baseline per target, or the reason there is none."""
+        for result in results:
+            if result.ok:
+                self.feed(result)
+            else:
+                self.start_errors[result.target] = result.error or "scrape failed"
+
+    def take_final(self, results: list[ScrapeResult], at: float) -> None:
+        """The stop scrapes, then closed at `at` (`reopen` undoes it)."""
+        for result in results:
+            self.take_stop_scrape(result)
+        self.stopped_at = at
+
+    def take_stop_scrape(self, result: ScrapeResult) -> None:
+        """One target's stop scrape; the window takes no other scrape of it after."""
+        takes = self.takes_scrapes_of(result.target)
+        self.finals.add(result.target)
+        if result.snapshot is None:  # not `ok`: spelled out so the type checker narrows
+            self.stop_errors[result.target] = result.error or "scrape failed"
+        elif takes:
+            self.feed(result)
+            acc = self.accumulators.get(result.target)
+            if not result.snapshot.has_spec_decode and acc is not None and acc.has_series:
+                self.stop_errors[result.target] = "no spec decode series on the page"
+
+    def mark_stop_scrape(self, result: ScrapeResult) -> None:
+        """One target's stop scrape, counted elsewhere (a stop's child): marked taken (no later
+        scrape of that target is the window's), not fed; what the target's accumulator holds
+        of its page before is packed meanwhile (`Accumulator.park`). `take_stop_scrapes_late`
+        feeds it, if the stop needs this window to count after all."""
+        self.finals.add(result.target)
+        acc = self.accumulators.get(result.target)
+        if acc is not None and result.snapshot is not None:
+            acc.park(result.snapshot.created)
+
+    def take_stop_scrapes_late(self, results: list[ScrapeResult]) -> None:
+        """Stop scrapes marked taken as they came (in `finals`) but not fed, fed now; the
+        window stays as stopped (or open) as it is."""
+        at, self.stopped_at = self.stopped_at, None
+        for result in results:
+            self.finals.discard(result.target)
+            self.take_stop_scrape(result)
+        self.stopped_at = at
+
+    def reopen(self, stop_errors: Mapping[str, str]) -> None:
+        """Open again after a stop that failed, its stop errors as they were before it; the
+        stop scrapes it took stay (scrapes like any other)."""
+        self.stopped_at = None
+        self.stop_errors = dict(stop_errors)
+        self.finals.clear()
+
+    def baseline_at_restore(self) -> None:
+        """Targets a restored window has no baseline for take it from their next scrape."""
+        for name in self.targets:
+            if (name not in self.accumulators and name not in self.start_errors
+                    and name not in self.removed):
+                self.late_baselines[name] = (
+                    "no baseline was saved before the exporter stopped; "
+                    "counted from the first scrape after its restart"
+                )
+
+    def live_targets(self) -> list[str]:
+        """Targets still in the window (not removed)."""
+        return [n for n in self.targets if n not in self.removed]
+
+    def as_answer_only(self) -> Window:
+        """The stopped window without its per-series state: what memory keeps of it."""
+        return Window(
+            id=self.id, name=self.name, targets=self.targets, labels=self.labels,
+            started_at=self.started_at, stopped_at=self.stopped_at, answer=self.answer,
+        )
+
+    def accumulator_rows(self, targets: Iterable[str] | None = None, *,
+                         whole: bool = False) -> AccumulatorRows:
+        """The given targets' accumulators (default: all) as rows for the store: each its round
+        part where its saved whole row still holds (`Accumulator.encode`), or `whole`."""
+        rows = AccumulatorRows()
+        for t in self.accumulators if targets is None else targets:
+            acc = self.accumulators.get(t)
+            if acc is not None:
+                rows.add(self, t, acc, whole=whole)
+        return rows
+
+    def last_seen(self) -> float:
+        """The newest scrape any target fed, or the start: what a restored window last knew."""
+        times = [a.last_at for a in self.accumulators.values() if a.last_at is not None]
+        return max(times, default=self.started_at)
+
+    def summary(self) -> dict[str, Any]:
+        """The start answer: id, name, targets, started_at (and labels)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "targets": list(self.targets),
+            "labels": self.labels,
+            "started_at": self.started_at,
+        }
+
+    def state(self) -> dict[str, Any]:
+        """The GET answer: the stop answer once stopped, else the open state."""
+        if self.answer is not None:
+            return self.answer
+        return self.summary() | {
+            "stopped_at": None,
+            "status": "open",
+            "scrapes": {t: a.scrapes for t, a in self.accumulators.items()},
+            "errors": dict(self.last_errors),
+        }
+
+    def to_dict(self, *, accumulators: bool = True) -> dict[str, Any]:
+        """JSON-able durable state (without the accumulators: the store keeps them in rows)."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "targets": {n: [r.url, r.host_port] for n, r in self.targets.items()},
+            "labels": self.labels,
+            "started_at": self.started_at,
+            "stopped_at": self.stopped_at,
+            # A stopped window is its answer: the per-series state is not needed again, and
+            # leaving it out halves what a stop over 1000 targets writes on the event loop.
+            "accumulators": {t: a.to_dict() for t, a in self.accumulators.items()}
+            if self.answer is None and accumulators else {},
+            "start_errors": self.start_errors,
+            "stop_errors": self.stop_errors,
+            "last_errors": self.last_errors,
+            "removed": self.removed,
+            "downtimes": [list(d) for d in self.downtimes],
+            "series": {t: [list(p) for p in ps] for t, ps in self.series.items()}
+            if not self.is_open else {},
+            "answer": self.answer,
+            "late_baselines": self.late_baselines,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Window:
+        """Inverse of `to_dict`."""
+        return cls(
+            id=data["id"],
+            name=data["name"],
+            targets={n: TargetRef(n, u, hp) for n, (u, hp) in data["targets"].items()},
+            labels=dict(data["labels"]),
+            started_at=data["started_at"],
+            stopped_at=data["stopped_at"],
+            accumulators={
+                t: Accumulator.from_dict(a) for t, a in data.get("accumulators", {}).items()
+            },
+            start_errors=dict(data["start_errors"]),
+            stop_errors=dict(data["stop_errors"]),
+            last_errors=dict(data["last_errors"]),
+            removed=dict(data["removed"]),
+            downtimes=[tuple(d) for d in data.get("downtimes", [])],
+            series={t: [tuple(p) for p in ps] for t, ps in data.get("series", {}).items()},
+            answer=data["answer"],
+            late_baselines=dict(data.get("late_baselines", {})),
+        )

@@ -1,0 +1,1 @@
+"""Reading from the outside over HTTP: scrapes of targets, service discovery."""

@@ -1,0 +1,296 @@
+"""Targets from Prometheus-style `file_sd` files and `http_sd` URLs, re-read as they change.
+
+Both speak Prometheus's format: a list of `{"targets": ["host:port", ...], "labels": {...}}`.
+Meta labels pick what a static target would set by key: `__scheme__`, `__metrics_path__`,
+`__specdec_name__`, `__specdec_dialect__`; every other label starting `__` is dropped.
+A source that breaks keeps its last good list, and the error is kept for the API and logs.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from pydantic import ValidationError
+from yarl import URL
+
+from exporter.config.model import (
+    _RESERVED_LABELS,
+    Config,
+    HttpSDConfig,
+    PrometheusSDConfig,
+    TargetConfig,
+    parse_matcher,
+)
+from exporter.core.errors import ExporterError
+from exporter.core.redact import redact_text, redact_url
+from exporter.scrape.scraper import proxy_for
+from exporter.core.text import TextError, clean_tree
+
+log = logging.getLogger(__name__)
+
+MAX_SD_BYTES = 8 * 1024 * 1024
+_META = {"__scheme__": "scheme", "__metrics_path__": "path", "__specdec_name__": "name",
+         "__specdec_dialect__": "dialect"}
+
+
+class DiscoveryError(ExporterError):
+    """A discovery source whose content cannot be used; the message says where and why."""
+
+
+def targets_from_document(
+    data: Any, source: str, refused: list[str] | None = None
+) -> list[TargetConfig]:
+    """A parsed `[{targets, labels}]` document -> targets, or `DiscoveryError` naming the entry.
+
+    A group whose text is not Unicode (a lone surrogate) is left out and its reason added to
+    `refused`: the other groups' targets stay.
+    """
+    if not isinstance(data, list):
+        raise DiscoveryError(f"{source}: must be a list of {{targets, labels}} groups")
+    found: list[TargetConfig] = []
+    for index, group in enumerate(data):
+        where = f"{source}: {index}"
+        try:
+            group = clean_tree(group, str(index))
+        except TextError as exc:
+            if refused is not None:
+                refused.append(f"{source}: {exc}")
+            log.error("discovery entry refused source=%s error=%s", source, exc)
+            continue
+        if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
+            raise DiscoveryError(f"{where}: each group needs a `targets` list")
+        labels = group.get("labels")
+        labels = {} if labels is None else labels
+        if not isinstance(labels, dict):
+            raise DiscoveryError(f"{where}.labels: must be a mapping")
+        fields = {key: labels[meta] for meta, key in _META.items() if meta in labels}
+        plain = {k: str(v) for k, v in labels.items() if not str(k).startswith("__")}
+        for position, address in enumerate(group["targets"]):
+            host, sep, port = str(address).rpartition(":")
+            if not sep or not port.isdigit():
+                raise DiscoveryError(f"{where}.targets.{position}: want host:port, not {address!r}")
+            try:
+                found.append(TargetConfig(host=host.strip("[]"), port=int(port), labels=plain,
+                                          **fields))
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function"))
+                raise DiscoveryError(
+                    f"{where}.targets.{position}: {loc + ': ' if loc else ''}"
+                    f"{first['msg'].removeprefix('Value error, ')}"
+                ) from None
+    return found
+
+
+def read_sd_file(path: Path, refused: list[str] | None = None) -> list[TargetConfig]:
+    """One file_sd file: JSON, or YAML by its `.yml`/`.yaml` name."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DiscoveryError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text) if path.suffix in (".yml", ".yaml") else json.loads(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise DiscoveryError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: "
+                             f"{str(exc).splitlines()[0]}") from None
+    return targets_from_document(data, str(path), refused)
+
+
+# Prometheus's own labels of a scrape: our `target` names the server, and the exporter's own
+# job/instance must not be overwritten when Prometheus scrapes us with honor_labels.
+_PROMETHEUS_OWN = {"job", "instance"}
+
+
+def _matches(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bool:
+    for name, op, value in matchers:
+        have = labels.get(name, "")
+        if op == "=" and have != value or op == "!=" and have == value:
+            return False
+        if op in ("=~", "!~") and (re.fullmatch(value, have) is None) == (op == "=~"):
+            return False
+    return True
+
+
+def targets_from_prometheus(data: Any, source: str, sd: PrometheusSDConfig) -> list[TargetConfig]:
+    """A `/api/v1/targets` answer -> the active targets of `sd.job` matching `sd.matchers`.
+
+    Each keeps its scrape URL and its labels after Prometheus's relabelling (`job`, `instance`
+    and `__` labels aside); a target whose labels we cannot carry is skipped, not the list.
+    """
+    if not isinstance(data, dict) or data.get("status") != "success":
+        raise DiscoveryError(f"{source}: not a successful Prometheus API answer")
+    active = (data.get("data") or {}).get("activeTargets")
+    if not isinstance(active, list):
+        raise DiscoveryError(f"{source}: data.activeTargets must be a list")
+    matchers = [parse_matcher(m) for m in sd.matchers]
+    found: list[TargetConfig] = []
+    for index, item in enumerate(active):
+        if not isinstance(item, dict) or not isinstance(item.get("labels"), dict):
+            raise DiscoveryError(f"{source}: activeTargets.{index}: needs a labels mapping")
+        labels = {str(k): str(v) for k, v in item["labels"].items()}
+        job = str(item.get("scrapePool") or labels.get("job", ""))
+        if sd.job is not None and sd.job not in (job, labels.get("job")):
+            continue
+        if not _matches(labels, matchers):
+            continue
+        kept = {k: v for k, v in labels.items()
+                if not k.startswith("__") and k not in _PROMETHEUS_OWN | _RESERVED_LABELS}
+        try:
+            found.append(TargetConfig(url=str(item.get("scrapeUrl", "")), labels=kept))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise DiscoveryError(f"{source}: activeTargets.{index}: "
+                                 f"{first['msg'].removeprefix('Value error, ')}") from None
+    return found
+
+
+def prometheus_sd_source(sd: PrometheusSDConfig) -> str:
+    """The name of a prometheus_sd source: the API URL it reads, with its job."""
+    url = sd.url.rstrip("/") + "/api/v1/targets?state=active"
+    return url + (f"&job={sd.job}" if sd.job else "")
+
+
+def _http_sd_targets(url: str, data: Any, refused: list[str]) -> list[TargetConfig]:
+    return targets_from_document(data, url, refused)
+
+
+def _prometheus_sd_targets(sd: PrometheusSDConfig, name: str, data: Any,
+                           refused: list[str]) -> list[TargetConfig]:
+    return targets_from_prometheus(data, name, sd)
+
+
+@dataclass
+class _Source:
+    targets: list[TargetConfig] = field(default_factory=list)
+    stamp: tuple[int, int] | float | None = None  # file mtime_ns/size, or the last poll's time
+    error: str | None = None
+
+
+class Discovery:
+    """Keeps the discovered targets of every configured source fresh; cheap to call each round."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.sources: dict[str, _Source] = {}
+
+    def targets(self) -> list[TargetConfig]:
+        """Every discovered target, first source wins on a name clash."""
+        seen: dict[str, TargetConfig] = {}
+        for source in self.sources.values():
+            for target in source.targets:
+                seen.setdefault(target.name, target)
+        return list(seen.values())
+
+    def errors(self) -> dict[str, str]:
+        """Source -> the reason its last read failed (its last good list is still used)."""
+        return {redact_url(name): redact_text(s.error) for name, s in self.sources.items()
+                if s.error}
+
+    async def refresh(self, session: aiohttp.ClientSession | None, now: float) -> bool:
+        """Re-read changed files and due URLs; whether the target list changed."""
+        before = self.targets()
+        live: set[str] = set()
+        for sd in self.config.file_sd:
+            for pattern in sd.files:
+                for name in sorted(glob.glob(pattern)):
+                    live.add(name)
+                    self._refresh_file(Path(name))
+        for http_sd in self.config.http_sd:
+            live.add(http_sd.url)
+            source = self.sources.setdefault(http_sd.url, _Source())
+            stamp = source.stamp
+            due = (stamp is None or isinstance(stamp, tuple)
+                   or now - stamp >= http_sd.refresh_interval)
+            if due and session is not None:
+                source.stamp = now
+                await self._poll(session, http_sd, source, http_sd.url, http_sd.url,
+                                 partial(_http_sd_targets, http_sd.url))
+        for prom_sd in self.config.prometheus_sd:
+            name = prometheus_sd_source(prom_sd)
+            live.add(name)
+            source = self.sources.setdefault(name, _Source())
+            stamp = source.stamp
+            due = (stamp is None or isinstance(stamp, tuple)
+                   or now - stamp >= prom_sd.refresh_interval)
+            if due and session is not None:
+                source.stamp = now
+                api = prom_sd.url.rstrip("/") + "/api/v1/targets?state=active"
+                await self._poll(session, prom_sd, source, name, api,
+                                 partial(_prometheus_sd_targets, prom_sd, name))
+        for gone in set(self.sources) - live:  # a deleted file takes its targets with it
+            del self.sources[gone]
+        return self.targets() != before
+
+    def _bounded(self, targets: list[TargetConfig], source: str) -> list[TargetConfig]:
+        # A source gone wild (a generator loop, a wrong glob) keeps its last good list.
+        if len(targets) > self.config.max_targets:
+            raise DiscoveryError(f"{source}: {len(targets)} targets is over max_targets "
+                                 f"({self.config.max_targets})")
+        return targets
+
+    def _refresh_file(self, path: Path) -> None:
+        source = self.sources.setdefault(str(path), _Source())
+        try:
+            stat = path.stat()
+        except OSError:
+            return
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if stamp == source.stamp:
+            return
+        source.stamp = stamp
+        refused: list[str] = []
+        try:
+            source.targets = self._bounded(read_sd_file(path, refused), str(path))
+            source.error = "; ".join(refused) or None
+        except DiscoveryError as exc:
+            source.error = str(exc)
+            log.error("discovery failed source=%s error=%s", path, exc)
+
+    async def _poll(
+        self,
+        session: aiohttp.ClientSession,
+        sd: HttpSDConfig | PrometheusSDConfig,
+        source: _Source,
+        name: str,
+        url: str,
+        parse: Callable[[Any, list[str]], list[TargetConfig]],
+    ) -> None:
+        """GET `url` as JSON and `parse` it into the source's targets; a failure keeps them."""
+        headers = dict(sd.headers)
+        if sd.token_env and (token := os.environ.get(sd.token_env)):
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            timeout = aiohttp.ClientTimeout(total=min(sd.refresh_interval, 30.0))
+            # The session does not read the proxy environment per request (see make_session).
+            proxy, proxy_headers = proxy_for(URL(url), None)
+            async with session.get(url, headers=headers, timeout=timeout, proxy=proxy,
+                                   proxy_headers=proxy_headers) as response:
+                if response.status != 200:
+                    raise DiscoveryError(f"{name}: HTTP {response.status}")
+                body = await response.content.read(MAX_SD_BYTES + 1)
+                if len(body) > MAX_SD_BYTES:
+                    raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes")
+            try:
+                data = json.loads(body)
+            except ValueError as exc:
+                raise DiscoveryError(f"{name}: not valid JSON: {exc}") from None
+            refused: list[str] = []
+            source.targets = self._bounded(parse(data, refused), name)
+            source.error = "; ".join(refused) or None
+        except DiscoveryError as exc:
+            source.error = str(exc)
+            log.error("discovery failed source=%s error=%s", name, exc)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            source.error = f"{name}: {exc or type(exc).__name__}"
+            log.error("discovery failed source=%s error=%s", name, source.error)

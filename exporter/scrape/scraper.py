@@ -1,0 +1,299 @@
+"""One long-lived HTTP client session that scrapes targets; a failure is data, never raised."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import re
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp.helpers import get_env_proxy_for_url
+from yarl import URL
+
+from exporter import __version__
+from exporter.config.model import TargetConfig
+from exporter.core.errors import ExporterError
+from exporter.scrape.httpget import Answer, CutOff, GetError, Pool
+from exporter.scrape.inflate import InflateError, OverCapError, inflate, use_fastest_zlib
+from exporter.core.parse import PageLimitError, parse_page
+from exporter.core.redact import redact_text
+from exporter.core.snapshot import ScrapeResult
+
+_ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+# The first sample line of a text exposition: a metric name, optional labels, then a number.
+_SAMPLE_LINE = re.compile(
+    rb"^[A-Za-z_:][A-Za-z0-9_:]*(\{.*\})?[ \t]+[-+]?(\d|\.\d|Inf|inf|NaN|nan)"
+)
+# aiohttp's HTTP errors read "400, message='what went wrong'" or "400, message:\n  what".
+_AIOHTTP_MESSAGE = re.compile(r"message='([^']*)'")
+_AIOHTTP_PREFIX = re.compile(r"^\d{3}, message:\s*")
+_USER_AGENT = f"specdec-exporter/{__version__}"
+
+
+class ScrapeFailure(ExporterError):
+    """Internal: why a scrape produced no page (turned into `ScrapeResult.error`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """How to reach one target, worked out once per config (never per scrape)."""
+
+    target: TargetConfig
+    url: URL  # parsed once: yarl's parse was ~5% of a scrape's CPU when done per scrape
+    headers: dict[str, str]  # for aiohttp
+    proxy: URL | None
+    proxy_headers: dict[str, str] | None  # Proxy-Authorization, from the URL or ~/.netrc
+    ssl: ssl.SSLContext | bool
+    # The lean path: (host, port, the whole request as bytes); None means aiohttp serves it.
+    lean: tuple[str, int, bytes] | None
+
+
+class Scraper:
+    """Scrapes targets, at most `concurrency` at a time.
+
+    Plain-HTTP targets without a proxy go through the lean client (`httpget.Pool`, one
+    kept-alive connection per target); TLS and proxied targets through the aiohttp `session`.
+    `lean=False` sends everything through aiohttp (the tests run every case both ways).
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, *, max_bytes: int, concurrency: int,
+                 lean: bool = True):
+        self.session = session
+        self.max_bytes = max_bytes
+        self.lean = lean
+        self._concurrency = concurrency
+        self._slots = asyncio.Semaphore(concurrency)
+        self._ssl: dict[tuple[bool, str | None], ssl.SSLContext | bool] = {}
+        self._plans: dict[str, _Plan] = {}
+        self._pool = Pool()
+
+    def reconfigure(self, *, max_bytes: int, concurrency: int) -> None:
+        """Apply a reloaded config's size cap and concurrency to the scrapes that follow.
+
+        Plans (proxies, headers, tokens) are worked out again for the reloaded targets.
+        """
+        self.max_bytes = max_bytes
+        if concurrency != self._concurrency:
+            self._concurrency = concurrency
+            self._slots = asyncio.Semaphore(concurrency)
+        self._plans.clear()
+
+    async def close(self) -> None:
+        """Close the lean client's kept-alive connections (the session is the caller's)."""
+        self._pool.close()
+
+    async def scrape(
+        self, target: TargetConfig, timeout: float, clock: Callable[[], float] = time.time
+    ) -> ScrapeResult:
+        """Fetch and parse one target; every failure becomes `error`."""
+        async with self._slots:
+            started = time.monotonic()
+            try:
+                async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
+                    page = await self._fetch(target)
+                snapshot = parse_page(page, target.dialect, target.page_limits)
+                if not snapshot.has_spec_decode and not _looks_like_exposition(page):
+                    raise ScrapeFailure("response is not Prometheus text format")
+                error = None
+            except CutOff as exc:
+                page, snapshot, error = b"", None, f"body cut off or corrupt: {exc}"
+            except (ScrapeFailure, GetError, PageLimitError) as exc:
+                page, snapshot, error = b"", None, str(exc)
+            except TimeoutError:
+                page, snapshot, error = b"", None, f"timeout after {timeout:g}s"
+            except aiohttp.ClientPayloadError as exc:
+                page, snapshot, error = b"", None, f"body cut off or corrupt: {_reason(exc)}"
+            except (aiohttp.ClientError, OSError, ValueError) as exc:
+                page, snapshot, error = b"", None, _reason(exc)
+            return ScrapeResult(
+                target.name, clock(), time.monotonic() - started, snapshot, error, len(page)
+            )
+
+    def _plan(self, target: TargetConfig) -> _Plan:
+        plan = self._plans.get(target.name)
+        if plan is None or plan.target is not target:  # a reload or discovery replaced it
+            plan = self._plans[target.name] = self._make_plan(target)
+        return plan
+
+    def _make_plan(self, target: TargetConfig) -> _Plan:
+        url = URL(target.url)
+        proxy, proxy_headers = proxy_for(url, target.proxy_url)
+        headers = {
+            "Accept": _ACCEPT,
+            "Accept-Encoding": "gzip" if target.compression == "gzip" else "identity",
+            "User-Agent": _USER_AGENT,
+        }
+        headers.update(target.headers)
+        if url.user is not None:  # userinfo in the URL: Basic auth, on the lean path too
+            secret = f"{url.user}:{url.password or ''}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(secret).decode("ascii")
+        if target.token_env and (token := os.environ.get(target.token_env)):
+            headers["Authorization"] = f"Bearer {token}"
+        lean = None
+        if self.lean and url.scheme == "http" and proxy is None and url.host and url.port:
+            lean = (url.host, url.port, _request_bytes(url, headers))
+        return _Plan(target, url, headers, proxy, proxy_headers, self._ssl_for(target), lean)
+
+    async def _fetch(self, target: TargetConfig) -> bytes:
+        plan = self._plan(target)
+        if plan.lean is None:
+            # The userinfo is in the Authorization header now; aiohttp refuses both at once.
+            return await self._fetch_aiohttp(str(plan.url.with_user(None)), plan, 5)
+        url = plan.url
+        host, port, request = plan.lean
+        for hop in range(6):
+            answer = await self._pool.get(host, port, request, self.max_bytes)
+            if answer.status == 200:
+                return _decoded(answer, self.max_bytes)
+            if answer.status not in _REDIRECTS or not answer.location:
+                raise ScrapeFailure(f"HTTP {answer.status} {answer.reason}".strip())
+            if hop == 5:
+                break
+            url = url.join(URL(answer.location.decode("latin-1"), encoded=True))
+            if url.scheme != "http" or not url.host or not url.port:
+                # To TLS (or to no host at all): aiohttp follows (or fails) from here.
+                return await self._fetch_aiohttp(str(url), plan, 4 - hop)
+            host, port = url.host, url.port
+            request = _request_bytes(url, plan.headers)
+        raise ScrapeFailure("too many redirects")
+
+    async def _fetch_aiohttp(self, url: str, plan: _Plan, max_redirects: int) -> bytes:
+        headers, proxy_headers = plan.headers, plan.proxy_headers
+        if proxy_headers and not url.startswith("https:"):
+            # aiohttp sends proxy headers only with a CONNECT (to a TLS target); a plain-HTTP
+            # request to a forward proxy carries Proxy-Authorization itself.
+            headers, proxy_headers = headers | proxy_headers, None
+        async with self.session.get(
+            url, headers=headers, ssl=plan.ssl, proxy=plan.proxy,
+            proxy_headers=proxy_headers, allow_redirects=True, max_redirects=max_redirects,
+        ) as response:
+            if response.status != 200:
+                raise ScrapeFailure(f"HTTP {response.status} {response.reason or ''}".strip())
+            declared = response.content_length
+            if declared is not None and declared > self.max_bytes:
+                raise ScrapeFailure(
+                    f"response of {declared} bytes is over the {self.max_bytes} byte cap"
+                )
+            chunks = []
+            size = 0
+            async for chunk in response.content.iter_chunked(256 * 1024):
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise ScrapeFailure(f"response is over the {self.max_bytes} byte cap")
+                chunks.append(chunk)
+            return b"".join(chunks)
+
+    def _ssl_for(self, target: TargetConfig) -> ssl.SSLContext | bool:
+        if not target.url.startswith("https:"):
+            return True
+        key = (target.tls_verify, target.ca_file)
+        if key not in self._ssl:
+            if not target.tls_verify:
+                self._ssl[key] = False
+            else:
+                self._ssl[key] = ssl.create_default_context(cafile=target.ca_file)
+        return self._ssl[key]
+
+
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+
+
+def proxy_for(url: URL, proxy_url: str | None) -> tuple[URL | None, dict[str, str] | None]:
+    """The proxy for `url` and its Proxy-Authorization header: `proxy_url` if given, else what
+    aiohttp's `trust_env` would pick per request (HTTP(S)_PROXY, NO_PROXY, ~/.netrc), once."""
+    if proxy_url is not None:
+        proxy = URL(proxy_url)
+        if proxy.user is None:
+            return proxy, None
+        secret = f"{proxy.user}:{proxy.password or ''}".encode("latin-1")
+        auth = {"Proxy-Authorization": "Basic " + base64.b64encode(secret).decode("ascii")}
+        return proxy.with_user(None), auth
+    try:
+        proxy, basic = get_env_proxy_for_url(url)
+    except LookupError:
+        return None, None
+    return proxy, ({"Proxy-Authorization": basic.encode()} if basic is not None else None)
+
+
+def _request_bytes(url: URL, headers: dict[str, str]) -> bytes:
+    host = f"[{url.host}]" if ":" in (url.host or "") else url.host
+    if not url.is_default_port():
+        host = f"{host}:{url.port}"
+    lines = [f"GET {url.raw_path_qs} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{name}: {value}" for name, value in headers.items() if name.lower() != "host"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _decoded(answer: Answer, cap: int) -> bytes:
+    if answer.encoding in (b"", b"identity"):
+        return answer.body
+    if answer.encoding in (b"gzip", b"x-gzip", b"deflate"):
+        try:
+            return inflate(answer.body, cap, gzip=answer.encoding != b"deflate")
+        except OverCapError:
+            raise ScrapeFailure(f"response is over the {cap} byte cap") from None
+        except InflateError:
+            raise ScrapeFailure(
+                "body cut off or corrupt: Can not decode content-encoding: "
+                + answer.encoding.decode("latin-1")
+            ) from None
+    raise ScrapeFailure(
+        f"unsupported Content-Encoding {answer.encoding.decode('latin-1')!r}"
+    )
+
+
+def _looks_like_exposition(page: bytes) -> bool:
+    # An empty page is valid exposition; HTML, JSON, a plain-text error or binary garbage is
+    # not: text exposition is UTF-8 without NULs, and starts with a comment or a sample line.
+    head = page[:4096]
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3:  # not just a character cut at the 4096th byte
+            return False
+    first = head.lstrip().split(b"\n", 1)[0]
+    return not first or first.startswith(b"#") or _SAMPLE_LINE.match(first) is not None
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return f"TLS certificate not trusted: {_tidy(str(exc.certificate_error))}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        error = exc.os_error
+        if error.errno and error.errno > 0 and not isinstance(error, socket.gaierror):
+            # asyncio says "Connect call failed ('127.0.0.1', 9)"; the errno says why.
+            return f"connection failed: {os.strerror(error.errno)}"
+        return f"connection failed: {_tidy(error.strerror or str(error))}"
+    if isinstance(exc, aiohttp.TooManyRedirects):
+        return "too many redirects"
+    return _tidy(str(exc)) or type(exc).__name__
+
+
+def _tidy(text: str) -> str:
+    # One line, without aiohttp's "400, message=" wrapping around the actual reason.
+    if match := _AIOHTTP_MESSAGE.search(text):
+        text = match.group(1)
+    text = _AIOHTTP_PREFIX.sub("", text)
+    return redact_text(" ".join(text.split()))[:300]
+
+
+def make_session(total_connections: int) -> aiohttp.ClientSession:
+    """The client session for TLS and proxied targets, and discovery.
+
+    `trust_env` stays off: with it aiohttp reads the proxy environment and ~/.netrc in a thread
+    on every request; `Scraper` resolves proxies once per target instead.
+    """
+    use_fastest_zlib()
+    connector = aiohttp.TCPConnector(limit=total_connections, ttl_dns_cache=60)
+    return aiohttp.ClientSession(
+        connector=connector, trust_env=False, auto_decompress=True,
+        timeout=aiohttp.ClientTimeout(total=None),
+    )

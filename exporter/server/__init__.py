@@ -1,0 +1,1 @@
+"""The running exporter: targets, scrape loop, window book, the stop's work."""

@@ -1,0 +1,584 @@
+"""The window book: start, stop, restore, persist and forget benchmark windows.
+
+One place holds the window protocol, for `serve` and `measure` alike. A window is durable from
+the moment its start is acknowledged and not before; what a window has counted is saved every
+round (only accumulators that changed), and at once when a scrape shows a server restart, since
+the increase counted before a restart exists nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from exporter.state.answertext import AnswerTexts, StopTexts
+from exporter.core.errors import RequestError, StoreError, UnknownWindowError
+from exporter.server.isolate import Child, ChildError, in_thread, spare_cores
+from exporter.core.isotime import iso_utc
+from exporter.server.memory import give_back_free_memory
+from exporter.core.results import result_file_names
+from exporter.core.snapshot import ScrapeResult
+from exporter.server.stop import END, FEED, FINAL, ResultCodec, streamed_answer, whole_answer
+from exporter.core.stopped import LastWindow, StoppedWindow
+from exporter.state.store import (
+    EncodedDoc,
+    StateStore,
+    prepare_results,
+    write_results,
+)
+from exporter.core.window import (
+    MAX_NAME,
+    AccumulatorRows,
+    TargetRef,
+    Window,
+    check_window_id,
+    new_window_id,
+)
+
+log = logging.getLogger(__name__)
+
+RECENT_WINDOWS = 50
+# Stops whose result files a restart checks (`_write_lost_results`): within this many seconds
+# of the newest one (the kernel writes files out within ~30 s of their writing).
+LOST_FILES_SPAN = 300.0
+
+# Scrapes the named targets now, handing each result to the given other windows too, and to
+# the callback, if any, as it comes in (in turn with the target's other scrapes).
+ScrapeFn = Callable[[list[str], list[Window], Callable[[ScrapeResult], None] | None],
+                    Awaitable[list[ScrapeResult]]]
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """What a start asks for; targets already resolved to what the window remembers."""
+
+    id: str | None
+    name: str | None
+    targets: list[TargetRef]
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def window(self, now: float) -> Window:
+        """The new (not yet durable) window."""
+        window_id = check_window_id(self.id) if self.id is not None else new_window_id(now)
+        name = self.name or window_id
+        if len(name) > MAX_NAME:
+            raise RequestError(f"name must be at most {MAX_NAME} characters")
+        return Window(id=window_id, name=name, labels=dict(self.labels), started_at=now,
+                      targets={t.name: t for t in self.targets})
+
+
+class WindowBook:
+    """Open windows and the recent stopped ones, backed by a `StateStore`.
+
+    A stopped window's answer lives in the store (and its result files), not in memory: over
+    1000 targets it is ~20 MB of Python objects, and 50 of them were a gigabyte. Memory keeps
+    what lists show (`StoppedWindow`), what the last-window gauges read (`LastWindow`), and the
+    one stopped window read whole most recently (a page view reads it once, not per request).
+    """
+
+    def __init__(self, store: StateStore, clock: Callable[[], float],
+                 results_dir: Callable[[str], Path]):
+        self.store = store
+        self.clock = clock
+        self.results_dir = results_dir  # window id -> where its result files go
+        self.version = 0  # bumped whenever what readers see of the windows changes
+        self.last_window: LastWindow | None = None
+        self._windows: dict[str, Window] = {}  # acknowledged open ones
+        self._stopped: dict[str, StoppedWindow] = {}  # the recent stopped ones
+        self._pending: dict[str, asyncio.Future[None]] = {}  # id -> its start or stop in flight
+        self._closed_loaded = False
+        # The stopped window last read whole from the store, and whether with its series.
+        self._read: tuple[Window, bool] | None = None
+        self.result_errors = 0  # stops whose result files could not be written
+        # The last stop's answer as encoded for the state database, until its HTTP answer
+        # takes it (5 MB at 1000 targets: not kept after; a second stop reads the store).
+        self._answer_text: tuple[str, bytes] | None = None
+        # Open windows' result files being made ahead of their stop (`prepare_results`).
+        self._preparing: dict[str, asyncio.Future[None]] = {}
+        # Windows being stopped -> the child making the answer, and its codec (`stopchild`).
+        self._stopping: dict[str, tuple[Child, ResultCodec]] = {}
+
+    @property
+    def state_errors(self) -> int:
+        """Failed state writes and damage found, since we started."""
+        return self.store.errors_total
+
+    # -- reading ------------------------------------------------------------------------
+
+    def open_windows(self) -> list[Window]:
+        """Acknowledged windows not stopped yet."""
+        return [w for w in self._windows.values() if w.is_open]
+
+    def taking(self, target: str) -> list[Window]:
+        """Open windows that count the scrapes of `target`."""
+        return [w for w in self.open_windows() if w.takes_scrapes_of(target)]
+
+    def get(self, window_id: str) -> Window:
+        """An open window, or a stopped one with its answer (read from the store)."""
+        return self._windows.get(window_id) or self._read_whole(window_id, series=False)
+
+    def with_series(self, window_id: str) -> Window:
+        """Like `get`, with a stopped window's per-scrape series (kept in the store only)."""
+        return self._windows.get(window_id) or self._read_whole(window_id, series=True)
+
+    def _read_whole(self, window_id: str, *, series: bool) -> Window:
+        # The last one read is kept: the landing page shows the newest window's series on
+        # every refresh, and a window's page reads it once per view.
+        if self._read is None or self._read[0].id != window_id or (series and not self._read[1]):
+            window = self._load(window_id, series=series)
+            if window is None:
+                raise UnknownWindowError(window_id)
+            if window.is_open:
+                return window  # open in the store, not in the book (not restored): as stored
+            self._read = (window, series)
+        return self._read[0] if series else self._read[0].as_answer_only()
+
+    def take_answer_text(self, window_id: str) -> bytes | None:
+        """The compact text of a window's answer, once, right after the stop that made it."""
+        if self._answer_text is not None and self._answer_text[0] == window_id:
+            text, self._answer_text = self._answer_text[1], None
+            return text
+        return None
+
+    def in_flight(self, window_id: str) -> bool:
+        """A start or stop of that id is under way."""
+        return window_id in self._pending
+
+    def recent(self) -> list[Window | StoppedWindow]:
+        """Open windows and the recent stopped ones, newest first."""
+        if not self._closed_loaded:
+            for fields in self.store.recent_stopped_fields(RECENT_WINDOWS):
+                self._stopped.setdefault(fields["id"], StoppedWindow.of(fields))
+            self._closed_loaded = True
+            self._forget_old()
+        listed: list[Window | StoppedWindow] = [*self._windows.values(), *self._stopped.values()]
+        return sorted(listed, key=lambda w: w.started_at, reverse=True)
+
+    def _load(self, window_id: str, *, series: bool = True) -> Window | None:
+        doc = self.store.load(window_id, series=series)
+        return _window_from(doc) if doc is not None else None
+
+    def _newest_stopped(self) -> LastWindow | None:
+        """The last-window gauges' part of the most recently started stopped window."""
+        for doc in self.store.recent_closed(1, series=False):  # unreadable ones logged there
+            try:
+                return LastWindow.of(doc["answer"]) if doc["answer"] is not None else None
+            except (KeyError, TypeError, AttributeError) as exc:
+                log.error("last window gauges not restored id=%s error=answer unreadable: %r",
+                          doc["id"], exc)
+        return None
+
+    # -- restore, feed, save ------------------------------------------------------------
+
+    def restore(self, known_targets: Iterable[str],
+                gone: Callable[[str], str] = lambda name: "not in the config") -> None:
+        """Open windows from the store; the time we were away is a downtime of each.
+
+        `gone(name)` says why a window's target is not ours any more (moved to another shard).
+        """
+        known = set(known_targets)
+        for doc in self.store.load_open():
+            try:
+                window = _window_from(doc)
+            except StoreError as exc:
+                log.error("window not restored id=%s error=%s", doc.get("id"), exc)
+                continue
+            window.downtimes.append((window.last_seen(), self.clock()))
+            for name in window.targets:
+                if name not in known and name not in window.removed:
+                    window.removed[name] = f"target {gone(name)} when the exporter restarted"
+            window.baseline_at_restore()
+            self._windows[window.id] = window
+            self._prepare(window)
+            log.info("window restored id=%s targets=%d", window.id, len(window.targets))
+        self.last_window = self._newest_stopped()
+        self._save_all_open()
+        self._write_lost_results()
+
+    def _write_lost_results(self) -> None:
+        """Result files of the latest stops written again from the state database where
+        window.json is missing or empty: a stop syncs only the database (which holds the same
+        answer), so a power cut right after it can lose the files. Only stops within
+        `LOST_FILES_SPAN` of the newest are looked at: older ones were on the disk long before,
+        and a folder removed by hand stays removed."""
+        recent = self.store.recent_stopped_fields(RECENT_WINDOWS)
+        newest = max((w["stopped_at"] for w in recent), default=0.0)
+        for fields in recent:
+            directory = self.results_dir(fields["id"])
+            path = directory / "window.json"
+            with contextlib.suppress(OSError):
+                if fields["stopped_at"] < newest - LOST_FILES_SPAN or path.stat().st_size:
+                    continue
+            doc = self.store.load(fields["id"], series=False)
+            try:
+                if doc is None or not isinstance(doc.get("answer"), dict):
+                    raise TypeError("no answer in the state database")
+                write_results(directory, AnswerTexts.of(doc["answer"]), sync=True)
+            except (StoreError, KeyError, TypeError, AttributeError) as exc:
+                log.error("result files not written again id=%s error=%r", fields["id"], exc)
+                continue
+            log.warning("result files written again from the state database id=%s dir=%s",
+                        fields["id"], directory)
+
+    def feed(self, windows: Iterable[Window], result: ScrapeResult) -> None:
+        """Hand one scrape to windows; a restart it shows is saved, whole, before anything else."""
+        for window in windows:
+            if (stopping := self._stopping.get(window.id)) is not None:
+                stopping[0].send((FEED, stopping[1].pack(result)))
+            if window.feed(result) and window.id in self._windows:
+                rows = window.accumulator_rows([result.target], whole=True)
+                try:
+                    self._save_rows(rows)
+                except StoreError as exc:
+                    log.error("restart not saved id=%s target=%s error=%s",
+                              window.id, result.target, exc)
+
+    def save_round(self) -> None:
+        """One transaction: every accumulator that changed since it was last saved (only its
+        round part where that is all that changed)."""
+        if self.store.reopened():
+            self._save_all()
+            return
+        rows = AccumulatorRows()
+        for window in self.open_windows():
+            if window.dirty:
+                rows.extend(window.accumulator_rows(window.dirty))
+        self._save_rows(rows)
+
+    def _save_rows(self, rows: AccumulatorRows, docs: Iterable[dict[str, Any]] = (), *,
+                   sync: bool = False) -> None:
+        self.store.save(docs, rows.whole, rounds=rows.rounds, sync=sync)
+        rows.committed()
+
+    def _save_all_open(self) -> None:
+        # Whole rows: after a failed stop, at restore and shutdown, and into a fresh database.
+        windows = self.open_windows()
+        rows = AccumulatorRows()
+        for window in windows:
+            rows.extend(window.accumulator_rows(whole=True))
+        self._save_rows(rows, [w.to_dict(accumulators=False) for w in windows])
+
+    def _save_all(self) -> None:
+        # The database went away under us: what memory holds is all there is; write it back,
+        # the recent stopped windows from their result files (memory keeps no answers).
+        self._save_all_open()
+        self.store.save([doc for w in self._stopped.values()
+                         if (doc := self._doc_from_files(w)) is not None])
+
+    def _doc_from_files(self, window: StoppedWindow) -> dict[str, Any] | None:
+        """A stopped window's state as its `window.json` holds it (its answer), or None."""
+        path = self.results_dir(window.id)
+        try:
+            answer = json.loads((path / "window.json").read_bytes())
+            targets = {name: TargetRef(name, r["url"], r["host_port"])
+                       for name, r in answer["results"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.error("stopped window not written back id=%s error=cannot read %s: %r",
+                      window.id, path / "window.json", exc)
+            return None
+        return Window(id=window.id, name=window.name, targets=targets, labels=dict(window.labels),
+                      started_at=window.started_at, stopped_at=window.stopped_at,
+                      answer=answer).to_dict(accumulators=False)
+
+    def save_windows(self, windows: Iterable[Window]) -> None:
+        """Save these acknowledged windows' own rows (their targets or errors changed)."""
+        windows = [w for w in windows if w.id in self._windows]
+        self.store.save([w.to_dict(accumulators=False) for w in windows])
+
+    def remove_targets(self, present: set[str], why: str) -> None:
+        """Targets no longer present leave every open window, which says when and why."""
+        now = self.clock()
+        changed = []
+        for window in self.open_windows():
+            for name in window.targets:
+                if name not in present and name not in window.removed:
+                    window.removed[name] = f"target {why} at {iso_utc(now)}"
+                    changed.append(window)
+        if changed:
+            self.save_windows(changed)
+            self.version += 1
+
+    def move_store(self, path: Path) -> None:
+        """The state database moves (a reload changed `output_dir` or `state_db`): its rows are
+        copied to the new file before the old one goes, so the next start finds every window.
+        `StoreError` (the reload is refused) if the new file cannot take them."""
+        old = self.store
+        with contextlib.suppress(OSError):
+            if path.exists() and os.path.samefile(path, old.path):
+                return
+        new = StateStore(path, connect=old.connect)
+        try:
+            new.copy_from(old)
+        except StoreError:
+            new.close()
+            raise
+        self.store = new
+        old.remove_files()
+        log.warning("state database moved from=%s to=%s", old.path, path)
+
+    # -- start and stop -----------------------------------------------------------------
+
+    async def start(self, request: StartRequest, scrape: ScrapeFn, max_open: int
+                    ) -> tuple[bool, Window]:
+        """Open a window, its targets scraped at once for the baseline; (created, window)."""
+        window = request.window(self.clock())
+        await self._settled(window.id)
+        existing = self._windows.get(window.id) or self._load(window.id, series=False)
+        if existing is not None:
+            return False, existing
+        if len(self.open_windows()) >= max_open:
+            raise RequestError(f"too many open windows (max_open_windows={max_open})", status=429)
+        async with self._in_flight(window.id):
+            # The other open windows take these scrapes too: a server restart right after
+            # must not hide what they counted since their last scrape.
+            window.take_baseline(await scrape(list(window.targets), self.open_windows(), None))
+            self._commit_start(window)
+        log.info("window started id=%s targets=%d", window.id, len(window.targets))
+        return True, window
+
+    async def stop(self, window_id: str, scrape: ScrapeFn, *, answer: bool = True) -> Window:
+        """Close a window (its targets scraped at once); a second stop gives the same answer.
+
+        `answer=False`: the window just stopped comes without its answer, whose text
+        `take_answer_text` has (the HTTP answer sends that: memory need not hold the dicts).
+        """
+        await self._settled(window_id)
+        window = self.get(window_id)
+        if not window.is_open:
+            return window
+        async with self._in_flight(window_id):
+            if (preparing := self._preparing.pop(window.id, None)) is not None:
+                await preparing  # long done, unless stopped right after its start
+            stop_errors = dict(window.stop_errors)
+            directory = self.results_dir(window.id)
+            refs = {name: {"host_port": ref.host_port} for name, ref in window.targets.items()}
+            streamed = streams_stops()
+            # The answer is made by a forked child: its ~40 MB of short-lived objects leave
+            # with it. With a core to spare, the child is forked now and makes each target's
+            # part as the stop's scrapes come in (`stopchild`), on the other core. With none it
+            # would only compete with the scrapes, and every page the scrapes write would be
+            # copied while it lives (~0.13 s of this process's CPU at 1000 targets): it is
+            # forked after them, from a window that took them, and makes the answer in one go.
+            work = (streamed_answer(window, directory, result_file_names(refs)) if streamed
+                    else lambda _inbox: whole_answer(window, directory))
+            child, codec = Child(work), ResultCodec()
+            taken: list[ScrapeResult] = []
+
+            def take(result: ScrapeResult) -> None:
+                if not streamed:
+                    window.take_stop_scrape(result)
+                    return
+                # The child's window takes it: this one only marks it taken (no later scrape
+                # of that target is the window's), and takes them all only if the child gives
+                # no answer, or the stop fails (`_take_stop_scrapes`).
+                window.mark_stop_scrape(result)
+                taken.append(result)
+                child.send((FINAL, codec.pack(result)))
+
+            try:
+                if streamed:
+                    child.start()
+                    self._stopping[window.id] = (child, codec)
+                others = [w for w in self.open_windows() if w is not window]
+                await scrape(window.live_targets(), others, take)
+                window.stopped_at = self.clock()
+                child.send((END, window.stopped_at, window.removed))
+                self._stopping.pop(window.id, None)
+                child.start()  # after the scrapes, when not streamed
+                await self._commit_stop(window, child, stop_errors, taken)
+            except BaseException:
+                # Open again as it was, with the stop's scrapes in so far (taken like any
+                # other): a later stop retries and answers in full.
+                self._stopping.pop(window.id, None)
+                _take_stop_scrapes(window, taken)
+                window.reopen(stop_errors)
+                raise
+            finally:
+                await child.close()
+        # The state row made from the answer's text (megabytes, freed by now) goes back to
+        # the system; the answer's objects were the child's.
+        give_back_free_memory()
+        log.info("window stopped id=%s", window_id)
+        return self.get(window_id) if answer else window.as_answer_only()
+
+    def _commit_start(self, window: Window) -> None:
+        try:
+            # Durable (to the disk, not only past our death) before it is acknowledged.
+            self._save_rows(window.accumulator_rows(whole=True),
+                            [window.to_dict(accumulators=False)], sync=True)
+        except StoreError as exc:
+            # Not durable, so not started: a retry with the same id starts it afresh.
+            raise StoreError(f'window "{window.id}" not started: {exc}') from exc
+        self._windows[window.id] = window
+        self._prepare(window)
+        self.version += 1
+
+    def _prepare(self, window: Window) -> None:
+        """Its result files made now, in a thread, so that its stop only fills them."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # restored outside a loop (a tool reading the store): the stop makes them
+        refs = {name: {"host_port": ref.host_port} for name, ref in window.targets.items()}
+        names = list(result_file_names(refs).values())
+        self._preparing[window.id] = loop.run_in_executor(
+            None, _prepare_quietly, self.results_dir(window.id), names)
+
+    async def _commit_stop(self, window: Window, child: Child, stop_errors: dict[str, str],
+                           results: list[ScrapeResult]) -> None:
+        """The stop's answer saved and written; else `StoreError`, the window saved open again
+        (with the stop's scrapes, and `stop_errors` as before the stop)."""
+        directory = self.results_dir(window.id)
+        saved = False
+        try:
+            try:
+                parts: Sequence[bytes] | None = await child.answer()
+                if parts is None:  # no child: this window takes the scrapes, a thread the work
+                    _take_stop_scrapes(window, results)
+                    parts = (await in_thread(lambda: whole_answer(window, directory))).parts
+                done = StopTexts.of_parts(parts)
+                # The row as the child's window has it (this one has not taken the scrapes).
+                row = EncodedDoc(window.id, False, window.started_at, before=done.row[0],
+                                 own=b"null", after=done.row[1])
+                self.store.save([row], sync=True, answers={window.id: done.compact})
+                saved = True
+                # The child writes the result files once it has sent the answer, while this
+                # process saved it: the stop is done when they are written too.
+                await child.finished()
+            except ChildError as exc:
+                if exc.kind != StoreError.__name__:
+                    raise RuntimeError(f"window stop failed: {exc.kind}: {exc}") from exc
+                self.result_errors += 1
+                raise StoreError(str(exc)) from exc
+        except BaseException as exc:
+            # Open again, in the state database too if it holds the window stopped already.
+            if not saved and not isinstance(exc, StoreError):
+                raise  # nothing saved: `stop` opens the window again
+            _take_stop_scrapes(window, results)
+            window.reopen(stop_errors)
+            with contextlib.suppress(StoreError):
+                self._save_all_open()
+            if isinstance(exc, StoreError):
+                raise StoreError(
+                    f'window "{window.id}" stays open: {exc}; stop it again once fixed'
+                ) from exc
+            raise
+        # A stopped window's answer is in the store: memory keeps what lists and gauges read,
+        # and the text of the last one stopped (its HTTP answer).
+        self._windows.pop(window.id, None)
+        self._stopped[window.id] = StoppedWindow.of(done.kept)
+        self.last_window = LastWindow.of_kept(done.kept)
+        self._answer_text = (window.id, done.compact)
+        self._forget_old()
+        self.version += 1
+
+    async def _settled(self, window_id: str) -> None:
+        if window_id in self._pending:
+            await asyncio.shield(self._pending[window_id])
+
+    @contextlib.asynccontextmanager
+    async def _in_flight(self, window_id: str) -> AsyncIterator[None]:
+        # One start or stop per id at a time; the next caller waits, then sees its outcome.
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[window_id] = done
+        try:
+            yield
+        finally:
+            del self._pending[window_id]
+            done.set_result(None)
+
+    # -- forgetting ---------------------------------------------------------------------
+
+    def delete(self, window_id: str) -> None:
+        """Forget a stopped window (its result files stay); 409 while open or in flight."""
+        if window_id in self._pending:
+            raise RequestError(f'window "{window_id}" is being started or stopped', status=409)
+        window = self.get(window_id)
+        if window.is_open:
+            raise RequestError(f'window "{window_id}" is open: stop it first', status=409)
+        self.store.delete([window_id])
+        self._stopped.pop(window_id, None)
+        self._read = None
+        self._forget_text([window_id])
+        if self.last_window is not None and self.last_window.id == window_id:
+            self.last_window = self._newest_stopped()
+        self.version += 1
+        log.info("window deleted id=%s", window_id)
+
+    def expire(self, retention: float) -> int:
+        """Stopped windows started more than `retention` seconds ago leave the store."""
+        old = self.store.stopped_before(self.clock() - retention)
+        if not old:
+            return 0
+        self.store.delete(old)
+        self._read = None
+        self._forget_text(old)
+        for window_id in old:
+            self._stopped.pop(window_id, None)
+        if self.last_window is not None and self.last_window.id in old:
+            self.last_window = self._newest_stopped()
+        self.version += 1
+        log.info("stopped windows past retention forgotten count=%d", len(old))
+        return len(old)
+
+    def _forget_text(self, window_ids: list[str]) -> None:
+        if self._answer_text is not None and self._answer_text[0] in window_ids:
+            self._answer_text = None
+
+    def _forget_old(self) -> None:
+        closed = sorted(self._stopped.values(), key=lambda w: w.started_at)
+        for window in closed[:-RECENT_WINDOWS]:
+            del self._stopped[window.id]
+
+    def close(self) -> None:
+        """Save open windows whole and close the store (SIGTERM, app shutdown)."""
+        try:
+            self._save_all_open()
+        except StoreError as exc:
+            # Saved every round and at every restart seen: what is lost is the last round's
+            # progress, which the next start's scrapes make up from the servers' counters.
+            log.error("open windows not saved at shutdown error=%s", exc)
+        finally:
+            self.store.close()
+
+
+STREAMED_ENV = "SPECDEC_STOP_STREAMED"
+
+
+def streams_stops() -> bool:
+    """Whether a stop's child is fed its scrapes as they come (a core to spare for it), or
+    forked after them; `SPECDEC_STOP_STREAMED=1` or `0` says which (tests, the bench)."""
+    said = os.environ.get(STREAMED_ENV)
+    if said in ("0", "1"):
+        return said == "1"
+    return spare_cores() >= 1
+
+
+def _take_stop_scrapes(window: Window, results: list[ScrapeResult]) -> None:
+    """The stop's scrapes taken by the parent's window (the child's took them as they came
+    in), once: `results` is emptied."""
+    window.take_stop_scrapes_late(results)
+    results.clear()
+
+
+def _prepare_quietly(directory: Path, names: list[str]) -> None:
+    # A speed-up only: if the files cannot be made ahead, the stop makes them (and says why).
+    try:
+        prepare_results(directory, names)
+    except OSError as exc:
+        log.warning("result files not made ahead dir=%s error=%s", directory, exc)
+
+
+def _window_from(doc: dict[str, Any]) -> Window:
+    """A stored window, or `StoreError` when its state does not have a window's shape."""
+    try:
+        return Window.from_dict(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StoreError(f'window "{doc.get("id")}" state is unreadable: {exc!r}') from exc

@@ -1,0 +1,250 @@
+"""The running exporter: its parts (targets, window book, scheduler) and the reloads that change
+them, on one event loop. Readers take `view()`; handlers call the window methods."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from exporter.core.counting import LiveTrack
+from exporter.server.book import StartRequest, WindowBook
+from exporter.config.model import Config, TargetConfig, check_reload, load_config
+from exporter.core.errors import RequestError
+from exporter.server.scheduler import Scheduler
+from exporter.scrape.scraper import Scraper
+from exporter.core.snapshot import ScrapeResult
+from exporter.core.stopped import StoppedWindow
+from exporter.state.store import StateStore, connect_state
+from exporter.server.targets import Targets, TargetState, owns
+from exporter.server.stateview import StateView
+from exporter.core.window import TargetRef, Window
+
+__all__ = ["ExporterService", "TargetState", "owns"]
+
+log = logging.getLogger(__name__)
+
+
+class ExporterService:
+    """The exporter's parts wired together: every change goes through a method here or theirs."""
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        config_path: str | Path | None = None,
+        overrides: dict[str, Any] | None = None,
+        clock: Callable[[], float] = time.time,
+        state_connect: Callable[[Path], sqlite3.Connection] = connect_state,
+    ):
+        """`state_connect` opens the state database's connection (see `StateStore`)."""
+        self.config_path = config_path
+        self.overrides = overrides or {}  # from the environment: every reload keeps them
+        self.clock = clock
+        self._reload_ok = True
+        self._reload_at = clock()
+        self._version = 0  # reloads: what the targets and book do not count themselves
+        self._targets = Targets(config, clock)
+        self.book = WindowBook(StateStore(config.state_path, connect=state_connect), clock,
+                               lambda window_id: Path(self.config.output_dir) / window_id)
+        self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
+                                   lambda: self._close_removed_targets("no longer discovered"))
+        # Called with each state a scrape leaves (`on_scraped`).
+        self._scraped: list[Callable[[str, TargetState, LiveTrack, float], None]] = []
+        self.book.restore(self._targets.states,
+                          lambda name: self._targets.gone_reason(name, "not in the config"))
+        if config.state_save_interval is not None:
+            log.warning("config key state_save_interval is ignored: what changed in open "
+                        "windows is saved after every scrape round")
+
+    # -- what readers see ---------------------------------------------------------------
+
+    def view(self) -> StateView:
+        """The state now, read-only, with its version."""
+        targets, book = self._targets, self.book
+        return StateView(
+            version=self.version,
+            now=self.clock(),
+            targets_version=targets.set_version,
+            config=targets.config,
+            targets=MappingProxyType(dict(targets.states)),
+            live=MappingProxyType(dict(targets.live)),
+            open_windows=len(book.open_windows()),
+            last_window=book.last_window,
+            windows=book.recent,
+            with_series=book.with_series,
+            reload_ok=self._reload_ok,
+            reload_at=self._reload_at,
+            discovery_up=MappingProxyType(
+                {name: not source.error for name, source in targets.discovery.sources.items()}),
+            discovery_errors=MappingProxyType(dict(targets.discovery.errors())),
+            ready=self.scheduler.ready,
+            state_write_errors=book.state_errors,
+            result_write_errors=book.result_errors,
+        )
+
+    @property
+    def version(self) -> int:
+        """Changes whenever what /metrics, the views or the landing page show may have."""
+        return self._version + self._targets.version + self.book.version
+
+    @property
+    def config(self) -> Config:
+        """The config in force (frozen; a reload replaces it): for the handlers and the fan-out
+        that act on it. What the state shows, readers take from `view()`."""
+        return self._targets.config
+
+    def discovered_targets(self) -> list[TargetConfig]:
+        """Every discovered target, before the split into shards (the fan-out's fleet)."""
+        return self._targets.discovery.targets()
+
+    def use_scraper(self, scraper: Scraper) -> None:
+        """The scraper of the app's session (none until the app starts)."""
+        self._targets.scraper = scraper
+
+    # -- config ---------------------------------------------------------------------------
+
+    def reload_refused(self, problems: list[str]) -> None:
+        """A reload was refused: the old config keeps serving; the log and /metrics say so."""
+        log.error("config reload refused, the old config keeps serving problems=%s",
+                  "; ".join(problems))
+        self._reload_ok = False
+        self._version += 1
+
+    def reload(self, config: Config | None = None) -> Config:
+        """Re-read the config file (or take `config`, read off the loop); keep the old one if
+        the new one is invalid or changes what needs a restart."""
+        if self.config_path is None:
+            raise RequestError("no config file to reload", status=409)
+        try:
+            if config is None:
+                config = load_config(self.config_path, self.overrides)
+            check_reload(self.config, config, str(self.config_path))
+            # Where the window state lives follows output_dir (or state_db): moved now, so a
+            # restart on the new config finds every open and recent window.
+            self.book.move_store(config.state_path)
+        except Exception as exc:
+            self.reload_refused(getattr(exc, "problems", None) or [str(exc)])
+            raise
+        self._targets.configure(config)
+        self._close_removed_targets("removed from the config")
+        self._reload_ok = True
+        self._reload_at = self.clock()
+        self._version += 1
+        log.info("config reloaded targets=%d", len(self._targets.states))
+        return config
+
+    def _close_removed_targets(self, why: str) -> None:
+        present = set(self._targets.states)
+        gone = {name for w in self.book.open_windows() for name in w.targets} - present
+        moved: dict[str, set[str]] = {}
+        for name in gone:
+            moved.setdefault(self._targets.gone_reason(name, why), set()).add(name)
+        # One pass per reason: the book marks every target missing from `present`.
+        for reason, names in moved.items():
+            self.book.remove_targets(present | (gone - names), reason)
+
+    # -- scraping -------------------------------------------------------------------------
+
+    async def scrape_target(
+        self, name: str, *, feed: Iterable[Window] | None = None,
+        also: Callable[[ScrapeResult], None] | None = None,
+    ) -> ScrapeResult:
+        """Scrape one target now; its state, live track and windows (`feed`, or every open
+        window counting it) take the result, then `also` (a stop's window)."""
+        def then(result: ScrapeResult) -> None:
+            windows = feed if feed is not None else self.book.open_windows()
+            self.book.feed((w for w in windows if w.takes_scrapes_of(name)), result)
+            if also is not None:
+                also(result)
+            if self._scraped:
+                self._tell_scraped(name)
+
+        return await self._targets.scrape(name, then)
+
+    def on_scraped(self, listener: Callable[[str, TargetState, LiveTrack, float], None]) -> None:
+        """Call `listener(name, state, live track, now)` after each scrape a target's state
+        takes: /metrics builds the target's lines then (exposition.py)."""
+        self._scraped.append(listener)
+
+    def _tell_scraped(self, name: str) -> None:
+        targets = self._targets
+        state, track, now = targets.states[name], targets.live[name], self.clock()
+        for listener in self._scraped:
+            # What a listener builds is a reader's cache: its failure must not fail the scrape.
+            try:
+                listener(name, state, track, now)
+            except Exception:
+                log.exception("scrape listener failed target=%s", name)
+
+    async def scrape_round(self, spread: float = 0.0) -> None:
+        """One round of every target (the scheduler's; tests and the bench drive it)."""
+        await self.scheduler.round(spread)
+
+    async def run(self) -> None:
+        """The scrape loop, until cancelled."""
+        await self.scheduler.run()
+
+    # -- windows --------------------------------------------------------------------------
+
+    def open_windows(self) -> list[Window]:
+        """Windows not stopped yet."""
+        return self.book.open_windows()
+
+    def window_with_series(self, window_id: str) -> Window:
+        """A window with its per-scrape series (a stopped one's is read from the store)."""
+        return self.book.with_series(window_id)
+
+    def delete_window(self, window_id: str) -> None:
+        """Forget a stopped window (its files stay); 409 while open, 404 if unknown."""
+        self.book.delete(window_id)
+
+    def get_window(self, window_id: str) -> Window:
+        """An open or closed window by id, from memory or the store."""
+        return self.book.get(window_id)
+
+    def take_answer_text(self, window_id: str) -> bytes | None:
+        """The stopped window's answer as JSON text, when it is at hand already encoded."""
+        return self.book.take_answer_text(window_id)
+
+    def list_windows(self) -> list[Window | StoppedWindow]:
+        """Open windows and the recent closed ones, newest first."""
+        return self.book.recent()
+
+    async def _scrape_for_window(self, names: list[str], others: list[Window],
+                                 then: Callable[[ScrapeResult], None] | None
+                                 ) -> list[ScrapeResult]:
+        known = [n for n in names if n in self._targets.states]
+        return list(await asyncio.gather(*(self.scrape_target(n, feed=others, also=then)
+                                           for n in known)))
+
+    async def start_window(
+        self,
+        window_id: str | None = None,
+        name: str | None = None,
+        targets: list[str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> tuple[bool, Window]:
+        """Open a window (scraping its targets at once for the baseline); (created, window)."""
+        chosen = self._targets.resolve(targets, window_id or "(new)")
+        request = StartRequest(window_id, name, [TargetRef(t.name, t.url, t.host_port)
+                                                 for t in chosen], dict(labels or {}))
+        return await self.book.start(request, self._scrape_for_window,
+                                     self.config.max_open_windows)
+
+    async def stop_window(self, window_id: str, *, answer: bool = True) -> Window:
+        """Close a window (scraping its targets at once); a second stop gives the same answer.
+
+        `answer=False`: without the answer of a window this call stopped (`take_answer_text`
+        has its text).
+        """
+        return await self.book.stop(window_id, self._scrape_for_window, answer=answer)
+
+    def close(self) -> None:
+        """Save open windows and close the store (SIGTERM, app shutdown)."""
+        self.book.close()

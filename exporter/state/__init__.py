@@ -1,0 +1,1 @@
+"""What survives a restart: the SQLite state, result files and their encoding."""

@@ -1,0 +1,1 @@
+"""The HTTP surface: app, routes, handlers, fan-out, exposition, middleware."""

@@ -1,0 +1,115 @@
+"""`make_app(config)`: routes, app keys and lifecycles; no logic of its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from exporter.web.handlers import (
+    MAX_BODY,
+    METRICS_CACHE,
+    PRERENDER,
+    SERVICE,
+    WRITER,
+    add_routes,
+    auth_middleware,
+    body_limit_middleware,
+    browser_middleware,
+    errors_middleware,
+)
+from exporter.config.model import Config, load_config
+from exporter.core.errors import ConfigError
+from exporter.web.exposition import MetricsWriter
+from exporter.web.fanout import FANOUT, Fanout, fanout_middleware, peer_session
+from exporter.web.prerender import Prerender
+from exporter.scrape.scraper import Scraper, make_session
+from exporter.server.service import ExporterService
+from exporter.state.store import connect_state
+
+log = logging.getLogger(__name__)
+
+
+def make_app(
+    config: Config,
+    *,
+    config_path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    clock: Callable[[], float] = time.time,
+    scrape_loop: bool = True,
+    state_connect: Callable[[Path], sqlite3.Connection] = connect_state,
+) -> web.Application:
+    """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds.
+    `state_connect` opens the state database's connection (see `StateStore`)."""
+    app = web.Application(
+        client_max_size=MAX_BODY,
+        middlewares=[errors_middleware, body_limit_middleware, auth_middleware,
+                     browser_middleware, fanout_middleware],
+    )
+    service = ExporterService(config, config_path=config_path, overrides=overrides, clock=clock,
+                              state_connect=state_connect)
+    app[SERVICE] = service
+    app[FANOUT] = Fanout(service)
+    app[WRITER] = MetricsWriter(service.view)
+    app[PRERENDER] = Prerender(app[WRITER])
+    service.on_scraped(app[PRERENDER].scraped)
+    app[METRICS_CACHE] = {}
+    add_routes(app)
+    app.cleanup_ctx.append(_scraping(scrape_loop))
+    app.cleanup_ctx.append(_prerendering)
+    app.cleanup_ctx.append(peer_session)
+    return app
+
+
+def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        service = app[SERVICE]
+        session = make_session(service.config.scrape_concurrency)
+        scraper = Scraper(
+            session,
+            max_bytes=service.config.max_response_bytes,
+            concurrency=service.config.scrape_concurrency,
+        )
+        service.use_scraper(scraper)
+        task = asyncio.create_task(service.run()) if loop else None
+        try:
+            yield
+        finally:
+            log.info("shutting down: saving open windows count=%d", len(service.open_windows()))
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await scraper.close()
+            await session.close()
+            service.close()
+
+    return lifecycle
+
+
+async def _prerendering(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[PRERENDER].close()
+
+
+async def reload_config(service: ExporterService) -> Config:
+    """`POST /-/reload` and SIGHUP: read and check the file off the loop, then swap it in.
+
+    Reading and validating a 1 MiB config takes seconds of pure Python; on the loop, /metrics
+    and every window call would wait for it.
+    """
+    if service.config_path is None:
+        return service.reload()  # says why there is nothing to reload
+    try:
+        config = await asyncio.to_thread(load_config, service.config_path, service.overrides)
+    except ConfigError as exc:
+        service.reload_refused(exc.problems)
+        raise
+    return service.reload(config)

@@ -1,0 +1,92 @@
+"""A browser is not a client: cross-site requests and DNS rebinding cannot change our state.
+
+With no token configured (the default), any web page a user opens could POST to the exporter on
+localhost or the cluster network: a form or `fetch(..., {mode: "no-cors"})` sends the request
+even though the page cannot read the answer (cross-site), and a name the attacker rebinds to our
+address makes it same-origin (DNS rebinding). A state-changing request is refused when
+- it has a body that is not `application/json`, or a form's or `text/plain` content type (a
+  browser sends any other type cross-site only after a CORS preflight, which we never answer);
+- its `Origin` is not our own (the scheme and Host it was sent to);
+- its `Host` is a name we do not know (a rebound attacker's domain is the Host it sends).
+IP literals are always fine (rebinding needs a name), so are single-label names (a public domain
+has a dot), `localhost`, Kubernetes service names (`*.svc`, `*.svc.cluster.local`), the listen
+host, this machine's and pod's names, and the config's `allowed_hosts`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from collections.abc import Mapping
+from urllib.parse import urlsplit
+
+from exporter.core.errors import RequestError
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+_LOCAL_SUFFIXES = (".localhost", ".svc", ".svc.cluster.local")
+# What a page may send cross-site without a CORS preflight (the Fetch standard's list).
+_PAGE_TYPES = frozenset({"application/x-www-form-urlencoded", "multipart/form-data",
+                         "text/plain"})
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header or URL authority, lowercased, brackets and port gone."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host[1:]
+    name, _, port = host.rpartition(":")
+    return name if name and port.isdigit() else host
+
+
+def default_hosts(listen: str) -> frozenset[str]:
+    """The names we answer to without configuration: listen host, localhost, our own names."""
+    names = {"localhost", host_name(listen)}
+    for name in (socket.gethostname(), os.environ.get("SPECDEC_POD_NAME", "")):
+        if name:
+            names.add(name.lower())
+    try:
+        names.add(socket.getfqdn().lower())
+    except OSError:
+        pass
+    return frozenset(n.rstrip(".") for n in names if n)
+
+
+def host_allowed(name: str, allowed: frozenset[str]) -> bool:
+    """Whether a request to Host `name` may change state."""
+    name = name.rstrip(".")
+    if not name:
+        return False
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    if "." not in name or name in allowed or name.endswith(_LOCAL_SUFFIXES):
+        return True
+    return any(p.startswith("*.") and name.endswith(p[1:]) for p in allowed)
+
+
+def check_browser_safe(
+    method: str, headers: Mapping[str, str], has_body: bool, allowed: frozenset[str]
+) -> None:
+    """`RequestError` (403 or 415) when a state-changing request could come from a web page."""
+    if method in SAFE_METHODS:
+        return
+    host = headers.get("Host", "")
+    if not host_allowed(host_name(host), allowed):
+        raise RequestError(
+            f'Host "{host}" is not one of ours (add it to allowed_hosts if it is): '
+            "state-changing requests are refused for unknown names (DNS rebinding)", status=403)
+    origin = headers.get("Origin")
+    if origin is not None:
+        parts = urlsplit(origin)
+        if origin == "null" or parts.netloc.lower() != host.strip().lower():
+            raise RequestError(
+                f'Origin "{origin}" is not this exporter ({host}): cross-site requests are '
+                "refused", status=403)
+    kind = headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if kind in _PAGE_TYPES or (has_body and kind != "application/json"):
+        raise RequestError(
+            f"Content-Type must be application/json, not {kind or 'none'}: other types are "
+            "what a web page can send across sites", status=415)

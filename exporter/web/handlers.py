@@ -1,0 +1,468 @@
+"""HTTP handlers: validate -> call the service -> json_response. No math, no parsing here."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from exporter.state.answertext import compact, with_key
+from exporter.web.pages.compare import render_compare, render_picker
+from exporter.web.csrf import SAFE_METHODS, check_browser_safe, default_hosts
+from exporter.core.errors import ConfigError, ExporterError, RequestError, StoreError
+from exporter.web.exposition import MetricsWriter
+from exporter.web.formats import Format, accepts_gzip, gzipped, negotiate
+from exporter.core.isotime import with_iso_times
+from exporter.web.pages.landing import render_landing
+from exporter.server.memory import give_back_free_memory
+from exporter.web.prerender import Prerender
+from exporter.core.results import window_series as series_view
+from exporter.server.service import ExporterService
+from exporter.core.text import TextError, clean_tree
+from exporter.web.jsonviews import target_view
+from exporter.core.window import Window, check_window_id
+from exporter.web.pages.window import render_window_page
+
+SERVICE = web.AppKey("service", ExporterService)
+WRITER = web.AppKey("writer", MetricsWriter)
+PRERENDER = web.AppKey("prerender", Prerender)
+# key -> (service generation, monotonic time, rendered bytes)
+METRICS_CACHE: web.AppKey[dict[str, tuple[int, float, bytes]]] = web.AppKey("metrics_cache", dict)
+MAX_BODY = 64 * 1024
+# /metrics and the JSON lists are rendered again when the state changed, or after this long:
+# a cold render of 1000 targets costs ~30-50 ms, which must not run once per concurrent request.
+METRICS_MAX_AGE = 1.0
+
+log = logging.getLogger(__name__)
+
+
+class WindowRequest(BaseModel):
+    """Body of `POST /api/v1/windows`; every field optional, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str | None = None
+    name: str | None = None
+    targets: list[str] | None = None
+    labels: dict[str, str] = {}
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        return None if value is None else check_window_id(value)
+
+
+def error_response(status: int, message: str, **extra: Any) -> web.Response:
+    """The one shape of every error answer: {"error": "..."}."""
+    return web.json_response({"error": message} | extra, status=status)
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Turn our errors and aiohttp's HTTP exceptions into JSON errors with the right status."""
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return error_response(exc.status, str(exc))
+    except StoreError as exc:
+        # The disk, not the client: 503 says "try again", and the window keeps its state.
+        log.error("store failure error=%s", exc)
+        response = error_response(503, str(exc))
+        response.headers["Retry-After"] = "5"
+        return response
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.reason if exc.text is None else _text(exc))
+
+
+def _text(exc: web.HTTPException) -> str:
+    text = exc.text or exc.reason
+    return text.removeprefix(f"{exc.status}: ")
+
+
+@web.middleware
+async def body_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A declared body over MAX_BODY is 413 on every route, read by the handler or not."""
+    if (request.content_length or 0) > MAX_BODY:
+        return error_response(413, f"body of {request.content_length} bytes is over {MAX_BODY}")
+    return await handler(request)
+
+
+@functools.lru_cache(maxsize=8)
+def _allowed_hosts(listen: str, configured: tuple[str, ...]) -> frozenset[str]:
+    return default_hosts(listen) | {h.lower().rstrip(".") for h in configured}
+
+
+@web.middleware
+async def browser_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """State-changing requests a web page could send (CSRF, DNS rebinding) are refused."""
+    if request.method not in SAFE_METHODS:
+        config = request.app[SERVICE].config
+        allowed = _allowed_hosts(config.listen, tuple(config.allowed_hosts))
+        has_body = bool(request.content_length) or request.headers.get(
+            "Transfer-Encoding", "").lower() == "chunked"
+        check_browser_safe(request.method, request.headers, has_body, allowed)
+    return await handler(request)
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every POST and DELETE needs the bearer token when the configured variable is set."""
+    if request.method in ("POST", "DELETE"):
+        token = os.environ.get(request.app[SERVICE].config.auth.token_env, "")
+        if token:
+            given = request.headers.get("Authorization", "")
+            expected = f"Bearer {token}"
+            # Constant time, on bytes: header bytes that are not UTF-8 arrive as surrogates.
+            if not hmac.compare_digest(
+                given.encode("utf-8", "surrogateescape"), expected.encode("utf-8")
+            ):
+                reason = "token missing" if not given else "token wrong"
+                return error_response(401, f"{reason}: send Authorization: Bearer <token>")
+    return await handler(request)
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()  # client_max_size answers 413 past MAX_BODY
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError("body is not valid JSON: nested too deeply") from None
+    if not isinstance(body, dict):
+        raise RequestError("body must be a JSON object")
+    try:
+        cleaned: dict[str, Any] = clean_tree(body)  # a dict in, the same shape out
+        return cleaned
+    except TextError as exc:
+        raise RequestError(str(exc)) from None
+    except RecursionError:
+        raise RequestError("body is nested too deeply") from None
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "body"
+        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+        parts.append(f"{where}: {message.removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """The exporter's exposition: text or OpenMetrics by `Accept`, gzip when accepted."""
+    try:
+        kind, content_type = negotiate(request.headers.get("Accept"), request.query.get("format"))
+    except ValueError as exc:
+        raise RequestError(str(exc)) from None
+    packed = accepts_gzip(request.headers.get("Accept-Encoding"))
+    headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
+    if packed:
+        headers["Content-Encoding"] = "gzip"
+    return web.Response(body=await _metrics_body(request, kind, packed), headers=headers)
+
+
+async def _metrics_body(request: web.Request, kind: Format, packed: bool) -> bytes:
+    """The body from the cache while fresh; else rendered with the loop let in between the
+    targets' lines (prerender.py), and gzipped in a thread: zlib lets go of the GIL, and a
+    2 MB exposition takes ~20 ms at level 6."""
+    key = f"metrics:{kind}:gzip" if packed else f"metrics:{kind}"
+    if (hit := _fresh(request, key)) is not None:
+        return hit[1]
+    plain = _fresh(request, f"metrics:{kind}")
+    if plain is None:
+        prerender = request.app[PRERENDER]
+        await prerender.prepare()
+        body = request.app[WRITER].render(openmetrics=kind is Format.OPENMETRICS)
+        plain = _keep(request, f"metrics:{kind}", body)
+        prerender.rendered()
+    generation, body = plain
+    if packed:
+        generation, body = _keep(request, key, await asyncio.to_thread(gzipped, body),
+                                 generation)
+    return body
+
+
+def _cached(request: web.Request, key: str, render: Callable[[], bytes]) -> bytes:
+    """`render()`'s bytes, again only when the state changed or the last one is too old."""
+    hit = _fresh(request, key)
+    return hit[1] if hit is not None else _keep(request, key, render())[1]
+
+
+def _fresh(request: web.Request, key: str) -> tuple[int, bytes] | None:
+    """(generation, bytes) cached under `key`, if the state has not changed and not too old."""
+    entry = request.app[METRICS_CACHE].get(key)
+    if (entry is None or entry[0] != request.app[SERVICE].version
+            or time.monotonic() - entry[1] > METRICS_MAX_AGE):
+        return None
+    return entry[0], entry[2]
+
+
+def _keep(request: web.Request, key: str, body: bytes,
+          generation: int | None = None) -> tuple[int, bytes]:
+    """Cache `body`, made from the state at `generation` (now if None)."""
+    if generation is None:
+        generation = request.app[SERVICE].version
+    request.app[METRICS_CACHE][key] = (generation, time.monotonic(), body)
+    return generation, body
+
+
+def _json_bytes(value: object) -> bytes:
+    return json.dumps(value).encode()
+
+
+async def landing(request: web.Request) -> web.Response:
+    """The HTML landing page; `?refresh=0` turns its self-refresh off."""
+    refresh = request.query.get("refresh", "1") not in ("0", "false", "no", "off")
+    return web.Response(text=render_landing(request.app[SERVICE].view(), refresh=refresh),
+                        content_type="text/html")
+
+
+async def window_page(request: web.Request) -> web.Response:
+    """One window as an HTML page."""
+    view = request.app[SERVICE].view()
+    window = view.with_series(check_window_id(request.match_info["id"]))
+    series = series_view(window) | {"now": view.now}
+    return web.Response(text=render_window_page(window.state(), series),
+                        content_type="text/html")
+
+
+async def compare_page(request: web.Request) -> web.Response:
+    """Two stopped windows side by side; without `a` and `b`, a form to pick them."""
+    service = request.app[SERVICE]
+    a_id, b_id = request.query.get("a"), request.query.get("b")
+    if not a_id and not b_id:
+        windows = [w.state() for w in service.list_windows()]
+        return web.Response(text=render_picker(windows), content_type="text/html")
+    if not a_id or not b_id:
+        raise RequestError("give both windows: /compare?a=ID&b=ID")
+    answers = []
+    for window_id in (a_id, b_id):
+        window = service.get_window(check_window_id(window_id))
+        if window.answer is None:
+            raise RequestError(f'window "{window.id}" is still open; stop it first', status=409)
+        answers.append(window.answer)
+    windows = [w.state() for w in service.list_windows()]
+    text = render_compare(answers[0], answers[1], windows)
+    return web.Response(text=text, content_type="text/html")
+
+
+async def healthy(request: web.Request) -> web.Response:
+    """Alive."""
+    return web.Response(text="OK\n")
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Config loaded and the first scrape round done."""
+    if not request.app[SERVICE].view().ready:
+        return web.Response(status=503, text="first scrape round not done\n")
+    return web.Response(text="OK\n")
+
+
+async def reload(request: web.Request) -> web.Response:
+    """Re-read the config file; an invalid one is refused and the old one keeps serving."""
+    from exporter.web.app import reload_config  # app imports this module
+
+    try:
+        config = await reload_config(request.app[SERVICE])
+    except ConfigError as exc:
+        return error_response(400, str(exc), problems=exc.problems)
+    return web.json_response({"status": "reloaded", "targets": len(config.targets)})
+
+
+async def start_window(request: web.Request) -> web.Response:
+    """Open a window: 201 when new, 200 with the same window when the id exists."""
+    try:
+        body = WindowRequest.model_validate(await _json_body(request))
+    except ValidationError as exc:
+        raise RequestError(_validation_message(exc)) from None
+    created, window = await request.app[SERVICE].start_window(
+        body.id, body.name, body.targets, body.labels
+    )
+    # Which targets failed their start scrape and why: the CLI says so on stderr.
+    answer = window.summary() | {"start_errors": dict(window.start_errors)}
+    return _json(with_iso_times(answer), status=201 if created else 200)
+
+
+async def stop_window(request: web.Request) -> web.Response:
+    """Close a window; stopping it again answers the same body."""
+    window_id = check_window_id(request.match_info["id"])
+    service = request.app[SERVICE]
+    window = await service.stop_window(window_id, answer=False)
+    text = service.take_answer_text(window.id)
+    if text is not None:
+        # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
+        return _json_text(with_key(text, "results_dir", _results_dir(service, window)))
+    return _json(with_iso_times(_state_with_files(service, window)))
+
+
+def _json(value: Any, status: int = 200) -> web.Response:
+    """A window's JSON as a stop encodes it (orjson): the stop, a second stop and a GET of a
+    stopped window answer the same bytes, and megabytes of series are encoded in ms."""
+    return _json_text(compact(value), status)
+
+
+def _json_text(text: bytes, status: int = 200) -> web.Response:
+    return SentResponse(body=text, status=status, content_type="application/json",
+                        charset="utf-8")
+
+
+# A response body this big (a stop's answer: ~5 MB at 1000 targets) is followed by a heap trim.
+BIG_BODY = 1 << 20
+
+
+class SentResponse(web.Response):
+    """A response that lets go of its body once sent. aiohttp's connection handler keeps the
+    last response of a kept-alive connection until its next request comes: a client that
+    stopped a 1000-target window held its ~5 MB answer in our memory until it asked again.
+
+    After a big one, freed heap pages go back to the system (`memory.give_back_free_memory`,
+    2-8 ms): the stop trims before its answer is sent, and what sending it freed stayed
+    (~1 MB of RSS over 12 stopped 1000-target windows, bench markers)."""
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        """Send the rest, then drop the body (its length stays known for the access log)."""
+        await super().write_eof(data)
+        big = isinstance(self.body, bytes) and len(self.body) >= BIG_BODY
+        self.body = None
+        if big:
+            give_back_free_memory()
+
+
+def _results_dir(service: ExporterService, window: Window) -> str:
+    return str(Path(service.config.output_dir).resolve() / window.id)
+
+
+def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any]:
+    """state() of a window; a stopped one's says where its files are (stop and GET alike)."""
+    state: dict[str, Any] = window.state()
+    if window.is_open:
+        return state
+    return state | {"results_dir": _results_dir(service, window)}
+
+
+MAX_LIST = 1000
+WINDOW_STATES = ("open", "stopped")
+
+
+def window_summary(state: dict[str, Any]) -> dict[str, Any]:
+    """A list item: what a script picks a window by; the full answer is at its `href`."""
+    aggregate = state.get("aggregate") or {}
+    data = aggregate.get("data") or {}
+    return {
+        "id": state["id"],
+        "name": state.get("name"),
+        "state": "open" if state.get("stopped_at") is None else "stopped",
+        "targets": state.get("targets") or [],
+        "labels": state.get("labels") or {},
+        "started_at": state.get("started_at"),
+        "stopped_at": state.get("stopped_at"),
+        "aggregate": {
+            "status": aggregate.get("status"),
+            "acceptance_rate": data.get("acceptance_rate"),
+            "acceptance_length": data.get("acceptance_length"),
+            "num_drafts": data.get("num_drafts"),
+        } if aggregate else None,
+        "href": f"/api/v1/windows/{state['id']}",
+        "page": f"/windows/{state['id']}",
+    }
+
+
+def _list_query(request: web.Request) -> tuple[int, str | None]:
+    """`limit` (1..MAX_LIST, default MAX_LIST) and `state` (open or stopped), or 400."""
+    text = request.query.get("limit")
+    limit = MAX_LIST
+    if text is not None:
+        if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIST:
+            raise RequestError(f"limit must be an integer from 1 to {MAX_LIST}, not {text!r}")
+        limit = int(text)
+    state = request.query.get("state")
+    if state is not None and state not in WINDOW_STATES:
+        raise RequestError(f"state must be open or stopped, not {state!r}")
+    return limit, state
+
+
+async def list_windows(request: web.Request) -> web.Response:
+    """Open and recent windows, newest first, as summaries; `?limit=N&state=open|stopped`."""
+    service = request.app[SERVICE]
+    limit, state = _list_query(request)
+
+    def render() -> bytes:
+        items = [window_summary(w.state()) for w in service.list_windows()]
+        items = [i for i in items if state is None or i["state"] == state][:limit]
+        return _json_bytes(with_iso_times({"windows": items}))
+
+    body = _cached(request, f"windows?limit={limit}&state={state}", render)
+    return web.Response(body=body, content_type="application/json")
+
+
+async def get_window(request: web.Request) -> web.Response:
+    """One window: its open state, or its stop answer."""
+    service = request.app[SERVICE]
+    window = service.get_window(check_window_id(request.match_info["id"]))
+    return _json(with_iso_times(_state_with_files(service, window)))
+
+
+async def window_series(request: web.Request) -> web.Response:
+    """A window's per-scrape acceptance ratio and length, per target."""
+    service = request.app[SERVICE]
+    window = service.window_with_series(check_window_id(request.match_info["id"]))
+    return _json(series_view(window))
+
+
+async def delete_window(request: web.Request) -> web.Response:
+    """Forget a stopped window (its result files stay); 409 while it is open."""
+    window_id = check_window_id(request.match_info["id"])
+    request.app[SERVICE].delete_window(window_id)
+    return web.json_response({"id": window_id, "deleted": True})
+
+
+async def list_targets(request: web.Request) -> web.Response:
+    """Every target's state as JSON (what the landing page shows)."""
+    service = request.app[SERVICE]
+
+    def render() -> bytes:
+        view = service.view()
+        views = [target_view(s, view.live[n], view.now) for n, s in view.targets.items()]
+        return _json_bytes(with_iso_times({"targets": views}))
+
+    return web.Response(body=_cached(request, "targets", render), content_type="application/json")
+
+
+def add_routes(app: web.Application) -> None:
+    """Every route of CONTRACT.md's HTTP API."""
+    app.router.add_get("/", landing)
+    app.router.add_get("/windows/{id}", window_page)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/compare", compare_page)
+    app.router.add_get("/-/healthy", healthy)
+    app.router.add_get("/-/ready", ready)
+    app.router.add_post("/-/reload", reload)
+    app.router.add_post("/api/v1/windows", start_window)
+    app.router.add_get("/api/v1/windows", list_windows)
+    app.router.add_get("/api/v1/windows/{id}", get_window)
+    app.router.add_delete("/api/v1/windows/{id}", delete_window)
+    app.router.add_post("/api/v1/windows/{id}/stop", stop_window)
+    app.router.add_get("/api/v1/windows/{id}/series", window_series)
+    app.router.add_get("/api/v1/targets", list_targets)
+
+
+__all__ = [
+    "ExporterError", "METRICS_CACHE", "PRERENDER", "SERVICE", "WRITER", "add_routes",
+    "auth_middleware", "body_limit_middleware", "browser_middleware", "errors_middleware",
+]

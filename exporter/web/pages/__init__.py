@@ -1,0 +1,1 @@
+"""HTML pages with inline SVG, read from the state view."""

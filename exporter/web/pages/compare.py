@@ -1,0 +1,168 @@
+"""The compare page (`GET /compare?a=ID&b=ID`) and the landing page's window picker.
+
+Plain server-rendered HTML with inline SVG: per target and overall, A and B with their 95%
+intervals drawn on one scale, B - A and the verdict; then both windows' advice side by side.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+from exporter.web.pages.advice import STYLE as ADVICE_STYLE
+from exporter.web.pages.advice import advice_section
+from exporter.analysis.advise import window_advice
+from exporter.analysis.compare import compare_answers
+from exporter.web.pages.html import page
+from exporter.analysis.stats import ASSUMPTION
+
+_STYLE = """
+.side{display:flex;gap:2em;flex-wrap:wrap}.side>div{flex:1;min-width:min(320px,100%)}
+""" + ADVICE_STYLE
+
+_FORMATS = {"acceptance_rate": ".2f", "acceptance_length": ".3f"}
+_NAMES = {"acceptance_rate": "acceptance rate %", "acceptance_length": "acceptance length"}
+_VERDICT_CLASS = {"better": "better", "worse": "worse", "no significant difference": "same"}
+
+
+def _when(ts: float | None) -> str:
+    return "–" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def _estimate(e: Mapping[str, Any], spec: str, signed: bool = False) -> str:
+    sign = "+" if signed else ""
+    text = format(e["value"], sign + spec)
+    if e.get("low") is None:
+        return text
+    return (f"{text}<br><small>[{format(e['low'], sign + spec)}, "
+            f"{format(e['high'], sign + spec)}]</small>")
+
+
+def interval_svg(
+    a: Mapping[str, Any], b: Mapping[str, Any], width: int = 180, height: int = 30
+) -> str:
+    """A and B with their intervals on one scale: do the whiskers overlap?"""
+    values: list[float] = [v for e in (a, b) for v in (e["value"], e.get("low"), e.get("high"))
+              if v is not None]
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or abs(hi) or 1.0
+    lo, hi = lo - span * 0.1, hi + span * 0.1
+
+    def x(v: float) -> float:
+        return 4 + (v - lo) / (hi - lo) * (width - 8)
+
+    parts = [f'<svg width="{width}" height="{height}" role="img" '
+             'aria-label="A and B with 95% intervals">']
+    for y, e, colour, name in ((9, a, "#888", "A"), (21, b, "#3b7dd8", "B")):
+        if e.get("low") is not None:
+            parts.append(f'<line x1="{x(e["low"]):.1f}" y1="{y}" x2="{x(e["high"]):.1f}" '
+                         f'y2="{y}" stroke="{colour}" stroke-width="2"/>')
+        parts.append(f'<circle cx="{x(e["value"]):.1f}" cy="{y}" r="3" fill="{colour}">'
+                     f"<title>{name}: {e['value']:.4g}</title></circle>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _entry_table(name: str, entry: Mapping[str, Any]) -> str:
+    drafts = ""
+    if entry.get("a_drafts") is not None or entry.get("b_drafts") is not None:
+        drafts = (f" <small>A: {entry.get('a_drafts') or 0:.0f} drafts, "
+                  f"B: {entry.get('b_drafts') or 0:.0f} drafts</small>")
+    rows = []
+    for row in entry["metrics"]:
+        spec = _FORMATS.get(row["metric"], ".4f")
+        css = _VERDICT_CLASS.get(row["verdict"], "same")
+        rows.append(
+            f"<tr><td>{escape(_NAMES.get(row['metric'], row['metric'].replace('_', ' ')))}</td>"
+            f"<td>{_estimate(row['a'], spec)}</td><td>{_estimate(row['b'], spec)}</td>"
+            f"<td>{interval_svg(row['a'], row['b'])}</td>"
+            f"<td>{_estimate(row['difference'], spec, signed=True)}</td>"
+            f'<td class="{css}">{escape(row["verdict"])}</td></tr>'
+        )
+    notes = "".join(f'<p class="note">{escape(n)}</p>' for n in entry.get("notes", []))
+    table = ""
+    if rows:
+        table = ('<div class="scroll"><table><tr><th>metric</th><th>A</th><th>B</th><th>'
+                 '<span style="color:#888">● A</span> <span style="color:#3b7dd8">● B</span>'
+                 "</th><th>B − A</th>"
+                 f"<th>verdict</th></tr>{''.join(rows)}</table></div>")
+    return f"<h3>{escape(name)}{drafts}</h3>{table}{notes}"
+
+
+def _window_head(side: str, answer: Mapping[str, Any]) -> str:
+    wid = str(answer.get("id", ""))
+    return (f'<div><h2>{side}: <a href="/windows/{escape(wid, quote=True)}">{escape(wid)}</a>'
+            f"</h2><p>{escape(str(answer.get('name') or ''))}<br><small>"
+            f"{_when(answer.get('started_at'))} to {_when(answer.get('stopped_at'))}"
+            "</small></p></div>")
+
+
+def _advice_column(side: str, answer: Mapping[str, Any]) -> str:
+    advice = answer.get("advice") or window_advice(answer)
+    results = advice.get("results") or {}
+    parts = [f"<div><h2>{side}: which k</h2>"]
+    for name, item in results.items():
+        parts.append(advice_section(name, item))
+    if len(results) >= 2:
+        parts.append(advice_section("all", advice.get("aggregate")))
+    return "".join(parts) + "</div>"
+
+
+def render_compare(
+    a: Mapping[str, Any], b: Mapping[str, Any], windows: Sequence[Mapping[str, Any]] = ()
+) -> str:
+    """The whole compare page of two stopped windows' answers."""
+    body = compare_answers(a, b)
+    sections = [_entry_table(name, entry) for name, entry in body["targets"].items()]
+    if body["aggregate"] is not None and len(body["targets"]) != 1:
+        sections.append(_entry_table("all targets", body["aggregate"]))
+    if not sections:
+        sections.append("<p>No target has results in both windows.</p>")
+    only = "".join(
+        f"<p>Only in {side}: {escape(', '.join(body[key]))}</p>"
+        for side, key in (("A", "only_in_a"), ("B", "only_in_b")) if body[key]
+    )
+    title = f"compare {a.get('id')} vs {b.get('id')} · specdec-exporter"
+    body_html = f"""<p><a href="/">specdec-exporter</a></p>
+<h1>Is B better than A?</h1>
+<div class="side">{_window_head("A", a)}{_window_head("B", b)}</div>
+{compare_form(windows, a.get("id"), b.get("id"))}
+<p><small>{escape(ASSUMPTION)}. Better and worse mean the 95% interval of B − A excludes 0.
+</small></p>
+{''.join(sections)}
+{only}
+<div class="side">{_advice_column("A", a)}{_advice_column("B", b)}</div>"""
+    return page(title, body_html, style=_STYLE)
+
+
+def compare_form(
+    windows: Sequence[Mapping[str, Any]], a: str | None = None, b: str | None = None
+) -> str:
+    """A small GET form to pick two stopped windows (newest first); empty with fewer than 2."""
+    stopped = [w for w in windows if w.get("stopped_at") is not None]
+    if len(stopped) < 2:
+        return ""
+    a = a or stopped[1]["id"]
+    b = b or stopped[0]["id"]
+
+    def options(chosen: str) -> str:
+        return "".join(
+            f'<option value="{escape(str(w["id"]), quote=True)}"'
+            f'{" selected" if w["id"] == chosen else ""}>{escape(str(w["id"]))}'
+            f"{' – ' + escape(str(w['name'])) if w.get('name') and w['name'] != w['id'] else ''}"
+            "</option>"
+            for w in stopped
+        )
+
+    return (f'<form action="/compare" method="get">Compare A <select name="a">{options(a)}'
+            f'</select> with B <select name="b">{options(b)}</select> '
+            '<button type="submit">compare</button></form>')
+
+
+def render_picker(windows: Sequence[Mapping[str, Any]]) -> str:
+    """`/compare` without a and b: the form alone."""
+    form = compare_form(windows) or "<p>Compare needs two stopped windows.</p>"
+    body_html = f'<p><a href="/">specdec-exporter</a></p><h1>Compare two windows</h1>{form}'
+    return page("compare windows · specdec-exporter", body_html, style=_STYLE)

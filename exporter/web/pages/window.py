@@ -1,0 +1,185 @@
+"""`GET /windows/{id}`: one window as a page, built from its JSON state and its time series.
+
+The page is a list of sections, each a small function of (state, series) -> HTML, so another
+view (the advisor's table, a distribution) is one more function in `SECTIONS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from html import escape
+from typing import Any
+
+from exporter.web.pages.advice import STYLE as ADVICE_STYLE
+from exporter.web.pages.advice import window_advice_html
+from exporter.core.console import format_window
+from exporter.core.isotime import iso_utc
+from exporter.web.pages.html import (
+    LENGTH,
+    RATE,
+    fmt,
+    line_chart,
+    page,
+    position_bars,
+    table,
+)
+
+Section = Callable[[Mapping[str, Any], Mapping[str, Any]], str]
+Point = tuple[float, float]
+
+# Result keys whose text the per-target table shows as notes, in this order.
+_NOTE_KEYS = ("coverage_note", "reset_note", "anomaly_note", "dialect_note")
+
+
+def acceptance_lines(series: Mapping[str, Any]) -> tuple[dict[str, list[Point]], list[Point]]:
+    """Cumulative acceptance rate (%) since the window's start, per target and summed.
+
+    Each point is what the window's result would say if it had stopped then. The aggregate
+    sums every target's latest counts at each moment (never an average of ratios).
+    """
+    lines: dict[str, list[Point]] = {}
+    events: list[tuple[float, str, float, float]] = []
+    for name, points in (series.get("targets") or {}).items():
+        line = []
+        for point in points:
+            tokens, accepted = point.get("draft_tokens") or 0, point.get("accepted") or 0
+            events.append((point["at"], name, tokens, accepted))
+            if tokens > 0:
+                line.append((point["at"], 100.0 * accepted / tokens))
+        lines[name] = line
+    latest: dict[str, tuple[float, float]] = {}
+    aggregate: list[Point] = []
+    for at, name, tokens, accepted in sorted(events):
+        latest[name] = (tokens, accepted)
+        total_tokens = sum(t for t, _ in latest.values())
+        if total_tokens > 0:
+            point = (at, 100.0 * sum(a for _, a in latest.values()) / total_tokens)
+            if aggregate and aggregate[-1][0] == at:
+                aggregate[-1] = point  # one point per moment, after every target's update
+            else:
+                aggregate.append(point)
+    return lines, aggregate
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m {secs:02d}s" if hours else f"{minutes}m {secs:02d}s"
+
+
+def header_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """Name, id, state, times (UTC, ISO 8601), duration and targets."""
+    started, stopped = state.get("started_at"), state.get("stopped_at")
+    end = stopped if stopped is not None else series.get("now")
+    rows = [
+        ("id", escape(state["id"])),
+        ("state", "open" if stopped is None else "stopped"),
+        ("started", iso_utc(started) if started is not None else "–"),
+        ("stopped", iso_utc(stopped) if stopped is not None else "– (still open)"),
+        ("duration", _duration(end - started) if end is not None and started is not None
+         else "–"),
+        ("targets", escape(", ".join(state.get("targets") or [])) or "none"),
+    ]
+    name = state.get("name") or state["id"]
+    facts = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
+    return (f'<p><a href="/">← all targets and windows</a> · '
+            f'<a href="/api/v1/windows/{escape(state["id"])}">JSON</a></p>'
+            f"<h1>Window {escape(name)}</h1>"
+            f'<div class="scroll"><table>{facts}</table></div>')
+
+
+def console_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """The console blocks, as `window stop` prints them."""
+    if not state.get("results"):
+        return "<h2>Console</h2><p>Results appear here when the window is stopped.</p>"
+    return f"<h2>Console</h2><pre>{escape(format_window(state))}</pre>"
+
+
+def _target_row(name: str, result: Mapping[str, Any]) -> str:
+    data = result.get("data") or {}
+    ok = result.get("status") == "ok"
+    notes = [result[k] for k in _NOTE_KEYS if result.get(k)]
+    if result.get("coverage") == "partial" and not result.get("coverage_note"):
+        notes.insert(0, "partial coverage")
+    if result.get("estimate"):
+        notes.insert(0, "estimate, not exact counts")
+    status = '<span class="up">ok</span>' if ok else '<span class="down">N/A</span>'
+    error = "" if ok else f'<div class="err">{escape(result.get("error") or "")}</div>'
+    cells = [fmt(data.get("acceptance_rate"), RATE), fmt(data.get("acceptance_length"), LENGTH),
+             fmt(data.get("num_drafts"), ""), fmt(data.get("draft_tokens"), ""),
+             fmt(data.get("accepted_tokens"), "")]
+    numbers = "".join(f'<td class="num">{c}</td>' for c in cells)
+    note_html = "".join(f'<div class="note">{escape(str(n))}</div>' for n in notes)
+    where = result.get("host_port") or result.get("url") or ""
+    return (f"<tr><td>{escape(name)}<br><small>{escape(str(where))}</small></td>"
+            f"<td>{status}{error}</td>{numbers}<td>{note_html or '–'}</td></tr>")
+
+
+def results_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """Per target: status, figures and every note (partial coverage, restarts, caveats)."""
+    results: Mapping[str, Any] = state.get("results") or {}
+    if not results:
+        errors: Mapping[str, str] = state.get("errors") or {}
+        scrapes: Mapping[str, int] = state.get("scrapes") or {}
+        rows = [f"<tr><td>{escape(t)}</td><td class=\"num\">{scrapes.get(t, 0)}</td>"
+                f"<td>{escape(errors.get(t, '')) or '–'}</td></tr>"
+                for t in state.get("targets") or []]
+        return "<h2>Targets</h2>" + table(["target", "scrapes so far", "last error"], rows)
+    rows = [_target_row(name, result) for name, result in results.items()]
+    aggregate = state.get("aggregate")
+    if aggregate and len(results) >= 2:
+        rows.append(_target_row("all (aggregate)", aggregate))
+    headers = ["target", "status", '<span class="num">acceptance rate %</span>',
+               "acceptance length", "drafts", "draft tokens", "accepted tokens", "notes"]
+    return "<h2>Results</h2>" + table(headers, rows)
+
+
+def positions_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """Per-position acceptance bars, per target and for the aggregate."""
+    results: Mapping[str, Any] = state.get("results") or {}
+    entries = list(results.items())
+    if state.get("aggregate") and len(results) >= 2:
+        entries.append(("all (aggregate)", state["aggregate"]))
+    cells = []
+    for name, result in entries:
+        per_pos = (result.get("data") or {}).get("per_position_acceptance_rates") or {}
+        if per_pos:
+            cells.append(f"<td>{escape(name)}<br>{position_bars(per_pos)}</td>")
+    if not cells:
+        return ""
+    return ("<h2>Per-position acceptance</h2>"
+            f'<div class="scroll"><table><tr>{"".join(cells)}</tr></table></div>')
+
+
+def chart_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """The acceptance rate through the window, per target and aggregate."""
+    lines, aggregate = acceptance_lines(series)
+    start = state.get("started_at") or 0.0
+    ends = [p[-1][0] for p in lines.values() if p] + [p[0] for p in aggregate[-1:]]
+    end = state.get("stopped_at") or (max(ends) if ends else start)
+    svg = line_chart(lines, start=start, end=max(end, start + 1e-9),
+                     aggregate=aggregate if len(lines) >= 2 else ())
+    if not svg:
+        return ("<h2>Acceptance through the window</h2><p>No scrape with drafts yet.</p>")
+    return ("<h2>Acceptance through the window</h2>"
+            "<p><small>Cumulative since the window's start: each point is what the result "
+            "would say had the window stopped then.</small></p>" + svg)
+
+
+def advisor_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """Which k: the distribution of accepted tokens per draft as bars, the advisor's table."""
+    return window_advice_html(state)
+
+
+SECTIONS: list[Section] = [header_section, console_section, results_section,
+                           positions_section, advisor_section, chart_section]
+
+
+def render_window_page(
+    state: Mapping[str, Any], series: Mapping[str, Any],
+    sections: Sequence[Section] | None = None, style: str = "",
+) -> str:
+    """The whole page of one window: its state (GET /api/v1/windows/{id}) and series."""
+    body = "\n".join(section(state, series) for section in (sections or SECTIONS))
+    name = state.get("name") or state["id"]
+    return page(f"window {name} · specdec-exporter", body, style=ADVICE_STYLE + style)

@@ -1,0 +1,163 @@
+"""The console block, byte for byte as CONTRACT.md (and AISBench) print it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.core.console import format_block, format_window
+from exporter.core.derive import result_data
+from exporter.core.snapshot import Counts
+
+CONSOLE = Path(__file__).resolve().parents[1] / "testdata" / "console"
+SEED = Counts(163, 815, 809, {0: 162, 1: 162, 2: 162, 3: 162, 4: 161})
+NO_ACTIVITY = "No spec decode activity detected during benchmark window"
+
+
+def ok(counts: Counts, **extra) -> dict:
+    result = {"status": "ok", "url": "http://x/metrics", "error": None}
+    return result | {"data": result_data(counts)} | extra
+
+
+def na(error: str | None) -> dict:
+    return {"status": "na", "url": "http://x/metrics", "error": error, "data": None}
+
+
+def title_of(label: str) -> str:
+    return f"========== Speculative Decoding Metrics  [{label}] =========="
+
+
+class TestFormatBlock:
+    def test_seed_golden(self):
+        want = (CONSOLE / "seed_block.txt").read_bytes()
+        got = format_block("10.0.0.1:8080", ok(SEED)).encode()
+        assert got == want
+
+    @pytest.mark.parametrize(
+        "error,reason",
+        [
+            ("No spec decode metrics found on server", "No spec decode metrics found on server"),
+            (
+                "Failed to fetch metrics from http://10.0.0.1:8080/metrics: timeout after 3s",
+                "Failed to fetch metrics from http://10.0.0.1:8080/metrics: timeout after 3s",
+            ),
+            (NO_ACTIVITY, NO_ACTIVITY),
+            (None, NO_ACTIVITY),
+        ],
+    )
+    def test_na_layout(self, error, reason):
+        title = title_of("10.0.0.1:8080")
+        rule = "=" * (len(title) - 1)
+        want = f"{rule}\n{title}\n{rule}\n" + f"{'Status':<46}N/A\n" + f"{'Reason':<46}{reason}\n"
+        assert format_block("10.0.0.1:8080", na(error)) == want
+
+    def test_ok_without_drafts_is_na(self):
+        text = format_block("h:1", ok(Counts()))
+        assert text.splitlines()[3:] == [f"{'Status':<46}N/A", f"{'Reason':<46}{NO_ACTIVITY}"]
+
+    def test_na_exact_text(self):
+        assert format_block("h:1", na("No spec decode metrics found on server")) == (
+            "========================================================\n"
+            "========== Speculative Decoding Metrics  [h:1] ==========\n"
+            "========================================================\n"
+            "Status                                        N/A\n"
+            "Reason                                        No spec decode metrics found on server\n"
+        )
+
+    @pytest.mark.parametrize(
+        "label", ["all", "h:1", "10.0.0.1:8080", "[::1]:9400", "llama-eagle", "x" * 60, ""]
+    )
+    def test_rules_one_shorter_than_title(self, label):
+        for result in (ok(SEED), na("why")):
+            lines = format_block(label, result).split("\n")
+            assert lines[1] == title_of(label)
+            assert lines[0] == lines[2] == "=" * (len(lines[1]) - 1)
+            assert lines[-1] == ""  # ends with exactly one newline
+            for line in lines[3:-1]:
+                assert line[:46].rstrip() and line[46] != " "
+                assert len(line[:46]) == 46
+
+    def test_twelve_positions_in_numeric_order(self):
+        counts = Counts(100, 1200, 660, {pos: 100 - 5 * pos for pos in reversed(range(12))})
+        line = format_block("h:1", ok(counts)).splitlines()[-1]
+        rates = ", ".join(f"{p}: {(100 - 5 * p) / 100:.4f}" for p in range(12))
+        assert line == f"{'Per-position acceptance rates':<46}{{{rates}}}"
+
+    def test_positions_given_as_text_sorted_by_number(self):
+        data = result_data(SEED)
+        data["per_position_acceptance_rates"] = {"10": 0.1, "2": 0.5, "1": 0.75, "0": 1}
+        line = format_block("h:1", {"status": "ok", "data": data}).splitlines()[-1]
+        assert line.endswith("{0: 1.0000, 1: 0.7500, 2: 0.5000, 10: 0.1000}")
+
+    @pytest.mark.parametrize(
+        "counts,rate,length",
+        [
+            (SEED, "99.26", "5.96"),
+            (Counts(3, 9, 2, {0: 1, 1: 1}), "22.22", "1.67"),
+            # 1 + 1/200 = 1.005: from the counts, not from the 3-decimal 1.005 (which is 1.00)
+            (Counts(200, 600, 1, {0: 1}), "0.17", "1.00"),
+            (Counts(8, 8, 8, {0: 8}), "100.00", "2.00"),
+            (Counts(2.5, 7.5, 3.75, {0: 2.5}), "50.00", "2.50"),
+        ],
+    )
+    def test_rate_and_length_two_decimals(self, counts, rate, length):
+        lines = format_block("h:1", ok(counts)).splitlines()
+        assert lines[3] == f"{'Acceptance rate (%)':<46}{rate}"
+        assert lines[4] == f"{'Acceptance length':<46}{length}"
+
+    def test_v0_without_drafts_shows_rate_and_na_length(self):
+        lines = format_block("h:1", ok(Counts(0, 8, 4))).splitlines()
+        assert lines[3] == f"{'Acceptance rate (%)':<46}50.00"
+        assert lines[4] == f"{'Acceptance length':<46}N/A"
+        assert lines[8] == f"{'Per-position acceptance rates':<46}{{}}"
+
+
+class TestFormatWindow:
+    def answer(self, results: dict, aggregate: dict | None) -> dict:
+        return {"id": "w1", "name": "n", "results": results, "aggregate": aggregate}
+
+    def test_one_target_no_all_block(self):
+        # A target named by its host:port (the default name) gets no name line.
+        results = {"10.0.0.1:8080": ok(SEED, host_port="10.0.0.1:8080")}
+        text = format_window(self.answer(results, ok(SEED)))
+        assert text == (CONSOLE / "seed_block.txt").read_text()
+        assert "[all]" not in text
+
+    def test_two_targets_then_all(self):
+        b = Counts(10, 30, 20, {0: 8, 1: 7, 2: 5})
+        results = {"a": ok(SEED, host_port="10.0.0.1:8080"), "b": ok(b, host_port="h:2")}
+        text = format_window(self.answer(results, ok(SEED + b)))
+        assert text == (
+            format_block("10.0.0.1:8080", results["a"]) + "Target: a\n"
+            + format_block("h:2", results["b"]) + "Target: b\n"
+            + format_block("all", ok(SEED + b))
+        )
+        assert [line for line in text.splitlines() if "Speculative" in line] == [
+            title_of("10.0.0.1:8080"), title_of("h:2"), title_of("all")
+        ]
+
+    def test_three_targets_with_one_na(self):
+        results = {"a": ok(SEED), "b": na("Failed to fetch metrics from u: refused"), "c": ok(SEED)}
+        text = format_window(self.answer(results, ok(SEED + SEED)))
+        titles = [line for line in text.splitlines() if "Speculative" in line]
+        assert titles == [title_of("a"), title_of("b"), title_of("c"), title_of("all")]
+        assert f"{'Reason':<46}Failed to fetch metrics from u: refused\n" in text
+
+    def test_labels_override(self):
+        results = {"a": ok(SEED, host_port="x:1"), "b": ok(SEED)}
+        text = format_window(self.answer(results, None), {"a": "10.0.0.1:8080"})
+        titles = [line for line in text.splitlines() if "Speculative" in line]
+        assert titles == [title_of("10.0.0.1:8080"), title_of("b")]  # no aggregate, no all
+
+    def test_config_name_follows_the_block_only_where_it_differs(self):
+        results = {"llama-eagle": ok(SEED, host_port="10.0.0.1:8080"),
+                   "h:2": ok(SEED, host_port="h:2")}
+        text = format_window(self.answer(results, ok(SEED + SEED)))
+        first = format_block("10.0.0.1:8080", results["llama-eagle"])
+        second = format_block("h:2", results["h:2"])
+        assert text.startswith(first + "Target: llama-eagle\n" + second)
+        assert text.count("Target: ") == 1
+
+    def test_empty_window(self):
+        assert format_window(self.answer({}, None)) == ""

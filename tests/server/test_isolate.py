@@ -1,0 +1,387 @@
+"""isolate: work in a forked child, its bytes or its exception back; a thread where not."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+
+from exporter.server import isolate
+from exporter.core.errors import StoreError
+from exporter.server.isolate import Child, ChildError, Staged, in_thread, leave_to_exit, run_isolated
+
+PARENT = os.getpid()
+
+
+def pid_text() -> bytes:
+    return str(os.getpid()).encode()
+
+
+class TestInChild:
+    async def test_the_work_runs_in_another_process_and_its_bytes_come_back(self):
+        assert isolate.forking()
+        assert int(await run_isolated(pid_text)) != PARENT
+
+    async def test_megabytes_come_back_whole(self):
+        big = bytes(range(256)) * 40_000  # 10 MB: more than a pipe holds at once
+        assert await run_isolated(lambda: big) == big
+
+    async def test_what_it_changes_stays_in_the_child(self):
+        seen: list[int] = []
+        await run_isolated(lambda: seen.append(1) or b"")
+        assert seen == []
+
+    async def test_an_exception_comes_back_by_kind_and_message(self):
+        def fails() -> bytes:
+            raise StoreError("cannot write results to /x: No space left on device")
+
+        with pytest.raises(ChildError, match="No space left") as caught:
+            await run_isolated(fails)
+        assert caught.value.kind == "StoreError"
+
+    async def test_a_child_that_dies_without_an_answer_leaves_the_work_to_a_thread(self):
+        def dies_in_the_child() -> bytes:
+            if os.getpid() != PARENT:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return pid_text()
+
+        assert int(await run_isolated(dies_in_the_child)) == PARENT
+
+    async def test_a_child_past_its_time_is_killed_and_a_thread_does_the_work(self):
+        def hangs_in_the_child() -> bytes:
+            if os.getpid() != PARENT:
+                import time
+                time.sleep(60)
+            return pid_text()
+
+        assert int(await run_isolated(hangs_in_the_child, timeout=0.5)) == PARENT
+
+    async def test_the_loop_runs_while_the_child_works(self):
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        def slow() -> bytes:
+            import time
+            time.sleep(0.3)
+            return b"done"
+
+        ticker = asyncio.create_task(tick())
+        try:
+            assert await run_isolated(slow) == b"done"
+        finally:
+            ticker.cancel()
+        assert ticks >= 10
+
+
+class TestInThread:
+    async def test_turned_off_by_the_environment(self, monkeypatch):
+        monkeypatch.setenv(isolate.ENV, "0")
+        assert not isolate.forking()
+        assert int(await run_isolated(pid_text)) == PARENT
+
+    async def test_an_exception_comes_back_the_same_way(self, monkeypatch):
+        monkeypatch.setenv(isolate.ENV, "0")
+
+        def fails() -> bytes:
+            raise ValueError("bad")
+
+        with pytest.raises(ChildError, match="bad") as caught:
+            await run_isolated(fails)
+        assert caught.value.kind == "ValueError"
+
+    async def test_no_fork_to_be_had_is_a_thread(self, monkeypatch):
+        def no_fork() -> int:
+            raise OSError(11, "Resource temporarily unavailable")
+
+        monkeypatch.setattr(os, "fork", no_fork)
+        assert int(await run_isolated(pid_text)) == PARENT
+
+
+class TestChildHoldsNothing:
+    async def test_no_socket_of_the_parent_stays_open_in_the_child(self):
+        import socket
+
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        try:
+            mine = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+            assert listener.fileno() in mine
+            theirs = await run_isolated(lambda: " ".join(os.listdir("/proc/self/fd")).encode())
+            open_in_child = {int(fd) for fd in theirs.split()}
+            assert listener.fileno() not in open_in_child
+            # Beyond stdin, stdout and stderr: the socket back, its inbox (`Child.send`), and
+            # the listing's own.
+            assert len(open_in_child - {0, 1, 2}) == 3 < len(set(mine) - {0, 1, 2})
+        finally:
+            listener.close()
+
+    async def test_a_signal_to_the_child_is_not_the_parents(self):
+        got: list[int] = []
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, lambda: got.append(1))
+        try:
+            def hup_myself() -> bytes:
+                if os.getpid() != PARENT:
+                    os.kill(os.getpid(), signal.SIGHUP)  # default action: the child ends
+                return pid_text()
+
+            # The child died of it (no answer: the work ran again in a thread) ...
+            assert int(await run_isolated(hup_myself)) == PARENT
+            await asyncio.sleep(0.1)
+            assert got == []  # ... and the parent's handler never heard of it
+        finally:
+            loop.remove_signal_handler(signal.SIGHUP)
+
+
+class TestCancelled:
+    async def test_a_cancelled_wait_ends_the_child_and_leaks_no_descriptor(self):
+        before = len(os.listdir("/proc/self/fd"))
+
+        def sleeps_in_the_child() -> bytes:
+            import time
+            time.sleep(60)
+            return b""
+
+        task = asyncio.create_task(run_isolated(sleeps_in_the_child))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert zombies_of(os.getpid()) == []  # the child was reaped
+
+
+class TestReaped:
+    async def test_a_child_that_answered_is_reaped_as_it_goes(self):
+        # Its answer is taken without waiting for it to be gone (`_reap_later`), and it is
+        # still waited for: no zombie stays.
+        for _ in range(3):
+            pid = int(await run_isolated(lambda: str(os.getpid()).encode()))
+            assert pid != PARENT
+            for _ in range(300):
+                if not os.path.exists(f"/proc/{pid}") and not zombies_of(PARENT):
+                    break
+                await asyncio.sleep(0.01)
+            assert not os.path.exists(f"/proc/{pid}") and zombies_of(PARENT) == []
+
+
+class TestLeftToExit:
+    async def test_a_child_holds_what_it_leaves_to_its_exit_a_thread_does_not(self):
+        # A stop's answer is millions of objects: a child frees them by exiting, not one by
+        # one before its answer is read; where the work runs in a thread they are freed.
+        def leaves() -> bytes:
+            import weakref
+
+            class Big:
+                pass
+
+            big = Big()
+            seen = weakref.ref(big)
+            leave_to_exit(big)
+            del big
+            return b"held" if seen() is not None else b"freed"
+
+        assert await run_isolated(leaves) == b"held"
+        assert await in_thread(leaves) == b"freed"
+
+
+def zombies_of(parent: int) -> list[int]:
+    """Children of `parent` that ended and were never waited for."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+            if state == "Z" and int(ppid) == parent:
+                found.append(int(entry))
+    return found
+
+
+def summed(inbox) -> bytes:
+    """The child's work in the streaming tests: its pid, then what its messages held."""
+    total, count = 0, 0
+    for number, padding in inbox:
+        total, count = total * 31 % 1_000_003 + number, count + 1
+        assert len(padding) == 1000
+    return f"{os.getpid()} {count} {total}".encode()
+
+
+def expected(numbers) -> str:
+    total = 0
+    for number in numbers:
+        total = total * 31 % 1_000_003 + number
+    return f"{len(numbers)} {total}"
+
+
+class TestFedChild:
+    """`Child.send`: messages to a child while it works, in order, never blocking the loop."""
+
+    async def test_every_message_arrives_in_order(self):
+        numbers = list(range(3000))  # 3 MB: far more than a pipe holds, sent without waiting
+        async with Child(summed) as child:
+            for number in numbers:
+                child.send((number, b"x" * 1000))
+            pid, rest = (await child.result() or b"").decode().split(" ", 1)
+        assert int(pid) != PARENT and rest == expected(numbers)
+
+    async def test_messages_sent_while_the_loop_runs_on(self):
+        async with Child(summed) as child:
+            for number in range(50):
+                child.send((number, b"y" * 1000))
+                await asyncio.sleep(0)
+            assert (await child.result() or b"").decode().split(" ", 1)[1] == expected(range(50))
+
+    async def test_a_child_dead_while_fed_gives_no_answer(self):
+        def dies(inbox) -> bytes:
+            next(inbox)
+            os.kill(os.getpid(), signal.SIGKILL)
+            return b""
+
+        async with Child(dies) as child:
+            for number in range(2000):
+                child.send((number, b"z" * 1000))
+                if number % 100 == 0:
+                    await asyncio.sleep(0.01)
+            assert await child.result() is None  # the caller does the work itself
+        assert zombies_of(os.getpid()) == []
+
+    async def test_a_child_that_stops_reading_is_killed_past_its_time(self):
+        # Its inbox never drains: the wait for it ends at the timeout, the child with it.
+        def never_reads(_inbox) -> bytes:
+            time.sleep(60)
+            return b""
+
+        before = len(os.listdir("/proc/self/fd"))
+        async with Child(never_reads) as child:
+            for number in range(3000):  # 3 MB: more than the pipe holds
+                child.send((number, b"w" * 1000))
+            await asyncio.sleep(0)  # the first write fills the pipe
+            assert await child.result(timeout=0.5) is None
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert zombies_of(os.getpid()) == []
+
+    async def test_no_child_drops_the_messages_and_gives_no_answer(self, monkeypatch):
+        monkeypatch.setenv(isolate.ENV, "0")
+        async with Child(summed) as child:
+            child.send((1, b"x" * 1000))
+            assert await child.result() is None
+
+    async def test_leaving_without_the_result_ends_the_child(self):
+        before = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(RuntimeError, match="the stop failed"):
+            async with Child(summed) as child:
+                child.send((1, b"x" * 1000))
+                raise RuntimeError("the stop failed")
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert zombies_of(os.getpid()) == []
+
+
+def staged(then):
+    """A work answering its pid in parts (one of 3 MB: far more than a socket holds), then
+    doing `then(pid)`."""
+
+    def work(_inbox) -> Staged:
+        pid = str(os.getpid()).encode()
+        return Staged([pid, b"", b"m" * 3_000_000], lambda: then(pid))
+
+    return work
+
+
+class TestStaged:
+    """A work's answer in parts, with work after it (`Staged`): the answer arrives as it is
+    sent, `finished` says how what came after went."""
+
+    async def test_the_answer_comes_before_the_work_after_it_is_done(self, tmp_path):
+        go, done = tmp_path / "go", tmp_path / "done"
+
+        def after(pid: bytes) -> None:
+            # Waits for the parent, which has the answer by then: proof it came first.
+            while not go.exists():
+                time.sleep(0.01)
+            done.write_bytes(pid)
+
+        async with Child(staged(after)) as child:
+            pid, empty, big = await child.answer() or [b"", b"", b""]
+            assert int(pid) != PARENT and empty == b"" and big == b"m" * 3_000_000
+            assert not done.exists()
+            go.touch()
+            await child.finished()
+            assert done.read_bytes() == pid
+        assert zombies_of(os.getpid()) == []
+
+    async def test_work_after_the_answer_that_raises_raises_in_finished(self, tmp_path):
+        def fails(_pid: bytes) -> None:
+            raise StoreError(f"cannot write results to {tmp_path}: No space left on device")
+
+        async with Child(staged(fails)) as child:
+            assert await child.answer() is not None
+            with pytest.raises(ChildError, match="No space left") as caught:
+                await child.finished()
+        assert caught.value.kind == "StoreError"
+
+    async def test_a_child_dead_after_its_answer_fails_finished(self):
+        def dies(_pid: bytes) -> None:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        before = len(os.listdir("/proc/self/fd"))
+        async with Child(staged(dies)) as child:
+            assert await child.answer() is not None
+            with pytest.raises(ChildError) as caught:
+                await child.finished()
+        assert caught.value.kind == "ChildExited"
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert zombies_of(os.getpid()) == []
+
+    async def test_leaving_before_the_work_after_is_done_ends_the_child(self):
+        before = len(os.listdir("/proc/self/fd"))
+        async with Child(staged(lambda _pid: time.sleep(60))) as child:
+            assert await child.answer() is not None
+        assert len(os.listdir("/proc/self/fd")) == before
+        assert zombies_of(os.getpid()) == []
+
+    async def test_finished_past_its_time_kills_the_child(self):
+        async with Child(staged(lambda _pid: time.sleep(60))) as child:
+            assert await child.answer() is not None
+            with pytest.raises(ChildError, match="ended before"):
+                await child.finished(timeout=0.3)
+        assert zombies_of(os.getpid()) == []
+
+    async def test_a_work_not_staged_is_finished_with_its_answer(self):
+        async with Child(lambda _inbox: b"plain") as child:
+            assert await child.answer() == [b"plain"]
+            await child.finished()  # nothing after it: at once
+
+    async def test_without_a_child_there_is_no_answer_and_nothing_after(self, monkeypatch):
+        monkeypatch.setenv(isolate.ENV, "0")
+        async with Child(staged(lambda _pid: None)) as child:
+            assert await child.answer() is None
+            await child.finished()
+
+
+class TestSpareCores:
+    """What decides whether a stop's child works beside the scrapes (`book.streams_stops`)."""
+
+    def test_the_cpus_this_process_may_run_on_less_one(self, tmp_path):
+        cpus = len(os.sched_getaffinity(0))
+        assert isolate.spare_cores(tmp_path / "no such file") == cpus - 1
+
+    def test_a_container_quota_caps_them(self, tmp_path):
+        limit = tmp_path / "cpu.max"
+        limit.write_text("150000 100000\n")  # 1.5 CPUs
+        assert isolate.spare_cores(limit) == min(len(os.sched_getaffinity(0)), 1.5) - 1
+        limit.write_text("max 100000\n")  # no quota
+        assert isolate.spare_cores(limit) == len(os.sched_getaffinity(0)) - 1
+        limit.write_text("garbage")
+        assert isolate.spare_cores(limit) == len(os.sched_getaffinity(0)) - 1
