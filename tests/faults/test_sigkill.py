@@ -98,7 +98,7 @@ def new_truth() -> dict:
 def opened_with_ten(exporter: Exporter, vllm) -> dict:
     """Window "w" started, 10 drafts counted by `e` and seen; the truth so far."""
     truth = new_truth()
-    assert exporter.web.handlers("POST", "/windows", {"id": "w"})[0] == 201
+    assert exporter.api("POST", "/windows", {"id": "w"})[0] == 201
     add(vllm, truth, 10, [9, 8, 7, 6, 5])
     exporter.wait_seen("w")
     return truth
@@ -106,7 +106,7 @@ def opened_with_ten(exporter: Exporter, vllm) -> dict:
 
 def stopped_result(exporter: Exporter) -> dict:
     """Window "w" stopped: target `e`'s RESULT."""
-    status, answer = exporter.web.handlers("POST", "/windows/w/stop")
+    status, answer = exporter.api("POST", "/windows/w/stop")
     assert status == 200, answer
     return answer["results"]["e"]
 
@@ -193,7 +193,7 @@ def test_kill_during_a_stop(tmp_path):
                 exporter.wait_seen("w")
                 answers: list = []
                 stopper = threading.Thread(
-                    target=lambda: answers.append(exporter.web.handlers("POST", "/windows/w/stop")))
+                    target=lambda: answers.append(exporter.api("POST", "/windows/w/stop")))
                 stopper.start()
                 time.sleep(0.5)  # the stop waits for the slow target's scrape (2 s timeout)
                 exporter.kill()
@@ -206,7 +206,7 @@ def test_kill_during_a_stop(tmp_path):
                 assert list(tmp_path.rglob("performances")) == []
                 add(vllm, truth, 5, [4, 4, 4, 4, 4])
                 exporter.start()
-                status, answer = exporter.web.handlers("POST", "/windows/w/stop")
+                status, answer = exporter.api("POST", "/windows/w/stop")
                 assert status == 200, answer
                 assert_exact(answer["results"]["e"], truth)
                 assert truth["drafts"] == 20
@@ -238,11 +238,11 @@ def _random_kill_run(tmp_path, kills: int, seed: int) -> int:
                     if roll < 0.3 and len(open_windows) < 3:
                         serial += 1
                         window_id = f"r{serial}"
-                        assert exporter.web.handlers("POST", "/windows", {"id": window_id})[0] == 201
+                        assert exporter.api("POST", "/windows", {"id": window_id})[0] == 201
                         open_windows[window_id] = new_truth()
                     elif roll < 0.45 and open_windows:
                         window_id = rng.choice(sorted(open_windows))
-                        status, answer = exporter.web.handlers("POST", f"/windows/{window_id}/stop")
+                        status, answer = exporter.api("POST", f"/windows/{window_id}/stop")
                         assert status == 200, answer
                         checked += _check(answer, open_windows.pop(window_id))
                     elif roll < 0.6 and open_windows:
@@ -270,14 +270,14 @@ def _random_kill_run(tmp_path, kills: int, seed: int) -> int:
                         _count(truth, drafts, per_pos)
                 exporter.start()
                 if in_limbo and where == "start":
-                    status, _ = exporter.web.handlers("POST", "/windows", {"id": window_id})
+                    status, _ = exporter.api("POST", "/windows", {"id": window_id})
                     assert status in (200, 201)  # 200: committed just before the kill
                 elif in_limbo:
-                    status, answer = exporter.web.handlers("POST", f"/windows/{window_id}/stop")
+                    status, answer = exporter.api("POST", f"/windows/{window_id}/stop")
                     assert status == 200, answer
                     checked += _check(answer, open_windows.pop(window_id))
             for window_id, truth in sorted(open_windows.items()):
-                status, answer = exporter.web.handlers("POST", f"/windows/{window_id}/stop")
+                status, answer = exporter.api("POST", f"/windows/{window_id}/stop")
                 assert status == 200, answer
                 checked += _check(answer, truth)
         finally:
@@ -314,7 +314,7 @@ def _kill_somewhere(exporter: Exporter, rng: random.Random, open_windows: dict, 
         window_id = rng.choice(sorted(open_windows))
         call = ("POST", f"/windows/{window_id}/stop", None)
     answers: list = []
-    thread = threading.Thread(target=lambda: answers.append(exporter.web.handlers(*call)))
+    thread = threading.Thread(target=lambda: answers.append(exporter.api(*call)))
     thread.start()
     time.sleep(rng.uniform(0, 0.05))
     exporter.kill()
