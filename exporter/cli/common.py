@@ -1,0 +1,57 @@
+"""What the sub-commands share: exit codes, the stderr voice, the exporter flags' readers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used, so each sub-command loads only what it needs
+    from exporter.client import FleetClient
+
+# Exit codes, documented in README's "Commands" section.
+EXIT_OK = 0
+EXIT_FAILED = 1  # the exporter unreachable or refusing; an invalid config
+EXIT_USAGE = 2  # bad arguments; an address already in use
+EXIT_NO_RESULT = 3  # every target failed at start, or none has a result at stop
+
+
+def exporter_urls(args: argparse.Namespace) -> list[str]:
+    urls = [url.strip() for item in args.exporter for url in item.split(",") if url.strip()]
+    # `--exporter 127.0.0.1:9400` means what it says: plain HTTP, as everywhere else here.
+    return [url if "://" in url else f"http://{url}" for url in urls]
+
+
+def fleet_client(args: argparse.Namespace) -> FleetClient:
+    # Several exporters (shards of one fleet) act as one: same window id, merged results.
+    from exporter.client import FleetClient
+
+    return FleetClient(exporter_urls(args), token=args.token)
+
+
+def say(message: str) -> None:
+    print(f"specdec-exporter: {message}", file=sys.stderr, flush=True)
+
+
+def one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+def benchmark_command(args: argparse.Namespace) -> list[str]:
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        args.parser.error("give the command to run after --, e.g. -- ais_bench --models ...")
+    return cmd
+
+
+def window_labels(items: list[str] | None) -> dict[str, str]:
+    labels = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"specdec-exporter: --label wants key=value, not {item!r}")
+        labels[key] = value
+    return labels
+

@@ -1,0 +1,232 @@
+"""The command line: one builder per sub-command, so each reads as its --help does."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from exporter import __version__
+from exporter.cli.reports import cmd_advise, cmd_compare, draft_cost
+from exporter.cli.serving import cmd_check_config, cmd_demo, cmd_fake_vllm, cmd_serve
+from exporter.cli.windows import cmd_measure, cmd_run, cmd_window_start, cmd_window_stop
+from exporter.core.dialects import SIMULATED_DIALECTS
+
+Command = Callable[..., argparse.ArgumentParser]
+
+
+def _logging_options(parser: argparse.ArgumentParser, top: bool) -> None:
+    # On the top parser they carry the defaults; on sub-commands they default to "not given",
+    # so `specdec-exporter serve --log-level debug` and `--log-level debug serve` both work.
+    default = {"level": "info", "format": "plain"} if top else {}
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        default=default.get("level", argparse.SUPPRESS),
+                        help="what to log on stderr (default info; debug adds access logs)")
+    parser.add_argument("--log-format", choices=["plain", "json"],
+                        default=default.get("format", argparse.SUPPRESS),
+                        help="plain text lines, or one JSON object per line (default plain)")
+
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specdec-exporter",
+        description="Speculative-decoding counters of vLLM servers: live gauges and "
+                    "benchmark windows.",
+        epilog="exit codes: 0 ok; 1 exporter unreachable or refusing, invalid config; "
+               "2 usage error or address in use; 3 no result (window start/stop, unless "
+               "--allow-na). run and measure exit with the command's own code; compare exits "
+               "1 when a --fail-if-worse gate trips, 2 when the two cannot be compared.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
+    _logging_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str, description: str | None = None,
+                usage: str | None = None) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text, description=description or help_text,
+                           usage=usage)
+        _logging_options(p, top=False)
+        return p
+
+    for add in (_serve, _check_config, _demo, _fake_vllm, _window, _run, _measure, _compare,
+                _advise):
+        add(command)
+    return parser
+
+
+def _serve(command: Command) -> None:
+    serve = command("serve", "run the exporter")
+    serve.add_argument("--config",
+                       help="YAML config file (default $SPECDEC_CONFIG, else "
+                            "config/exporter.yaml)")
+    serve.add_argument("--listen", metavar="HOST:PORT",
+                       help="address of the exporter's HTTP server; overrides the config's "
+                            "listen and $SPECDEC_LISTEN")
+    serve.set_defaults(func=cmd_serve)
+
+
+def _check_config(command: Command) -> None:
+    check = command("check-config", "validate a config file, listing every problem")
+    check.add_argument("file", help="the YAML config file to check")
+    check.add_argument("--allow-empty", action="store_true",
+                       help="accept a file with no targets and no discovery")
+    check.set_defaults(func=cmd_check_config)
+
+
+def _demo(command: Command) -> None:
+    demo = command("demo", "simulated servers plus the exporter, no network needed")
+    demo.add_argument("--port", type=int, default=9400,
+                      help="port of the exporter's page and /metrics on 127.0.0.1 "
+                           "(default 9400)")
+    demo.add_argument("--duration", type=float,
+                      help="seconds to run, then exit (default: until Ctrl-C)")
+    demo.add_argument("--output-dir",
+                      help="keep the window's results in this folder (default: a temporary "
+                           "folder, removed at exit)")
+    demo.set_defaults(func=cmd_demo)
+
+
+def _fake_vllm(command: Command) -> None:
+    fake = command("fake-vllm",
+                   "a simulated vLLM server: /metrics with growing spec-decode counters and "
+                   "an OpenAI-compatible /v1/completions and /v1/chat/completions")
+    fake.add_argument("--host", default="127.0.0.1",
+                      help="address to listen on (default 127.0.0.1)")
+    fake.add_argument("--port", type=int, required=True, help="port to listen on")
+    fake.add_argument("--k", type=int, default=3,
+                      help="draft tokens proposed per step, the speculation length (default 3)")
+    fake.add_argument("--acceptance", type=float, default=0.8,
+                      help="0..1: chance that the first draft token is accepted; position i "
+                           "is accepted with chance acceptance**(i+1) once i-1 was "
+                           "(default 0.8)")
+    fake.add_argument("--engines", type=int, default=1,
+                      help="data-parallel engines, each with its own counters (default 1)")
+    fake.add_argument("--dialect", default="vllm", choices=list(SIMULATED_DIALECTS),
+                      help="whose metric names the page uses (default vllm)")
+    fake.add_argument("--model-name", default="fake/llama-3-8b",
+                      help="the model_name label, and the model the OpenAI API serves")
+    fake.add_argument("--drafts-per-second", type=float, default=50.0,
+                      help="background traffic in drafts per second; 0 for counters that grow "
+                           "only with the OpenAI requests and /control/add (default 50)")
+    fake.add_argument("--ngram", action="store_true",
+                      help="drafts may be shorter than k, as with n-gram speculation")
+    fake.add_argument("--no-spec-decode", action="store_true",
+                      help="serve a page without spec-decode series, as a server without "
+                           "speculation does")
+    fake.add_argument("--seed", type=int, default=0,
+                      help="random seed of the simulated acceptance (default 0)")
+    fake.set_defaults(func=cmd_fake_vllm)
+
+
+def _exporter_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exporter", required=True, action="append", metavar="URL",
+                   help="exporter base URL, e.g. http://127.0.0.1:9400 (http:// when no "
+                        "scheme is given); repeat (or separate with commas) for the "
+                        "shards of one fleet")
+    p.add_argument("--token", help="bearer token for the exporter (default $SPECDEC_TOKEN)")
+
+
+def _window_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--id", help="window id to use (default: one made from the start time)")
+    p.add_argument("--name", help="a name for the window, shown on its page and results")
+    p.add_argument("--target", action="append", metavar="T",
+                   help="only this target: config name or host:port (repeatable; "
+                        "default every target)")
+    p.add_argument("--label", action="append", metavar="KEY=VALUE",
+                   help="a label of the window (repeatable)")
+
+
+def _allow_na(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-na", action="store_true",
+                   help="exit 0 even when no target has a result (otherwise exit 3)")
+
+
+def _window(command: Command) -> None:
+    window = command("window", "start or stop a benchmark window on an exporter")
+    wsub = window.add_subparsers(dest="window_command", required=True, metavar="start|stop")
+    start = wsub.add_parser("start", help="open a window; prints its id",
+                            description="open a window; prints its id on stdout, failed "
+                                        "targets on stderr")
+    _logging_options(start, top=False)
+    _exporter_args(start)
+    _window_args(start)
+    _allow_na(start)
+    start.set_defaults(func=cmd_window_start)
+    stop = wsub.add_parser("stop", help="close a window; prints the console blocks",
+                           description="close a window; prints the console blocks on stdout, "
+                                       "targets without a result and where results were "
+                                       "written on stderr")
+    _logging_options(stop, top=False)
+    _exporter_args(stop)
+    stop.add_argument("id", help="the id printed by window start")
+    stop.add_argument("--json", action="store_true",
+                      help="print the whole stop answer as JSON instead of the blocks")
+    _allow_na(stop)
+    stop.set_defaults(func=cmd_window_stop)
+
+
+def _run(command: Command) -> None:
+    run = command("run", "open a window, run the command given after --, close the window",
+                  usage="%(prog)s --exporter URL [options] -- CMD [ARGS...]")
+    _exporter_args(run)
+    _window_args(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                     help="the benchmark command, after --; run exits with its exit code")
+    run.set_defaults(func=cmd_run, parser=run)
+
+
+def _measure(command: Command) -> None:
+    measure = command("measure",
+                      "snapshot, run the command given after --, snapshot: no exporter needed",
+                      usage="%(prog)s --target HOST:PORT|URL [options] -- CMD [ARGS...]")
+    measure.add_argument("--target", action="append", default=[], metavar="HOST:PORT|URL",
+                         help="a server to read (repeatable); a URL without a path gets "
+                              "/metrics")
+    measure.add_argument("--model-config", metavar="FILE",
+                         help="AISBench model config whose host_ip/host_port or url name the "
+                              "servers")
+    measure.add_argument("--work-dir", default=".", metavar="DIR",
+                         help="results go to DIR/performances/ (default .)")
+    measure.add_argument("--interval", type=float, default=5.0,
+                         help="seconds between scrapes while the command runs (default 5)")
+    measure.add_argument("--timeout", type=float, default=10.0,
+                         help="seconds each scrape may take (default 10)")
+    measure.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
+                         help="the benchmark command, after --; measure exits with its code")
+    measure.set_defaults(func=cmd_measure, parser=measure)
+
+
+def _compare(command: Command) -> None:
+    compare = command(
+        "compare", "is B better than A? per target and overall, with 95%% intervals",
+        description="Compare two stopped windows (ids on --exporter) or two result folders "
+                    "holding performances/spec_decode_*.json (ours or AISBench's). Exit 0, "
+                    "1 when a --fail-if-worse gate trips, 2 when they cannot be compared.")
+    compare.add_argument("a", metavar="A", help="window id (with --exporter) or result folder")
+    compare.add_argument("b", metavar="B", help="window id (with --exporter) or result folder")
+    compare.add_argument("--exporter", help="exporter base URL: A and B are window ids on it")
+    compare.add_argument("--token", help="bearer token (default $SPECDEC_TOKEN)")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.add_argument(
+        "--fail-if-worse", action="append", default=[], metavar="METRIC=LIMIT",
+        help="exit 1 when B is significantly worse than A by more than LIMIT: "
+             "acceptance_length=2%% (relative) or acceptance_rate=1.5 (absolute, in the "
+             "metric's unit); metrics: acceptance_rate, acceptance_length, position_<i>")
+    compare.set_defaults(func=cmd_compare)
+
+
+def _advise(command: Command) -> None:
+    advise = command(
+        "advise", "which number of speculative tokens to run, from a stopped window",
+        description="Expected tokens per step L(k') and speed-up S(k') = L / (1 + c k') for "
+                    "k' = 1..2k (past k: a geometric-tail estimate), best k' per draft cost c.")
+    advise.add_argument("window", metavar="WINDOW",
+                        help="window id (with --exporter) or result folder")
+    advise.add_argument("--exporter", help="exporter base URL: WINDOW is a window id on it")
+    advise.add_argument("--token", help="bearer token (default $SPECDEC_TOKEN)")
+    advise.add_argument("--draft-cost", action="append", type=draft_cost, metavar="C",
+                        help="cost of drafting one token relative to one target forward pass "
+                             "(repeatable; default 0, 0.05, 0.1, 0.25)")
+    advise.add_argument("--json", action="store_true", help="print the advice as JSON")
+    advise.set_defaults(func=cmd_advise)

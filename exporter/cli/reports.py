@@ -1,0 +1,59 @@
+"""The sub-commands that read stopped windows: compare, advise."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from exporter.analysis.compare import GateError, apply_gates, compare_answers, parse_gate
+    from exporter.cli.sources import SourceError, load_source
+    from exporter.cli.tables import format_comparison
+
+    # 2 for anything that keeps the comparison from being made: a CI gate must not read a
+    # typo or an unreachable exporter as a regression (1).
+    try:
+        gates = [parse_gate(text) for text in args.fail_if_worse]
+        a = load_source(args.a, args.exporter, args.token)
+        b = load_source(args.b, args.exporter, args.token)
+    except (GateError, SourceError) as exc:
+        print(f"specdec-exporter compare: {exc}", file=sys.stderr)
+        return 2
+    body = apply_gates({"a": a.label, "b": b.label} | compare_answers(a.answer, b.answer), gates)
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(format_comparison(body), end="")
+    return 1 if body["tripped"] else 0
+
+
+def cmd_advise(args: argparse.Namespace) -> int:
+    from exporter.analysis.advise import DEFAULT_COSTS, window_advice
+    from exporter.cli.sources import SourceError, load_source
+    from exporter.cli.tables import format_window_advice
+
+    costs = args.draft_cost or list(DEFAULT_COSTS)
+    try:
+        source = load_source(args.window, args.exporter, args.token)
+    except SourceError as exc:
+        print(f"specdec-exporter advise: {exc}", file=sys.stderr)
+        return 2
+    body = window_advice(source.answer, costs)
+    if args.json:
+        print(json.dumps({"window": source.label} | body, indent=2))
+    else:
+        print(format_window_advice(source.label, body), end="")
+    advised = [a for a in [*body["results"].values(), body["aggregate"]] if a and "error" not in a]
+    return 0 if advised else 1
+
+
+def draft_cost(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < 1e6:
+        raise argparse.ArgumentTypeError(f"{text!r}: a draft cost is a number >= 0")
+    return value

@@ -1,0 +1,172 @@
+"""The long-running sub-commands: serve, check-config, fake-vllm, demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.cli.common import EXIT_USAGE
+from exporter.core.errors import ConfigError, ListenError
+
+if TYPE_CHECKING:
+    from exporter.server.service import ExporterService
+
+log = logging.getLogger("exporter")
+
+
+def _config_path(arg: str | None) -> str:
+    return arg or os.environ.get("SPECDEC_CONFIG") or "config/exporter.yaml"
+
+
+def env_overrides() -> dict[str, Any]:
+    """Config keys set by the environment, kept across reloads (Helm sets these per replica).
+
+    `SPECDEC_SHARDS`, `SPECDEC_SHARD_INDEX` (or the StatefulSet ordinal at the end of
+    `SPECDEC_POD_NAME`), `SPECDEC_PEERS` (comma-separated shard URLs) and `SPECDEC_LISTEN`.
+    """
+    overrides: dict[str, Any] = {}
+    index = os.environ.get("SPECDEC_SHARD_INDEX")
+    pod = os.environ.get("SPECDEC_POD_NAME")
+    if index is None and pod and (match := re.search(r"-(\d+)$", pod)):
+        index = match.group(1)
+    if shards := os.environ.get("SPECDEC_SHARDS"):
+        overrides["shards"] = shards
+    if peers := os.environ.get("SPECDEC_PEERS"):
+        overrides["peers"] = [url.strip() for url in peers.split(",") if url.strip()]
+    if index is not None:
+        overrides["shard_index"] = index
+    if listen := os.environ.get("SPECDEC_LISTEN"):
+        overrides["listen"] = listen
+    return overrides
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from exporter.config.model import load_config
+
+    try:
+        config = load_config(args.file, allow_empty=args.allow_empty)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem)
+        return 1
+    print(f"{args.file}: ok, {len(config.targets)} target(s)")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from exporter.web.handlers import SERVICE
+    from exporter.web.app import make_app
+    from exporter.config.model import load_config
+    from exporter.server.eventloop import new_event_loop
+    from exporter.web.guard import run_guarded
+    from exporter.server.memory import keep_big_blocks_apart
+    from exporter.core.redact import redact_logs
+
+    path = _config_path(args.config)
+    try:
+        overrides = env_overrides()
+        if args.listen:
+            overrides["listen"] = args.listen  # the flag beats SPECDEC_LISTEN and the file
+        # At start an empty config is allowed (a Helm install before any target is set);
+        # a reload to one is refused.
+        config = load_config(path, overrides, allow_empty=True)
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(f"{path}: {problem}", file=sys.stderr)
+        return 1
+    app = make_app(config, config_path=path, overrides=overrides)
+    redact_logs(lambda: app[SERVICE].config)  # before the first line that could quote one
+    keep_big_blocks_apart()  # a long-running server: freed stop texts go back to the system
+
+    async def on_startup(app: web.Application) -> None:
+        loop = asyncio.get_running_loop()
+        reloads: set[asyncio.Task[None]] = set()  # held until done: the loop keeps weak references
+
+        def on_hup() -> None:
+            task = asyncio.ensure_future(_reload_on_signal(app[SERVICE]))
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+
+    app.on_startup.append(on_startup)
+    host, _, port = config.listen.rpartition(":")
+    loop = new_event_loop()
+    log.info("starting version=%s listen=http://%s:%s/ targets=%d loop=%s", __version__, host,
+             port, len(config.targets), type(loop).__module__.split(".")[0])
+    _log_auth(config.auth.token_env)
+    # As web.run_app: SIGTERM/SIGINT finish in-flight requests, then the cleanup context
+    # saves every open window; in front, the guard against slow and excess connections.
+    try:
+        run_guarded(app, host.strip("[]"), int(port), loop=loop,
+                    scrape_concurrency=config.scrape_concurrency,
+                    header_timeout=config.header_timeout,
+                    access_log=logging.getLogger("aiohttp.access"), shutdown_timeout=30.0)
+    except OSError as exc:
+        raise ListenError(config.listen, exc, "--listen HOST:PORT") from None
+    log.info("stopped: open windows saved")
+    return 0
+
+
+def _log_auth(token_env: str) -> None:
+    # Read per request, so setting the variable later needs no restart; say how it is now.
+    if os.environ.get(token_env):
+        log.info("auth on: every POST needs the token of token_env=%s", token_env)
+    else:
+        log.info("auth off: set %s to require a bearer token on every POST", token_env)
+
+
+async def _reload_on_signal(service: ExporterService) -> None:
+    from exporter.web.app import reload_config
+
+    # A refused reload is logged by the service, for SIGHUP and POST /-/reload alike.
+    with contextlib.suppress(ConfigError):
+        await reload_config(service)
+
+
+def cmd_fake_vllm(args: argparse.Namespace) -> int:
+    from exporter.fakevllm import FakeServer, serve_fake_vllm
+
+    try:
+        server = FakeServer(k=args.k, acceptance=args.acceptance, engines=args.engines,
+                            dialect=args.dialect, model_name=args.model_name, seed=args.seed,
+                            spec_decode=not args.no_spec_decode, ngram=args.ngram)
+    except ValueError as exc:
+        print(f"specdec-exporter fake-vllm: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    address = f"{args.host}:{args.port}"
+
+    async def started() -> None:
+        print(f"fake-vllm on http://{address}{server.metrics_path} k={args.k} "
+              f"engines={args.engines} dialect={args.dialect}; OpenAI API at "
+              f"http://{address}/v1", flush=True)
+
+    try:
+        asyncio.run(serve_fake_vllm(args.host, args.port, server, args.drafts_per_second,
+                                    on_started=started))
+    except OSError as exc:
+        raise ListenError(address, exc, "--port P") from None
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from exporter.cli.demo import run_demo
+
+    try:
+        asyncio.run(run_demo(args.port, args.duration, args.output_dir))
+    except KeyboardInterrupt:
+        pass
+    return 0
+

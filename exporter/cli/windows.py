@@ -1,0 +1,136 @@
+"""The sub-commands of a benchmark window: window start/stop, run, measure."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from exporter.cli.common import (
+    EXIT_FAILED, EXIT_NO_RESULT, EXIT_OK, benchmark_command, exporter_urls, fleet_client,
+    one_line, say, window_labels,
+)
+from exporter.core.errors import ExporterError
+
+
+def _say_start_failures(started: dict[str, Any]) -> bool:
+    """Name each target whose start scrape failed; True when every target failed."""
+    failed = started.get("start_errors") or {}
+    for name, reason in failed.items():
+        say(f"target {name} failed at window start: {reason}")
+    for url, reason in (started.get("errors") or {}).items():
+        say(f"exporter {url} did not open the window: {reason}")
+    targets = started.get("targets") or []
+    return bool(targets) and all(name in failed for name in targets)
+
+
+def _say_stop_failures(answer: dict[str, Any]) -> bool:
+    """Name each target without a result and why; True when no target has one."""
+    results = answer.get("results") or {}
+    for name, result in results.items():
+        if result.get("status") != "ok":
+            say(f"target {name}: no result: {result.get('error') or 'unknown reason'}")
+    for url, reason in (answer.get("errors") or {}).items():
+        say(f"exporter {url} did not stop the window: {reason}")
+    return not any(r.get("status") == "ok" for r in results.values())
+
+
+def _say_written(answer: dict[str, Any]) -> None:
+    where = answer.get("results_dir")
+    if where:
+        print(f"results written to {where}", file=sys.stderr, flush=True)
+
+
+def cmd_window_start(args: argparse.Namespace) -> int:
+    from exporter.client import ClientError
+
+    try:
+        window = fleet_client(args).start(args.id, args.name, args.target, window_labels(args.label))
+    except ClientError as exc:
+        say(str(exc))
+        return EXIT_FAILED
+    print(window["id"], flush=True)
+    if _say_start_failures(window) and not args.allow_na:
+        say(f"every target of window {window['id']} failed at start (it stays open; "
+             "--allow-na to accept that)")
+        return EXIT_NO_RESULT
+    return EXIT_OK
+
+
+def cmd_window_stop(args: argparse.Namespace) -> int:
+    from exporter.client import ClientError
+
+    try:
+        answer = fleet_client(args).stop(args.id)
+    except ClientError as exc:
+        say(str(exc))
+        return EXIT_FAILED
+    print(json.dumps(answer.body, indent=2) if args.json else answer.console(), end="")
+    _say_written(answer.body)
+    if _say_stop_failures(answer.body) and not args.allow_na:
+        say(f"window {args.id} has no result for any target (--allow-na to accept that)")
+        return EXIT_NO_RESULT
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from exporter.client import ClientError, unreachable_answer
+    from exporter.core.console import format_window
+    from exporter.cli.measure import run_command
+
+    cmd = benchmark_command(args)
+    client = fleet_client(args)
+    window_id = None
+    failure = None
+    try:
+        started = client.start(args.id, args.name, args.target, window_labels(args.label))
+        window_id = started["id"]
+        say(f"window {window_id} started")
+        _say_start_failures(started)
+    except ClientError as exc:
+        failure = str(exc)
+        say(f"no window recorded: {exc}")
+    code = asyncio.run(run_command(cmd))
+    if window_id is not None:
+        try:
+            answer = client.stop(window_id)
+        except ClientError as exc:
+            failure = f"{exc} (window {window_id} may still be open)"
+        else:
+            print(answer.console(), end="", flush=True)
+            _say_written(answer.body)
+            if _say_stop_failures(answer.body):
+                say(f"window {window_id} has no result")
+            return code
+    say(f"window has no result: {failure}")
+    label = ",".join(exporter_urls(args))
+    print(format_window(unreachable_answer(window_id, label, failure or "")), end="")
+    return code
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    from exporter.core.console import format_window
+    from exporter.cli.measure import measure, target_from_spec, targets_from_model_config
+
+    cmd = benchmark_command(args)
+    try:
+        targets = [target_from_spec(spec) for spec in args.target]
+        if args.model_config:
+            targets += targets_from_model_config(args.model_config)
+    except (ExporterError, OSError, ValueError) as exc:
+        # A target we cannot even parse is a mistake in the command line: say so before the
+        # benchmark runs, not after it.
+        args.parser.error(f"--target/--model-config: {one_line(exc)}")
+    if not targets:
+        args.parser.error("give --target HOST:PORT|URL or --model-config FILE")
+    work_dir = Path(args.work_dir)
+    code, answer = asyncio.run(
+        measure(targets, cmd, work_dir, interval=args.interval, timeout=args.timeout)
+    )
+    if answer is not None:
+        print(format_window(answer), end="")
+        print(f"spec-decode results in {work_dir / 'performances'}")
+    return code
