@@ -45,12 +45,6 @@ class Estimate:
         """JSON shape: value, low, high."""
         return {"value": self.value, "low": self.low, "high": self.high}
 
-    def scaled(self, factor: float) -> Estimate:
-        """The same estimate in other units (e.g. a ratio as percent)."""
-        def mul(x: float | None) -> float | None:
-            return None if x is None else x * factor
-        return Estimate(self.value * factor, mul(self.low), mul(self.high), mul(self.se))
-
 
 def wilson(successes: float, trials: float, z: float = Z) -> Estimate | None:
     """Wilson score interval of a proportion; None without trials."""

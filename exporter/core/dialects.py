@@ -30,11 +30,6 @@ class SampleKind(StrEnum):
     GAUGE = "gauge"  # an interval gauge (SGLang, vLLM V0)
 
     @property
-    def is_created(self) -> bool:
-        """A `_created` sample: the counter's start time, not its value."""
-        return self in (SampleKind.CREATED, SampleKind.FIRST_CREATED)
-
-    @property
     def is_first(self) -> bool:
         """Position 0 of a per-position counter standing for another field."""
         return self in (SampleKind.FIRST, SampleKind.FIRST_CREATED)

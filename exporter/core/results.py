@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from exporter.core.counting import Accumulator, AnomalyTally
+from exporter.core.anomaly import AnomalyTally
+from exporter.core.counting import Accumulator
 from exporter.analysis.advise import result_advice, window_advice
 from exporter.core.derive import acceptance_length, acceptance_ratio, has_activity, result_data
 from exporter.core.dialects import SGLANG_LENGTH, SGLANG_RATE, dialect_note, is_estimate
@@ -466,11 +467,6 @@ def _anomaly_inside_note(tally: AnomalyTally) -> str | None:
         f"{scrapes} inside the span not used: {first_of}{what}; "
         "the next usable values bridge it exactly"
     )
-
-
-def window_results(window: Window) -> dict[str, Result]:
-    """Every target's RESULT of a stopped window, by target name."""
-    return {name: target_result(window, name) for name in window.targets}
 
 
 def window_answer(window: Window) -> dict[str, Any]:

@@ -307,9 +307,6 @@ class Snapshot:
         return sorted({k.model_name for k in self.values})
 
 
-EMPTY_SNAPSHOT = Snapshot(values={}, created={})
-
-
 @dataclass(frozen=True, slots=True)
 class ScrapeResult:
     """What one scrape of one target gave: a snapshot, or the reason there is none."""

@@ -9,7 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.core.counting import Accumulator, Encoded
+from exporter.core.accrows import Encoded
+from exporter.core.counting import Accumulator
 from exporter.core.errors import RequestError
 from exporter.core.redact import redact_url
 from exporter.core.snapshot import ScrapeResult

@@ -116,10 +116,6 @@ class WindowBook:
         """Acknowledged windows not stopped yet."""
         return [w for w in self._windows.values() if w.is_open]
 
-    def taking(self, target: str) -> list[Window]:
-        """Open windows that count the scrapes of `target`."""
-        return [w for w in self.open_windows() if w.takes_scrapes_of(target)]
-
     def get(self, window_id: str) -> Window:
         """An open window, or a stopped one with its answer (read from the store)."""
         return self._windows.get(window_id) or self._read_whole(window_id, series=False)

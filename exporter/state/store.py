@@ -337,7 +337,6 @@ class StateStore:
                  connect: Callable[[Path], sqlite3.Connection] = connect_state):
         self.path = path
         self.connect = connect
-        self.moved_aside: Path | None = None
         self.errors_total = 0  # failed writes and damage found: specdec_state_write_errors_total
         self._identity: tuple[tuple[int, int] | None, ...] = (None, None)
         self._db = self._open()
@@ -402,7 +401,6 @@ class StateStore:
                 f"state database {self.path} is unreadable and cannot be moved aside: "
                 f"{exc.strerror or exc}"
             ) from exc
-        self.moved_aside = aside
         return aside
 
     def _connect(self) -> sqlite3.Connection:

@@ -7,14 +7,8 @@ import math
 
 import pytest
 
-from exporter.core.counting import (
-    Accumulator,
-    Anomaly,
-    AnomalyTally,
-    LiveTrack,
-    counter_increase,
-    find_anomaly,
-)
+from exporter.core.anomaly import Anomaly, AnomalyTally, find_anomaly
+from exporter.core.counting import Accumulator, LiveTrack, counter_increase
 from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot
 
 NAN = math.nan

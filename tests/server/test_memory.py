@@ -38,7 +38,7 @@ def test_glibc_keeps_big_blocks_in_their_own_mappings():
     # Checked in children: the setting is for the whole process. After a 4 MB block is freed,
     # glibc's own threshold would put 300 KB blocks on the heap; with ours, never.
     code = (
-        "import sys; from exporter import memory\n"
+        "import sys; from exporter.server import memory\n"
         "ok = memory.keep_big_blocks_apart() if sys.argv[1] == 'set' else True\n"
         "def heap():\n"
         "    for line in open('/proc/self/maps'):\n"

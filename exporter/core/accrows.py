@@ -1,0 +1,319 @@
+"""An accumulator's row in the state database: its whole state as JSON, or only what a round
+changed (its round part), and back. The store writes a row per open window's target every
+round, so the common case (a round part) is made without building the whole row."""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from exporter.core.anomaly import AnomalyTally
+from exporter.core.empties import NO_ITEMS, shared_engines, shared_keys, writable
+from exporter.core.snapshot import (
+    Counts,
+    Field,
+    PackedCounts,
+    SeriesKey,
+    doubles,
+    pack_counts,
+    unpack_counts,
+)
+
+# What an accumulator's whole row holds beyond its round part (`AccumulatorRows._shape`).
+Shape = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """An accumulator's row for the store: its whole state, or only its round part."""
+
+    text: str
+    whole: bool
+    shape: Shape  # of the whole row it is, or is the round part of
+    scrapes: int  # the accumulator's scrapes when it was encoded
+
+
+class AccumulatorRows:
+    """The row codec of `counting.Accumulator` (its base): what it reads of the accumulator."""
+
+    last: Mapping[SeriesKey, float]
+    created: Mapping[SeriesKey, float]
+    increase: dict[SeriesKey, float]
+    resets: int
+    scrapes: int
+    first_at: float | None
+    last_at: float | None
+    engines: frozenset[str]
+    dialect: str
+    packed_before: PackedCounts | None
+    reset_spans: Sequence[tuple[float, float]]
+    gone: Mapping[SeriesKey, tuple[float, float | None, float]]
+    gauge_weighted: Mapping[str, float]
+    gauge_seconds: Mapping[str, float]
+    anomalies_before: AnomalyTally
+    anomalies_inside: AnomalyTally
+    anomalies_after: AnomalyTally
+    _saved: tuple[Shape, int] | None
+    if not TYPE_CHECKING:
+        __slots__ = ()  # the fields are the dataclass's, slotted there
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able state."""
+        return {
+            "last": [[_key_list(k), v, c] for k, v, c, _ in self._series()],
+            "increase": [[_key_list(k), v] for k, v in self.increase.items()],
+            "resets": self.resets,
+            "scrapes": self.scrapes,
+            "first_at": self.first_at,
+            "last_at": self.last_at,
+            "engines": sorted(self.engines),
+            "dialect": self.dialect,
+            "before": unpack_counts(packed).as_raw() if (packed := self.packed_before) else None,
+            "reset_spans": [list(span) for span in self.reset_spans],
+            "seen": [[_key_list(k), t] for k, _, _, t in self._series()],
+            "gauge_weighted": dict(self.gauge_weighted),
+            "gauge_seconds": dict(self.gauge_seconds),
+            "anomalies": [t.to_dict() for t in self.tallies()],
+        }
+
+    def tallies(self) -> tuple[AnomalyTally, AnomalyTally, AnomalyTally]:
+        """Anomalous scrapes before, inside and after the span the counts cover."""
+        return self.anomalies_before, self.anomalies_inside, self.anomalies_after
+
+    def to_json(self) -> str:
+        """The whole state as JSON text (`to_dict`'s content), written directly: each series'
+        key and its four numbers (value, created, increase, seen), the keys' text cached per
+        key, the numbers as one flat list through the C encoder."""
+        return self._whole_json(self._keys())
+
+    def encode(self, *, whole: bool = False) -> Encoded:
+        """This accumulator's row for the store: its round part (`_round_json`) when its whole
+        row as last committed (`saved`) differs only there, else (or if `whole`) the whole.
+
+        A round changes the series' values, increases and seen times, the scrape count and
+        time and the gauges' sums; keys, created times, restarts, the baseline, engines and
+        anomalies change rarely, and a whole row is several times the bytes and the work."""
+        keys = self._keys()
+        # Every series with a value and an increase (so, always but for series retired or from
+        # an old state): what a round part holds.
+        aligned = len(keys) == len(self.last) + len(self.gone) == len(self.increase)
+        last = self.last
+        values: Sequence[float | None]
+        if not self.gone and aligned:
+            values = list(map(last.__getitem__, keys))
+            created = tuple(map(self.created.get, keys))
+        else:
+            rows = list(self._series(keys))
+            values = [v for _, v, _, _ in rows]
+            created = tuple(c for _, _, c, _ in rows)
+        shape = self._shape(keys, created)
+        saved = self._saved
+        if aligned and not whole and saved is not None and shape == saved[0]:
+            return Encoded(self._round_json(keys, values, saved[1]), False, shape, self.scrapes)
+        return Encoded(self._whole_json(keys), True, shape, self.scrapes)
+
+    def saved(self, encoded: Encoded) -> None:
+        """The store committed `encoded` (from `encode`): later rounds write against it."""
+        if encoded.whole:
+            keys, *rest = encoded.shape
+            # Kept while the window is open: targets alike share one tuple of keys.
+            self._saved = ((shared_keys(keys), *rest), encoded.scrapes)
+
+    def _keys(self) -> list[SeriesKey]:
+        # The order of a row's series: the increases' (every series fed has one), then any
+        # series with a value but no increase (none, unless a state was edited by hand).
+        keys = list(self.increase)
+        if len(keys) < len(self.last) + len(self.gone):
+            keys += [k for k in (*self.last, *self.gone) if k not in self.increase]
+        return keys
+
+    def _series(self, keys: Sequence[SeriesKey] | None = None,
+                ) -> Iterator[tuple[SeriesKey, float | None, float | None, float | None]]:
+        """(key, last value, `_created`, when last read) of each series (default: those with
+        a value), None where a series has none (a retired series has an increase only)."""
+        last, created, gone, at = self.last, self.created, self.gone, self.last_at
+        if keys is None:
+            keys = [*last, *gone]
+        for k in keys:
+            if k in last:
+                yield k, last[k], created.get(k), at
+            elif k in gone:
+                yield k, *gone[k]
+            else:
+                yield k, None, None, None
+
+    def _shape(self, keys: list[SeriesKey], created: tuple[float | None, ...]) -> Shape:
+        """Everything a whole row holds that its round part does not: equal shapes, equal
+        whole rows but for the round part. Engines and restart spans are only ever added, and
+        a tally changes with its count: their sizes and counts tell a change. (A NaN created
+        time never equals itself: such a series' row is written whole every round, correct
+        if slower.)"""
+        return (
+            tuple(keys), created, self.resets, len(self.reset_spans),
+            self.first_at, len(self.engines), self.dialect, self.packed_before,
+            self.anomalies_before.count, self.anomalies_inside.count, self.anomalies_after.count,
+        )
+
+    def _whole_json(self, keys: list[SeriesKey]) -> str:
+        increase = self.increase
+        values: list[float | None] = []
+        for k, v, c, t in self._series(keys):
+            values += (v, c, increase.get(k), t)
+        engines = sorted(self.engines)
+        return "".join((
+            '{"keys":[', ",".join(_key_json(k) for k in keys), '],"values":', json.dumps(values),
+            f',"resets":{self.resets},"scrapes":{self.scrapes},',
+            f'"first_at":{_num(self.first_at)},"last_at":{_num(self.last_at)},',
+            '"engines":', json.dumps(engines), ',"dialect":', json.dumps(self.dialect),
+            ',"before":', json.dumps(unpack_counts(packed).as_raw()) if (packed := self.packed_before)
+            else "null",
+            ',"reset_spans":', json.dumps([list(span) for span in self.reset_spans]),
+            ',"gauge_weighted":', _dict_json(self.gauge_weighted),
+            ',"gauge_seconds":', _dict_json(self.gauge_seconds),
+            ',"anomalies":[', ",".join(_tally_json(t) for t in self.tallies()), "]}",
+        ))
+
+    def _round_json(self, keys: list[SeriesKey], values: Sequence[float | None],
+                    base: int) -> str:
+        """What a round changes, for the whole row of `base` scrapes and its `keys` (every
+        series with a value, in the increases' order): the `values` and increases as
+        little-endian doubles in base64 (the C encoder spends a microsecond per float,
+        `struct` nanoseconds), and a seen time only where it is not the last scrape's (a
+        series on the page is seen at every scrape: one time for all, not a Unix time each)."""
+        at, gone = self.last_at, self.gone
+        numbers = doubles(len(keys) * 2).pack(*values, *self.increase.values())
+        if not gone:
+            moved = "[]"
+        else:
+            moved = json.dumps([(i, g[2]) for i, k in enumerate(keys)
+                                if (g := gone.get(k)) is not None and g[2] != at])
+        return "".join((
+            f'{{"base":{base},"scrapes":{self.scrapes},"last_at":{_num(at)},"values":"',
+            base64.b64encode(numbers).decode(), '","seen":', moved,
+            ',"gauge_weighted":', _dict_json(self.gauge_weighted),
+            ',"gauge_seconds":', _dict_json(self.gauge_seconds), "}",
+        ))
+
+
+def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
+    """An accumulator's fields from `to_dict`'s content or (parsed) `to_json`'s, with the
+    round part `encode` wrote after it as `round` if the store has one; and from the earlier
+    form, a row per series, which a state database written before may hold."""
+    if "keys" in data:
+        values = data["values"]
+        rows = [(_key_from(k), *values[4 * i:4 * i + 4]) for i, k in enumerate(data["keys"])]
+        part = data.get("round")
+        # A round part goes with the whole row it was written against; one left over from
+        # another (a version without round parts wrote the whole row since) is stale.
+        if part is not None and part["base"] == data["scrapes"]:
+            rows = _with_round(rows, part)
+            data = dict(data) | {k: part[k] for k in _ROUND_FIELDS}
+    elif "series" in data:
+        rows = [(_key_from(k), v, c, inc, t) for k, v, c, inc, t in data["series"]]
+    else:
+        rows = None
+    if rows is not None:
+        data = dict(data) | {
+            "last": [(k, v, c) for k, v, c, _, _ in rows if v is not None],
+            "increase": [(k, inc) for k, _, _, inc, _ in rows if inc is not None],
+            "seen": [(k, t) for k, _, _, _, t in rows if t is not None],
+        }
+    at = data["last_at"]
+    seen = {_as_key(k): t for k, t in data.get("seen", [])}
+    last: dict[SeriesKey, float] = {}
+    created: dict[SeriesKey, float] = {}
+    gone: dict[SeriesKey, tuple[float, float | None, float]] = {}
+    for k, v, c in data["last"]:
+        key = _as_key(k)
+        t = seen.get(key, at)
+        if t is None or t == at:  # read at the last usable scrape: on its page
+            last[key] = v
+            if c is not None:
+                created[key] = c
+        else:
+            gone[key] = (v, c, t)
+    return dict(
+        last=last,
+        created=created,
+        gone=gone or NO_ITEMS,
+        increase={_as_key(k): v for k, v in data["increase"]},
+        resets=data["resets"],
+        scrapes=data["scrapes"],
+        first_at=data["first_at"],
+        last_at=data["last_at"],
+        engines=shared_engines(frozenset(data["engines"])),
+        dialect=data.get("dialect", ""),
+        packed_before=pack_counts(Counts.from_raw(data["before"])) if data.get("before")
+        else None,
+        reset_spans=[tuple(span) for span in data.get("reset_spans", [])] or (),
+        gauge_weighted=dict(data.get("gauge_weighted", {})) or NO_ITEMS,
+        gauge_seconds=dict(data.get("gauge_seconds", {})) or NO_ITEMS,
+        **dict(zip(
+            ("anomalies_before", "anomalies_inside", "anomalies_after"),
+            (AnomalyTally.from_dict(t) for t in data.get("anomalies", [None] * 3)),
+            strict=True,
+        )),
+    )
+
+
+def _key_list(key: SeriesKey) -> list[Any]:
+    return [key.field.value, key.model_name, key.engine, key.position, [list(p) for p in key.extra]]
+
+
+# What a round part holds besides its series' numbers (`Accumulator._round_json`).
+_ROUND_FIELDS = ("scrapes", "last_at", "gauge_weighted", "gauge_seconds")
+
+# A series as a whole row holds it: key, value, created, increase, seen.
+_Row = tuple[SeriesKey, Any, Any, Any, Any]
+
+
+def _with_round(rows: list[_Row], part: Mapping[str, Any]) -> list[_Row]:
+    """A whole row's series with a later round part's values, increases and seen times."""
+    numbers, at, n = base64.b64decode(part["values"], validate=True), part["last_at"], len(rows)
+    if len(numbers) != 16 * n:
+        raise ValueError(f"round part has {len(numbers) / 8:g} numbers for {n} series (2 each)")
+    values = doubles(2 * n).unpack(numbers)
+    seen = {i: t for i, t in part["seen"]}
+    return [(k, values[i], c, values[n + i], seen.get(i, at))
+            for i, (k, _, c, _, _) in enumerate(rows)]
+
+
+def _dict_json(gauges: Mapping[str, float]) -> str:
+    return json.dumps(writable(gauges)) if gauges else "{}"
+
+
+def _tally_json(tally: AnomalyTally) -> str:
+    if not tally.count:
+        return '{"count":0,"first":null,"last":null}'
+    return json.dumps(tally.to_dict())
+
+
+@functools.lru_cache(maxsize=65536)
+def _key_json(key: SeriesKey) -> str:
+    return json.dumps(_key_list(key))
+
+
+def _num(value: float | None) -> str:
+    # repr is JSON for finite floats; json.dumps spells None, NaN and infinities as it reads them.
+    return repr(value) if value is not None and math.isfinite(value) else json.dumps(value)
+
+
+def _as_key(data: Sequence[Any] | SeriesKey) -> SeriesKey:
+    return data if isinstance(data, SeriesKey) else _key_from(data)
+
+
+def _key_from(data: Sequence[Any]) -> SeriesKey:
+    fld, model, engine, position, extra = data
+    return SeriesKey(Field(fld), model, engine, position, tuple(tuple(p) for p in extra))
+
+
+# A live track's point as kept: its time, then the totals packed (`snapshot.pack_counts`; the
+# positions' tuple shared by consecutive points).
+Packed = tuple[float, bytes, tuple[int, ...], Mapping[int, float] | None]
+Point = tuple[float, Counts]
+

@@ -1,0 +1,92 @@
+"""Objects accumulators share until they need one of their own: most of a fleet's
+accumulators hold the same empties, engine sets and key tuples, and a fleet holds thousands."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+from exporter.core.snapshot import SeriesKey, pack_values, unpack_values
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def writable(mapping: Mapping[K, V]) -> dict[K, V]:
+    """`mapping` itself where it is a dict of its own, else a dict of its items (a shared
+    empty one is never written to)."""
+    return mapping if isinstance(mapping, dict) else dict(mapping)
+
+
+class NoItems(Mapping[Any, Any]):
+    """The empty mapping accumulators share until they have something to hold (most never
+    do): read-only, so that a write not made through a dict of the accumulator's own fails
+    loudly; a copy of it is itself."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: object) -> Any:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __copy__(self) -> NoItems:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> NoItems:
+        return self
+
+    def __reduce__(self) -> str:
+        return "NO_ITEMS"  # pickled by name: unpickled as the shared one
+
+
+NO_ITEMS: Mapping[Any, Any] = NoItems()
+
+
+class Parked(Mapping[SeriesKey, float]):
+    """A page's values packed (`Accumulator.park`): a tuple of keys and their doubles, made
+    a dict again when first read."""
+
+    __slots__ = ("_keys", "_numbers", "_read")
+
+    def __init__(self, keys: tuple[SeriesKey, ...], numbers: bytes):
+        self._keys, self._numbers = keys, numbers
+        self._read: dict[SeriesKey, float] | None = None
+
+    @classmethod
+    def of(cls, values: Mapping[SeriesKey, float]) -> Parked:
+        """`values` packed."""
+        return cls(tuple(values), pack_values(values))
+
+    def _values(self) -> dict[SeriesKey, float]:
+        if self._read is None:
+            self._read = unpack_values(self._keys, self._numbers)
+        return self._read
+
+    def __getitem__(self, key: SeriesKey) -> float:
+        return self._values()[key]
+
+    def __iter__(self) -> Iterator[SeriesKey]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+@functools.lru_cache(maxsize=1024)
+def shared_keys(keys: tuple[SeriesKey, ...]) -> tuple[SeriesKey, ...]:
+    """One tuple for equal tuples of series keys (an open window's targets serving one model
+    have the same series)."""
+    return keys
+
+
+@functools.lru_cache(maxsize=1024)
+def shared_engines(names: frozenset[str]) -> frozenset[str]:
+    """One frozenset for equal sets of engine names: every accumulator of a fleet serving one
+    engine holds the same one."""
+    return names
