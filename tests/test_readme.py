@@ -93,12 +93,12 @@ class TestDocsMatchTheRepo:
         # Every `test_x.py::Class::test` the table names is there (renames leave no dead rows).
         text = (ROOT / "docs" / "reliability.md").read_text()
         named, current, missing = 0, None, []
-        for file, path in re.findall(r"`((?:faults/)?test_\w+\.py)?((?:::\w+)+)?(?:\[[^`]*\])?`",
+        for file, path in re.findall(r"`((?:\w+/)*test_\w+\.py)?((?:::\w+)+)?(?:\[[^`]*\])?`",
                                      text):
             current = file or current
             if not file and not path:
                 continue
-            source = (ROOT / "tests" / current)
+            source = ROOT / "tests" / current.removeprefix("tests/")
             if not source.is_file():
                 missing.append(current)
                 continue
