@@ -114,6 +114,8 @@ def _fake_vllm(command: Command) -> None:
     fake.add_argument("--no-spec-decode", action="store_true",
                       help="serve a page without spec-decode series, as a server without "
                            "speculation does")
+    fake.add_argument("--per-request-spec-decode-metrics", choices=["summary", "detailed"],
+                      help="put vLLM's per-request metrics.speculative_decoding in each answer")
     fake.add_argument("--seed", type=int, default=0,
                       help="random seed of the simulated acceptance (default 0)")
     fake.set_defaults(func=cmd_fake_vllm)

@@ -140,7 +140,8 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
     try:
         server = FakeServer(k=args.k, acceptance=args.acceptance, engines=args.engines,
                             dialect=args.dialect, model_name=args.model_name, seed=args.seed,
-                            spec_decode=not args.no_spec_decode, ngram=args.ngram)
+                            spec_decode=not args.no_spec_decode, ngram=args.ngram,
+                            per_request_metrics=args.per_request_spec_decode_metrics or "")
     except ValueError as exc:
         print(f"specdec-exporter fake-vllm: {exc}", file=sys.stderr)
         return EXIT_USAGE
