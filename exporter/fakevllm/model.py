@@ -51,6 +51,8 @@ class FakeServer:
     emit_created: bool = True
     # Extra model_name variants (LoRA adapters) of the non-spec-decode families, for big pages.
     lora_adapters: int = 0
+    # "", "summary" or "detailed": vLLM's --per-request-spec-decode-metrics.
+    per_request_metrics: str = ""
 
     def __post_init__(self) -> None:
         if self.k < 1:

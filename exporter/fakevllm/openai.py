@@ -82,6 +82,36 @@ def step_texts(steps: list[tuple[int, int]]) -> Iterator[str]:
         at += emitted
 
 
+def spec_decode_object(steps: list[tuple[int, int]], k: int, detailed: bool) -> dict[str, Any]:
+    """vLLM's per-request `metrics.speculative_decoding` object for these decode steps.
+
+    `acceptance_histogram[j]` counts the verify steps that accepted exactly j draft tokens.
+    """
+    histogram = [0] * (k + 1)
+    for _, accepted in steps:
+        histogram[accepted] += 1
+    drafted = sum(p for p, _ in steps)
+    accepted_total = sum(a for _, a in steps)
+    obj: dict[str, Any] = {
+        "num_spec_steps": len(steps), "num_draft_tokens": drafted,
+        "num_accepted_draft_tokens": accepted_total, "num_spec_tokens": k,
+        "mean_acceptance_length": 1 + accepted_total / len(steps) if steps else 1.0,
+        "draft_acceptance_rate": accepted_total / drafted if drafted else 0.0,
+        "acceptance_histogram": histogram,
+    }
+    if detailed:
+        obj["steps"] = [{"num_draft_tokens": p, "num_accepted_tokens": a} for p, a in steps]
+    return obj
+
+
+def _metrics(server: FakeServer, steps: list[tuple[int, int]]) -> dict[str, Any]:
+    """The answer's `metrics` member, present only when the server was started to emit it."""
+    if not server.spec_decode or server.per_request_metrics not in ("summary", "detailed"):
+        return {}
+    detailed = server.per_request_metrics == "detailed"
+    return {"metrics": {"speculative_decoding": spec_decode_object(steps, server.k, detailed)}}
+
+
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
@@ -123,7 +153,7 @@ async def completions(request: web.Request, server: FakeServer, chat: bool) -> w
         return web.json_response(head | {
             "choices": [_choice(chat, "".join(texts), "length", stream=False)],
             "usage": _usage(prompt, tokens),
-        })
+        } | _metrics(server, steps))
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -136,7 +166,9 @@ async def completions(request: web.Request, server: FakeServer, chat: bool) -> w
     for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
         server.count_step(engine, proposed, accepted)
         await send(head | {"choices": [_choice(chat, text, None, stream=True)]})
-    await send(head | {"choices": [_choice(chat, None if chat else "", "length", stream=True)]})
+    # The finishing chunk carries the request's spec-decode object, as vLLM sends it.
+    await send(head | {"choices": [_choice(chat, None if chat else "", "length", stream=True)]}
+               | _metrics(server, steps))
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
         await send(head | {"choices": [], "usage": _usage(prompt, tokens)})

@@ -1,0 +1,211 @@
+"""Per-request spec-decode figures: read from one OpenAI answer, summed over a window's requests.
+
+vLLM started with `--per-request-spec-decode-metrics summary|detailed` puts a
+`metrics.speculative_decoding` object in each answer: in the JSON body, or in a chunk of the
+server-sent-event stream. Everything here is pure (bytes in, numbers out) so the proxy, a test
+or a stdlib client can share it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+NO_STATS_REASON = "start vLLM with --per-request-spec-decode-metrics summary"
+LOWEST = 10
+SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """One answer's figures: who asked, what it cost, and its spec-decode object (or None)."""
+
+    request_id: str
+    model: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    spec: dict[str, Any] | None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _spec_object(metrics: object) -> dict[str, Any] | None:
+    """The speculative_decoding object when its counts are sound, else None."""
+    if not isinstance(metrics, dict):
+        return None
+    spec = metrics.get("speculative_decoding")
+    if not isinstance(spec, dict) or any(_int(spec.get(k)) is None for k in SUM_KEYS):
+        return None
+    hist = spec.get("acceptance_histogram")
+    if not isinstance(hist, list) or any(_int(h) is None for h in hist):
+        return None
+    return spec
+
+
+def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
+    """Fold one answer object (a body or a stream chunk) into the request's fields."""
+    if isinstance(obj.get("id"), str):
+        into.setdefault("id", obj["id"])
+    if isinstance(obj.get("model"), str):
+        into.setdefault("model", obj["model"])
+    usage = obj.get("usage")
+    if isinstance(usage, dict):
+        into["usage"] = usage
+    spec = _spec_object(obj.get("metrics"))
+    if spec is not None:
+        into["spec"] = spec
+
+
+def _stats(fields: dict[str, Any]) -> RequestStats:
+    usage = fields.get("usage") or {}
+    return RequestStats(
+        request_id=str(fields.get("id", "")), model=str(fields.get("model", "")),
+        prompt_tokens=_int(usage.get("prompt_tokens")),
+        completion_tokens=_int(usage.get("completion_tokens")),
+        spec=fields.get("spec"))
+
+
+def from_json(body: bytes) -> RequestStats | None:
+    """A non-streamed answer's figures; None when the body is not an OpenAI answer object."""
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    fields: dict[str, Any] = {}
+    _merge(fields, obj)
+    return _stats(fields)
+
+
+def from_sse(stream: bytes) -> RequestStats | None:
+    """A streamed answer's figures from its `data:` events; None when no event is JSON."""
+    fields: dict[str, Any] = {}
+    seen = False
+    for line in stream.replace(b"\r\n", b"\n").split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            continue
+        try:
+            obj = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(obj, dict):
+            seen = True
+            _merge(fields, obj)
+    return _stats(fields) if seen else None
+
+
+def _quantile(values: list[float], q: float) -> float:
+    """Linear-interpolated quantile of sorted values (numpy's default)."""
+    at = q * (len(values) - 1)
+    low = math.floor(at)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (at - low)
+
+
+def summarize(values: list[float]) -> dict[str, float] | None:
+    """mean, min, p5, p50, p95, max over requests (each request weighs the same)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return {"mean": sum(ordered) / len(ordered), "min": ordered[0],
+            "p5": _quantile(ordered, 0.05), "p50": _quantile(ordered, 0.5),
+            "p95": _quantile(ordered, 0.95), "max": ordered[-1]}
+
+
+def per_position_accepted(histogram: list[int]) -> list[int]:
+    """Steps that accepted position i: the steps that accepted more than i draft tokens."""
+    return [sum(histogram[i + 1:]) for i in range(max(0, len(histogram) - 1))]
+
+
+@dataclass
+class PerRequest:
+    """What one window saw through the proxy for one target (or, merged, for all)."""
+
+    requests: int = 0
+    unreadable: int = 0
+    sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SUM_KEYS, 0))
+    histogram: list[int] = field(default_factory=list)
+    lengths: list[float] = field(default_factory=list)
+    rates: list[float] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, stats: RequestStats | None) -> None:
+        """Count one proxied request; None means its answer could not be read."""
+        self.requests += 1
+        if stats is None:
+            self.unreadable += 1
+            return
+        spec = stats.spec
+        if spec is None:
+            return
+        for key in SUM_KEYS:
+            self.sums[key] += spec[key]
+        self._add_histogram(spec["acceptance_histogram"])
+        steps = spec["num_spec_steps"]
+        length = 1 + spec["num_accepted_draft_tokens"] / steps if steps else 1.0
+        self.lengths.append(length)
+        if spec["num_draft_tokens"]:
+            self.rates.append(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
+        self.rows.append({"request_id": stats.request_id, "model": stats.model,
+                          "prompt_tokens": stats.prompt_tokens,
+                          "completion_tokens": stats.completion_tokens,
+                          "acceptance_length": length})
+        self.rows = sorted(self.rows, key=lambda r: r["acceptance_length"])[:LOWEST]
+
+    def _add_histogram(self, hist: list[int]) -> None:
+        if len(hist) > len(self.histogram):
+            self.histogram.extend([0] * (len(hist) - len(self.histogram)))
+        for j, count in enumerate(hist):
+            self.histogram[j] += count
+
+    def merge(self, other: PerRequest) -> None:
+        """Add another target's figures (for the aggregate)."""
+        self.requests += other.requests
+        self.unreadable += other.unreadable
+        for key in SUM_KEYS:
+            self.sums[key] += other.sums[key]
+        self._add_histogram(other.histogram)
+        self.lengths.extend(other.lengths)
+        self.rates.extend(other.rates)
+        self.rows = sorted(self.rows + other.rows, key=lambda r: r["acceptance_length"])[:LOWEST]
+
+    def answer(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
+        """The `per_request` block; `counters` (drafts, draft and accepted tokens of the
+        window's counter increase) gives `covers_all` and the share the proxy accounts for."""
+        with_stats = len(self.lengths)
+        without = self.requests - self.unreadable - with_stats
+        steps = self.sums["num_spec_steps"]
+        block: dict[str, Any] = {
+            "requests": self.requests, "with_stats": with_stats, "without_stats": without,
+            "unreadable": self.unreadable,
+            "reason": NO_STATS_REASON if self.requests and not with_stats else None,
+            **self.sums, "acceptance_histogram": list(self.histogram),
+            "per_position_acceptance_rates": {
+                str(i): n / steps for i, n in enumerate(per_position_accepted(self.histogram))
+            } if steps else {},
+            "weighting": "request-weighted (each request counts once)",
+            "acceptance_length": summarize(self.lengths),
+            "draft_acceptance_rate": summarize(self.rates),
+            "lowest": list(self.rows),
+        }
+        if counters is not None:
+            block.update(coverage(self.sums, counters))
+        return block
+
+
+def coverage(sums: dict[str, int], counters: dict[str, int]) -> dict[str, Any]:
+    """Whether the proxied requests are all of the server's activity, and what share they are."""
+    pairs = {"num_spec_steps": counters.get("num_drafts", 0),
+             "num_draft_tokens": counters.get("draft_tokens", 0),
+             "num_accepted_draft_tokens": counters.get("accepted_tokens", 0)}
+    drafts = pairs["num_spec_steps"]
+    return {"covers_all": all(sums[k] == v for k, v in pairs.items()),
+            "share_of_drafts": sums["num_spec_steps"] / drafts if drafts else None}
