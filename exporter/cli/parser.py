@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from exporter import __version__
+from exporter.cli.history import add_history
 from exporter.cli.reports import cmd_advise, cmd_compare, draft_cost
 from exporter.cli.serving import cmd_check_config, cmd_demo, cmd_fake_vllm, cmd_serve
 from exporter.cli.windows import cmd_measure, cmd_run, cmd_window_start, cmd_window_stop
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     for add in (_serve, _check_config, _demo, _fake_vllm, _window, _run, _measure, _compare,
-                _advise):
+                _advise, add_history):
         add(command)
     return parser
 

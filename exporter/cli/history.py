@@ -1,0 +1,95 @@
+"""The `history` command: a window over a past range, from a Prometheus-compatible store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from exporter.cli.common import EXIT_FAILED, EXIT_OK, one_line, say
+from exporter.core.errors import ExporterError
+
+_RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """Unix seconds of `now`, `-30m` (s, m, h, d), Unix seconds, or ISO 8601 (UTC if naive)."""
+    now = time.time() if now is None else now
+    text = text.strip()
+    if text == "now":
+        return now
+    if found := _RELATIVE.match(text):
+        return now - float(found.group(1)) * _UNIT[found.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give ISO 8601, Unix seconds, -30m or now") from exc
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    return at.timestamp()
+
+
+def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
+    """The `history` sub-command's arguments."""
+    p = command("history", "a window over a past range, from the raw samples in Prometheus",
+                description="Exact, reset-safe counts over [--from, --to] from the raw samples "
+                            "a Prometheus-compatible store holds (never rate()/increase()).")
+    p.add_argument("--prometheus", required=True, metavar="URL", help="the store's base URL")
+    p.add_argument("--from", dest="frm", required=True, metavar="T",
+                   help="start: ISO 8601, Unix seconds, -30m or now")
+    p.add_argument("--to", required=True, metavar="T", help="end, as --from")
+    p.add_argument("--match", action="append", default=[], metavar="SELECTOR",
+                   help='label matchers, e.g. {job="vllm"} (repeatable: the union)')
+    p.add_argument("--by", action="append", default=[], metavar="LABEL",
+                   help="labels that name a target (default instance)")
+    p.add_argument("--output-dir", metavar="DIR", help="write performances/ and window.json")
+    p.add_argument("--json", action="store_true", help="print the window as JSON")
+    p.add_argument("--token-env", metavar="VAR", help="bearer token from this variable")
+    p.add_argument("--username", help="basic auth user (password from $SPECDEC_STORE_PASSWORD)")
+    p.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https store")
+    p.add_argument("--tenant", help="X-Scope-OrgID (Mimir, Cortex)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per query (default 30)")
+    p.set_defaults(func=cmd_history, parser=p)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    import os
+
+    from exporter.core.console import format_window
+    from exporter.core.history import history_answer
+    from exporter.scrape.history import HistoryQuery, StoreAuth, fetch_series
+    from exporter.state.answertext import AnswerTexts
+    from exporter.state.store import write_results
+
+    try:
+        frm, to = parse_time(args.frm), parse_time(args.to)
+    except argparse.ArgumentTypeError as exc:
+        args.parser.error(f"--from/--to: {exc}")
+    if frm >= to:
+        args.parser.error("--from must be before --to")
+    auth = StoreAuth(token_env=args.token_env, username=args.username,
+                     password=os.environ.get("SPECDEC_STORE_PASSWORD"), ca_file=args.ca_file,
+                     tenant=args.tenant)
+    query = HistoryQuery(args.prometheus, frm, to, args.match, auth, timeout=args.timeout)
+    try:
+        answer = history_answer(fetch_series(query), frm, to, query_url=args.prometheus,
+                                by=args.by)
+    except ExporterError as exc:
+        say(f"history: {one_line(exc)}")
+        return EXIT_FAILED
+    if args.output_dir:
+        write_results(Path(args.output_dir), AnswerTexts.of(answer))
+    print(json.dumps(answer, indent=2) if args.json else format_window(answer), end="")
+    if args.json:
+        print()
+    return EXIT_OK

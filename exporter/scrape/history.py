@@ -1,0 +1,159 @@
+"""Raw samples from a Prometheus-compatible store (Prometheus, Thanos, Mimir, VictoriaMetrics).
+
+Never `rate()` or `increase()`, which extrapolate: range selectors in instant queries return the
+samples themselves. The range is read in chunks so that no answer holds more points per series
+than stores allow (Prometheus refuses 11,000 a series in range queries; 7,200 a chunk is a 1 s
+scrape interval's two hours).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import re
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from exporter.core.errors import ExporterError
+from exporter.core.history import RawSeries, family_names
+from exporter.core.redact import redact_url
+
+CHUNK_SECONDS = 7200.0
+MAX_SERIES = 10_000
+MAX_BYTES = 256 * 1024 * 1024
+# A `--match` is label matchers only: the metric names are ours to pick.
+_MATCHERS = re.compile(r"^\{(.*)\}$", re.S)
+
+
+class HistoryError(ExporterError):
+    """The store could not be read, or its answer is over a limit or not understood."""
+
+
+@dataclass(frozen=True)
+class StoreAuth:
+    """How to reach the store: as for targets, plus a Mimir/Cortex tenant."""
+
+    token_env: str | None = None  # environment variable holding a bearer token
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    tenant: str | None = None  # X-Scope-OrgID
+
+    def headers(self) -> dict[str, str]:
+        """The request headers this auth adds."""
+        out: dict[str, str] = {}
+        if self.token_env:
+            token = os.environ.get(self.token_env)
+            if not token:
+                raise HistoryError(f"environment variable {self.token_env} is not set")
+            out["Authorization"] = f"Bearer {token}"
+        elif self.username is not None:
+            pair = f"{self.username}:{self.password or ''}".encode()
+            out["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        if self.tenant:
+            out["X-Scope-OrgID"] = self.tenant
+        return out
+
+
+@dataclass(frozen=True)
+class HistoryQuery:
+    """One read of a store: where, what range, which series, within which limits."""
+
+    url: str  # the store's base URL (`/api/v1/query` is appended)
+    frm: float
+    to: float
+    match: Sequence[str] = ()
+    auth: StoreAuth = field(default_factory=StoreAuth)
+    timeout: float = 30.0
+    chunk_seconds: float = CHUNK_SECONDS
+    max_series: int = MAX_SERIES
+    max_bytes: int = MAX_BYTES
+
+
+def check_range(frm: float, to: float) -> None:
+    """A range that can hold samples: finite, `from` before `to`."""
+    if not (math.isfinite(frm) and math.isfinite(to)) or frm >= to:
+        raise HistoryError(f"bad range: from {frm} must be before to {to}")
+
+
+def selectors(match: Sequence[str]) -> list[str]:
+    """The selectors to query: every spec-decode family, under each `--match`'s matchers."""
+    names = "|".join(re.escape(n) for n in family_names())
+    wanted = f'__name__=~"{names}"'
+    out = []
+    for one in match or ("{}",):
+        found = _MATCHERS.match(one.strip())
+        if found is None:
+            raise HistoryError(f"--match {one!r}: give label matchers only, as {{job=\"vllm\"}}")
+        inner = found.group(1).strip()
+        out.append("{" + wanted + (f",{inner}" if inner else "") + "}")
+    return out
+
+
+def chunks(frm: float, to: float, size: float) -> list[tuple[float, float]]:
+    """[frm, to] cut in consecutive pieces of at most `size` seconds."""
+    out = []
+    start = frm
+    while start < to:
+        end = min(to, start + size)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def _get(query: HistoryQuery, params: dict[str, str]) -> bytes:
+    url = query.url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode(params)
+    request = urllib.request.Request(url, headers=query.auth.headers())
+    context = ssl.create_default_context(cafile=query.auth.ca_file) if query.auth.ca_file else None
+    where = redact_url(query.url)
+    try:
+        with urllib.request.urlopen(request, timeout=query.timeout, context=context) as answer:
+            body: bytes = answer.read(query.max_bytes + 1)
+    except urllib.error.HTTPError as exc:
+        detail = exc.read(2000).decode(errors="replace")
+        raise HistoryError(f"store {where} answered HTTP {exc.code}: {detail}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise HistoryError(f"store {where} is not reachable: {reason}") from exc
+    if len(body) > query.max_bytes:
+        raise HistoryError(f"store {where}: answer over {query.max_bytes} bytes; "
+                           "narrow --match or the range")
+    return body
+
+
+def _series_of(body: bytes, where: str) -> list[dict[str, Any]]:
+    try:
+        doc = json.loads(body)
+        if doc["status"] != "success" or doc["data"]["resultType"] != "matrix":
+            raise ValueError(doc.get("error", "not a matrix"))
+        return list(doc["data"]["result"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise HistoryError(f"store {where}: unexpected answer: {exc}") from exc
+
+
+def fetch_series(query: HistoryQuery) -> list[RawSeries]:
+    """Every spec-decode series' raw samples in [frm, to], chunk by chunk, merged."""
+    check_range(query.frm, query.to)
+    merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
+    for selector in selectors(query.match):
+        for start, end in chunks(query.frm, query.to, query.chunk_seconds):
+            # One millisecond more than the chunk: a range selector's left end is open.
+            span = f"{round((end - start) * 1000) + 1}ms"
+            body = _get(query, {"query": f"{selector}[{span}]", "time": f"{end:.3f}"})
+            for item in _series_of(body, redact_url(query.url)):
+                key = tuple(sorted(item["metric"].items()))
+                samples = merged.setdefault(key, {})
+                for at, value in item["values"]:
+                    if start <= float(at) <= end:
+                        samples[float(at)] = float(value)
+                if len(merged) > query.max_series:
+                    raise HistoryError(f"over {query.max_series} series; narrow --match")
+    return [RawSeries(dict(key), sorted(samples.items()))
+            for key, samples in merged.items() if samples]
