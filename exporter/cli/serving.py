@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from exporter.cli.common import EXIT_USAGE
 from exporter.core.errors import ConfigError, ListenError
 
 if TYPE_CHECKING:
+    from exporter.config.model import Config
     from exporter.server.service import ExporterService
 
 log = logging.getLogger("exporter")
@@ -64,13 +66,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from exporter.web.handlers import SERVICE
-    from exporter.web.app import make_app
     from exporter.config.model import load_config
-    from exporter.server.eventloop import new_event_loop
-    from exporter.web.guard import run_guarded
-    from exporter.server.memory import keep_big_blocks_apart
-    from exporter.core.redact import redact_logs
+    from exporter.state.lock import hold_state_dir
 
     path = _config_path(args.config)
     try:
@@ -84,6 +81,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(f"{path}: {problem}", file=sys.stderr)
         return 1
+    host, _, port = config.listen.rpartition(":")
+    lock = hold_state_dir(config.state_path.parent)
+    try:
+        # Before the first log line: a taken port is the one line that matters.
+        _probe_listen(host.strip("[]"), int(port), config.listen)
+        return _serve(config, path, overrides, host, port)
+    finally:
+        os.close(lock)
+
+
+def _serve(config: Config, path: str, overrides: dict[str, Any], host: str, port: str) -> int:
+    from exporter.web.handlers import SERVICE
+    from exporter.web.app import make_app
+    from exporter.server.eventloop import new_event_loop
+    from exporter.web.guard import run_guarded
+    from exporter.server.memory import keep_big_blocks_apart
+    from exporter.core.redact import redact_logs
+
     app = make_app(config, config_path=path, overrides=overrides)
     redact_logs(lambda: app[SERVICE].config)  # before the first line that could quote one
     keep_big_blocks_apart()  # a long-running server: freed stop texts go back to the system
@@ -100,7 +115,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         loop.add_signal_handler(signal.SIGHUP, on_hup)
 
     app.on_startup.append(on_startup)
-    host, _, port = config.listen.rpartition(":")
     loop = new_event_loop()
     log.info("starting version=%s listen=http://%s:%s/ targets=%d loop=%s", __version__, host,
              port, len(config.targets), type(loop).__module__.split(".")[0])
@@ -116,6 +130,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ListenError(config.listen, exc, "--listen HOST:PORT") from None
     log.info("stopped: open windows saved")
     return 0
+
+
+def _probe_listen(host: str, port: int, listen: str) -> None:
+    """Raise ListenError now if the address cannot be bound (as aiohttp binds: SO_REUSEADDR)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise ListenError(listen, exc, "--listen HOST:PORT") from None
 
 
 def _log_auth(token_env: str) -> None:

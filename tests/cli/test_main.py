@@ -314,22 +314,55 @@ class TestListen:
 class TestLogOptions:
     @pytest.mark.parametrize("where", ["before", "after"])
     def test_log_level_on_either_side_of_the_command(self, tmp_path, where):
-        config = write_config(tmp_path / "c.yaml", free_port(), [])
-        with socket.socket() as taken:  # serve logs its start, then fails to listen
+        port = free_port()
+        config = write_config(tmp_path / "c.yaml", port, [])
+        for level, shown in (("error", False), ("debug", True)):
+            flags = ["--log-level", level, "--log-format", "json"]
+            args = (flags + ["serve", "--config", str(config)] if where == "before"
+                    else ["serve", "--config", str(config)] + flags)
+            with process(CLI + args) as serve:
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                serve.send_signal(signal.SIGTERM)
+                assert serve.wait(timeout=30) == 0
+                err = serve.stderr.read()
+            logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+            assert any(entry["msg"].startswith("starting version=")
+                       for entry in logged) is shown
+
+
+class TestOneOwner:
+    def test_taken_port_prints_only_the_error_line(self, tmp_path):
+        with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
             taken.listen()
-            listen = ["--listen", f"127.0.0.1:{taken.getsockname()[1]}"]
-            for level, shown in (("error", False), ("debug", True)):
-                flags = ["--log-level", level, "--log-format", "json"]
-                args = (flags + ["serve", "--config", str(config)] if where == "before"
-                        else ["serve", "--config", str(config)] + flags)
-                done = subprocess.run(CLI + args + listen, capture_output=True, text=True,
-                                      timeout=30)
-                assert done.returncode == 2
-                logged = [json.loads(line) for line in done.stderr.splitlines()
-                          if line.startswith("{")]
-                assert any(entry["msg"].startswith("starting version=")
-                           for entry in logged) is shown
+            port = taken.getsockname()[1]
+            config = write_config(tmp_path / "c.yaml", port, [])
+            done = subprocess.run(CLI + ["serve", "--config", str(config)],
+                                  capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2
+        assert done.stderr.splitlines() == [
+            f"specdec-exporter: cannot listen on 127.0.0.1:{port}: address already in use; "
+            "stop what listens there, or choose another address with --listen HOST:PORT"
+        ]
+
+    def test_second_exporter_on_one_output_dir_refuses_naming_the_holder(self, tmp_path):
+        first_port = free_port()
+        config = write_config(tmp_path / "c.yaml", first_port, [])
+        with process(CLI + ["serve", "--config", str(config)]) as first:
+            wait_http(f"http://127.0.0.1:{first_port}/-/ready")
+            done = subprocess.run(CLI + ["serve", "--config", str(config), "--listen",
+                                         f"127.0.0.1:{free_port()}"],
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 1
+            out = tmp_path / "out"
+            assert done.stderr.splitlines() == [
+                f"specdec-exporter: {out} is in use by another exporter (pid {first.pid}); "
+                "stop it, or give this one another output_dir"
+            ]
+            assert http("GET", f"http://127.0.0.1:{first_port}/-/ready")[0] == 200
+        # Once the holder has stopped, the folder is free again.
+        with process(CLI + ["serve", "--config", str(config)]):
+            wait_http(f"http://127.0.0.1:{first_port}/-/ready")
 
 
 class TestHelp:

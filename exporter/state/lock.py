@@ -1,0 +1,39 @@
+"""One exporter per state directory: an exclusive lock held for the life of the process.
+
+Two exporters on one `state.sqlite` would each restore the same open windows and each write a
+different stop answer into the same folder; the second one is refused at start instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from exporter.core.errors import ExporterError
+
+LOCK_NAME = "exporter.lock"
+
+
+class StateDirInUse(ExporterError):
+    """Another live process holds the lock of this state directory."""
+
+
+def hold_state_dir(directory: Path) -> int:
+    """Lock `directory` for this process; the descriptor returned keeps it (closing frees it).
+
+    The kernel drops the lock when the holder dies, even by SIGKILL, so a crash leaves
+    nothing to clean up; the file holds the holder's pid only to name it in the refusal.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StateDirInUse(f"{directory} is in use by another exporter (pid {holder}); "
+                            "stop it, or give this one another output_dir") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
