@@ -1,4 +1,8 @@
-"""AISBench's console block, byte for byte: title, rules, 46-column labels."""
+"""AISBench's console block, byte for byte: an empty line, rules, title, 46-column labels.
+
+The shape is that of AISBench's code (`spec_decode/reporter.py`), which is what its users see:
+each block starts with an empty line and its rules are two `=` shorter than the title.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ _LABEL_WIDTH = 46
 
 def _frame(label: str, rows: list[tuple[str, str]]) -> str:
     title = f"========== Speculative Decoding Metrics  [{label}] =========="
-    rule = "=" * (len(title) - 1)
-    lines = [rule, title, rule]
+    rule = "=" * (len(title) - 2)
+    lines = ["", rule, title, rule]
     lines += [f"{name:<{_LABEL_WIDTH}}{value}" for name, value in rows]
     return "\n".join(lines) + "\n"
 

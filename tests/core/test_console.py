@@ -1,4 +1,10 @@
-"""The console block, byte for byte as CONTRACT.md (and AISBench) print it."""
+"""The console block, byte for byte as AISBench's reporter prints it.
+
+`aisbench_block` below restates the shape of AISBench's code (`spec_decode/reporter.py`:
+`format_spec_decode_console` / `format_spec_decode_na`, printed by its logger, which ends the
+line): every block starts with an empty line, each rule is `len(title) - 2` `=`, labels take 45
+columns and one space.
+"""
 
 from __future__ import annotations
 
@@ -28,11 +34,26 @@ def title_of(label: str) -> str:
     return f"========== Speculative Decoding Metrics  [{label}] =========="
 
 
+def aisbench_block(label: str, rows: list[tuple[str, str]]) -> str:
+    title = title_of(label)
+    sep = "=" * (len(title) - 2)
+    lines = ["", sep, title, sep] + [f"{name:<45} {value}" for name, value in rows]
+    return "\n".join(lines) + "\n"  # the logger's newline
+
+
 class TestFormatBlock:
     def test_seed_golden(self):
         want = (CONSOLE / "seed_block.txt").read_bytes()
         got = format_block("10.0.0.1:8080", ok(SEED)).encode()
         assert got == want
+
+    def test_seed_is_aisbench_shape(self):
+        assert format_block("10.0.0.1:8080", ok(SEED)) == aisbench_block("10.0.0.1:8080", [
+            ("Acceptance rate (%)", "99.26"), ("Acceptance length", "5.96"), ("Drafts", "163"),
+            ("Draft tokens", "815"), ("Accepted tokens", "809"),
+            ("Per-position acceptance rates",
+             "{0: 0.9939, 1: 0.9939, 2: 0.9939, 3: 0.9939, 4: 0.9877}"),
+        ])
 
     @pytest.mark.parametrize(
         "error,reason",
@@ -47,20 +68,19 @@ class TestFormatBlock:
         ],
     )
     def test_na_layout(self, error, reason):
-        title = title_of("10.0.0.1:8080")
-        rule = "=" * (len(title) - 1)
-        want = f"{rule}\n{title}\n{rule}\n" + f"{'Status':<46}N/A\n" + f"{'Reason':<46}{reason}\n"
+        want = aisbench_block("10.0.0.1:8080", [("Status", "N/A"), ("Reason", reason)])
         assert format_block("10.0.0.1:8080", na(error)) == want
 
     def test_ok_without_drafts_is_na(self):
         text = format_block("h:1", ok(Counts()))
-        assert text.splitlines()[3:] == [f"{'Status':<46}N/A", f"{'Reason':<46}{NO_ACTIVITY}"]
+        assert text.splitlines()[4:] == [f"{'Status':<46}N/A", f"{'Reason':<46}{NO_ACTIVITY}"]
 
     def test_na_exact_text(self):
         assert format_block("h:1", na("No spec decode metrics found on server")) == (
-            "========================================================\n"
+            "\n"
+            "=======================================================\n"
             "========== Speculative Decoding Metrics  [h:1] ==========\n"
-            "========================================================\n"
+            "=======================================================\n"
             "Status                                        N/A\n"
             "Reason                                        No spec decode metrics found on server\n"
         )
@@ -68,13 +88,14 @@ class TestFormatBlock:
     @pytest.mark.parametrize(
         "label", ["all", "h:1", "10.0.0.1:8080", "[::1]:9400", "llama-eagle", "x" * 60, ""]
     )
-    def test_rules_one_shorter_than_title(self, label):
+    def test_empty_line_then_rules_two_shorter_than_title(self, label):
         for result in (ok(SEED), na("why")):
             lines = format_block(label, result).split("\n")
-            assert lines[1] == title_of(label)
-            assert lines[0] == lines[2] == "=" * (len(lines[1]) - 1)
+            assert lines[0] == ""
+            assert lines[2] == title_of(label)
+            assert lines[1] == lines[3] == "=" * (len(lines[2]) - 2)
             assert lines[-1] == ""  # ends with exactly one newline
-            for line in lines[3:-1]:
+            for line in lines[4:-1]:
                 assert line[:46].rstrip() and line[46] != " "
                 assert len(line[:46]) == 46
 
@@ -103,14 +124,14 @@ class TestFormatBlock:
     )
     def test_rate_and_length_two_decimals(self, counts, rate, length):
         lines = format_block("h:1", ok(counts)).splitlines()
-        assert lines[3] == f"{'Acceptance rate (%)':<46}{rate}"
-        assert lines[4] == f"{'Acceptance length':<46}{length}"
+        assert lines[4] == f"{'Acceptance rate (%)':<46}{rate}"
+        assert lines[5] == f"{'Acceptance length':<46}{length}"
 
     def test_v0_without_drafts_shows_rate_and_na_length(self):
         lines = format_block("h:1", ok(Counts(0, 8, 4))).splitlines()
-        assert lines[3] == f"{'Acceptance rate (%)':<46}50.00"
-        assert lines[4] == f"{'Acceptance length':<46}N/A"
-        assert lines[8] == f"{'Per-position acceptance rates':<46}{{}}"
+        assert lines[4] == f"{'Acceptance rate (%)':<46}50.00"
+        assert lines[5] == f"{'Acceptance length':<46}N/A"
+        assert lines[9] == f"{'Per-position acceptance rates':<46}{{}}"
 
 
 class TestFormatWindow:

@@ -366,8 +366,8 @@ class TestMixedK:
 
 def _block(label: str, rows: list[tuple[str, str]]) -> str:
     title = f"========== Speculative Decoding Metrics  [{label}] =========="
-    rule = "=" * (len(title) - 1)
-    return "\n".join([rule, title, rule] + [f"{n:<46}{v}" for n, v in rows]) + "\n"
+    rule = "=" * (len(title) - 2)
+    return "\n".join(["", rule, title, rule] + [f"{n:<46}{v}" for n, v in rows]) + "\n"
 
 
 class TestConsoleCaveats:
@@ -411,7 +411,7 @@ class TestConsoleCaveats:
         result = answer["results"]["a"]
         assert result["data"]["num_drafts"] == 20 and result["resets"] == 1
         lines = format_window(answer).splitlines()
-        assert lines[9:] == [
+        assert lines[10:] == [
             "Target: a",  # the config's name, where it differs from the block's host:port
             "Note: server restart seen 1 time(s) inside the window; the increase before and "
             "after each restart is counted",
