@@ -1,312 +1,48 @@
-"""A stopped window's RESULTs: per target and aggregate, in AISBench's format plus our extras.
+"""A stopped window's RESULTs (`result.Result`): per target and aggregate, made from its
+accumulators, errors and removals; its whole stop answer and its per-scrape series.
 
-Pure: no I/O, no aiohttp, no pydantic, so the stdlib-only client merges shards' answers with
-the same `aggregate` the exporter uses.
+Pure: no I/O. The answer's advice is the caller's (`Advisor`): it is analysis, above this.
 """
 
 from __future__ import annotations
 
-import re
-import zlib
-from collections import Counter
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from enum import StrEnum
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from exporter.core.anomaly import AnomalyTally
 from exporter.core.counting import Accumulator
-from exporter.analysis.advise import result_advice, window_advice
-from exporter.core.derive import acceptance_length, acceptance_ratio, has_activity, result_data
-from exporter.core.dialects import SGLANG_LENGTH, SGLANG_RATE, dialect_note, is_estimate
+from exporter.core.derive import acceptance_length, acceptance_ratio, has_activity
+from exporter.core.dialects import SGLANG_LENGTH, dialect_note, is_estimate
 from exporter.core.isotime import iso_utc, with_iso_times
-from exporter.core.snapshot import Counts, integral, sum_counts
+from exporter.core.result import (
+    NO_ACTIVITY,
+    NO_METRICS,
+    NO_USABLE_SPAN,
+    Coverage,
+    Result,
+    Status,
+    aggregate,
+    fetch_error,
+    result_file_name,
+    result_file_names,
+)
+from exporter.core.snapshot import Counts
 from exporter.core.window import TargetRef, Window
 
-NO_METRICS = "No spec decode metrics found on server"
-NO_ACTIVITY = "No spec decode activity detected during benchmark window"
-NO_USABLE_SPAN = "No span of the window with every spec decode counter usable"
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-PER_POSITION_NOTE = (
-    "position i is over the drafts of the targets that draft position i (those with a series "
-    "for it): per_position_drafts"
-)
+# Read here by modules written before `result` was split off.
+__all__ = ["NO_ACTIVITY", "AnswerParts", "Advisor", "Result", "Status", "aggregate",
+           "result_file_name", "result_file_names", "target_result", "window_answer",
+           "window_series"]
 
 
-class Status(StrEnum):
-    """A RESULT's `status`, as AISBench writes it."""
+class Advisor(Protocol):
+    """Advice for a stop answer (`analysis.advise`): a RESULT's, and the whole answer's from
+    the RESULTs' made already."""
 
-    OK = "ok"
-    NA = "na"
+    def result(self, body: Mapping[str, Any]) -> dict[str, Any] | None: ...
 
-
-class Coverage(StrEnum):
-    """Whether the numbers cover the whole window or only a span of it."""
-
-    FULL = "full"
-    PARTIAL = "partial"
-
-
-def result_file_name(label: str, suffix: str = "") -> str:
-    """`spec_decode_` + the label with every character outside [A-Za-z0-9._-] made `_`.
-
-    As AISBench names its files: `10.0.0.1:8080` -> `spec_decode_10.0.0.1_8080.json`,
-    `[::1]:8080` -> `spec_decode____1__8080.json`. A `suffix` is added after `__`; one over
-    64 characters is cut to 55 and `-<crc32 of it>` (a file name has 255 bytes at most).
-    """
-    safe = _UNSAFE.sub("_", suffix)
-    if len(safe) > 64:
-        safe = f"{safe[:55]}-{zlib.crc32(suffix.encode()):08x}"
-    return f"spec_decode_{_UNSAFE.sub('_', label)}{'__' + safe if safe else ''}.json"
-
-
-def result_file_names(results: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """Each target's file name: AISBench's when unique, else with the target name as suffix.
-
-    Two targets on one host:port (different paths) would write the same file; then each of
-    them is `spec_decode_<label>__<target name>.json` (names that still collide once made
-    safe also get `-<crc32 of the name>`), so none overwrites another.
-    """
-    plain = {t: result_file_name(str(r.get("host_port") or t)) for t, r in results.items()}
-    counts = Counter(plain.values())
-    named = {
-        t: result_file_name(str(results[t].get("host_port") or t), t) if counts[n] > 1 else n
-        for t, n in plain.items()
-    }
-    again = Counter(named.values())
-    return {
-        t: n[: -len(".json")] + f"-{zlib.crc32(t.encode()):08x}.json" if again[n] > 1 else n
-        for t, n in named.items()
-    }
-
-
-def fetch_error(url: str, reason: str, when: str) -> str:
-    """AISBench's fetch error, saying whether it was the window's start or its stop."""
-    return f"Failed to fetch metrics from {url} at window {when}: {reason}"
-
-
-@dataclass(frozen=True)
-class Result:
-    """One RESULT (a target's, or the aggregate when `url` is None and `targets` is set).
-
-    `data` is derived from `increase` (or from `gauge_means` for an estimate); `to_json` is
-    the file and API form, `from_json` reads it back (a shard's answer, an older file).
-    """
-
-    status: Status
-    url: str | None
-    error: str | None = None
-    increase: Counts | None = None
-    before: Counts | None = None
-    after: Counts | None = None
-    per_model: Mapping[str, Counts] = field(default_factory=dict)
-    gauge_means: Mapping[str, float] | None = None  # set: an estimate from interval gauges
-    coverage: Coverage | None = None
-    coverage_note: str | None = None
-    reset_note: str | None = None
-    anomaly_note: str | None = None
-    target: str | None = None
-    host_port: str | None = None
-    targets: tuple[str, ...] | None = None  # the aggregate's summed targets
-    model_names: tuple[str, ...] = ()
-    engines: int = 0
-    dialect: str | None = None
-    dialect_note: str | None = None
-    resets: int = 0
-    scrapes: int | None = None
-    first_scrape_at: float | None = None
-    last_scrape_at: float | None = None
-    increase_until_removed: Counts | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Numbers to report."""
-        return self.status is Status.OK
-
-    @property
-    def summable(self) -> bool:
-        """Exact counts an aggregate can add (an estimate's gauge means cannot be)."""
-        return self.ok and self.increase is not None and self.gauge_means is None
-
-    def data(self) -> dict[str, Any] | None:
-        """AISBench's `data`: full precision, rounded only where displayed."""
-        if not self.ok:
-            return None
-        if self.gauge_means is not None:
-            means = self.gauge_means
-            return {
-                "num_drafts": None, "draft_tokens": None, "accepted_tokens": None,
-                "acceptance_rate": 100 * means[SGLANG_RATE] if SGLANG_RATE in means else None,
-                "acceptance_length": means.get(SGLANG_LENGTH),
-                "per_position_acceptance_rates": {},
-            }
-        return result_data(self.increase or Counts())
-
-    def to_json(self, *, iso_times: bool = False) -> dict[str, Any]:
-        """The RESULT as the API answers it and the file holds it: AISBench's keys first.
-
-        `iso_times`: each `..._at` time with its `..._at_iso` beside it, as in a stop answer.
-        """
-        # Keys set one by one, in the order of the file format (merging small dicts into it
-        # cost a fifth of this, run for each of 1000 targets at a stop).
-        counted = self.ok and self.increase is not None
-        body: dict[str, Any] = {
-            "status": self.status.value,
-            "url": self.url,
-            "error": self.error,
-            "data": self.data(),
-            "raw": {"before": _raw(self.before), "after": _raw(self.after)},
-        }
-        if counted:
-            body["increase"] = _raw(self.increase)
-        if self.targets is not None:
-            body["targets"] = list(self.targets)
-        else:
-            body["target"] = self.target
-            body["host_port"] = self.host_port
-        body["model_names"] = list(self.model_names)
-        body["engines"] = self.engines
-        if self.targets is None:
-            body["dialect"] = self.dialect
-            body["scrapes"] = self.scrapes
-            # With `iso_times`, where `with_iso_times` would put them, without walking the
-            # whole answer after it (a fifth of a second over 1000 results).
-            body["first_scrape_at"] = self.first_scrape_at
-            if iso_times:
-                body["first_scrape_at_iso"] = _iso(self.first_scrape_at)
-            body["last_scrape_at"] = self.last_scrape_at
-            if iso_times:
-                body["last_scrape_at_iso"] = _iso(self.last_scrape_at)
-        body["resets"] = self.resets
-        if self.dialect_note is not None:
-            body["dialect_note"] = self.dialect_note
-        if self.reset_note is not None:
-            body["reset_note"] = self.reset_note
-        if self.anomaly_note is not None:
-            body["anomaly_note"] = self.anomaly_note
-        if self.increase_until_removed is not None:
-            body["increase_until_removed"] = self.increase_until_removed.as_raw()
-        if self.gauge_means is not None:
-            body["estimate"] = True
-            body["gauge_means"] = dict(self.gauge_means)
-        if self.coverage is not None:
-            body["coverage"] = self.coverage.value
-            body["coverage_note"] = self.coverage_note
-        if counted:
-            body["per_model"] = {
-                model: self._model_part(counts, body)
-                for model, counts in sorted(self.per_model.items()) if has_activity(counts)
-            }
-            if self.targets is not None:
-                increase = self.increase or Counts()
-                body["per_position_drafts"] = {
-                    str(p): integral(increase.drafts_at(p)) for p in sorted(increase.per_position)
-                }
-                body["per_position_note"] = PER_POSITION_NOTE
-        return body
-
-    def _model_part(self, counts: Counts, body: Mapping[str, Any]) -> dict[str, Any]:
-        """One model's `data` and `increase`; the target's own, copied, when it serves one
-        model only (the usual case: the same numbers, not computed twice)."""
-        if (counts is self.increase or counts == self.increase) and self.gauge_means is None:
-            data: dict[str, Any] = body["data"]
-            return data | {
-                "per_position_acceptance_rates": dict(data["per_position_acceptance_rates"]),
-                "increase": _copy_raw(body["increase"]),
-            }
-        return result_data(counts) | {"increase": counts.as_raw()}
-
-    @classmethod
-    def from_json(cls, body: Mapping[str, Any]) -> Result:
-        """Read a RESULT back (a shard's answer); keys it lacks keep their defaults."""
-        raw = body.get("raw") or {}
-        per_model = {
-            model: Counts.from_raw(entry["increase"])
-            for model, entry in (body.get("per_model") or {}).items()
-            if isinstance(entry, Mapping) and entry.get("increase")
-        }
-        coverage = body.get("coverage")
-        return cls(
-            status=Status(body.get("status", Status.NA)),
-            url=body.get("url"),
-            error=body.get("error"),
-            increase=_counts(body.get("increase")),
-            before=_counts(raw.get("before")),
-            after=_counts(raw.get("after")),
-            per_model=per_model,
-            gauge_means=body.get("gauge_means") if body.get("estimate") else None,
-            coverage=Coverage(coverage) if coverage else None,
-            coverage_note=body.get("coverage_note"),
-            reset_note=body.get("reset_note"),
-            anomaly_note=body.get("anomaly_note"),
-            target=body.get("target"),
-            host_port=body.get("host_port"),
-            targets=tuple(body["targets"]) if "targets" in body else None,
-            model_names=tuple(body.get("model_names") or ()),
-            engines=body.get("engines") or 0,
-            dialect=body.get("dialect"),
-            dialect_note=body.get("dialect_note"),
-            resets=body.get("resets") or 0,
-            scrapes=body.get("scrapes"),
-            first_scrape_at=body.get("first_scrape_at"),
-            last_scrape_at=body.get("last_scrape_at"),
-            increase_until_removed=_counts(body.get("increase_until_removed")),
-        )
-
-
-def _copy_raw(raw: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-
-
-def _iso(at: float | None) -> str | None:
-    return iso_utc(at) if at is not None else None
-
-
-def _raw(counts: Counts | None) -> dict[str, Any] | None:
-    return counts.as_raw() if counts is not None else None
-
-
-def _counts(raw: object) -> Counts | None:
-    return Counts.from_raw(raw) if isinstance(raw, Mapping) else None
-
-
-_NONE = Counts()  # what a RESULT without counts adds
-
-
-def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
-    """All targets with exact counts summed, then divided (never an average of ratios).
-
-    The one aggregate: the exporter's stop answer and the client's merge of shards' answers
-    both use it. Estimates (SGLang's gauge means) cannot be summed with counts: they stay out.
-    """
-    used = [(name, r) for name, r in results if r.summable]
-    total = sum_counts(r.increase or _NONE for _, r in used)
-    before = sum_counts(r.before or _NONE for _, r in used)
-    after = sum_counts(r.after or _NONE for _, r in used)
-    models: dict[str, list[Counts]] = {}
-    for _, result in used:
-        for model, counts in result.per_model.items():
-            models.setdefault(model, []).append(counts)
-    per_model = {model: sum_counts(parts) for model, parts in models.items()}
-    partial = [name for name, r in used if r.coverage is Coverage.PARTIAL]
-    base = Result(
-        status=Status.NA, url=None, error=NO_ACTIVITY,
-        targets=tuple(name for name, _ in used),
-        resets=sum(r.resets for _, r in used),
-        engines=sum(r.engines for _, r in used),
-        model_names=tuple(sorted({m for _, r in used for m in r.model_names} | set(per_model))),
-    )
-    if not used or not has_activity(total):
-        return base
-    return replace(
-        base, status=Status.OK, error=None, increase=total, before=before, after=after,
-        per_model=per_model,
-        coverage=Coverage.PARTIAL if partial else Coverage.FULL,
-        coverage_note=(
-            f"partial: includes targets whose numbers cover part of the window: "
-            f"{', '.join(partial)}" if partial else None
-        ),
-    )
+    def window(self, answer: Mapping[str, Any],
+               made: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]: ...
 
 
 def target_result(window: Window, name: str) -> Result:
@@ -469,9 +205,9 @@ def _anomaly_inside_note(tally: AnomalyTally) -> str | None:
     )
 
 
-def window_answer(window: Window) -> dict[str, Any]:
-    """The whole stop answer of a stopped window, as JSON."""
-    return AnswerParts(window).answer()
+def window_answer(window: Window, advisor: Advisor | None = None) -> dict[str, Any]:
+    """The whole stop answer of a stopped window, as JSON; with `advice` given an `advisor`."""
+    return AnswerParts(window, advisor).answer()
 
 
 _Made = tuple[tuple[Any, ...], float | None, Result, dict[str, Any], dict[str, Any] | None]
@@ -488,8 +224,9 @@ class AnswerParts:
     partial RESULT's coverage note names. The answer is the same as made in one go.
     """
 
-    def __init__(self, window: Window):
+    def __init__(self, window: Window, advisor: Advisor | None = None):
         self.window = window
+        self.advisor = advisor
         self._made: dict[str, _Made] = {}
 
     def _inputs(self, name: str) -> tuple[Any, ...]:
@@ -509,7 +246,7 @@ class AnswerParts:
             return made[2], made[3], made[4]
         result = target_result(self.window, name)
         body = result.to_json(iso_times=True)
-        advice = result_advice(body)
+        advice = None if self.advisor is None else self.advisor.result(body)
         self._made[name] = (inputs, self.window.stopped_at, result, body, advice)
         return result, body, advice
 
@@ -525,7 +262,8 @@ class AnswerParts:
             "aggregate": aggregate((name, m[0]) for name, m in made.items()).to_json(
                 iso_times=True),
         }
-        answer["advice"] = window_advice(answer, made={name: m[2] for name, m in made.items()})
+        if self.advisor is not None:
+            answer["advice"] = self.advisor.window(answer, {name: m[2] for name, m in made.items()})
         return answer
 
 

@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from exporter.state.answertext import AnswerTexts, StopTexts, TextParts
-from exporter.server.isolate import Staged, leave_to_exit
+from exporter.analysis.advise import result_advice, window_advice
 from exporter.core.results import AnswerParts, window_answer
+from exporter.server.isolate import Staged, leave_to_exit
+from exporter.state.answertext import AnswerTexts, StopTexts, TextParts
 from exporter.core.snapshot import (
     Field,
     ScrapeResult,
@@ -37,6 +38,20 @@ from exporter.core.window import Window
 # stop is under way (before that target's stop scrape), and the stop's end (its time, and the
 # window's removed targets).
 FINAL, FEED, END = "final", "feed", "end"
+
+
+class Advice:
+    """A stop answer's advice (`results.Advisor`), with the advisor's default draft costs."""
+
+    def result(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        return result_advice(body)
+
+    def window(self, answer: Mapping[str, Any],
+               made: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
+        return window_advice(answer, made=made)
+
+
+ADVICE = Advice()
 
 _Packed = tuple[Any, ...]
 _Shape = tuple[tuple[SeriesKey, ...], int]  # a page's keys in order, and their number
@@ -116,7 +131,7 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
     """
 
     def work(inbox: Iterator[Any]) -> Staged:
-        codec, parts, texts = ResultCodec(), AnswerParts(window), TextParts(file_names)
+        codec, parts, texts = ResultCodec(), AnswerParts(window, ADVICE), TextParts(file_names)
         files = PreparedFiles(directory)
         try:
             ended = False
@@ -165,7 +180,7 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
 def whole_answer(window: Window, directory: Path) -> Staged:
     """A stopped window's answer made, written and encoded in one go (the parent's window,
     every scrape in): where there is no child. `StoreError` if its files cannot be written."""
-    answer = window_answer(window)
+    answer = window_answer(window, ADVICE)
     texts = AnswerTexts.of(answer)
     write_results(directory, texts, sync=False)
     done = _stop_texts(window, answer, texts.compact)
