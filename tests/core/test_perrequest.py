@@ -1,0 +1,113 @@
+"""Tests of the per-request figures: reading vLLM's object from a body or a stream, summing them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exporter.core.perrequest import (
+    NO_STATS_REASON, PerRequest, RequestStats, coverage, from_json, from_sse,
+    per_position_accepted, summarize)
+
+SPEC = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6,
+        "num_spec_tokens": 3, "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5,
+        "acceptance_histogram": [1, 1, 1, 1]}
+
+
+def _stats(spec: dict[str, object] | None, rid: str = "r") -> RequestStats:
+    return RequestStats(rid, "m", 3, 10, spec)
+
+
+class TestReading:
+    def test_a_json_body_gives_id_model_usage_and_the_object(self) -> None:
+        body = {"id": "cmpl-1", "model": "m", "usage": {"prompt_tokens": 2,
+                                                          "completion_tokens": 10},
+                "metrics": {"speculative_decoding": SPEC}}
+        stats = from_json(json.dumps(body).encode())
+        assert stats == RequestStats("cmpl-1", "m", 2, 10, SPEC)
+
+    def test_a_stream_takes_the_object_from_whichever_chunk_carries_it(self) -> None:
+        chunks = [{"id": "c", "model": "m", "choices": []},
+                  {"id": "c", "choices": [], "metrics": {"speculative_decoding": SPEC}},
+                  {"id": "c", "choices": [], "usage": {"prompt_tokens": 1,
+                                                       "completion_tokens": 5}}]
+        text = b"".join(b"data: " + json.dumps(c).encode() + b"\r\n\r\n" for c in chunks)
+        stats = from_sse(text + b": comment\n\ndata: [DONE]\n\n")
+        assert stats == RequestStats("c", "m", 1, 5, SPEC)
+
+    @pytest.mark.parametrize("body", [b"not json", b"[1]", b"\xff"])
+    def test_a_body_that_is_no_answer_object_reads_as_none(self, body: bytes) -> None:
+        assert from_json(body) is None
+
+    def test_a_stream_with_no_json_event_reads_as_none(self) -> None:
+        assert from_sse(b"data: {broken\n\ndata: [DONE]\n\n") is None
+
+    @pytest.mark.parametrize("bad", [{"num_spec_steps": -1}, {"num_draft_tokens": True},
+                                     {"acceptance_histogram": [1, "x"]},
+                                     {"acceptance_histogram": None}])
+    def test_an_object_with_unsound_counts_is_left_out(self, bad: dict[str, object]) -> None:
+        body = {"id": "x", "metrics": {"speculative_decoding": SPEC | bad}}
+        stats = from_json(json.dumps(body).encode())
+        assert stats is not None and stats.spec is None
+
+
+class TestPerRequest:
+    def test_sums_histogram_and_per_position_rates(self) -> None:
+        acc = PerRequest()
+        acc.record(_stats(SPEC))
+        acc.record(_stats(SPEC | {"num_spec_steps": 2, "num_draft_tokens": 6,
+                                  "num_accepted_draft_tokens": 6,
+                                  "acceptance_histogram": [0, 0, 0, 2]}))
+        block = acc.answer()
+        assert block["requests"] == 2 and block["with_stats"] == 2 and block["reason"] is None
+        assert block["num_spec_steps"] == 6 and block["num_accepted_draft_tokens"] == 12
+        assert block["acceptance_histogram"] == [1, 1, 1, 3]
+        assert block["per_position_acceptance_rates"] == {"0": 5 / 6, "1": 4 / 6, "2": 3 / 6}
+        assert block["acceptance_length"]["min"] == 2.5
+        assert block["acceptance_length"]["max"] == 4.0
+        assert block["draft_acceptance_rate"]["mean"] == 0.75
+
+    def test_requests_without_the_object_say_how_to_start_vllm(self) -> None:
+        acc = PerRequest()
+        acc.record(_stats(None))
+        acc.record(None)
+        block = acc.answer()
+        assert (block["without_stats"], block["unreadable"]) == (1, 1)
+        assert block["reason"] == NO_STATS_REASON
+        assert block["acceptance_length"] is None and block["per_position_acceptance_rates"] == {}
+
+    def test_lowest_keeps_the_ten_lowest_lengths(self) -> None:
+        acc = PerRequest()
+        for n in range(15):
+            acc.record(_stats(SPEC | {"num_accepted_draft_tokens": n}, rid=str(n)))
+        other = PerRequest()
+        other.record(_stats(SPEC | {"num_accepted_draft_tokens": 0, "num_draft_tokens": 0},
+                            rid="z"))
+        acc.merge(other)
+        lowest = acc.answer()["lowest"]
+        assert [r["request_id"] for r in lowest] == ["0", "z"] + [str(n) for n in range(1, 9)]
+        assert acc.requests == 16 and len(acc.rates) == 15
+
+    def test_covers_all_when_the_sums_equal_the_counters_increase(self) -> None:
+        acc = PerRequest()
+        acc.record(_stats(SPEC))
+        same = {"num_drafts": 4, "draft_tokens": 12, "accepted_tokens": 6}
+        assert acc.answer(same)["covers_all"] is True
+        half = coverage(acc.sums, same | {"num_drafts": 8})
+        assert half == {"covers_all": False, "share_of_drafts": 0.5}
+        assert coverage(acc.sums, {})["share_of_drafts"] is None
+
+
+class TestMath:
+    def test_summarize_interpolates_quantiles(self) -> None:
+        got = summarize([float(v) for v in range(1, 22)])
+        assert got == {"mean": 11.0, "min": 1.0, "p5": 2.0, "p50": 11.0, "p95": 20.0,
+                       "max": 21.0}
+        assert summarize([]) is None
+        assert summarize([3.0]) == dict.fromkeys(("mean", "min", "p5", "p50", "p95", "max"), 3.0)
+
+    @pytest.mark.parametrize(("hist", "per_pos"), [([], []), ([5], []), ([1, 2, 3], [5, 3])])
+    def test_per_position_accepted_counts_steps_beyond_each_position(
+            self, hist: list[int], per_pos: list[int]) -> None:
+        assert per_position_accepted(hist) == per_pos

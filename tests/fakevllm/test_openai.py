@@ -1,0 +1,49 @@
+"""Tests of fake-vllm's per-request spec-decode object, against its own counters."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from exporter.fakevllm import FakeServer, make_fake_app
+from exporter.fakevllm.openai import spec_decode_object
+
+
+class TestSpecDecodeObject:
+    def test_the_histogram_counts_steps_by_accepted_tokens(self) -> None:
+        obj = spec_decode_object([(3, 0), (3, 3), (3, 1), (3, 3)], 3, detailed=True)
+        assert obj["acceptance_histogram"] == [1, 1, 0, 2]
+        assert (obj["num_spec_steps"], obj["num_draft_tokens"],
+                obj["num_accepted_draft_tokens"]) == (4, 12, 7)
+        assert obj["mean_acceptance_length"] == 1 + 7 / 4
+        assert obj["draft_acceptance_rate"] == 7 / 12
+        assert obj["steps"][1] == {"num_draft_tokens": 3, "num_accepted_tokens": 3}
+        assert "steps" not in spec_decode_object([], 2, detailed=False)
+
+
+@pytest.mark.parametrize("mode", ["summary", "detailed", ""])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_answers_carry_the_object_and_it_adds_to_the_counters(
+        aiohttp_client: object, mode: str, stream: bool) -> None:
+    fake = FakeServer(k=3, per_request_metrics=mode)
+    client: TestClient[object, object] = await aiohttp_client(make_fake_app(fake))  # type: ignore[operator]
+    resp = await client.post("/v1/completions",
+                             json={"prompt": "x", "max_tokens": 30, "stream": stream})
+    text = await resp.text()
+    bodies = ([json.loads(e[6:]) for e in text.split("\n\n") if e.startswith("data: {")]
+              if stream else [json.loads(text)])
+    carried = [b["metrics"]["speculative_decoding"] for b in bodies if "metrics" in b]
+    if not mode:
+        assert carried == []
+        return
+    assert len(carried) == 1
+    if stream:  # the finishing chunk carries it
+        assert next(b for b in bodies if "metrics" in b)["choices"][0]["finish_reason"]
+    obj = carried[0]
+    totals = fake.totals()
+    assert obj["num_spec_steps"] == totals["num_drafts"]
+    assert obj["num_accepted_draft_tokens"] == totals["num_accepted_tokens"]
+    assert obj["num_spec_steps"] + obj["num_accepted_draft_tokens"] == 30
+    assert ("steps" in obj) == (mode == "detailed")

@@ -1,0 +1,175 @@
+"""Tests of the recording proxy: real clients through it to a real fake-vllm, bytes unchanged."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from exporter.core.perrequest import PerRequest, RequestStats, per_position_accepted
+from exporter.fakevllm import FakeServer, make_fake_app
+from exporter.web.proxy import Upstream, proxy_app
+
+
+class Rig:
+    """fake-vllm, a proxy in front of it, and what the proxy recorded."""
+
+    def __init__(self, fake: FakeServer, upstream: TestServer, proxy: TestServer,
+                 recorded: PerRequest) -> None:
+        self.fake, self.upstream, self.proxy, self.recorded = fake, upstream, proxy, recorded
+
+    def url(self, server: TestServer, path: str = "") -> str:
+        return str(server.make_url(path))
+
+
+async def _rig(fake: FakeServer, upstream_app: web.Application,
+               parse_limit: int = 1 << 20) -> AsyncIterator[Rig]:
+    recorded = PerRequest()
+
+    def record(target: str, stats: RequestStats | None) -> None:
+        assert target == "t"
+        recorded.record(stats)
+
+    upstream = TestServer(upstream_app)
+    await upstream.start_server()
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        origin = str(upstream.make_url("")).rstrip("/")
+        proxy = TestServer(proxy_app(Upstream("t", origin, record), session, parse_limit))
+        await proxy.start_server()
+        yield Rig(fake, upstream, proxy, recorded)
+        await proxy.close()
+    await upstream.close()
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    fake = FakeServer(k=4, acceptance=0.7, per_request_metrics="summary")
+    async for r in _rig(fake, make_fake_app(fake)):
+        yield r
+
+
+class TestRecordingProxy:
+    async def test_openai_client_requests_are_all_recorded_and_match_the_counters(
+            self, rig: Rig) -> None:
+        client = openai.AsyncOpenAI(base_url=rig.url(rig.proxy, "/v1"), api_key="x")
+        for stream in (False, True):
+            chat = await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi there"}], max_tokens=40,
+                stream=stream)
+            if stream:
+                async for _ in chat:  # type: ignore[union-attr]
+                    pass
+            comp = await client.completions.create(model="m", prompt="a b c", max_tokens=33,
+                                                   stream=stream)
+            if stream:
+                async for _ in comp:  # type: ignore[union-attr]
+                    pass
+        await client.close()
+        totals = rig.fake.totals()
+        block = rig.recorded.answer({"num_drafts": totals["num_drafts"],
+                                     "draft_tokens": totals["num_draft_tokens"],
+                                     "accepted_tokens": totals["num_accepted_tokens"]})
+        assert block["requests"] == 4 and block["with_stats"] == 4
+        assert block["num_spec_steps"] == totals["num_drafts"] > 0
+        assert block["num_accepted_draft_tokens"] == totals["num_accepted_tokens"]
+        assert block["covers_all"] is True
+        assert per_position_accepted(block["acceptance_histogram"]) == list(
+            totals["accepted_per_pos"].values())
+
+    @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+    async def test_a_proxied_stream_has_the_direct_streams_bytes(self, rig: Rig,
+                                                               path: str) -> None:
+        body: dict[str, object] = {"model": "m", "max_tokens": 25, "stream": True,
+                                   "stream_options": {"include_usage": True}}
+        body |= ({"messages": [{"role": "user", "content": "x"}]} if "chat" in path
+                 else {"prompt": "x"})
+        async with aiohttp.ClientSession() as s:
+            async with s.post(rig.url(rig.upstream, path), json=body) as r:
+                direct = await r.read()
+        assert direct.count(b"speculative_decoding") == 1
+        events = [e + b"\n\n" for e in direct.split(b"\n\n") if e]
+
+        # The same stream again, event by event, from a server that answers it verbatim.
+        async def replay(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            for event in events:
+                await response.write(event)
+            await response.write_eof()
+            return response
+
+        app = web.Application()
+        app.router.add_post(path, replay)
+        async for again in _rig(FakeServer(), app):
+            async with aiohttp.ClientSession() as s:
+                async with s.post(rig.url(again.upstream, path), json=body) as r:
+                    assert await r.read() == direct
+                async with s.post(rig.url(again.proxy, path), json=body) as r:
+                    assert r.headers["Content-Type"] == "text/event-stream"
+                    assert await r.read() == direct
+            assert again.recorded.answer()["with_stats"] == 1
+
+    async def test_without_per_request_metrics_the_reason_says_how_to_start_vllm(self) -> None:
+        fake = FakeServer()
+        async for rig in _rig(fake, make_fake_app(fake)):
+            async with aiohttp.ClientSession() as s:
+                async with s.post(rig.url(rig.proxy, "/v1/completions"),
+                                  json={"prompt": "x"}) as r:
+                    assert r.status == 200
+            block = rig.recorded.answer()
+            assert block["without_stats"] == 1 and "--per-request-spec-decode-metrics" in (
+                block["reason"])
+
+    async def test_upstream_errors_and_other_paths_pass_through_unrecorded(self,
+                                                                           rig: Rig) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.post(rig.url(rig.proxy, "/v1/completions"), data=b"{not json") as r:
+                assert r.status == 400 and "error" in await r.json()
+            async with s.get(rig.url(rig.proxy, "/v1/models?x=1")) as r:
+                assert r.status == 200 and (await r.json())["data"][0]["id"]
+            async with s.get(rig.url(rig.proxy, "/nowhere")) as r:
+                assert r.status == 404
+        # The refused completion was proxied and is not an OpenAI answer with figures.
+        assert rig.recorded.requests == 1 and rig.recorded.answer()["with_stats"] == 0
+
+    async def test_a_huge_answer_is_relayed_whole_and_counted_unreadable(self) -> None:
+        huge = b"x" * 300_000
+
+        async def big(request: web.Request) -> web.Response:
+            return web.Response(body=huge, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", big)
+        async for rig in _rig(FakeServer(), app, parse_limit=100_000):
+            async with aiohttp.ClientSession() as s:
+                async with s.post(rig.url(rig.proxy, "/v1/completions"), json={}) as r:
+                    assert await r.read() == huge
+            assert rig.recorded.requests == 1 and rig.recorded.unreadable == 1
+
+    async def test_a_malformed_answer_is_relayed_and_counted_unreadable(self) -> None:
+        async def bad(request: web.Request) -> web.Response:
+            return web.Response(body=b"\xff[broken", content_type="application/json")
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", bad)
+        async for rig in _rig(FakeServer(), app):
+            async with aiohttp.ClientSession() as s:
+                async with s.post(rig.url(rig.proxy, "/v1/chat/completions"), json={}) as r:
+                    assert await r.read() == b"\xff[broken"
+            assert rig.recorded.unreadable == 1
+
+    async def test_an_unreachable_upstream_answers_502(self) -> None:
+        recorded = PerRequest()
+        async with aiohttp.ClientSession() as session:
+            proxy = TestServer(proxy_app(Upstream("t", "http://127.0.0.1:1",
+                                                  lambda t, s: recorded.record(s)), session))
+            await proxy.start_server()
+            async with aiohttp.ClientSession() as s:
+                async with s.post(str(proxy.make_url("/v1/completions")), json={}) as r:
+                    assert r.status == 502 and "upstream" in (await r.json())["error"]
+            await proxy.close()
+        assert recorded.requests == 0
