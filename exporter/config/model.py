@@ -106,6 +106,12 @@ class AuthConfig(_Strict):
     token_env: str = "SPECDEC_TOKEN"
 
 
+class ProxyConfig(_Strict):
+    """The recording proxy's own port for one target: clients point there instead of at vLLM."""
+
+    listen: str  # HOST:PORT
+
+
 class TargetConfig(_Strict):
     """One server to scrape: `url`, or `host` + `port` (AISBench's `host_ip`/`host_port` too)."""
 
@@ -137,6 +143,9 @@ class TargetConfig(_Strict):
     # `none` for loopback/LAN targets: inflating ~100 KB of gzip costs more CPU than the
     # bytes it saves on a fast link.
     compression: Literal["gzip", "none"] = "gzip"
+    # The recording proxy: `proxy.listen` forwards to `api_url`, default the metrics URL's origin.
+    proxy: ProxyConfig | None = None
+    api_url: str | None = None
 
     @model_validator(mode="before")
     @classmethod
