@@ -47,6 +47,12 @@ class Sample:
     rates: tuple[float, ...]  # per position, in order
     acceptance_rate: float | None  # percent
     acceptance_length: float | None
+    # The drafts behind each position where they differ from `drafts` (parts of mixed k).
+    position_drafts: tuple[float, ...] = ()
+
+    def drafts_at(self, pos: int) -> float | None:
+        """The drafts position `pos`'s rate is over."""
+        return self.position_drafts[pos] if self.position_drafts else self.drafts
 
 
 def sample(result: Mapping[str, Any] | None) -> Sample | None:
@@ -56,15 +62,18 @@ def sample(result: Mapping[str, Any] | None) -> Sample | None:
     data = result["data"]
     increase = result.get("increase")
     if increase and increase.get("num_drafts", 0) > 0:
-        # Our files keep the exact counts; `data` may be rounded.
-        drafts = float(increase["num_drafts"])
-        draft_tokens = float(increase.get("num_draft_tokens", 0))
-        accepted = float(increase.get("num_accepted_tokens", 0))
+        # Our files keep the exact counts; `data` may be rounded. Position i is over the drafts
+        # of the parts that draft it (an aggregate over mixed k), as `Counts` says.
+        counts = Counts.from_raw(increase)
+        positions = sorted(counts.per_position)
         rates = rates_from_mapping(
-            {p: v / drafts for p, v in (increase.get("accepted_per_pos") or {}).items()})
-        return Sample(drafts, draft_tokens, accepted, tuple(rates),
-                      100 * accepted / draft_tokens if draft_tokens > 0 else None,
-                      1 + accepted / drafts)
+            {p: counts.per_position[p] / counts.drafts_at(p) for p in positions})
+        behind = tuple(counts.position_drafts.get(p, counts.drafts)
+                       for p in range(len(rates))) if counts.position_drafts else ()
+        return Sample(counts.drafts, counts.draft_tokens, counts.accepted, tuple(rates),
+                      100 * counts.accepted / counts.draft_tokens
+                      if counts.draft_tokens > 0 else None,
+                      1 + counts.accepted / counts.drafts, behind)
     return Sample(
         _number(data.get("num_drafts")),
         _number(data.get("draft_tokens")),
@@ -131,7 +140,8 @@ def metric_estimates(s: Sample) -> tuple[dict[str, Estimate], list[str]]:
     if length is not None:
         estimates[LENGTH] = length
     for i, rate in enumerate(s.rates):
-        interval = wilson(rate * s.drafts, s.drafts) if s.drafts else None
+        behind = s.drafts_at(i)
+        interval = wilson(rate * behind, behind) if behind else None
         estimates[f"position_{i}"] = interval or Estimate(rate)
     return estimates, notes
 
@@ -279,6 +289,9 @@ def summed_result(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | 
     """
     counted = []
     for name, result in results.items():
+        if result.get("status") == Status.OK and isinstance(result.get("increase"), Mapping):
+            counted.append((name, Result.from_json(result)))  # our own file: exact counts
+            continue
         s = sample(result)
         if s is None or not s.drafts or s.draft_tokens is None or s.accepted is None:
             continue

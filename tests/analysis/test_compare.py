@@ -197,3 +197,54 @@ class TestOddInputs:
         assert total["data"]["per_position_acceptance_rates"] == pytest.approx(
             {"0": (80 + 45) / 150, "1": (40 + 30) / 150, "2": 0.4, "3": 0.2})
         assert total["per_position_drafts"] == {"0": 150, "1": 150, "2": 50, "3": 50}
+
+
+class TestMixedK:
+    """Targets of k=3 and k=5: position 3 is over the k=5 target's drafts only, in the
+    window's own aggregate and in compare's, whether compare reads the window's answer or
+    sums the folder's files itself (`summed_result`)."""
+
+    @staticmethod
+    def window() -> dict:
+        from exporter.core.results import Result, Status, aggregate
+        from exporter.core.snapshot import Counts
+
+        k3 = Counts(390, 1170, 500, {0: 250, 1: 160, 2: 90})
+        k5 = Counts(389, 1945, 600, {0: 250, 1: 180, 2: 100, 3: 32, 4: 38})
+        made = {name: Result(status=Status.OK, url=f"http://{name}/metrics", increase=c)
+                for name, c in (("k3", k3), ("k5", k5))}
+        return {"results": {n: r.to_json() for n, r in made.items()},
+                "aggregate": aggregate(made.items()).to_json()}
+
+    def test_the_window_aggregate_is_over_the_drafts_that_draft_each_position(self):
+        rates = self.window()["aggregate"]["data"]["per_position_acceptance_rates"]
+        assert rates["3"] == pytest.approx(32 / 389)
+        assert rates["0"] == pytest.approx(500 / 779)
+
+    @pytest.mark.parametrize("source", ["window answer", "folder of files"])
+    def test_compare_agrees_with_the_window_on_every_aggregate_position(self, source):
+        from exporter.analysis.compare import summed_result
+
+        answer = self.window()
+        if source == "folder of files":
+            answer = {"results": answer["results"],
+                      "aggregate": summed_result(answer["results"])}
+        compared = compare_answers(answer, answer)["aggregate"]
+        values = {row["metric"]: row["a"]["value"] for row in compared["metrics"]}
+        want = self.window()["aggregate"]["data"]["per_position_acceptance_rates"]
+        assert {m: v for m, v in values.items() if m.startswith("position_")} == {
+            f"position_{p}": pytest.approx(rate) for p, rate in want.items()}
+        assert values["position_3"] == pytest.approx(32 / 389)  # not 32 / 779
+        assert values["acceptance_length"] == pytest.approx(1 + 1100 / 779)
+
+    def test_position_intervals_count_the_drafts_behind_them(self):
+        s = sample(self.window()["aggregate"])
+        assert s is not None and s.drafts_at(3) == 389 and s.drafts_at(0) == 779
+        estimates, _ = metric_estimates(s)
+        narrow, wide = estimates["position_0"], estimates["position_3"]
+        assert wide.low <= 32 / 389 <= wide.high
+        # 389 drafts behind position 3, not 779: a wider interval than 779 would give.
+        from exporter.analysis.stats import wilson
+        too_narrow = wilson(32 / 389 * 779, 779)
+        assert too_narrow is not None and wide.high - wide.low > too_narrow.high - too_narrow.low
+        assert narrow.high - narrow.low > 0
