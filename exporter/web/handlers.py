@@ -18,6 +18,7 @@ from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from exporter.state.answertext import compact, with_key
+from exporter.web.proxy import state_with_per_request, stop_text_with_per_request
 from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.csrf import SAFE_METHODS, check_browser_safe, default_hosts
 from exporter.core.errors import ConfigError, ExporterError, RequestError, StoreError
@@ -307,8 +308,10 @@ async def stop_window(request: web.Request) -> web.Response:
     text = service.take_answer_text(window.id)
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
-        return _json_text(with_key(text, "results_dir", _results_dir(service, window)))
-    return _json(with_iso_times(_state_with_files(service, window)))
+        text = with_key(text, "results_dir", _results_dir(service, window))
+        return _json_text(stop_text_with_per_request(request.app, window.id, text))
+    state = _state_with_files(service, window)
+    return _json(with_iso_times(state_with_per_request(request.app, window.id, state)))
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -415,7 +418,8 @@ async def get_window(request: web.Request) -> web.Response:
     """One window: its open state, or its stop answer."""
     service = request.app[SERVICE]
     window = service.get_window(check_window_id(request.match_info["id"]))
-    return _json(with_iso_times(_state_with_files(service, window)))
+    state = _state_with_files(service, window)
+    return _json(with_iso_times(state_with_per_request(request.app, window.id, state)))
 
 
 async def window_series(request: web.Request) -> web.Response:

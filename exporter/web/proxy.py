@@ -9,14 +9,19 @@ unreadable.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from exporter.core.perrequest import RequestStats, from_json, from_sse
+from exporter.config.model import Config
+from exporter.state.answertext import with_key
+from exporter.core.perrequest import PerRequest, RequestStats, from_json, from_sse
 
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
 # Headers of one hop (RFC 9110 7.6.1), and Host, which names the proxy, not the upstream.
@@ -102,3 +107,100 @@ def proxy_app(upstream: Upstream, session: aiohttp.ClientSession,
     app = web.Application(client_max_size=0)
     app.router.add_route("*", "/{tail:.*}", handler)
     return app
+
+
+class Recordings:
+    """Per-request figures of each window (by id) and target, recorded while the window is open.
+
+    A stopped window keeps its figures (the newest `keep` windows) so that a second stop and a
+    GET answer the same block.
+    """
+
+    def __init__(self, open_windows: Callable[[], list[tuple[str, Iterable[str]]]],
+                 keep: int = 1000) -> None:
+        self._open_windows = open_windows
+        self._keep = keep
+        self._windows: dict[str, dict[str, PerRequest]] = {}
+
+    def record(self, target: str, stats: RequestStats | None) -> None:
+        """Count one proxied answer into every open window that covers its target."""
+        for window_id, targets in self._open_windows():
+            if target in targets:
+                per_target = self._windows.setdefault(window_id, {})
+                per_target.setdefault(target, PerRequest()).record(stats)
+                self._windows[window_id] = self._windows.pop(window_id)  # newest last
+        while len(self._windows) > self._keep:
+            del self._windows[next(iter(self._windows))]
+
+    def has(self, window_id: str) -> bool:
+        """Whether any request went through the proxy while this window was open."""
+        return window_id in self._windows
+
+    def block(self, window_id: str, answer: dict[str, Any]) -> dict[str, Any] | None:
+        """The `per_request` block of a window: per target and aggregate; with the counters'
+        increase of a stopped window's RESULTs, `covers_all` and the share of drafts."""
+        per_target = self._windows.get(window_id)
+        if not per_target:
+            return None
+        results = answer.get("results") or {}
+        total = PerRequest()
+        targets = {}
+        for name, acc in sorted(per_target.items()):
+            total.merge(acc)
+            targets[name] = acc.answer(_counters(results.get(name)) if results else None)
+        aggregate = total.answer(_counters(answer.get("aggregate")) if results else None)
+        return {"targets": targets, "aggregate": aggregate}
+
+
+def _counters(result: object) -> dict[str, int]:
+    data = result.get("data") if isinstance(result, dict) else None
+    return dict(data) if isinstance(data, dict) else {}
+
+
+def origin_of(url: str) -> str:
+    """scheme://host:port of a URL: where a target's OpenAI API lives beside its metrics."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+async def serve_ports(config: Config, recordings: Recordings) -> AsyncIterator[None]:
+    """Listen on every target's `proxy.listen` while the app runs; OSError when one is taken."""
+    runners: list[web.AppRunner] = []
+    async with aiohttp.ClientSession(auto_decompress=False,
+                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
+        try:
+            for target in config.targets:
+                if target.proxy is None:
+                    continue
+                origin = origin_of(target.api_url or target.url)
+                app = proxy_app(Upstream(target.name, origin, recordings.record), session)
+                runner = web.AppRunner(app, access_log=None)
+                await runner.setup()
+                runners.append(runner)
+                host, _, port = target.proxy.listen.rpartition(":")
+                await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+            yield
+        finally:
+            for runner in runners:
+                await runner.cleanup()
+
+
+RECORDINGS = web.AppKey("recordings", Recordings)
+
+
+def stop_text_with_per_request(app: web.Application, window_id: str, text: bytes) -> bytes:
+    """A stop answer's text with the `per_request` block beside its RESULTs, when the proxy
+    saw requests in the window (only then is the answer read again)."""
+    recordings = app.get(RECORDINGS)
+    if recordings is None or not recordings.has(window_id):
+        return text
+    block = recordings.block(window_id, json.loads(text))
+    return with_key(text, "per_request", block)
+
+
+def state_with_per_request(app: web.Application, window_id: str,
+                           state: dict[str, Any]) -> dict[str, Any]:
+    """A window's state (open or stopped) with its `per_request` block, when there is one."""
+    recordings = app.get(RECORDINGS)
+    block = recordings.block(window_id, state) if recordings is not None else None
+    return state if block is None else state | {"per_request": block}

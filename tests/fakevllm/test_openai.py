@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from exporter.fakevllm import FakeServer, make_fake_app
@@ -28,7 +29,7 @@ class TestSpecDecodeObject:
 async def test_answers_carry_the_object_and_it_adds_to_the_counters(
         aiohttp_client: object, mode: str, stream: bool) -> None:
     fake = FakeServer(k=3, per_request_metrics=mode)
-    client: TestClient[object, object] = await aiohttp_client(make_fake_app(fake))  # type: ignore[operator]
+    client: TestClient[web.Request, web.Application] = await aiohttp_client(make_fake_app(fake))  # type: ignore[operator]
     resp = await client.post("/v1/completions",
                              json={"prompt": "x", "max_tokens": 30, "stream": stream})
     text = await resp.text()

@@ -9,6 +9,7 @@ import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from conftest import free_port
 
 from exporter.core.perrequest import PerRequest, RequestStats, per_position_accepted
 from exporter.fakevllm import FakeServer, make_fake_app
@@ -173,3 +174,45 @@ class TestRecordingProxy:
                     assert r.status == 502 and "upstream" in (await r.json())["error"]
             await proxy.close()
         assert recorded.requests == 0
+
+
+class TestWindowsRecordProxiedRequests:
+    async def test_requests_through_the_proxy_port_fill_the_windows_per_request_block(
+            self, exporter, aiohttp_server) -> None:  # type: ignore[no-untyped-def]
+        fake = FakeServer(k=3, acceptance=0.75, per_request_metrics="summary")
+        upstream = await aiohttp_server(make_fake_app(fake))  # drafts only from requests
+        port = free_port()
+        under = await exporter({"targets": [{
+            "name": "v", "url": str(upstream.make_url("/metrics")),
+            "proxy": {"listen": f"127.0.0.1:{port}"}}]})
+        await under.round()
+        opened = await under.start(id="w1")
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+        n = 0
+        for stream in (False, True):
+            for max_tokens in (7, 40):
+                chat = await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "q"}],
+                    max_tokens=max_tokens, stream=stream)
+                comp = await client.completions.create(model="m", prompt="p",
+                                                       max_tokens=max_tokens, stream=stream)
+                if stream:
+                    async for _ in chat:  # type: ignore[union-attr]
+                        pass
+                    async for _ in comp:  # type: ignore[union-attr]
+                        pass
+                n += 2
+        await client.close()
+        live = await (await under.client.get("/api/v1/windows/w1")).json()
+        assert live["per_request"]["aggregate"]["requests"] == n
+        answer = await under.stop(opened["id"])
+        block = answer["per_request"]["targets"]["v"]
+        data = answer["results"]["v"]["data"]
+        assert block["requests"] == n and block["with_stats"] == n
+        assert block["num_spec_steps"] == data["num_drafts"]
+        assert block["num_draft_tokens"] == data["draft_tokens"]
+        assert block["num_accepted_draft_tokens"] == data["accepted_tokens"]
+        assert block["covers_all"] is True and answer["per_request"]["aggregate"]["covers_all"]
+        assert block["per_position_acceptance_rates"] == data["per_position_acceptance_rates"]
+        again = await (await under.client.get("/api/v1/windows/w1")).json()
+        assert again["per_request"] == answer["per_request"]
