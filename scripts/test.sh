@@ -25,6 +25,7 @@ command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || 
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light)
 command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
 # Debian's python3 refuses `pip install` outside a virtualenv (PEP 668), and makes one only
 # with python3-venv installed.
 if [ -z "${VIRTUAL_ENV:-}" ] && ! python3 -c 'import ensurepip' >/dev/null 2>&1; then

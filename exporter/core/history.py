@@ -89,8 +89,9 @@ def coverage(times: Sequence[float], frm: float, to: float) -> dict[str, Any]:
             f"sample and {iso_utc(to)}, is not in them")
     if gaps:
         note += f"; {len(gaps)} gap(s) longer than {GAP_INTERVALS:g} scrape intervals"
-    return {"first_sample": times[0], "last_sample": times[-1], "interval": interval,
-            "gaps": gaps, "note": note}
+    return {"first_sample": times[0], "first_sample_iso": iso_utc(times[0]),
+            "last_sample": times[-1], "last_sample_iso": iso_utc(times[-1]),
+            "interval": interval, "gaps": gaps, "note": note}
 
 
 def account(series: Sequence[RawSeries]) -> tuple[Accumulator, list[float]]:
