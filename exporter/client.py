@@ -103,6 +103,7 @@ class ExporterClient:
         self._base, self._basic = split_userinfo(url)
         self.token = token if token is not None else os.environ.get("SPECDEC_TOKEN") or None
         self.timeout = timeout
+        self.status = 0  # of the last answer: 201 tells a new window from a retried start
         self._opener = opener_for(self._base)
 
     def _call(
@@ -119,6 +120,7 @@ class ExporterClient:
         try:
             with self._opener.open(request, timeout=self.timeout) as response:
                 answer: dict[str, Any] = json.loads(response.read())  # the API answers objects
+                self.status = response.status
                 return answer
         except urllib.error.HTTPError as exc:
             try:
@@ -138,7 +140,9 @@ class ExporterClient:
         targets: Sequence[str] | None = None,
         labels: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Open a window; returns {"id", "name", "targets", "started_at"}."""
+        """Open a window; returns {"id", "name", "targets", "started_at", "created"}.
+
+        `created` is False when the window was open already (an identical retry)."""
         body: dict[str, Any] = {}
         if window_id:
             body["id"] = window_id
@@ -148,7 +152,8 @@ class ExporterClient:
             body["targets"] = list(targets)
         if labels:
             body["labels"] = labels
-        return self._call("POST", "/api/v1/windows", body)
+        answer = self._call("POST", "/api/v1/windows", body)
+        return answer | {"created": self.status == 201}
 
     def stop(self, window_id: str) -> WindowAnswer:
         """Close a window; returns its results."""
@@ -200,6 +205,7 @@ class FleetClient:
         answers, errors = self._each(lambda c: c.start(window_id, name, targets, labels))
         merged = answers[0] | {
             "targets": [t for a in answers for t in a["targets"]],
+            "created": any(a.get("created") for a in answers),
             # Every shard's failed start scrapes: `window start` names them all on stderr.
             "start_errors": {n: e for a in answers for n, e in a.get("start_errors", {}).items()},
         }

@@ -53,9 +53,12 @@ def cmd_window_start(args: argparse.Namespace) -> int:
         say(str(exc))
         return EXIT_FAILED
     print(window["id"], flush=True)
+    if not window.get("created", True):
+        say(f"window {window['id']} already open: this start changed nothing")
     if _say_start_failures(window) and not args.allow_na:
-        say(f"every target of window {window['id']} failed at start (it stays open; "
-             "--allow-na to accept that)")
+        say(f"every target of window {window['id']} failed at start; it stays open: close it "
+            f"with `specdec-exporter window stop --allow-na --exporter URL {window['id']}` "
+            "(--allow-na to accept that)")
         return EXIT_NO_RESULT
     return EXIT_OK
 

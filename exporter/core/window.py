@@ -18,6 +18,9 @@ from exporter.core.snapshot import ScrapeResult
 # Ids name directories of results: letters, digits and . _ - only, so no path can escape.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_NAME = 256
+# A window's results go to output_dir/<id>: an id must not name what else lives there.
+RESERVED_IDS = frozenset({"state.sqlite", "state.sqlite-wal", "state.sqlite-shm",
+                          "state.sqlite-journal", "exporter.lock"})
 MAX_SERIES_POINTS = 720  # per target; past it every other point goes (resolution halves)
 
 
@@ -29,6 +32,8 @@ def check_window_id(value: object) -> str:
             "id must be 1-128 characters of letters, digits, '.', '_' or '-', "
             "starting with a letter or digit, without '..'"
         )
+    if value.lower() in RESERVED_IDS:  # lower: a case-insensitive filesystem
+        raise RequestError(f"id {value!r} names a file of the exporter's own in output_dir")
     return value
 
 

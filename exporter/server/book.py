@@ -74,6 +74,19 @@ class StartRequest:
                       targets={t.name: t for t in self.targets})
 
 
+def _retried(existing: Window, asked: Window) -> Window:
+    """The open window an identical start retries; 409 for any other start of a known id."""
+    if existing.stopped_at is not None:
+        raise RequestError(f'window "{existing.id}" was stopped at '
+                           f"{iso_utc(existing.stopped_at)}; start a new id, or DELETE "
+                           f"/api/v1/windows/{existing.id} first", status=409)
+    if (existing.name, existing.labels, set(existing.targets)) != (
+            asked.name, asked.labels, set(asked.targets)):
+        raise RequestError(f'window "{existing.id}" is open with another name, targets or '
+                           "labels; start a new id, or stop it first", status=409)
+    return existing
+
+
 class WindowBook:
     """Open windows and the recent stopped ones, backed by a `StateStore`.
 
@@ -328,8 +341,10 @@ class WindowBook:
         await self._settled(window.id)
         existing = self._windows.get(window.id) or self._load(window.id, series=False)
         if existing is not None:
-            return False, existing
-        if len(self.open_windows()) >= max_open:
+            return False, _retried(existing, window)
+        # Starts still scraping their baseline count too: 50 at once must not all pass.
+        starting = sum(1 for wid in self._pending if wid not in self._windows)
+        if len(self.open_windows()) + starting >= max_open:
             raise RequestError(f"too many open windows (max_open_windows={max_open})", status=429)
         async with self._in_flight(window.id):
             # The other open windows take these scrapes too: a server restart right after
