@@ -429,11 +429,13 @@ def _constraints() -> dict[str, str]:
     )
 
 
-class TestDockerfile:
-    @pytest.fixture(scope="class")
-    def instructions(self) -> list[tuple[str, str]]:
-        return dockerfile_instructions((ROOT / "Dockerfile").read_text())
+# Module-level: pytest 9 deprecates class-scoped fixtures defined as instance methods.
+@pytest.fixture(scope="module")
+def instructions() -> list[tuple[str, str]]:
+    return dockerfile_instructions((ROOT / "Dockerfile").read_text())
 
+
+class TestDockerfile:
     def _args(self, instructions, word) -> list[str]:
         return [a for w, a in instructions if w == word]
 
@@ -598,11 +600,12 @@ class TestWorkflow:
         assert job["permissions"]["packages"] == "write"
 
 
-class TestCompose:
-    @pytest.fixture(scope="class")
-    def compose(self) -> dict:
-        return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
 
+
+class TestCompose:
     def test_services(self, compose):
         services = compose["services"]
         fakes = [s for s in services.values() if s.get("command", [None])[0] == "fake-vllm"]
