@@ -30,7 +30,7 @@ from exporter.core.errors import ConfigError
 from exporter.web.exposition import MetricsWriter
 from exporter.web.fanout import FANOUT, Fanout, fanout_middleware, peer_session
 from exporter.web.prerender import Prerender
-from exporter.web.proxy import RECORDINGS, Recordings, serve_ports
+from exporter.web.proxy import PROXYING, Proxying, Recordings, main_listener_proxy
 from exporter.scrape.scraper import Scraper, make_session
 from exporter.server.service import ExporterService
 from exporter.state.store import connect_state
@@ -66,8 +66,11 @@ def make_app(
     app.cleanup_ctx.append(_scraping(scrape_loop))
     app.cleanup_ctx.append(_prerendering)
     app.cleanup_ctx.append(peer_session)
-    app[RECORDINGS] = Recordings(lambda: [(w.id, w.targets) for w in service.open_windows()])
-    app.cleanup_ctx.append(lambda a: serve_ports(service.config, a[RECORDINGS]))
+    app[PROXYING] = Proxying(Recordings(lambda: [(w.id, w.targets)
+                                                 for w in service.open_windows()]),
+                             lambda: service.config)
+    app.cleanup_ctx.append(app[PROXYING].serve)
+    app.router.add_route("*", "/proxy/{target}/{tail:.*}", main_listener_proxy)
     return app
 
 

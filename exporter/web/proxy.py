@@ -163,35 +163,71 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
 
 
-async def serve_ports(config: Config, recordings: Recordings) -> AsyncIterator[None]:
-    """Listen on every target's `proxy.listen` while the app runs; OSError when one is taken."""
-    runners: list[web.AppRunner] = []
-    async with aiohttp.ClientSession(auto_decompress=False,
-                                     timeout=aiohttp.ClientTimeout(total=None)) as session:
-        try:
-            for target in config.targets:
-                if target.proxy is None:
-                    continue
+@dataclass
+class Proxying:
+    """The proxy's parts on the exporter's app: recordings, the config's targets, the session."""
+
+    recordings: Recordings
+    config: Callable[[], Config]
+    session: aiohttp.ClientSession | None = None
+
+    def upstream(self, name: str) -> Upstream | None:
+        """The upstream of a configured target by name, or None."""
+        for target in self.config().targets:
+            if target.name == name:
                 origin = origin_of(target.api_url or target.url)
-                app = proxy_app(Upstream(target.name, origin, recordings.record), session)
-                runner = web.AppRunner(app, access_log=None)
-                await runner.setup()
-                runners.append(runner)
-                host, _, port = target.proxy.listen.rpartition(":")
-                await web.TCPSite(runner, host.strip("[]"), int(port)).start()
-            yield
-        finally:
-            for runner in runners:
-                await runner.cleanup()
+                return Upstream(target.name, origin, self.recordings.record)
+        return None
+
+    async def serve(self, app: web.Application) -> AsyncIterator[None]:
+        """Listen on every target's `proxy.listen` while the app runs (a cleanup context)."""
+        runners: list[web.AppRunner] = []
+        async with aiohttp.ClientSession(auto_decompress=False,
+                                         timeout=aiohttp.ClientTimeout(total=None)) as session:
+            self.session = session
+            try:
+                for i, target in enumerate(self.config().targets):
+                    if target.proxy is not None:
+                        runners.append(await self._listen(i, target.name, target.proxy.listen))
+                yield
+            finally:
+                self.session = None
+                for runner in runners:
+                    await runner.cleanup()
+
+    async def _listen(self, index: int, name: str, listen: str) -> web.AppRunner:
+        upstream = self.upstream(name)
+        assert upstream is not None and self.session is not None
+        runner = web.AppRunner(proxy_app(upstream, self.session), access_log=None)
+        await runner.setup()
+        host, _, port = listen.rpartition(":")
+        try:
+            await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise OSError(exc.errno, f"targets.{index}.proxy.listen: cannot listen on "
+                          f"{listen}: {exc.strerror}") from None
+        return runner
 
 
-RECORDINGS = web.AppKey("recordings", Recordings)
+async def main_listener_proxy(request: web.Request) -> web.StreamResponse:
+    """`/proxy/<target name>/...` on the exporter's own port, for clients that take a base URL."""
+    proxying = request.app[PROXYING]
+    upstream = proxying.upstream(request.match_info["target"])
+    if upstream is None or proxying.session is None:
+        return web.json_response({"error": f'unknown target "{request.match_info["target"]}"'},
+                                 status=404)
+    return await relay(request, proxying.session, upstream, "/" + request.match_info["tail"])
+
+
+PROXYING = web.AppKey("proxying", Proxying)
 
 
 def stop_text_with_per_request(app: web.Application, window_id: str, text: bytes) -> bytes:
     """A stop answer's text with the `per_request` block beside its RESULTs, when the proxy
     saw requests in the window (only then is the answer read again)."""
-    recordings = app.get(RECORDINGS)
+    proxying = app.get(PROXYING)
+    recordings = proxying.recordings if proxying is not None else None
     if recordings is None or not recordings.has(window_id):
         return text
     block = recordings.block(window_id, json.loads(text))
@@ -201,6 +237,6 @@ def stop_text_with_per_request(app: web.Application, window_id: str, text: bytes
 def state_with_per_request(app: web.Application, window_id: str,
                            state: dict[str, Any]) -> dict[str, Any]:
     """A window's state (open or stopped) with its `per_request` block, when there is one."""
-    recordings = app.get(RECORDINGS)
-    block = recordings.block(window_id, state) if recordings is not None else None
+    proxying = app.get(PROXYING)
+    block = proxying.recordings.block(window_id, state) if proxying is not None else None
     return state if block is None else state | {"per_request": block}

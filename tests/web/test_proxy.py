@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -9,11 +10,11 @@ import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from conftest import free_port
+from conftest import free_port, validate_config
 
 from exporter.core.perrequest import PerRequest, RequestStats, per_position_accepted
 from exporter.fakevllm import FakeServer, make_fake_app
-from exporter.web.proxy import Upstream, proxy_app
+from exporter.web.proxy import Proxying, Recordings, Upstream, proxy_app
 
 
 class Rig:
@@ -216,3 +217,36 @@ class TestWindowsRecordProxiedRequests:
         assert block["per_position_acceptance_rates"] == data["per_position_acceptance_rates"]
         again = await (await under.client.get("/api/v1/windows/w1")).json()
         assert again["per_request"] == answer["per_request"]
+
+    async def test_the_main_listener_proxies_under_proxy_and_the_target_name(
+            self, exporter, aiohttp_server) -> None:  # type: ignore[no-untyped-def]
+        fake = FakeServer(per_request_metrics="summary")
+        upstream = await aiohttp_server(make_fake_app(fake))
+        under = await exporter({"targets": [{"name": "v",
+                                             "url": str(upstream.make_url("/metrics"))}]})
+        await under.start(id="w2")
+        client = openai.AsyncOpenAI(base_url=str(under.client.make_url("/proxy/v/v1")),
+                                    api_key="x")
+        await client.completions.create(model="m", prompt="p", max_tokens=9)
+        await client.close()
+        missing = await under.client.post("/proxy/nobody/v1/completions", json={})
+        assert missing.status == 404 and "nobody" in (await missing.json())["error"]
+        answer = await under.stop("w2")
+        assert answer["per_request"]["targets"]["v"]["requests"] == 1
+        assert answer["per_request"]["aggregate"]["covers_all"] is True
+
+    async def test_a_taken_proxy_port_is_refused_with_the_key_that_names_it(self) -> None:
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            config = validate_config({"targets": [
+                {"name": "a", "url": "http://127.0.0.1:9/metrics",
+                 "proxy": {"listen": f"127.0.0.1:{free_port()}"}},
+                {"name": "v", "url": "http://127.0.0.1:9/metrics",
+                 "proxy": {"listen": f"127.0.0.1:{port}"}}]})
+            proxying = Proxying(Recordings(list), lambda: config)
+            with pytest.raises(OSError, match=rf"targets.1.proxy.listen: .*127.0.0.1:{port}"):
+                async for _ in proxying.serve(web.Application()):
+                    pass
+        assert proxying.session is None
