@@ -176,7 +176,7 @@ def test_history_counts_equal_raw_reset_safe_increase(kind: str, tmp_path: Path)
 
 def test_history_says_when_the_store_is_down(tmp_path: Path) -> None:
     done = subprocess.run([*CLI, "history", "--prometheus", f"http://127.0.0.1:{free_port()}",
-                           "--from", "-30m", "--to", "now"],
+                           "--from=-30m", "--to", "now"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "is not reachable" in done.stderr

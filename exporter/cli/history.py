@@ -46,7 +46,7 @@ def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
                             "a Prometheus-compatible store holds (never rate()/increase()).")
     p.add_argument("--prometheus", required=True, metavar="URL", help="the store's base URL")
     p.add_argument("--from", dest="frm", required=True, metavar="T",
-                   help="start: ISO 8601, Unix seconds, -30m or now")
+                   help="start: ISO 8601, Unix seconds, now, or -30m (write --from=-30m)")
     p.add_argument("--to", required=True, metavar="T", help="end, as --from")
     p.add_argument("--match", action="append", default=[], metavar="SELECTOR",
                    help='label matchers, e.g. {job="vllm"} (repeatable: the union)')
