@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import AsyncIterator
 
@@ -250,3 +251,28 @@ class TestWindowsRecordProxiedRequests:
                 async for _ in proxying.serve(web.Application()):
                     pass
         assert proxying.session is None
+
+
+class TestDisconnects:
+    async def test_a_client_that_goes_away_mid_stream_ends_the_upstream_request(self) -> None:
+        ended = asyncio.Event()
+
+        async def endless(request: web.Request) -> web.StreamResponse:
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            try:
+                while True:
+                    await response.write(b"data: {}\n\n")
+                    await asyncio.sleep(0.01)
+            except (ConnectionError, asyncio.CancelledError):
+                ended.set()
+                raise
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", endless)
+        async for rig in _rig(FakeServer(), app):
+            async with aiohttp.ClientSession() as s:
+                async with s.post(rig.url(rig.proxy, "/v1/completions"), json={}) as r:
+                    assert (await r.content.readany()).startswith(b"data: {}")
+            # The upstream's stream ends only because the proxy closed its side.
+            await asyncio.wait_for(ended.wait(), 30)
