@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import cast
 
@@ -50,6 +51,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        self.idle_since = 0.0  # monotonic time it was put back idle
         self.parser = httptools.HttpResponseParser(self)
         self.open = True
         self._waiter: asyncio.Future[Answer] | None = None
@@ -208,11 +210,39 @@ def _parser_reason(exc: Exception) -> str:
 
 
 class Pool:
-    """Idle connections by (host, port): a scrape takes one, or opens one, and puts it back."""
+    """Idle connections by (host, port): a scrape takes one, or opens one, and puts it back.
 
-    def __init__(self, idle_per_host: int = 2):
+    A connection idle longer than `idle_timeout` is closed at the next request to any host
+    (a host reached once, by a redirect, is never asked again to close its socket).
+    """
+
+    def __init__(self, idle_per_host: int = 2, idle_timeout: float = 60.0):
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._idle_per_host = idle_per_host
+        self.idle_timeout = idle_timeout
+        self._swept = time.monotonic()
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        if now - self._swept < self.idle_timeout / 2:
+            return
+        self._swept = now
+        for key in list(self._idle):
+            kept = []
+            for connection in self._idle[key]:
+                if now - connection.idle_since > self.idle_timeout:
+                    connection.close()
+                else:
+                    kept.append(connection)
+            if kept:
+                self._idle[key] = kept
+            else:
+                del self._idle[key]
+
+    @property
+    def open_idle(self) -> int:
+        """How many idle connections are kept."""
+        return sum(len(c) for c in self._idle.values())
 
     async def get(self, host: str, port: int, request: bytes, cap: int) -> Answer:
         """One GET over a kept-alive connection if there is one, else over a new one.
@@ -220,6 +250,7 @@ class Pool:
         A kept-alive connection the server closed while idle (uvicorn drops them after 5 s)
         fails before a status line: that is retried once on a new connection, as aiohttp does.
         """
+        self._expire()
         key = (host, port)
         idle = self._idle.get(key)
         while idle:
@@ -246,6 +277,7 @@ class Pool:
             return
         idle = self._idle.setdefault(key, [])
         if len(idle) < self._idle_per_host:
+            connection.idle_since = time.monotonic()
             idle.append(connection)
         else:
             connection.close()

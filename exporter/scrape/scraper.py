@@ -9,7 +9,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -47,6 +47,9 @@ class _Plan:
     target: TargetConfig
     url: URL  # parsed once: yarl's parse was ~5% of a scrape's CPU when done per scrape
     headers: dict[str, str]  # for aiohttp
+    # What a request to another origin carries after a redirect: no Authorization and none of
+    # the configured headers (they may hold secrets), as curl, Go and browsers do.
+    foreign_headers: dict[str, str]
     proxy: URL | None
     proxy_headers: dict[str, str] | None  # Proxy-Authorization, from the URL or ~/.netrc
     ssl: ssl.SSLContext | bool
@@ -83,6 +86,14 @@ class Scraper:
             self._concurrency = concurrency
             self._slots = asyncio.Semaphore(concurrency)
         self._plans.clear()
+
+    def forget(self, targets: Iterable[TargetConfig]) -> None:
+        """Keep only `targets`' plans and kept-alive connections (a reload or discovery
+        removed the others)."""
+        keep = {target.name for target in targets}
+        for name in [n for n in self._plans if n not in keep]:
+            del self._plans[name]
+        self._pool.forget({(p.lean[0], p.lean[1]) for p in self._plans.values() if p.lean})
 
     async def close(self) -> None:
         """Close the lean client's kept-alive connections (the session is the caller's)."""
@@ -129,6 +140,7 @@ class Scraper:
             "Accept-Encoding": "gzip" if target.compression == "gzip" else "identity",
             "User-Agent": _USER_AGENT,
         }
+        foreign = dict(headers)
         headers.update(target.headers)
         if url.user is not None:  # userinfo in the URL: Basic auth, on the lean path too
             secret = f"{url.user}:{url.password or ''}".encode()
@@ -138,15 +150,17 @@ class Scraper:
         lean = None
         if self.lean and url.scheme == "http" and proxy is None and url.host and url.port:
             lean = (url.host, url.port, _request_bytes(url, headers))
-        return _Plan(target, url, headers, proxy, proxy_headers, self._ssl_for(target), lean)
+        return _Plan(target, url, headers, foreign, proxy, proxy_headers, self._ssl_for(target),
+                     lean)
 
     async def _fetch(self, target: TargetConfig) -> bytes:
         plan = self._plan(target)
         if plan.lean is None:
             # The userinfo is in the Authorization header now; aiohttp refuses both at once.
-            return await self._fetch_aiohttp(str(plan.url.with_user(None)), plan, 5)
+            return await self._fetch_aiohttp(plan.url.with_user(None), plan, 5)
         url = plan.url
         host, port, request = plan.lean
+        headers = plan.headers
         for hop in range(6):
             answer = await self._pool.get(host, port, request, self.max_bytes)
             if answer.status == 200:
@@ -156,23 +170,42 @@ class Scraper:
             if hop == 5:
                 break
             url = url.join(URL(answer.location.decode("latin-1"), encoded=True))
+            if url.origin() != plan.url.origin():
+                headers = plan.foreign_headers
             if url.scheme != "http" or not url.host or not url.port:
                 # To TLS (or to no host at all): aiohttp follows (or fails) from here.
-                return await self._fetch_aiohttp(str(url), plan, 4 - hop)
+                return await self._fetch_aiohttp(url, plan, 4 - hop, headers)
             host, port = url.host, url.port
-            request = _request_bytes(url, plan.headers)
+            request = _request_bytes(url, headers)
         raise ScrapeFailure("too many redirects")
 
-    async def _fetch_aiohttp(self, url: str, plan: _Plan, max_redirects: int) -> bytes:
-        headers, proxy_headers = plan.headers, plan.proxy_headers
-        if proxy_headers and not url.startswith("https:"):
+    async def _fetch_aiohttp(self, url: URL, plan: _Plan, max_redirects: int,
+                             headers: dict[str, str] | None = None) -> bytes:
+        """GET through aiohttp, following redirects here: aiohttp would carry the configured
+        headers to another origin."""
+        headers = plan.headers if headers is None else headers
+        for _ in range(max_redirects + 1):
+            location = await self._get_aiohttp(url, plan, headers)
+            if isinstance(location, bytes):
+                return location
+            url = url.join(location)
+            if url.origin() != plan.url.with_user(None).origin():
+                headers = plan.foreign_headers
+        raise ScrapeFailure("too many redirects")
+
+    async def _get_aiohttp(self, url: URL, plan: _Plan, headers: dict[str, str]) -> bytes | URL:
+        """One GET: the body, or where a redirect points."""
+        proxy_headers = plan.proxy_headers
+        if proxy_headers and url.scheme != "https":
             # aiohttp sends proxy headers only with a CONNECT (to a TLS target); a plain-HTTP
             # request to a forward proxy carries Proxy-Authorization itself.
             headers, proxy_headers = headers | proxy_headers, None
         async with self.session.get(
             url, headers=headers, ssl=plan.ssl, proxy=plan.proxy,
-            proxy_headers=proxy_headers, allow_redirects=True, max_redirects=max_redirects,
+            proxy_headers=proxy_headers, allow_redirects=False,
         ) as response:
+            if response.status in _REDIRECTS and response.headers.get("Location"):
+                return URL(response.headers["Location"], encoded=True)
             if response.status != 200:
                 raise ScrapeFailure(f"HTTP {response.status} {response.reason or ''}".strip())
             declared = response.content_length

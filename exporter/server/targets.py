@@ -124,6 +124,8 @@ class Targets:
             for t in owned
         }
         self.live = {t.name: self.live.get(t.name) or LiveTrack(config.live_window) for t in owned}
+        if self.scraper is not None:  # close kept-alive sockets to targets that left
+            self.scraper.forget(owned)
         for track in self.live.values():
             # Scrapes closer than half an interval (window markers') are thinned from the
             # track: its memory follows the scrape interval, not how often windows come.

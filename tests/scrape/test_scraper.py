@@ -723,3 +723,129 @@ class TestConnectionsAndCompression:
         async with server:
             result = await scraper().scrape(_target(f"http://127.0.0.1:{port}/metrics"), 2.0)
         assert result.ok is False and result.error and "\n" not in result.error
+
+
+class TestCredentialsAndRedirects:
+    """Authorization and configured headers never cross an origin, as curl and Go's client
+    behave; a redirect within the origin keeps them."""
+
+    async def _two_servers(self, aiohttp_server, same_origin: bool):
+        seen: list[dict] = []
+
+        async def real(request):
+            seen.append(dict(request.headers))
+            return await _page(request)
+
+        app = web.Application()
+        app.router.add_get("/real", real)
+        other = await aiohttp_server(app)
+
+        async def moved(request):
+            if same_origin:
+                raise web.HTTPFound("/real")
+            raise web.HTTPFound(str(other.make_url("/real")))
+
+        app = web.Application()
+        app.router.add_get("/metrics", moved)
+        app.router.add_get("/real", real)
+        first = await aiohttp_server(app)
+        assert first.port != other.port
+        return first, seen
+
+    @pytest.mark.parametrize("auth", ["token_env", "userinfo"])
+    async def test_cross_origin_redirect_drops_credentials(self, aiohttp_server, scraper,
+                                                            monkeypatch, auth):
+        monkeypatch.setenv("SCRAPE_TOKEN", "scrape-secret-123")
+        first, seen = await self._two_servers(aiohttp_server, same_origin=False)
+        url = str(first.make_url("/metrics"))
+        fields: dict = {"headers": {"X-Api-Key": "custom-secret-456"}}
+        if auth == "token_env":
+            fields["token_env"] = "SCRAPE_TOKEN"
+        else:
+            url = url.replace("http://", "http://user:pass-789@")
+        result = await scraper().scrape(_target(url, **fields), 2.0)
+        assert result.ok, result.error
+        assert len(seen) == 1
+        assert "Authorization" not in seen[0] and "X-Api-Key" not in seen[0], seen[0]
+        assert seen[0]["Accept"].startswith("text/plain")  # the request itself still whole
+
+    async def test_same_origin_redirect_keeps_them(self, aiohttp_server, scraper, monkeypatch):
+        monkeypatch.setenv("SCRAPE_TOKEN", "scrape-secret-123")
+        first, seen = await self._two_servers(aiohttp_server, same_origin=True)
+        target = _target(str(first.make_url("/metrics")), token_env="SCRAPE_TOKEN",
+                         headers={"X-Api-Key": "custom-secret-456"})
+        result = await scraper().scrape(target, 2.0)
+        assert result.ok, result.error
+        assert seen[0]["Authorization"] == "Bearer scrape-secret-123"
+        assert seen[0]["X-Api-Key"] == "custom-secret-456"
+
+
+async def _all_closed(open_a: set, open_b: set, closed_a: asyncio.Queue,
+                      closed_b: asyncio.Queue) -> None:
+    """Wait until the servers' handlers saw every connection close (none left to the GC)."""
+    while open_a:
+        await asyncio.wait_for(closed_a.get(), 10)
+    while open_b:
+        await asyncio.wait_for(closed_b.get(), 10)
+
+
+class TestKeptAliveSockets:
+    """Sockets of the lean client are closed when their target leaves, or when idle too long,
+    seen from a real server counting its open connections."""
+
+    @staticmethod
+    async def _counting_server():
+        open_now: set = set()
+        closed = asyncio.Queue()
+
+        async def serve(reader, writer):
+            open_now.add(writer)
+            try:
+                while True:
+                    await reader.readuntil(b"\r\n\r\n")
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(PAGE)
+                                 + PAGE)
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            open_now.discard(writer)
+            writer.close()
+            await closed.put(writer)
+
+        server, port = await _raw_server(serve)
+        return server, port, open_now, closed
+
+    async def test_forget_closes_sockets_of_removed_targets(self):
+        server, port, open_now, closed = await self._counting_server()
+        other, other_port, other_open, other_closed = await self._counting_server()
+        async with server, other:
+            scr = Scraper(make_session(4), max_bytes=1 << 20, concurrency=4)
+            try:
+                gone = _target(f"http://127.0.0.1:{port}/metrics")
+                kept = _target(f"http://127.0.0.1:{other_port}/metrics")
+                assert (await scr.scrape(gone, 2.0)).ok and (await scr.scrape(kept, 2.0)).ok
+                assert len(open_now) == 1 and len(other_open) == 1
+                scr.forget([kept])
+                await asyncio.wait_for(closed.get(), 10)
+                assert len(open_now) == 0 and len(other_open) == 1
+            finally:
+                await scr.close()
+                await scr.session.close()
+                await _all_closed(open_now, other_open, closed, other_closed)
+
+    async def test_idle_sockets_expire(self):
+        server, port, open_now, closed = await self._counting_server()
+        other, other_port, other_open, other_closed = await self._counting_server()
+        async with server, other:
+            scr = Scraper(make_session(4), max_bytes=1 << 20, concurrency=4)
+            try:
+                assert (await scr.scrape(_target(f"http://127.0.0.1:{port}/metrics"), 2.0)).ok
+                assert len(open_now) == 1
+                scr._pool.idle_timeout = 0.0  # every idle socket is now past its time
+                assert (await scr.scrape(_target(f"http://127.0.0.1:{other_port}/m"), 2.0)).ok
+                await asyncio.wait_for(closed.get(), 10)
+                assert len(open_now) == 0
+            finally:
+                await scr.close()
+                await scr.session.close()
+                await _all_closed(open_now, other_open, closed, other_closed)
