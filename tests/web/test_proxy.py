@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from conftest import free_port, validate_config
+from conftest import free_port
 
+from exporter.config.model import validate_config
 from exporter.core.perrequest import PerRequest, RequestStats, per_position_accepted
 from exporter.fakevllm import FakeServer, make_fake_app
 from exporter.web.proxy import Proxying, Recordings, Upstream, proxy_app
@@ -180,7 +182,7 @@ class TestRecordingProxy:
 
 class TestWindowsRecordProxiedRequests:
     async def test_requests_through_the_proxy_port_fill_the_windows_per_request_block(
-            self, exporter, aiohttp_server) -> None:  # type: ignore[no-untyped-def]
+            self, exporter: Any, aiohttp_server: Any) -> None:
         fake = FakeServer(k=3, acceptance=0.75, per_request_metrics="summary")
         upstream = await aiohttp_server(make_fake_app(fake))  # drafts only from requests
         port = free_port()
@@ -220,7 +222,7 @@ class TestWindowsRecordProxiedRequests:
         assert again["per_request"] == answer["per_request"]
 
     async def test_the_main_listener_proxies_under_proxy_and_the_target_name(
-            self, exporter, aiohttp_server) -> None:  # type: ignore[no-untyped-def]
+            self, exporter: Any, aiohttp_server: Any) -> None:
         fake = FakeServer(per_request_metrics="summary")
         upstream = await aiohttp_server(make_fake_app(fake))
         under = await exporter({"targets": [{"name": "v",
