@@ -16,6 +16,8 @@ from exporter.client import ClientError, ExporterClient, FleetClient, merge_answ
 from exporter.core.console import format_window
 from exporter.core.shards import owner
 
+pytestmark = pytest.mark.e2e
+
 
 class TestExporterClient:
     def test_start_stop_and_console(self, tmp_path):

@@ -514,6 +514,7 @@ open(sys.argv[2], "w").write(str(total))
 """
 
 
+@pytest.mark.e2e
 class TestOpenAIUnderRun:
     def test_window_counts_what_the_openai_client_was_served(self, tmp_path):
         pytest.importorskip("openai")  # the `test` extra installs it

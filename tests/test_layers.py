@@ -219,6 +219,7 @@ class TestPackages:
         assert oversized(_modules()) == []
 
 
+@pytest.mark.e2e
 class TestPureDomain:
     def test_domain_and_client_import_no_io_libraries(self):
         # A fresh interpreter: what importing the domain (and the stdlib-only client) loads.

@@ -32,6 +32,8 @@ import pytest
 import yaml
 from conftest import free_port, tool
 
+pytestmark = pytest.mark.e2e
+
 pytestmark = pytest.mark.prometheus
 
 ROOT = Path(__file__).resolve().parent.parent

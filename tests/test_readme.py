@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from clitools import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +34,7 @@ def _on_path(tmp_path: Path) -> dict:
                                                        os.environ.get("PYTHONPATH")]))}
 
 
+@pytest.mark.e2e
 class TestAISBenchFlow:
     def test_the_flow_prints_numbers_as_written(self, tmp_path):
         block = _block_after("## The AISBench flow")

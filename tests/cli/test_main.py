@@ -18,6 +18,8 @@ from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_ht
 
 from exporter.core.results import result_file_name
 
+pytestmark = pytest.mark.e2e
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

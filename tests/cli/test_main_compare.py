@@ -16,6 +16,8 @@ import pytest
 
 from exporter.analysis.stats import Z
 
+pytestmark = pytest.mark.e2e
+
 CLI = [sys.executable, "-m", "exporter"]
 
 

@@ -109,12 +109,14 @@ class TestModelConfig:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=60, env=os.environ | {"PYTHONPATH": os.getcwd()})
 
+    @pytest.mark.e2e
     def test_plain_config_without_mmengine_uses_the_simple_reader(self, tmp_path):
         _inheriting_config(tmp_path)
         base = tmp_path / "configs" / "models" / "vllm_api" / "vllm_api_stream_chat.py"
         done = self._without_mmengine(base)
         assert done.stdout == "['http://localhost:8080/metrics']\n", done.stderr
 
+    @pytest.mark.e2e
     def test_inheriting_config_without_mmengine_says_what_to_install(self, tmp_path):
         child = _inheriting_config(tmp_path)
         done = self._without_mmengine(child)
@@ -151,6 +153,7 @@ class TestDistinctNames:
         assert [t.url for t in distinct_names(targets)] == ["http://h:1/metrics"]
 
 
+@pytest.mark.e2e
 class TestMeasureWindow:
     async def test_unusable_stop_scrape_is_said_not_counted(self, aiohttp_server, tmp_path):
         # The stop scrape's accepted counter reads NaN: no span is left, and the file says so.
@@ -186,6 +189,7 @@ class TestMeasureWindow:
         assert written == result
 
 
+@pytest.mark.e2e
 class TestMeasureCommand:
     def test_inheriting_model_config_through_the_cli(self, tmp_path, mmengine):
         from clitools import CLI, fake_vllm
@@ -214,6 +218,7 @@ class TestMeasureCommand:
         assert f"[127.0.0.1:{port}]" in done.stdout
 
 
+@pytest.mark.e2e
 class TestMeasureProtocol:
     """`measure` runs the same window protocol as `serve` (the window book)."""
 

@@ -231,6 +231,7 @@ class TestConfig:
         assert str(validate_config({"state_db": "/s.db"}).state_path) == "/s.db"
 
 
+@pytest.mark.e2e
 class TestCheckConfigCommand:
     @pytest.mark.parametrize("name", ["exporter.yaml", "demo.yaml"])
     def test_valid_exits_0(self, name):

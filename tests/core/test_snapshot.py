@@ -56,6 +56,7 @@ class TestSumSeries:
         assert position_ratios(counts) == {0: 7 / 40, 1: 3 / 40}
 
 
+    @pytest.mark.e2e
     def test_the_drafts_behind_a_position_are_summed_in_page_order_whatever_the_hash_seed(
             self):
         # 0.1 + 0.2 + 0.3 is 0.6000000000000001 in that order, 0.6 in another: a set's order

@@ -119,6 +119,7 @@ class TestAccepted:
         response = await exp.client.post("/api/v1/windows/w1/stop")
         assert response.status == 200
 
+    @pytest.mark.e2e
     def test_the_cli_client_starts_and_stops(self, tmp_path):
         port = free_port()
         base = f"http://localhost:{port}"  # a name, not an IP: the Host check applies

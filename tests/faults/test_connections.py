@@ -7,6 +7,8 @@ import resource
 import socket
 import time
 
+import pytest
+
 from clitools import CLI, free_port, http, process, wait_http, write_config
 
 FD_LIMIT = 256  # the exporter's whole file descriptor budget in these tests
@@ -51,6 +53,7 @@ def _serve(tmp_path, port: int, soft: int, hard: int, **config):
     return process(CLI + ["serve", "--config", str(path)], preexec_fn=_lowered(soft, hard))
 
 
+@pytest.mark.e2e
 class TestFdLimit:
     def test_soft_limit_is_raised_to_the_hard_one(self, tmp_path):
         port = free_port()
@@ -61,6 +64,7 @@ class TestFdLimit:
         assert line.split()[3:5] == ["1024", "1024"], line
 
 
+@pytest.mark.e2e
 class TestSlowloris:
     def test_api_and_metrics_answer_while_more_sockets_than_fds_hang(self, tmp_path):
         port = free_port()

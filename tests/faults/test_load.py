@@ -15,11 +15,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from exporter.web.handlers import SERVICE
 from exporter.web.app import make_app
 from exporter.config.model import validate_config
 from faults.checks import samples, value
 from faults.servers import Counters, RawTarget
+
+pytestmark = pytest.mark.e2e
 
 TARGETS = 200
 CLIENTS = int(os.environ.get("LOAD_CLIENTS", "200"))

@@ -76,6 +76,7 @@ class TestEmpty:
         assert answer["results"]["a"]["status"] == "ok"
         assert answer["results"]["a"]["data"]["num_drafts"] == 5
 
+    @pytest.mark.e2e
     def test_check_config_refuses_empty_unless_allowed(self, tmp_path):
         done = _check(tmp_path, b"")
         assert done.returncode == 1
@@ -85,6 +86,7 @@ class TestEmpty:
         assert _check(tmp_path, b"targets: []\n", "--allow-empty").returncode == 0
 
 
+@pytest.mark.e2e
 class TestDurations:
     @pytest.mark.parametrize(
         ("text", "message"),
@@ -106,6 +108,7 @@ class TestDurations:
 
 
 class TestHostileFiles:
+    @pytest.mark.e2e
     async def test_20000_levels_of_nesting(self, running, tmp_path):
         content = b"targets: " + b"[" * 20_000 + b"]" * 20_000 + b"\n"
         done = _check(tmp_path, content)
@@ -120,6 +123,7 @@ class TestHostileFiles:
         body = await _refused(running, "")
         assert "Traceback" not in body["error"]
 
+    @pytest.mark.e2e
     async def test_over_one_mebibyte_is_refused_unread(self, running, tmp_path):
         content = b"# " + b"x" * MAX_CONFIG_BYTES + b"\ntargets: []\n"
         assert _check(tmp_path, content).stdout.startswith(

@@ -110,6 +110,7 @@ class TestNothingShown:
         assert _leaks(str(answer) + listing) == []
 
 
+@pytest.mark.e2e
 class TestNothingLogged:
     def test_debug_log_has_no_credential_even_for_malformed_requests(self, tmp_path):
         target_port, port = free_port(), free_port()

@@ -21,6 +21,8 @@ from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_ht
 
 from faults.servers import hanging_listener
 
+pytestmark = pytest.mark.e2e
+
 K = 5
 
 

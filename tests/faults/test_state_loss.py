@@ -226,6 +226,7 @@ class TestReloadMovesTheState:
         assert (await exp.client.post("/api/v1/windows/open/stop")).status == 200
 
 
+@pytest.mark.e2e
 def test_damaged_wal_is_found_logged_and_counted(tmp_path):
     with fake_vllm("--k", "2") as vllm:
         port = free_port()

@@ -101,12 +101,14 @@ class TestConfig:
         ],
         ids=["yaml-label", "yaml-name", "json-label"],
     )
+    @pytest.mark.e2e
     def test_check_config_names_the_key(self, tmp_path, text, key):
         done = self._check(tmp_path, text)
         assert done.returncode == 1, done.stdout + done.stderr
         assert done.stdout.startswith(f"{key}: not valid Unicode text: lone UTF-16"), done.stdout
         assert "Traceback" not in done.stderr
 
+    @pytest.mark.e2e
     def test_json_dumps_with_an_emoji_is_a_valid_config(self, tmp_path):
         text = json.dumps({"targets": [{"url": "http://h:1/metrics", "name": f"t{EMOJI}",
                                         "labels": {"c": EMOJI}}]})

@@ -117,6 +117,7 @@ class TestHttpSD:
         assert seen_auth == ["Bearer tok"] * 3
 
 
+@pytest.mark.e2e
 class TestDiscoveryInTheExporter:
     async def test_targets_come_and_go_and_windows_close_them(self, fake_vllm, exporter,
                                                               tmp_path, promtool):
@@ -231,6 +232,7 @@ class TestTargetsFromPrometheus:
         assert info.value.problems == [message]
 
 
+@pytest.mark.e2e
 @pytest.mark.prometheus
 class TestPrometheusSDAgainstRealPrometheus:
     def test_follows_prometheus_and_keeps_the_list_when_it_goes(self, tmp_path, prometheus):

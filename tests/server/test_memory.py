@@ -32,6 +32,7 @@ def test_without_the_call_it_does_nothing(monkeypatch):
     assert memory.give_back_free_memory() is False
 
 
+@pytest.mark.e2e
 @pytest.mark.may_skip_in_ci("mallopt is glibc's: musl and macOS have none")
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_glibc_keeps_big_blocks_in_their_own_mappings():

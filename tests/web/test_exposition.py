@@ -473,6 +473,7 @@ class TestExposition:
         assert "\n# TYPE process_cpu_seconds_total counter" in text
         assert "python_gc_objects_collected_total" in text
 
+    @pytest.mark.e2e
     async def test_promtool_check_metrics(self, fake_vllm, exporter, promtool):
         exp, _, _ = await _with_window(fake_vllm, exporter, Clock())
         text = await _metrics_text(exp)
@@ -481,6 +482,7 @@ class TestExposition:
         assert done.returncode == 0, done.stdout + done.stderr
         assert done.stdout == b"" and done.stderr == b""
 
+    @pytest.mark.e2e
     async def test_promtool_check_metrics_with_failures(self, exporter, promtool, unused_tcp_port):
         exp = await exporter({"targets": [
             {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}

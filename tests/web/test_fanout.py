@@ -83,6 +83,7 @@ def fleet(tmp_path):
         yield make
 
 
+@pytest.mark.e2e
 class TestTwoShards:
     def test_windows_through_any_shard_cover_every_target(self, fleet):
         f = fleet(2, 5)
@@ -166,6 +167,7 @@ class TestTwoShards:
                 assert result["shard"] == 0
 
 
+@pytest.mark.e2e
 class TestDeleteOnEveryShard:
     def test_delete_through_one_shard_forgets_the_window_on_all(self, fleet):
         f = fleet(2, 3)
@@ -185,6 +187,7 @@ class TestDeleteOnEveryShard:
         assert all(any((f.out(i) / "gone").iterdir()) for i in range(2))
 
 
+@pytest.mark.e2e
 class TestThreeShardsOneKilled:
     def test_one_shard_killed_mid_window(self, fleet):
         f = fleet(3, 7)
@@ -293,6 +296,7 @@ class TestRebalance:
         assert sorted(answer["aggregate"]["targets"]) == staying
 
 
+@pytest.mark.e2e
 @pytest.mark.prometheus
 class TestNoDoubleCountingInPrometheus:
     def test_two_shards_scraped_by_prometheus_count_each_target_once(self, fleet, tmp_path,

@@ -167,6 +167,7 @@ class TestMetricsEndpoint:
         assert unpacked == plain  # the test client inflates; the bytes on the wire were gzip
         assert int(response.headers["Content-Length"]) < len(plain) / 3
 
+    @pytest.mark.e2e
     async def test_promtool_check_metrics_finds_nothing(self, exporter, fake_vllm, promtool):
         exp = await self._exporter(exporter, fake_vllm)
         _, text = await self._get(exp, **{"Accept-Encoding": "gzip"})
@@ -182,6 +183,7 @@ def _prom_query(url: str, expr: str) -> list[dict]:
         return json.loads(response.read())["data"]["result"]
 
 
+@pytest.mark.e2e
 @pytest.mark.prometheus
 class TestRealPrometheusScrapes:
     def test_openmetrics_and_text_jobs_both_scrape_the_same_samples(self, tmp_path, prometheus):

@@ -107,6 +107,7 @@ class TestWindowPage:
         assert 'http-equiv="refresh"' not in quiet
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("width", [1400, 400])
 async def test_pages_in_headless_chromium(exporter, fake_vllm, tmp_path, width):
     clock = Clock(START)
