@@ -158,7 +158,7 @@ def _spliced(text: bytes, objects: Mapping[str, tuple[list[bytes], bytes]]) -> b
 @dataclass(frozen=True)
 class StopTexts:
     """What a stop's work hands back from its child: the answer's compact text, what memory
-    keeps of it, and the window's state row around the answer (`store.EncodedDoc`'s `before`
+    keeps of it, and the window's state row around the answer (`EncodedDoc`'s `before`
     and `after`); `parts` and `of_parts` are each other's inverse."""
 
     compact: bytes
@@ -219,3 +219,32 @@ def with_key(text: bytes, key: str, value: Any) -> bytes:
         raise ValueError("not the text of a JSON object")
     tail = compact({key: value})[1:]
     return text[:-1] + (b"," if text != b"{}" else b"") + tail
+
+
+@dataclass(frozen=True)
+class EncodedDoc:
+    """A window row's document as JSON around its `answer`'s value, which `text` puts in as
+    is: a stop answer comes encoded already (megabytes, not decoded or encoded again here),
+    and a stop encodes the rest while its child still makes the answer (`encode_doc`)."""
+
+    id: str
+    open: bool
+    started_at: float
+    before: bytes  # the JSON text up to the answer's value
+    own: bytes  # the document's own answer, as JSON
+    after: bytes  # from after it
+
+    def text(self, answer: bytes | None = None) -> bytes:
+        """The document's text, with this answer (already JSON) or its own."""
+        return b"".join((self.before, self.own if answer is None else answer, self.after))
+
+
+def encode_doc(doc: Mapping[str, Any]) -> EncodedDoc:
+    """`json.dumps(doc)` (NaN as NaN, as the stdlib writes it), cut around its answer's value
+    (a document without one gets it last)."""
+    # A stand-in for the answer: NUL and a random token, in no real text.
+    mark = f"\x00{secrets.token_hex(8)}"
+    text = json.dumps(dict(doc) | {"answer": mark}).encode()
+    before, _, after = text.partition(json.dumps(mark).encode())
+    return EncodedDoc(doc["id"], doc["stopped_at"] is None, doc["started_at"], before,
+                      json.dumps(doc.get("answer")).encode(), after)

@@ -3,22 +3,31 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
-import secrets
 import shutil
 import sqlite3
-import struct
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.state.answertext import AnswerTexts
 from exporter.core.errors import StoreError
+from exporter.state.answertext import EncodedDoc, encode_doc
+from exporter.state.resultfiles import (
+    PREPARED,
+    PreparedFiles,
+    atomic_write,
+    prepare_results,
+    write_results,
+)
+from exporter.state.wal import wal_checksum, wal_damage
+
+# Read here by modules written before the result files and WAL checks were split off.
+__all__ = ["PREPARED", "STATE_CACHE_KIB", "STATE_PAGE_SIZE", "EncodedDoc", "PreparedFiles",
+           "StateStore", "atomic_write", "connect_state", "encode_doc", "prepare_results",
+           "wal_checksum", "wal_damage", "write_results"]
 
 log = logging.getLogger(__name__)
 
@@ -56,254 +65,13 @@ _TABLES = {
 }
 
 
-def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
-    """Write via a temporary file in the same directory and rename: never a half file.
-
-    `sync` also forces the bytes to disk before the rename (durable across a power cut);
-    atomicity for readers does not need it. Plain `os` calls, not `tempfile.mkstemp` and a file
-    object: a stop writes a file per target, and those took 0.14 ms of the 0.19 ms per file.
-    """
-    folder = os.fspath(path.parent)
-    for attempt in range(_ATTEMPTS):
-        # A name of our own (O_EXCL): another writer's, or a killed one's leftover, is not ours.
-        tmp = os.path.join(folder, f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            fd = os.open(tmp, _CREATE, 0o600)  # mkstemp's mode, as the files always had
-            break
-        except FileExistsError:
-            continue
-        except FileNotFoundError:
-            if attempt == _ATTEMPTS - 1:
-                raise
-            os.makedirs(folder, exist_ok=True)
-    else:
-        raise FileExistsError(errno.EEXIST, "no free temporary name", folder)
-    try:
-        try:
-            _write_all(fd, data)
-            if sync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-_ATTEMPTS = 100
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    # os.write may write less than it was given (a signal, a full pipe): write the rest.
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-PREPARED = ".performances.prepared"  # a window's result files, made ahead of its stop
-
-
-def prepare_results(directory: Path, names: Iterable[str]) -> None:
-    """Create a window's result files, empty, in a hidden folder that its stop fills.
-
-    Creating a file costs 0.6-0.9 ms on some disks (ext4 on this project's CI machine; 7 us on
-    tmpfs), writing into one that exists 10 us: a stop over 1000 targets spent half a second
-    creating its files. So they are made while the window is open, off the loop, and the stop
-    fills them and renames the folder. Files there already (a restart) are kept.
-    """
-    folder = directory / PREPARED
-    folder.mkdir(parents=True, exist_ok=True)
-    have = set(os.listdir(folder))
-    at = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        for name in names:
-            if name not in have:
-                os.close(os.open(name, _CREATE, 0o600, dir_fd=at))
-    finally:
-        os.close(at)
-
-
-class PreparedFiles:
-    """A window's prepared folder (`prepare_results`), its files filled one by one while its
-    stop's scrapes come in; `write_results(ahead=written)` then leaves those as they are."""
-
-    def __init__(self, directory: Path):
-        self.written: dict[str, bytes] = {}  # file name -> the text it holds
-        try:
-            self._at: int | None = os.open(directory / PREPARED,
-                                           os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        except OSError:  # none (made late, or not at all): `write_results` writes them all
-            self._at = None
-
-    def write(self, name: str, text: bytes) -> None:
-        """Fill one file; if it cannot be, `write_results` tries again (and says why)."""
-        if self._at is None or "/" in name:
-            return
-        try:
-            _write_into(self._at, {name: text}, _FILL)
-        except OSError:
-            return
-        self.written[name] = text
-
-    def close(self) -> None:
-        """Let go of the folder (the files stay)."""
-        if self._at is not None:
-            os.close(self._at)
-            self._at = None
-
-
-def write_results(directory: Path, texts: AnswerTexts,
-                  ahead: Mapping[str, bytes] | None = None, *, sync: bool = True) -> list[Path]:
-    """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all.
-
-    File names as `results.result_file_names` gives them (AISBench's, unless two collide).
-    `ahead`: files of the prepared folder filled already (`PreparedFiles.written`), left
-    as they are where they hold the same text object. `sync`: window.json and the folders
-    forced to disk (a stop leaves that to the state database, which holds the same answer and
-    is synced right after: `WindowBook.restore` writes lost files again from it).
-    """
-    # One fsync for window.json (which holds every result) and one per directory, not one per
-    # target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
-    folder = directory / "performances"
-    written = [folder / name for name in texts.files]
-    try:
-        if texts.files and not _fill_prepared(directory, texts.files, ahead or {}) and (
-                not _new_folder(folder, texts.files)):
-            for path, text in zip(written, texts.files.values(), strict=True):
-                atomic_write(path, text, sync=False)
-        atomic_write(directory / "window.json", texts.whole, sync=sync)
-        written.append(directory / "window.json")
-        for where in {p.parent for p in written} if sync else ():
-            _fsync_dir(where)
-    except OSError as exc:
-        raise StoreError(f"cannot write results to {directory}: {exc.strerror or exc}") from exc
-    # Left over when the folder was there already (a stop that wrote it and failed later).
-    shutil.rmtree(directory / PREPARED, ignore_errors=True)
-    return written
-
-
-def _fill_prepared(directory: Path, files: Mapping[str, bytes], ahead: Mapping[str, bytes]
-                   ) -> bool:
-    """The prepared folder filled and renamed to `performances`: False (nothing done) when
-    there is none, or a `performances` folder is there already.
-
-    Readers see every file or none: the folder is hidden until its rename. Files it has beyond
-    these (a window whose file names changed) leave; ones it lacks are made now.
-    """
-    prepared, folder = directory / PREPARED, directory / "performances"
-    if not prepared.is_dir() or os.path.lexists(folder):
-        return False
-    at = os.open(prepared, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        for name in set(os.listdir(at)) - set(files):
-            os.unlink(name, dir_fd=at)
-        _write_into(at, {name: text for name, text in files.items()
-                         if ahead.get(name) is not text}, _FILL)
-    finally:
-        os.close(at)
-    os.rename(prepared, folder)
-    return True
-
-
-def _write_into(at: int, files: Mapping[str, bytes], flags: int) -> None:
-    """Each file written whole into the folder open as `at` (mode 0600, as mkstemp's).
-
-    `_FILL`: a file there already is written over, and cut to its new text only if it held
-    more. Not `O_TRUNC`: ext4 takes the truncation of a file to zero as a file being replaced
-    and starts writing it to disk at its close (`auto_da_alloc`), even where it was empty (a
-    prepared file): filling 1000 files took 41 ms, against 12 ms without (this machine)."""
-    for name, text in files.items():
-        fd = os.open(name, flags, 0o600, dir_fd=at)
-        try:
-            held = os.fstat(fd).st_size if flags == _FILL else 0
-            _write_all(fd, text)
-            if held > len(text):
-                os.ftruncate(fd, len(text))
-        finally:
-            os.close(fd)
-
-
-_FILL = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-
-
-def _new_folder(folder: Path, files: Mapping[str, bytes]) -> bool:
-    """A folder that does not exist yet, made whole: False (nothing done) if it exists.
-
-    Its files are written into a temporary folder beside it, which is then renamed: a reader
-    sees every file or none, as with a rename per file, at half the directory operations (the
-    first stop of a window; a folder there already gets a rename per file).
-    """
-    if os.path.lexists(folder):
-        return False
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f".{folder.name}.{secrets.token_hex(4)}.tmp")
-    os.mkdir(tmp)
-    try:
-        at = os.open(tmp, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            _write_into(at, files, _CREATE)
-        finally:
-            os.close(at)
-        os.rename(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return True
-
-
-@dataclass(frozen=True)
-class EncodedDoc:
-    """A window row's document as JSON around its `answer`'s value, which `text` puts in as
-    is: a stop answer comes encoded already (megabytes, not decoded or encoded again here),
-    and a stop encodes the rest while its child still makes the answer (`encode_doc`)."""
-
-    id: str
-    open: bool
-    started_at: float
-    before: bytes  # the JSON text up to the answer's value
-    own: bytes  # the document's own answer, as JSON
-    after: bytes  # from after it
-
-    def text(self, answer: bytes | None = None) -> bytes:
-        """The document's text, with this answer (already JSON) or its own."""
-        return b"".join((self.before, self.own if answer is None else answer, self.after))
-
-
-def encode_doc(doc: Mapping[str, Any]) -> EncodedDoc:
-    """`json.dumps(doc)` (NaN as NaN, as the stdlib writes it), cut around its answer's value
-    (a document without one gets it last)."""
-    # A stand-in for the answer: NUL and a random token, in no real text.
-    mark = f"\x00{secrets.token_hex(8)}"
-    text = json.dumps(dict(doc) | {"answer": mark}).encode()
-    before, _, after = text.partition(json.dumps(mark).encode())
-    return EncodedDoc(doc["id"], doc["stopped_at"] is None, doc["started_at"], before,
-                      json.dumps(doc.get("answer")).encode(), after)
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# The state database's page cache, KiB. SQLite's default (2 MiB) filled with the pages of the
-# first stopped window's answer (~5 MB at 1000 targets, written once, read back rarely) and
-# stayed full: 2 MiB of the server's growth over its first window. What is read and written
-# again, round after round (the open windows' accumulator rows and the tables' inner pages),
-# is far smaller; pages not cached are read from the system's file cache.
+# The state database's page cache, KiB: what is read and written round after round (the open
+# windows' accumulator rows, the tables' inner pages) fits, and a stopped window's big answer
+# (written once, rarely read back) is not kept cached; other pages come from the file cache.
 STATE_CACHE_KIB = 384
-# Pages of 8 KiB (SQLite's default is 4): a stop's answer (~5 MB at 1000 targets) is stored
-# as one row, a chain of overflow pages, each its own write to the WAL. Saving a stop's row
-# took 53-65 ms with 4 KiB pages, 31-32 ms with 8 KiB (16 KiB: 35 ms; 64 KiB: 28 ms, but SQLite
-# then held 2-4x the memory for the same cache size). A database made with other pages keeps
-# them (WAL mode fixes the size).
+# Pages of 8 KiB (SQLite's default is 4): a stop's answer is stored as one row, a chain of
+# overflow pages, each its own write to the WAL (docs/performance.md has the sizes tried). A
+# database made with other pages keeps them (WAL mode fixes the size).
 STATE_PAGE_SIZE = 8192
 
 
@@ -661,56 +429,6 @@ class StateStore:
 
 # The tables of per-target rows, which go with their window.
 _ACC_TABLES = ("accumulators", "accumulator_rounds")
-_WAL_MAGIC = (0x377F0682, 0x377F0683)
-
-
-def wal_checksum(data: bytes, big_endian: bool, s0: int = 0, s1: int = 0) -> tuple[int, int]:
-    """SQLite's WAL checksum (pairs of 32-bit words, cumulative), continued from (s0, s1)."""
-    words = struct.unpack(f"{'>' if big_endian else '<'}{len(data) // 4}I", data)
-    for i in range(0, len(words), 2):
-        s0 = (s0 + words[i] + s1) & 0xFFFFFFFF
-        s1 = (s1 + words[i + 1] + s0) & 0xFFFFFFFF
-    return s0, s1
-
-
-def wal_damage(wal: bytes) -> str | None:
-    """Why a write-ahead log is damaged, or None when SQLite will replay all it committed.
-
-    Frames of an older generation (other salts), an unfinished or torn last frame and frames
-    after the last commit are normal leftovers of a kill mid-write; a frame whose checksum fails
-    with commits of the same generation after it is damage: SQLite stops there, losing them.
-    """
-    if len(wal) < 32:
-        return None
-    magic, _, page_size, _, salt1, salt2, c0, c1 = struct.unpack(">8I", wal[:32])
-    if magic not in _WAL_MAGIC:
-        return "bad header magic"
-    big = magic & 1 == 1
-    if wal_checksum(wal[:24], big) != (c0, c1):
-        return "header checksum mismatch"
-    sums = (c0, c1)
-    offset, frame = 32, 24 + page_size
-    while offset + frame <= len(wal):
-        head = wal[offset:offset + 24]
-        _, _, f_salt1, f_salt2, f0, f1 = struct.unpack(">6I", head)
-        if (f_salt1, f_salt2) != (salt1, salt2):
-            return None  # an older generation's frame: the log ends before it
-        sums = wal_checksum(head[:8], big, *sums)
-        sums = wal_checksum(wal[offset + 24:offset + frame], big, *sums)
-        if sums != (f0, f1):
-            # A kill between a frame's header and its page leaves a torn last frame: harmless
-            # unless a later frame of this generation ends a transaction (a commit lost).
-            lost = sum(
-                1 for at in range(offset + frame, len(wal) - frame + 1, frame)
-                if struct.unpack(">6I", wal[at:at + 24])[1:4] != (0, salt1, salt2)
-                and struct.unpack(">6I", wal[at:at + 24])[2:4] == (salt1, salt2)
-            )
-            if lost:
-                index = (offset - 32) // frame
-                return f"frame {index} checksum mismatch; {lost} committed transaction(s) after it"
-            return None
-        offset += frame
-    return None
 
 
 _REQUIRED = ("id", "name", "targets", "labels", "started_at", "stopped_at", "accumulators")

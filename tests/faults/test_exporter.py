@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
-from exporter.state import store
+from exporter.state import resultfiles, store
 from exporter.state.store import PREPARED
 from faults.checks import assert_increase, increase, still_serving, value
 from faults.servers import Counters, RawTarget, hanging_listener
@@ -113,14 +113,14 @@ class TestResultsNotWritable:
 
     async def test_disk_full_writing_results(self, exporter, pair, monkeypatch, tmp_path):
         exp = await _exp(exporter, pair)
-        real = store.atomic_write
+        real = resultfiles.atomic_write
 
         def full(path, data, **_):
             raise OSError(errno.ENOSPC, "No space left on device")
 
         answer = await self._stop_fails_then_succeeds(
-            exp, pair, lambda: monkeypatch.setattr(store, "atomic_write", full),
-            lambda: monkeypatch.setattr(store, "atomic_write", real))
+            exp, pair, lambda: monkeypatch.setattr(resultfiles, "atomic_write", full),
+            lambda: monkeypatch.setattr(resultfiles, "atomic_write", real))
         assert json.loads((tmp_path / "out" / "w1" / "window.json").read_text()) == answer
 
     async def test_disk_full_for_the_state_database(self, exporter, pair):

@@ -200,7 +200,8 @@ def zombies_of(parent: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                stat = open(f"/proc/{entry}/stat").read()
+                with open(f"/proc/{entry}/stat") as file:
+                    stat = file.read()
             except OSError:
                 continue
             state, ppid = stat.rsplit(")", 1)[1].split()[:2]
