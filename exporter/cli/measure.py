@@ -11,6 +11,7 @@ import ast
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -143,7 +144,8 @@ async def run_command(cmd: Sequence[str]) -> int:
     try:
         process = await asyncio.create_subprocess_exec(*cmd)
     except OSError as exc:
-        print(f"specdec-exporter: cannot run {cmd[0]!r}: {exc.strerror or exc}", flush=True)
+        print(f"specdec-exporter: cannot run {cmd[0]!r}: {exc.strerror or exc}",
+              file=sys.stderr, flush=True)
         return 127
     loop = asyncio.get_running_loop()
     forwarded = (signal.SIGINT, signal.SIGTERM)

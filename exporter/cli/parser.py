@@ -174,6 +174,9 @@ def _run(command: Command) -> None:
                   usage="%(prog)s --exporter URL [options] -- CMD [ARGS...]")
     _exporter_args(run)
     _window_args(run)
+    run.add_argument("--require-window", action="store_true",
+                     help="exit 1 without running the command when the window cannot open "
+                          "(for CI: a mistyped --exporter fails the job)")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",
                      help="the benchmark command, after --; run exits with its exit code")
     run.set_defaults(func=cmd_run, parser=run)

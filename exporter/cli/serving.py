@@ -174,7 +174,8 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
     address = f"{args.host}:{args.port}"
 
     async def started() -> None:
-        print(f"fake-vllm on http://{address}{server.metrics_path} k={args.k} "
+        speculation = f"k={args.k}" if not args.no_spec_decode else "no spec decode"
+        print(f"fake-vllm on http://{address}{server.metrics_path} {speculation} "
               f"engines={args.engines} dialect={args.dialect}; OpenAI API at "
               f"http://{address}/v1", flush=True)
 
@@ -191,6 +192,8 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from exporter.cli.demo import run_demo
 
+    # `timeout`, `kill` and supervisors send SIGTERM: the same clean end as Ctrl-C.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         asyncio.run(run_demo(args.port, args.duration, args.output_dir))
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from exporter.cli.measure import run_command
 
     cmd = benchmark_command(args)
+    if shutil.which(cmd[0]) is None:
+        # A command that cannot start would record an empty window: record none.
+        say(f"cannot run {cmd[0]!r}: no such command; no window recorded")
+        return 127
     client = fleet_client(args)
     window_id = None
     failure = None
@@ -95,6 +100,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say_start_failures(started)
     except ClientError as exc:
         failure = str(exc)
+        if args.require_window:
+            say(f"{exc}; not running the command (--require-window)")
+            return EXIT_FAILED
         say(f"no window recorded: {exc}")
     code = asyncio.run(run_command(cmd))
     if window_id is not None:
@@ -136,4 +144,6 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if answer is not None:
         print(format_window(answer), end="")
         print(f"spec-decode results in {work_dir / 'performances'}")
+        if _say_stop_failures(answer):
+            say("measure has no result for any target (the command's exit code stands)")
     return code

@@ -1,0 +1,73 @@
+"""What a newcomer trips on, through the real CLI: missing commands, silent no-results, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from clitools import CLI, fake_vllm, free_port, http, process, wait_http, write_config
+
+
+def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=90, **kwargs)
+
+
+class TestRun:
+    def test_a_missing_command_is_said_on_stderr_and_records_no_window(self, tmp_path):
+        port = free_port()
+        config = write_config(tmp_path / "c.yaml", port, [])
+        with process(CLI + ["serve", "--config", str(config)]):
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            done = _cli("run", "--exporter", f"127.0.0.1:{port}", "--id", "r", "--",
+                        "no-such-command-here")
+            status, _ = http("GET", f"http://127.0.0.1:{port}/api/v1/windows/r")
+        assert done.returncode == 127
+        assert done.stdout == ""
+        assert "cannot run 'no-such-command-here'" in done.stderr
+        assert status == 404
+
+    def test_require_window_refuses_to_run_the_command_without_one(self, tmp_path):
+        marker = tmp_path / "ran"
+        done = _cli("run", "--exporter", f"127.0.0.1:{free_port()}", "--require-window", "--",
+                    sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+        assert done.returncode == 1
+        assert "unreachable" in done.stderr and "--require-window" in done.stderr
+        assert not marker.exists()
+        # Without the flag the benchmark still runs, as before.
+        done = _cli("run", "--exporter", f"127.0.0.1:{free_port()}", "--",
+                    sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+        assert done.returncode == 0 and marker.exists()
+
+
+class TestMeasure:
+    def test_every_target_down_says_no_result_on_stderr(self, tmp_path):
+        done = _cli("measure", "--target", f"127.0.0.1:{free_port()}", "--work-dir",
+                    str(tmp_path), "--", sys.executable, "-c", "pass")
+        assert done.returncode == 0  # the command's own code
+        assert "no result" in done.stderr
+        assert "measure has no result for any target" in done.stderr
+
+
+class TestFakeVllm:
+    def test_banner_without_spec_decode_prints_no_k(self):
+        port = free_port()
+        with process(CLI + ["fake-vllm", "--port", str(port), "--no-spec-decode"]) as fake:
+            wait_http(f"http://127.0.0.1:{port}/metrics")
+            banner = fake.stdout.readline()
+        assert "k=" not in banner and "no spec decode" in banner
+
+
+class TestDemo:
+    def test_sigterm_cleans_up_like_ctrl_c(self, tmp_path):
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        port = free_port()
+        with process(CLI + ["demo", "--port", str(port)],
+                     env={"TMPDIR": str(tmp)}) as demo:
+            wait_http(f"http://127.0.0.1:{port}/-/ready", deadline=60)
+            assert list(tmp.iterdir()) != []
+            demo.send_signal(signal.SIGTERM)
+            assert demo.wait(timeout=60) == 0
+        assert list(tmp.iterdir()) == []
