@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from exporter.cli.history import parse_time
+from exporter.cli.main import main
 
 
 def test_times_in_every_accepted_form() -> None:
@@ -32,3 +38,46 @@ def test_a_bad_range_is_a_usage_error() -> None:
                            "http://127.0.0.1:1", "--from", "soon", "--to", "now"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
+
+
+class _OneTarget(BaseHTTPRequestHandler):
+    """A store holding one target's drafts counter: 10, 25, then 4 after a restart."""
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        item = {"metric": {"__name__": "vllm:spec_decode_num_drafts_total",
+                           "instance": "a:1", "model_name": "m"},
+                "values": [[100.0, "10"], [101.0, "25"], [102.0, "4"]]}
+        body = json.dumps({"status": "success",
+                           "data": {"resultType": "matrix", "result": [item]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_history_writes_the_window_and_prints_it(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OneTarget)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    store = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        code = main(["history", "--prometheus", store, "--from", "99", "--to", "103",
+                     "--output-dir", str(tmp_path), "--json"])
+        answer = json.loads(capsys.readouterr().out)
+        assert main(["history", "--prometheus", store, "--from", "99", "--to", "103"]) == 0
+        console = capsys.readouterr().out
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert code == 0
+    # 15 before the restart, 4 after it.
+    assert answer["results"]["a:1"]["increase"]["num_drafts"] == 19
+    assert json.loads((tmp_path / "window.json").read_text())["source"] == "prometheus"
+    assert "a:1" in console
+    assert main(["history", "--prometheus", store, "--from", "99", "--to", "103"]) == 1
+    assert "not reachable" in capsys.readouterr().err
