@@ -10,7 +10,7 @@ unreadable.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +21,7 @@ from multidict import CIMultiDict
 
 from exporter.config.model import Config
 from exporter.state.answertext import with_key
+from exporter.web.guard import GuardedSite
 from exporter.core.perrequest import PerRequest, RequestStats, from_json, from_sse
 
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
@@ -179,7 +180,7 @@ class Proxying:
                 return Upstream(target.name, origin, self.recordings.record)
         return None
 
-    async def serve(self, app: web.Application) -> AsyncIterator[None]:
+    async def serve(self, app: web.Application) -> AsyncGenerator[None, None]:
         """Listen on every target's `proxy.listen` while the app runs (a cleanup context)."""
         runners: list[web.AppRunner] = []
         async with aiohttp.ClientSession(auto_decompress=False,
@@ -202,7 +203,9 @@ class Proxying:
         await runner.setup()
         host, _, port = listen.rpartition(":")
         try:
-            await web.TCPSite(runner, host.strip("[]"), int(port)).start()
+            # A client slow to send its head (slowloris) is cut off as on the main listener.
+            await GuardedSite(runner, host.strip("[]"), int(port),
+                              header_timeout=self.config().header_timeout).start()
         except OSError as exc:
             await runner.cleanup()
             raise OSError(exc.errno, f"targets.{index}.proxy.listen: cannot listen on "

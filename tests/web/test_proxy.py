@@ -278,3 +278,20 @@ class TestDisconnects:
                     assert (await r.content.readany()).startswith(b"data: {}")
             # The upstream's stream ends only because the proxy closed its side.
             await asyncio.wait_for(ended.wait(), 30)
+
+    async def test_a_slowloris_client_on_the_proxy_port_is_cut_off(self) -> None:
+        port = free_port()
+        config = validate_config({"header_timeout": "200ms", "targets": [
+            {"name": "v", "url": "http://127.0.0.1:9/metrics",
+             "proxy": {"listen": f"127.0.0.1:{port}"}}]})
+        proxying = Proxying(Recordings(list), lambda: config)
+        serving = proxying.serve(web.Application())
+        await anext(serving)
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # never finished
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), 30) == b""  # closed by the proxy
+            writer.close()
+        finally:
+            await serving.aclose()
