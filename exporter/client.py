@@ -26,6 +26,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from exporter.analysis.advise import window_advice
 from exporter.core.console import format_window
 from exporter.core.errors import ExporterError
+from exporter.core.perrequest import format_per_request
 from exporter.core.redact import redact_url
 from exporter.core.results import Result, Status, aggregate
 from exporter.core.window import new_window_id
@@ -52,8 +53,9 @@ class WindowAnswer:
         return window_id
 
     def console(self) -> str:
-        """Every target's console block, then `all` when there are two or more."""
-        return format_window(self.body)
+        """Every target's console block, then `all` when there are two or more; then the
+        per-request sections when requests went through the recording proxy."""
+        return format_window(self.body) + format_per_request(self.body)
 
 
 def is_loopback(url: str) -> bool:

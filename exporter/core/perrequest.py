@@ -209,3 +209,46 @@ def coverage(sums: dict[str, int], counters: dict[str, int]) -> dict[str, Any]:
     drafts = pairs["num_spec_steps"]
     return {"covers_all": all(sums[k] == v for k, v in pairs.items()),
             "share_of_drafts": sums["num_spec_steps"] / drafts if drafts else None}
+
+
+_STATS = ("mean", "min", "p5", "p50", "p95", "max")
+
+
+def format_block(name: str, block: dict[str, Any]) -> str:
+    """One target's per-request section: a table over requests and a one-line histogram."""
+    title = f"========== Per-request spec decode  [{name}] =========="
+    lines = ["", title,
+             f"{'Requests (proxied / with stats)':46}{block['requests']} / {block['with_stats']}"]
+    if block.get("reason"):
+        lines.append(f"{'Reason':46}{block['reason']}")
+    if block.get("unreadable"):
+        lines.append(f"{'Unreadable answers':46}{block['unreadable']}")
+    if block.get("acceptance_length"):
+        lines.append(f"{'Over requests (request-weighted)':46}"
+                     + "".join(f"{s:>8}" for s in _STATS))
+        for key, label in (("acceptance_length", "Acceptance length"),
+                           ("draft_acceptance_rate", "Draft acceptance rate")):
+            figures = block.get(key) or {}
+            if figures:
+                lines.append(f"{label:46}" + "".join(f"{figures[s]:8.2f}" for s in _STATS))
+        hist = " ".join(f"{j}:{n}" for j, n in enumerate(block["acceptance_histogram"]))
+        lines.append(f"{'Acceptance histogram (steps by accepted)':46}{hist}")
+    if "covers_all" in block:
+        share = block.get("share_of_drafts")
+        said = "yes" if block["covers_all"] else (
+            f"no ({100 * share:.1f}% of drafts)" if share is not None else "no")
+        lines.append(f"{'Proxy saw all the server activity':46}{said}")
+    return "\n".join(lines) + "\n"
+
+
+def format_per_request(answer: dict[str, Any]) -> str:
+    """The per-request sections of a window's answer (empty when nothing went through the
+    proxy): each target's, then `all` when there are two or more."""
+    per_request = answer.get("per_request")
+    if not isinstance(per_request, dict):
+        return ""
+    targets = per_request.get("targets") or {}
+    text = "".join(format_block(name, block) for name, block in targets.items())
+    if len(targets) >= 2:
+        text += format_block("all", per_request["aggregate"])
+    return text

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from exporter.core.perrequest import (
-    NO_STATS_REASON, PerRequest, RequestStats, coverage, from_json, from_sse,
+    NO_STATS_REASON, PerRequest, RequestStats, coverage, format_per_request, from_json, from_sse,
     per_position_accepted, summarize)
 
 SPEC = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6,
@@ -111,3 +111,30 @@ class TestMath:
     def test_per_position_accepted_counts_steps_beyond_each_position(
             self, hist: list[int], per_pos: list[int]) -> None:
         assert per_position_accepted(hist) == per_pos
+
+
+class TestConsole:
+    def _answer(self, *blocks: dict[str, object]) -> dict[str, object]:
+        targets = {f"t{i}": b for i, b in enumerate(blocks)}
+        return {"per_request": {"targets": targets, "aggregate": blocks[0]}}
+
+    def test_a_section_per_target_then_all(self) -> None:
+        acc = PerRequest()
+        acc.record(_stats(SPEC))
+        full = acc.answer({"num_drafts": 4, "draft_tokens": 12, "accepted_tokens": 6})
+        part = acc.answer({"num_drafts": 8, "draft_tokens": 12, "accepted_tokens": 6})
+        text = format_per_request(self._answer(full, part))
+        assert text.count("Per-request spec decode") == 3 and "[all]" in text
+        assert "Acceptance histogram (steps by accepted)      0:1 1:1 2:1 3:1" in text
+        assert "Proxy saw all the server activity             yes" in text
+        assert "no (50.0% of drafts)" in text
+        assert "Acceptance length                                 2.50    2.50" in text
+
+    def test_without_stats_the_reason_and_unreadable_count_show(self) -> None:
+        acc = PerRequest()
+        acc.record(None)
+        acc.record(_stats(None))
+        text = format_per_request(self._answer(acc.answer(), ))
+        assert NO_STATS_REASON in text and "Unreadable answers" in text
+        assert "Acceptance length" not in text and "[all]" not in text
+        assert format_per_request({"results": {}}) == ""
