@@ -284,6 +284,7 @@ class TestDashboard:
         annotations = [a["expr"] for a in dash["annotations"]["list"] if "expr" in a]
         assert any("specdec_last_window_info" in a for a in annotations)
 
+    @pytest.mark.e2e
     def test_exprs_are_valid_promql(self, promtool, tmp_path):
         """promtool parses each query (variables substituted) as a recording rule."""
         dash = _dashboard()
@@ -309,13 +310,16 @@ class TestDashboard:
 
 
 class TestPrometheusRules:
+    @pytest.mark.e2e
     def test_check_rules(self, promtool):
         _run([promtool, "check", "rules", str(RULES)])
 
+    @pytest.mark.e2e
     def test_unit_tests_pass(self, promtool):
         proc = _run([promtool, "test", "rules", RULES_TEST.name], cwd=RULES_TEST.parent)
         assert "SUCCESS" in proc.stdout + proc.stderr
 
+    @pytest.mark.e2e
     @pytest.mark.parametrize("config", ["prometheus/prometheus.yml", "compose/prometheus.yml"])
     def test_check_config(self, promtool, config):
         _run([promtool, "check", "config", str(DEPLOY / config)])
@@ -490,6 +494,7 @@ class TestDockerfile:
         (hc,) = self._args(instructions, "HEALTHCHECK")
         assert "/-/healthy" in hc and "urllib" in hc and "curl" not in hc
 
+    @pytest.mark.e2e
     @pytest.mark.parametrize("proxy", [None, "http://127.0.0.1:9/"])
     def test_healthcheck_goes_straight_to_loopback(self, instructions, tmp_path, proxy):
         """The command itself, against a real exporter, with a dead proxy in the environment."""
@@ -579,9 +584,11 @@ def _actionlint(paths: list[Path]) -> list[dict]:
 
 
 class TestWorkflow:
+    @pytest.mark.e2e
     def test_actionlint_finds_nothing(self):
         assert _actionlint([WORKFLOW]) == []
 
+    @pytest.mark.e2e
     def test_actionlint_is_not_vacuous(self, tmp_path):
         broken = tmp_path / "broken.yml"
         broken.write_text(WORKFLOW.read_text().replace("github.repository_owner",

@@ -291,6 +291,7 @@ def _serve_with_a_slow_target(tmp_path, vllm: int, hang) -> tuple[str, list[str]
     return f"http://127.0.0.1:{port}", CLI + ["serve", "--config", str(config)]
 
 
+@pytest.mark.e2e
 class TestSigtermDuringStop:
     def test_stop_in_flight_completes_and_a_retry_after_restart_agrees(self, tmp_path):
         hang = hanging_listener()
