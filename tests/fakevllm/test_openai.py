@@ -6,6 +6,7 @@ import json
 
 import pytest
 from aiohttp import web
+from clitools import fake_vllm, http
 from aiohttp.test_utils import TestClient
 
 from exporter.fakevllm import FakeServer, make_fake_app
@@ -48,3 +49,13 @@ async def test_answers_carry_the_object_and_it_adds_to_the_counters(
     assert obj["num_accepted_draft_tokens"] == totals["num_accepted_tokens"]
     assert obj["num_spec_steps"] + obj["num_accepted_draft_tokens"] == 30
     assert ("steps" in obj) == (mode == "detailed")
+
+
+def test_the_cli_flag_turns_the_object_on() -> None:
+    """`specdec-exporter fake-vllm --per-request-spec-decode-metrics detailed` (a subprocess)."""
+    with fake_vllm("--per-request-spec-decode-metrics", "detailed") as port:
+        status, body = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                            {"prompt": "x", "max_tokens": 12})
+    assert status == 200
+    spec = body["metrics"]["speculative_decoding"]
+    assert spec["num_spec_steps"] + spec["num_accepted_draft_tokens"] == 12 and spec["steps"]
