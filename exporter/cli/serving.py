@@ -17,6 +17,7 @@ from aiohttp import web
 
 from exporter import __version__
 from exporter.cli.common import EXIT_USAGE
+from exporter.cli.hints import with_hint
 from exporter.core.errors import ConfigError, ListenError
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         config = load_config(args.file, allow_empty=args.allow_empty)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(problem)
+            print(with_hint(problem))
         return 1
     print(f"{args.file}: ok, {len(config.targets)} target(s)")
     return 0
@@ -79,7 +80,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = load_config(path, overrides, allow_empty=True)
     except ConfigError as exc:
         for problem in exc.problems:
-            print(f"{path}: {problem}", file=sys.stderr)
+            # A bad --listen is the flag's fault, not the file's.
+            if args.listen and problem.startswith("listen: "):
+                print(f"--listen: {problem.removeprefix('listen: ')}", file=sys.stderr)
+            else:
+                print(f"{path}: {with_hint(problem)}", file=sys.stderr)
         return 1
     host, _, port = config.listen.rpartition(":")
     lock = hold_state_dir(config.state_path.parent)

@@ -71,3 +71,22 @@ class TestDemo:
             demo.send_signal(signal.SIGTERM)
             assert demo.wait(timeout=60) == 0
         assert list(tmp.iterdir()) == []
+
+
+class TestConfigErrors:
+    def test_a_bad_listen_flag_is_blamed_on_the_flag(self, tmp_path):
+        config = write_config(tmp_path / "c.yaml", free_port(), [])
+        done = _cli("serve", "--config", str(config), "--listen", "nonsense")
+        assert done.returncode == 1
+        assert done.stderr.splitlines() == ["--listen: must be host:port, not 'nonsense'"]
+
+    def test_a_near_miss_key_gets_did_you_mean(self, tmp_path):
+        path = tmp_path / "c.yaml"
+        path.write_text('scrape_intervall: 5s\ntargets:\n  - {name: a, urll: "http://x/m"}\n')
+        done = _cli("check-config", str(path))
+        assert done.returncode == 1
+        assert "scrape_intervall: unknown key; did you mean scrape_interval?" in done.stdout
+        assert "targets.0.urll: unknown key; did you mean url?" in done.stdout
+        path.write_text("zzz: 1\ntargets: []\n")
+        far = _cli("check-config", str(path), "--allow-empty")
+        assert "zzz: unknown key\n" in far.stdout and "did you mean" not in far.stdout
