@@ -173,12 +173,14 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, proc=None) 
 class Child:
     """A child process with its output in a log file; stopped with SIGTERM, then SIGKILL."""
 
-    def __init__(self, argv: list[str], log_path: Path, env: dict | None = None):
+    def __init__(self, argv: list[str], log_path: Path, env: dict | None = None,
+                 cwd: Path | None = None):
         self.argv = argv
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cwd=cwd,
         )
 
     @property

@@ -21,6 +21,7 @@ from exporter.fakevllm import FakeServer
 
 NGINX_CANDIDATES = ("nginx", "/usr/sbin/nginx")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_ADAPTERS = 4  # LoRA adapters a served model commonly carries
 
 
 def find_nginx() -> str | None:
@@ -34,21 +35,32 @@ def address(index: int) -> str:
 
 
 class PageSet:
-    """A few simulated servers (k positions, one engine) whose pages are padded to a size."""
+    """A few simulated servers (k positions, one engine) whose pages are padded to a size.
+
+    Padding adds LoRA variants of the non-spec families, so a page carries the series per KiB
+    of a real vLLM page (its histograms per adapter), not long lines; past 4 adapters a page
+    gets more data-parallel engines instead (vLLM labels each rank's series). The pages
+    alternate between the two adapter counts around the size, so their mean lands on it.
+    """
 
     def __init__(self, count: int, *, k: int = 8, target_bytes: int = 100_000, seed: int = 0):
         self.servers = []
         for i in range(count):
-            server = FakeServer(k=k, engines=1, seed=seed + i, acceptance=0.6 + 0.03 * i)
-            server.simulate(2000 + 100 * i)
-            # Pad with LoRA variants of the non-spec families, as page_for_bench does.
+            for engines in (1, 2, 4, 8):
+                server = FakeServer(k=k, engines=engines, seed=seed + i,
+                                    acceptance=0.6 + 0.03 * i, lora_adapters=MAX_ADAPTERS)
+                server.simulate(2000 + 100 * i)
+                if len(server.render()) >= target_bytes:
+                    break
+            server.lora_adapters = 0
             base = len(server.render())
             if base < target_bytes:
                 server.lora_adapters = 1
                 per_variant = max(1, len(server.render()) - base)
-                server.lora_adapters = max(1, math.ceil((target_bytes - base) / per_variant))
+                wanted = (target_bytes - base) / per_variant
+                low = math.floor(wanted)
+                server.lora_adapters = low + (1 if (i + 0.5) / count < wanted - low else 0)
             self.servers.append(server)
-
     def render(self) -> list[bytes]:
         """The current pages."""
         return [server.render() for server in self.servers]
@@ -62,7 +74,7 @@ class PageSet:
 class NginxFleet:
     """nginx serving `size` targets at http://127.77.x.y:<port>/metrics, as a child process."""
 
-    def __init__(self, size: int, *, pages: int = 10, k: int = 8, page_bytes: int = 100_000):
+    def __init__(self, size: int, *, pages: int = 10, k: int = 8, page_bytes: int = 160 * 1024):
         nginx = find_nginx()
         if nginx is None:
             raise Skip("nginx not found: apt-get install -y nginx (or nginx-light)")
@@ -73,6 +85,7 @@ class NginxFleet:
         self.dir.chmod(0o755)
         self.pages = PageSet(pages, k=k, target_bytes=page_bytes)
         self.page_bytes = 0
+        self.page_series = 0
         self.child: Child | None = None
         self.port = 0
         self.write_pages()
@@ -92,8 +105,9 @@ class NginxFleet:
         """Write the current pages and their .gz twins (nginx gzip_static), atomically."""
         root = self.dir / "pages"
         root.mkdir(mode=0o755, exist_ok=True)
-        sizes = []
+        sizes, series = [], []
         for i, page in enumerate(self.pages.render()):
+            series.append(sum(1 for line in page.splitlines() if line and line[:1] != b"#"))
             twins = ((f"page{i}.prom", page), (f"page{i}.prom.gz", gzip.compress(page, 6)))
             for name, body in twins:
                 tmp = root / (name + ".tmp")
@@ -102,6 +116,7 @@ class NginxFleet:
                 os.replace(tmp, root / name)
             sizes.append(len(page))
         self.page_bytes = round(sum(sizes) / len(sizes))
+        self.page_series = round(sum(series) / len(series))
 
     def advance(self, drafts: int = 200) -> None:
         """Grow every counter and rewrite the files."""

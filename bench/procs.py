@@ -27,6 +27,14 @@ from exporter.config.model import validate_config
 EXPORTER_AGENT = "specdec-exporter/"
 PROMETHEUS_AGENT = "Prometheus/"
 PROMETHEUS_CANDIDATES = ("prometheus", "/usr/bin/prometheus")
+VICTORIA_AGENT = "vm_promscrape"
+VICTORIA_CANDIDATES = ("victoria-metrics", "/usr/bin/victoria-metrics")
+SPEC_ONLY = [{"source_labels": ["__name__"], "regex": "vllm:spec_decode_.*", "action": "keep"}]
+
+
+def find_victoria() -> str | None:
+    """The single-node victoria-metrics binary (Debian's package), or None."""
+    return find_binary(*VICTORIA_CANDIDATES)
 
 
 def find_prometheus() -> str | None:
@@ -56,10 +64,10 @@ class _ServingProcess:
     child: Child
 
     def _launch(self, cmd: list[str], log: Path, what: str, timeout: float,
-                env: dict | None = None) -> None:
-        self.child = Child(cmd, log, env=env)
+                env: dict | None = None, ready: str = "/-/ready", cwd: Path | None = None) -> None:
+        self.child = Child(cmd, log, env=env, cwd=cwd)
         try:
-            wait_until(lambda: http_status(self.base + "/-/ready") == 200, timeout, what,
+            wait_until(lambda: http_status(self.base + ready) == 200, timeout, what,
                        self.child.proc)
         except RuntimeError as exc:
             self.child.stop()
@@ -86,10 +94,14 @@ class _ServingProcess:
 
 
 class ExporterProcess(_ServingProcess):
-    """`python -m exporter serve --config FILE` over n fleet targets; ready after one round."""
+    """`python -m exporter serve --config FILE` over n fleet targets; ready after one round.
+
+    `tree`: another checkout whose exporter/ is run instead (a baseline commit's code, in the
+    same run); `-m` looks in the working directory first, so the child starts there.
+    """
 
     def __init__(self, fleet: NginxFleet, n: int, workdir: Path, *, interval: float = 5.0,
-                 event_loop: str | None = None, **extra):
+                 event_loop: str | None = None, tree: Path | None = None, **extra):
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -102,8 +114,11 @@ class ExporterProcess(_ServingProcess):
         env["PYTHONUNBUFFERED"] = "1"
         if event_loop:  # "asyncio" opts out of uvloop (exporter/server/eventloop.py)
             env["SPECDEC_EVENT_LOOP"] = event_loop
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
         self._launch([sys.executable, "-m", "exporter", "serve", "--config", str(path)],
-                     workdir / "exporter.log", "exporter ready", 60 + n * 0.05, env=env)
+                     workdir / "exporter.log", "exporter ready", 60 + n * 0.05, env=env,
+                     cwd=tree)
 
 
 class PrometheusProcess(_ServingProcess):
@@ -123,9 +138,7 @@ class PrometheusProcess(_ServingProcess):
         }
         if keep == "spec":
             # Same job as the exporter: keep only the spec-decode series (all are still parsed).
-            job["metric_relabel_configs"] = [
-                {"source_labels": ["__name__"], "regex": "vllm:spec_decode_.*", "action": "keep"}
-            ]
+            job["metric_relabel_configs"] = SPEC_ONLY
         config = {
             "global": {"scrape_interval": f"{interval:g}s",
                        "scrape_timeout": f"{min(3.0, interval):g}s"},
@@ -137,6 +150,35 @@ class PrometheusProcess(_ServingProcess):
             [binary, f"--config.file={path}", f"--storage.tsdb.path={workdir / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
             workdir / "prometheus.log", "prometheus ready", 60)
+
+
+class VictoriaProcess(_ServingProcess):
+    """Single-node VictoriaMetrics scraping n fleet targets itself (-promscrape.config).
+
+    Set up as a user keeping only the spec-decode series would: the same scrape job as the
+    spec-only Prometheus, metric_relabel_configs keeping vllm:spec_decode_*.
+    """
+
+    def __init__(self, fleet: NginxFleet, n: int, workdir: Path, *, interval: float = 5.0):
+        binary = find_victoria()
+        if binary is None:
+            raise Skip("victoria-metrics not found: apt-get install -y victoria-metrics")
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        config = {
+            "global": {"scrape_interval": f"{interval:g}s",
+                       "scrape_timeout": f"{min(3.0, interval):g}s"},
+            "scrape_configs": [{"job_name": "fleet",
+                                "static_configs": [{"targets": fleet.host_ports(n)}],
+                                "metric_relabel_configs": SPEC_ONLY}],
+        }
+        path = workdir / "scrape.yml"
+        path.write_text(json.dumps(config))
+        self._launch(
+            [binary, f"-promscrape.config={path}", f"-storageDataPath={workdir / 'data'}",
+             f"-httpListenAddr=127.0.0.1:{self.port}", "-loggerLevel=ERROR"],
+            workdir / "victoria.log", "victoria-metrics ready", 60, ready="/health")
 
 
 @dataclass

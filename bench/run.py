@@ -24,7 +24,7 @@ from bench import (
 )
 from bench.common import CaseResult, Row, Skip
 from bench.fleet import NginxFleet, find_nginx
-from bench.procs import find_prometheus
+from bench.procs import find_prometheus, find_victoria
 
 CASES = ("parse", "fleet", "floor", "markers", "exposition", "save", "scale")
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,6 +49,7 @@ class Settings:
     exposition_n: int = 1000
     exposition_repeats: int = 7
     lag_seconds: float = 12.0
+    page_kib: int = 160  # the fleet's mean page: 60, 160 or 400 KiB shapes a real fleet's
 
     @classmethod
     def quick(cls) -> Settings:
@@ -74,11 +75,13 @@ class Suite:
         self.png = png
         self.results: dict[str, CaseResult] = {}
         self._fleet: NginxFleet | None = None
+        self.baseline_tree: Path | None = None
 
     def fleet(self) -> NginxFleet:
         """The shared nginx fleet, started on first use (Skip without nginx)."""
         if self._fleet is None:
-            self._fleet = NginxFleet(self.settings.fleet_size)
+            self._fleet = NginxFleet(self.settings.fleet_size,
+                                     page_bytes=self.settings.page_kib * 1024)
         return self._fleet
 
     def close(self) -> None:
@@ -99,7 +102,8 @@ class Suite:
                 result = case_fleet.run(self.fleet(), sizes=s.fleet_sizes,
                                         seconds=s.fleet_seconds, interval=s.interval,
                                         keep=s.prometheus_keep, rotations=s.rotations,
-                                        compare_at=s.compare_at)
+                                        compare_at=s.compare_at,
+                                        baseline_tree=self.baseline_tree)
             elif name == "floor":
                 fleet = self.results.get("fleet")
                 result = case_floor.run(self.fleet(), fleet.data if fleet else None)
@@ -223,6 +227,7 @@ def meta(args: argparse.Namespace, settings: Settings) -> dict:
         "cpu_model": cpu,
         "nginx": _version([nginx, "-v"]) if nginx else None,
         "prometheus": _version([prom, "--version"]) if prom else None,
+        "victoria_metrics": _version([vm, "-version"]) if (vm := find_victoria()) else None,
         "quick": args.quick,
         "settings": {k: (list(v) if isinstance(v, tuple) else v)
                      for k, v in vars(settings).items()},
@@ -238,6 +243,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"run only this case (repeatable): {', '.join(CASES)}")
     parser.add_argument("--duration", type=float,
                         help="seconds each process is measured per N in the fleet case")
+    parser.add_argument("--page-kib", type=int,
+                        help="mean size of the fleet's pages in KiB (default 160; 60, 400)")
+    parser.add_argument("--fleet-sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
+                        help="fleet case's target counts, comma-separated (e.g. 1000)")
+    parser.add_argument("--rotations", type=int, help="fleet case's turns per contender")
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="a checkout of another commit (git worktree add): its exporter"
+                             " joins the fleet case's rotation, measured the same way")
     parser.add_argument("--prometheus-keep", choices=("spec", "all"), action="append",
                         help="Prometheus baselines: keeping only spec-decode series, all series"
                              " (repeatable; default both)")
@@ -255,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.quick() if args.quick else Settings()
     if args.duration:
         settings.fleet_seconds = args.duration
+    if args.page_kib:
+        settings.page_kib = args.page_kib
+    if args.fleet_sizes:
+        settings.fleet_sizes = settings.compare_at = args.fleet_sizes
+    if args.rotations:
+        settings.rotations = args.rotations
     if args.prometheus_keep:
         settings.prometheus_keep = tuple(args.prometheus_keep)
     png = args.png or (RESULTS / "perf-scale-quick.png" if args.quick
@@ -263,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     info = meta(args, settings)
     suite = Suite(settings, png)
+    suite.baseline_tree = args.baseline_tree
     try:
         for name in CASES:
             if name in chosen and name not in suite.results:

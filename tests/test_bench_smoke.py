@@ -23,8 +23,8 @@ from bench import (  # noqa: E402
     run,
 )
 from bench.common import CaseResult, Row  # noqa: E402
-from bench.fleet import NginxFleet, find_nginx  # noqa: E402
-from bench.procs import find_prometheus  # noqa: E402
+from bench.fleet import MAX_ADAPTERS, NginxFleet, PageSet, find_nginx  # noqa: E402
+from bench.procs import find_prometheus, find_victoria  # noqa: E402
 
 needs_nginx = pytest.mark.skipif(find_nginx() is None, reason="nginx not installed")
 
@@ -84,6 +84,21 @@ class TestAnswerBench:
         assert results["t4"]["resets"] > 0
 
 
+class TestPageShapes:
+    @pytest.mark.parametrize("kib", [60, 160, 400])
+    def test_pages_are_shaped_like_a_real_fleets(self, kib):
+        # A real vLLM page with a few adapters and histograms: ~1,300 series in 159 KiB, so
+        # the mean page lands on the size with a real page's series per KiB, not long lines.
+        pages = PageSet(4, target_bytes=kib * 1024)
+        bodies = pages.render()
+        mean = sum(map(len, bodies)) / len(bodies)
+        assert abs(mean - kib * 1024) < 0.1 * kib * 1024
+        for server, body in zip(pages.servers, bodies):
+            assert server.lora_adapters <= MAX_ADAPTERS and server.k == 8
+            series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+            assert 6 <= series / (len(body) / 1024) <= 12
+
+
 @pytest.mark.e2e
 class TestFleetCases:
     def test_fleet_serves_pages(self, fleet):
@@ -92,14 +107,19 @@ class TestFleetCases:
 
     @pytest.mark.prometheus
     def test_fleet_case(self, fleet):
+        # This tree as the baseline commit's checkout: its exporter joins the rotation too.
+        root = Path(__file__).resolve().parent.parent
         result = case_fleet.run(fleet, sizes=(2, 4), seconds=1.0, interval=1.0, rotations=2,
-                                compare_at=(4,))
+                                compare_at=(4,), baseline_tree=root)
         check_rows(result, "fleet")
         points = result.data["points"]
         assert set(points) == {"2", "4"}
         assert set(points["2"]) == {"exporter"}  # the scale-only size: the exporter alone
-        expected = {"exporter", "exporter-asyncio"} | (
-            {"prometheus-spec", "prometheus-all"} if find_prometheus() else set())
+        assert result.data["page_series"] > 0
+        assert any("vs the baseline commit" in row.figure for row in result.rows)
+        expected = {"exporter", "exporter-baseline", "exporter-asyncio"} | (
+            {"prometheus-spec", "prometheus-all"} if find_prometheus() else set()) | (
+            {"victoria-spec"} if find_victoria() else set())
         assert set(points["4"]) == expected
         for point in points.values():
             for figures in point.values():
