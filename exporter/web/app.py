@@ -70,6 +70,7 @@ def make_app(
                                                  for w in service.open_windows()]),
                              lambda: service.config)
     app.cleanup_ctx.append(app[PROXYING].serve)
+    service.on_scraped(app[PROXYING].scraped)  # a reload's proxy ports open at its next scrape
     app.router.add_route("*", "/proxy/{target}/{tail:.*}", main_listener_proxy)
     return app
 

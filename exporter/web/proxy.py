@@ -9,9 +9,11 @@ unreadable.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,6 +26,7 @@ from exporter.state.answertext import with_key
 from exporter.web.guard import GuardedSite
 from exporter.core.perrequest import PerRequest, RequestStats, from_json, from_sse
 
+log = logging.getLogger(__name__)
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
 # Headers of one hop (RFC 9110 7.6.1), and Host, which names the proxy, not the upstream.
 _HOP = frozenset(h.lower() for h in (
@@ -166,11 +169,16 @@ def origin_of(url: str) -> str:
 
 @dataclass
 class Proxying:
-    """The proxy's parts on the exporter's app: recordings, the config's targets, the session."""
+    """The proxy's parts on the exporter's app: recordings, the config's targets, the session,
+    and the per-target ports, kept matching the config across reloads."""
 
     recordings: Recordings
     config: Callable[[], Config]
     session: aiohttp.ClientSession | None = None
+    # target name -> ((listen, origin), its runner)
+    ports: dict[str, tuple[tuple[str, str], web.AppRunner]] = field(default_factory=dict)
+    seen: Config | None = None
+    pending: asyncio.Task[None] | None = None
 
     def upstream(self, name: str) -> Upstream | None:
         """The upstream of a configured target by name, or None."""
@@ -181,20 +189,46 @@ class Proxying:
         return None
 
     async def serve(self, app: web.Application) -> AsyncGenerator[None, None]:
-        """Listen on every target's `proxy.listen` while the app runs (a cleanup context)."""
-        runners: list[web.AppRunner] = []
+        """Listen on every target's `proxy.listen` while the app runs (a cleanup context);
+        OSError naming the key when a port is taken."""
         async with aiohttp.ClientSession(auto_decompress=False,
                                          timeout=aiohttp.ClientTimeout(total=None)) as session:
             self.session = session
             try:
-                for i, target in enumerate(self.config().targets):
-                    if target.proxy is not None:
-                        runners.append(await self._listen(i, target.name, target.proxy.listen))
+                await self.reconcile(strict=True)
                 yield
             finally:
+                if self.pending is not None:
+                    self.pending.cancel()
                 self.session = None
-                for runner in runners:
+                for _, runner in self.ports.values():
                     await runner.cleanup()
+                self.ports.clear()
+
+    def scraped(self, *_: object) -> None:
+        """After a scrape: a reloaded config's ports are opened and closed (off this call)."""
+        if self.session is not None and self.config() is not self.seen and (
+                self.pending is None or self.pending.done()):
+            self.pending = asyncio.get_running_loop().create_task(self.reconcile())
+
+    async def reconcile(self, strict: bool = False) -> None:
+        """Make the open ports those of the config; a taken one is logged (raised if strict)."""
+        config = self.seen = self.config()
+        wanted = {t.name: (i, (t.proxy.listen, origin_of(t.api_url or t.url)))
+                  for i, t in enumerate(config.targets) if t.proxy is not None}
+        for name, (where, runner) in list(self.ports.items()):
+            if name not in wanted or wanted[name][1] != where:
+                del self.ports[name]
+                await runner.cleanup()
+        for name, (index, where) in wanted.items():
+            if name in self.ports:
+                continue
+            try:
+                self.ports[name] = (where, await self._listen(index, name, where[0]))
+            except OSError as exc:
+                if strict:
+                    raise
+                log.error("proxy listen failed target=%s error=%s", name, exc)
 
     async def _listen(self, index: int, name: str, listen: str) -> web.AppRunner:
         upstream = self.upstream(name)

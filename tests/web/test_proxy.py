@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,7 +18,7 @@ from conftest import free_port
 from exporter.config.model import validate_config
 from exporter.core.perrequest import PerRequest, RequestStats, per_position_accepted
 from exporter.fakevllm import FakeServer, make_fake_app
-from exporter.web.proxy import Proxying, Recordings, Upstream, proxy_app
+from exporter.web.proxy import PROXYING, Proxying, Recordings, Upstream, proxy_app
 
 
 class Rig:
@@ -295,3 +296,31 @@ class TestDisconnects:
             writer.close()
         finally:
             await serving.aclose()
+
+    async def test_a_reload_opens_and_closes_proxy_ports(self, exporter: Any, aiohttp_server: Any,
+                                                         tmp_path: Any) -> None:
+        fake = FakeServer(per_request_metrics="summary")
+        upstream = await aiohttp_server(make_fake_app(fake))
+        target = {"name": "v", "url": str(upstream.make_url("/metrics"))}
+        path = tmp_path / "exporter.yaml"
+        path.write_text(json.dumps({"targets": [target]}))
+        under = await exporter({"targets": [target]}, config_path=str(path))
+        port = free_port()
+        path.write_text(json.dumps({"targets": [target | {
+            "proxy": {"listen": f"127.0.0.1:{port}"}}]}))
+        assert (await under.client.post("/-/reload")).status == 200
+        proxying = under.client.app[PROXYING]
+        await under.round()
+        assert proxying.pending is not None
+        await proxying.pending
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"http://127.0.0.1:{port}/v1/models") as r:
+                assert r.status == 200
+        path.write_text(json.dumps({"targets": [target]}))
+        assert (await under.client.post("/-/reload")).status == 200
+        await under.round()
+        assert proxying.pending is not None
+        await proxying.pending
+        assert proxying.ports == {}
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
