@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -21,14 +19,20 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails
 
+from exporter.config.documents import DocumentError, parse_yaml, read_text
+from exporter.config.values import (
+    MAX_DURATION,
+    MAX_RETENTION,
+    parse_duration,
+    parse_matcher,
+    parse_retention,
+)
 from exporter.core.dialects import Dialect, default_path
 from exporter.core.errors import ConfigError
 from exporter.core.parse import PageLimits
 from exporter.core.redact import redact_url
 from exporter.core.text import TextError, clean_tree
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_MAX_TARGETS = 10_000
 _RESERVED_LABELS = {"target", "model_name", "position", "engine", "le", "quantile"}
@@ -37,49 +41,7 @@ _RESERVED_LABELS = {"target", "model_name", "position", "engine", "le", "quantil
 # A config is read whole and parsed on every reload: 1 MiB holds ~10,000 static targets (the
 # default max_targets) with room to spare; fleets larger than that belong in file_sd/http_sd.
 MAX_CONFIG_BYTES = 1024 * 1024
-# Longer than a week is a typo (h for m, a stray zero); asyncio's timers misbehave near inf.
-MAX_DURATION = 7 * 24 * 3600.0
-
-
-def parse_duration(value: Any) -> float:
-    """`250ms`, `5s`, `1m`, `1h` or a number of seconds -> seconds; finite, positive, <= 7d."""
-    if isinstance(value, bool):
-        raise ValueError("must be a duration like 250ms, 5s or 1m")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and (match := _DURATION.match(value)):
-        seconds = float(match.group(1)) * _UNIT[match.group(2)]
-    else:
-        raise ValueError(f"must be a duration like 250ms, 5s or 1m, not {value!r}")
-    if not math.isfinite(seconds):
-        raise ValueError(f"must be a finite duration, not {value!r}")
-    if seconds <= 0:
-        raise ValueError("must be greater than 0")
-    if seconds > MAX_DURATION:
-        raise ValueError(f"must be at most 7 days ({MAX_DURATION:g}s), not {seconds:g}s")
-    return seconds
-
-
 Duration = Annotated[float, BeforeValidator(parse_duration)]
-
-_DAYS = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*d\s*$")
-MAX_RETENTION = 3650 * 24 * 3600.0  # ten years: past that, keep the result files instead
-
-
-def parse_retention(value: Any) -> float:
-    """`30d`, `12h`, `90m` ... or a number of seconds -> seconds; finite, positive, <= 3650d."""
-    if isinstance(value, str) and (match := _DAYS.match(value)):
-        seconds = float(match.group(1)) * 86400.0
-    elif isinstance(value, str) and (match := _DURATION.match(value)):
-        seconds = float(match.group(1)) * _UNIT[match.group(2)]
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise ValueError(f"must be a duration like 30d, 12h or 90m, not {value!r}")
-    if not math.isfinite(seconds) or not 0 < seconds <= MAX_RETENTION:
-        raise ValueError(f"must be greater than 0 and at most 3650d, not {value!r}")
-    return seconds
-
 
 class _KeyError(ValueError):
     """A whole-model check whose problem belongs to one key: located there, not at the top."""
@@ -266,25 +228,6 @@ class HttpSDConfig(_Strict):
     token_env: str | None = None
 
     _check_url = field_validator("url")(classmethod(lambda cls, v: TargetConfig._url(v)))
-
-
-_MATCHER = re.compile(r'^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*$')
-
-
-def parse_matcher(text: str) -> tuple[str, str, str]:
-    """`name="v"`, `name!="v"`, `name=~"re"`, `name!~"re"` -> (name, op, value); regexes checked."""
-    match = _MATCHER.match(text)
-    if match is None:
-        raise ValueError(
-            f'must be a label matcher like name="value" or name=~"regex", not {text!r}')
-    name, op, value = match.groups()
-    value = re.sub(r"\\(.)", r"\1", value)
-    if op in ("=~", "!~"):
-        try:
-            re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"{text!r}: bad regex: {exc}") from None
-    return name, op, value
 
 
 class PrometheusSDConfig(_Strict):
@@ -488,36 +431,22 @@ def load_config(
     """
     source = str(path)
     try:
-        with open(path, "rb") as file:
-            raw = file.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise ConfigError(source, [f"(file): cannot read {source}: {reason}"]) from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(source, [
-            f"(file): over {MAX_CONFIG_BYTES} bytes (1 MiB); put large target lists in "
-            "file_sd or http_sd"])
+        text = read_text(Path(path), MAX_CONFIG_BYTES)
+    except DocumentError as exc:
+        if str(exc).startswith("over "):
+            raise ConfigError(source, [f"(file): {exc} (1 MiB); put large target lists in "
+                                       "file_sd or http_sd"]) from None
+        raise ConfigError(source, [f"(file): {exc}"]) from None
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(source, [
-            f"(file): not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start}"
-        ]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "somewhere"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(source, [f"(yaml): invalid YAML at {where}: {problem}"]) from None
-    except RecursionError:
-        raise ConfigError(source, ["(yaml): nested too deeply to read"]) from None
+        data = parse_yaml(text)
+    except DocumentError as exc:
+        raise ConfigError(source, [f"(yaml): {exc}"]) from None
     if overrides and (data is None or isinstance(data, dict)):
         data = (data or {}) | overrides
     config = validate_config(data, source)
     if not allow_empty and not (config.targets or config.file_sd or config.http_sd
                                 or config.prometheus_sd):
-        problem = "(file): empty" if not raw.strip() else "targets: no targets and no discovery"
+        problem = "(file): empty" if not text.strip() else "targets: no targets and no discovery"
         raise ConfigError(source, [
             f"{problem}: refused so that a file caught mid-write does not drop every target "
             "(check-config --allow-empty accepts it)"])

@@ -4,12 +4,14 @@ Both speak Prometheus's format: a list of `{"targets": ["host:port", ...], "labe
 Meta labels pick what a static target would set by key: `__scheme__`, `__metrics_path__`,
 `__specdec_name__`, `__specdec_dialect__`; every other label starting `__` is dropped.
 A source that breaks keeps its last good list, and the error is kept for the API and logs.
+Whatever a source sends is read whole up to its cap and parsed in a thread within the limits
+of `config.documents`: its failure is that source's error, never the scrape loop's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import glob
-import json
 import logging
 import os
 import re
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 from pydantic import ValidationError
 from yarl import URL
 
@@ -30,8 +31,9 @@ from exporter.config.model import (
     HttpSDConfig,
     PrometheusSDConfig,
     TargetConfig,
-    parse_matcher,
 )
+from exporter.config.documents import DocumentError, parse_json, parse_yaml, read_text
+from exporter.config.values import parse_matcher
 from exporter.core.errors import ExporterError
 from exporter.core.redact import redact_text, redact_url
 from exporter.scrape.scraper import proxy_for
@@ -96,14 +98,10 @@ def targets_from_document(
 def read_sd_file(path: Path, refused: list[str] | None = None) -> list[TargetConfig]:
     """One file_sd file: JSON, or YAML by its `.yml`/`.yaml` name."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise DiscoveryError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text) if path.suffix in (".yml", ".yaml") else json.loads(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise DiscoveryError(f"{path}: not valid {path.suffix.lstrip('.') or 'JSON'}: "
-                             f"{str(exc).splitlines()[0]}") from None
+        text = read_text(path, MAX_SD_BYTES)
+        data = parse_yaml(text) if path.suffix in (".yml", ".yaml") else parse_json(text)
+    except DocumentError as exc:
+        raise DiscoveryError(f"{path}: {str(exc).splitlines()[0]}") from None
     return targets_from_document(data, str(path), refused)
 
 
@@ -130,7 +128,8 @@ def targets_from_prometheus(data: Any, source: str, sd: PrometheusSDConfig) -> l
     """
     if not isinstance(data, dict) or data.get("status") != "success":
         raise DiscoveryError(f"{source}: not a successful Prometheus API answer")
-    active = (data.get("data") or {}).get("activeTargets")
+    body = data.get("data")
+    active = body.get("activeTargets") if isinstance(body, dict) else None
     if not isinstance(active, list):
         raise DiscoveryError(f"{source}: data.activeTargets must be a list")
     matchers = [parse_matcher(m) for m in sd.matchers]
@@ -205,7 +204,7 @@ class Discovery:
             for pattern in sd.files:
                 for name in sorted(glob.glob(pattern)):
                     live.add(name)
-                    self._refresh_file(Path(name))
+                    await self._refresh_file(Path(name))
         for http_sd in self.config.http_sd:
             live.add(http_sd.url)
             source = self.sources.setdefault(http_sd.url, _Source())
@@ -239,7 +238,7 @@ class Discovery:
                                  f"({self.config.max_targets})")
         return targets
 
-    def _refresh_file(self, path: Path) -> None:
+    async def _refresh_file(self, path: Path) -> None:
         source = self.sources.setdefault(str(path), _Source())
         try:
             stat = path.stat()
@@ -251,11 +250,15 @@ class Discovery:
         source.stamp = stamp
         refused: list[str] = []
         try:
-            source.targets = self._bounded(read_sd_file(path, refused), str(path))
+            found = await asyncio.to_thread(read_sd_file, path, refused)
+            source.targets = self._bounded(found, str(path))
             source.error = "; ".join(refused) or None
         except DiscoveryError as exc:
             source.error = str(exc)
             log.error("discovery failed source=%s error=%s", path, exc)
+        except Exception as exc:  # whatever a file holds, it stops only its own source
+            source.error = f"{path}: unusable: {type(exc).__name__}: {exc}"[:500]
+            log.error("discovery failed source=%s error=%s", path, source.error)
 
     async def _poll(
         self,
@@ -278,15 +281,10 @@ class Discovery:
                                    proxy_headers=proxy_headers) as response:
                 if response.status != 200:
                     raise DiscoveryError(f"{name}: HTTP {response.status}")
-                body = await response.content.read(MAX_SD_BYTES + 1)
-                if len(body) > MAX_SD_BYTES:
-                    raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes")
-            try:
-                data = json.loads(body)
-            except ValueError as exc:
-                raise DiscoveryError(f"{name}: not valid JSON: {exc}") from None
+                body = await _read_whole(response, name)
             refused: list[str] = []
-            source.targets = self._bounded(parse(data, refused), name)
+            found = await asyncio.to_thread(_parsed, body, name, parse, refused)
+            source.targets = self._bounded(found, name)
             source.error = "; ".join(refused) or None
         except DiscoveryError as exc:
             source.error = str(exc)
@@ -294,3 +292,31 @@ class Discovery:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             source.error = f"{name}: {exc or type(exc).__name__}"
             log.error("discovery failed source=%s error=%s", name, source.error)
+        except Exception as exc:  # whatever a source sends, it stops only its own source
+            source.error = f"{name}: unusable answer: {type(exc).__name__}: {exc}"[:500]
+            log.error("discovery failed source=%s error=%s", name, source.error)
+
+
+async def _read_whole(response: aiohttp.ClientResponse, name: str) -> bytes:
+    """The whole body up to `MAX_SD_BYTES`, however the server splits its writes."""
+    declared = response.content_length
+    if declared is not None and declared > MAX_SD_BYTES:
+        raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > MAX_SD_BYTES:
+            raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parsed(body: bytes, name: str, parse: Callable[[Any, list[str]], list[TargetConfig]],
+            refused: list[str]) -> list[TargetConfig]:
+    """An answer's targets (run in a thread: a large answer is CPU the loop cannot lend)."""
+    try:
+        data = parse_json(body)
+    except DocumentError as exc:
+        raise DiscoveryError(f"{name}: {exc}") from None
+    return parse(data, refused)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config.model import Config, load_config, parse_duration, validate_config
+from exporter.config.model import Config, load_config, validate_config
+from exporter.config.values import parse_duration
 from exporter.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -320,3 +321,90 @@ class TestRelabelledTarget:
         assert f'specdec_target_up{{pool="y",target="{a.host_port}"}} 1.0' in metrics
         assert f'specdec_last_window_acceptance_ratio{{pool="y",target="{a.host_port}"}}' in metrics
         assert 'pool="x"' not in metrics
+
+
+def _laughs() -> str:
+    """A YAML "billion laughs": 9 levels of 9 aliases, ~600 bytes, 9**9 values walked."""
+    lines = ['- &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for level in range(1, 10):
+        refs = ", ".join([f"*l{level - 1}"] * 9)
+        lines.append(f"- &l{level} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # valid JSON, nested 100,000 deep
+
+
+@pytest.mark.e2e
+class TestNothingASourceSendsStopsTheLoop:
+    """Each hostile answer is that source's error; the loop scrapes on and a window open
+    across it counts every draft (10 before, 12 after)."""
+
+    @pytest.mark.parametrize("kind", ["file_sd_deep_json", "file_sd_yaml_laughs",
+                                      "http_sd_deep_json", "prometheus_sd_data_list"])
+    async def test_the_loop_scrapes_on(self, fake_vllm, exporter, aiohttp_server, tmp_path,
+                                       kind):
+        vllm = await fake_vllm(k=2)
+        bodies = {"http_sd_deep_json": DEEP,
+                  "prometheus_sd_data_list": '{"status":"success","data":[1,2]}'}
+
+        async def answer(request):
+            return web.Response(text=bodies[kind], content_type="application/json")
+
+        app = web.Application()
+        app.router.add_get("/sd", answer)
+        app.router.add_get("/api/v1/targets", answer)
+        server = await aiohttp_server(app)
+        config: dict = {"targets": [{"name": "static", "url": vllm.url}]}
+        if kind.startswith("file_sd"):
+            suffix = "yml" if "yaml" in kind else "json"
+            (tmp_path / f"sd.{suffix}").write_text(_laughs() if "yaml" in kind else DEEP)
+            config["file_sd"] = [{"files": [str(tmp_path / f"*.{suffix}")]}]
+        elif kind.startswith("http_sd"):
+            config["http_sd"] = [{"url": str(server.make_url("/sd"))}]
+        else:
+            config["prometheus_sd"] = [{"url": str(server.make_url("/"))}]
+        exp = await exporter(config)
+        await exp.round()
+        await exp.client.post("/api/v1/windows", json={"id": "w"})
+        vllm.server.add(0, 10, 20, [10, 10])
+        await exp.round()
+        await exp.round()
+        errors = dict(exp.service.view().discovery_errors)
+        assert len(errors) == 1, errors
+        vllm.server.add(0, 12, 24, [12, 12])
+        await exp.round()
+        answer = await (await exp.client.post("/api/v1/windows/w/stop")).json()
+        assert answer["results"]["static"]["increase"]["num_drafts"] == 22
+
+
+class TestHttpSDAtRealSizes:
+    async def test_5000_targets_served_in_several_writes(self):
+        groups = [{"targets": [f"10.0.{i // 250}.{i % 250}:8000"], "labels": {"n": str(i)}}
+                  for i in range(5000)]
+        body = json.dumps(groups).encode()
+        writes = []
+
+        async def serve(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+            step = 64 * 1024
+            for start in range(0, len(body), step):
+                writer.write(body[start:start + step])
+                writes.append(start)
+                await writer.drain()
+                await asyncio.sleep(0)  # each write its own segment, as a busy server sends
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            config = validate_config({"http_sd": [{"url": f"http://127.0.0.1:{port}/sd"}]})
+            discovery = Discovery(config)
+            async with aiohttp.ClientSession() as session:
+                assert await discovery.refresh(session, 1.0) is True
+        assert len(writes) > 4
+        assert discovery.errors() == {}
+        assert len(discovery.targets()) == 5000
+        assert discovery.targets()[4999].labels == {"n": "4999"}
