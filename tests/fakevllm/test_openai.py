@@ -51,6 +51,7 @@ async def test_answers_carry_the_object_and_it_adds_to_the_counters(
     assert ("steps" in obj) == (mode == "detailed")
 
 
+@pytest.mark.e2e
 def test_the_cli_flag_turns_the_object_on() -> None:
     """`specdec-exporter fake-vllm --per-request-spec-decode-metrics detailed` (a subprocess)."""
     with fake_vllm("--per-request-spec-decode-metrics", "detailed") as port:
