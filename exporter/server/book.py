@@ -10,81 +10,46 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from exporter.state.answertext import AnswerTexts, StopTexts
 from exporter.core.errors import RequestError, StoreError, UnknownWindowError
-from exporter.server.isolate import Child, ChildError, in_thread, spare_cores
 from exporter.core.isotime import iso_utc
-from exporter.server.memory import give_back_free_memory
 from exporter.core.results import result_file_names
 from exporter.core.snapshot import ScrapeResult
-from exporter.server.stop import END, FEED, FINAL, ResultCodec, streamed_answer, whole_answer
 from exporter.core.stopped import LastWindow, StoppedWindow
-from exporter.state.store import (
-    EncodedDoc,
-    StateStore,
-    prepare_results,
-    write_results,
+from exporter.core.window import AccumulatorRows, Window
+from exporter.server.isolate import Child, ChildError, in_thread
+from exporter.server.memory import give_back_free_memory
+from exporter.server.stop import (
+    END,
+    FEED,
+    FINAL,
+    ResultCodec,
+    prepare_quietly,
+    streamed_answer,
+    streams_stops,
+    take_stop_scrapes,
+    whole_answer,
 )
-from exporter.core.window import (
-    MAX_NAME,
-    AccumulatorRows,
-    TargetRef,
-    Window,
-    check_window_id,
-    new_window_id,
-)
+from exporter.server.windowstart import StartRequest, retried
+from exporter.state.answertext import EncodedDoc, StopTexts
+from exporter.state.recovery import RECENT_WINDOWS, doc_from_files, window_from, write_lost_results
+from exporter.state.store import StateStore
+
+# Read here by the service and `measure`, which start windows through the book.
+__all__ = ["StartRequest", "WindowBook"]
 
 log = logging.getLogger(__name__)
 
-RECENT_WINDOWS = 50
-# Stops whose result files a restart checks (`_write_lost_results`): within this many seconds
-# of the newest one (the kernel writes files out within ~30 s of their writing).
-LOST_FILES_SPAN = 300.0
 
 # Scrapes the named targets now, handing each result to the given other windows too, and to
 # the callback, if any, as it comes in (in turn with the target's other scrapes).
 ScrapeFn = Callable[[list[str], list[Window], Callable[[ScrapeResult], None] | None],
                     Awaitable[list[ScrapeResult]]]
-
-
-@dataclass(frozen=True)
-class StartRequest:
-    """What a start asks for; targets already resolved to what the window remembers."""
-
-    id: str | None
-    name: str | None
-    targets: list[TargetRef]
-    labels: dict[str, str] = field(default_factory=dict)
-
-    def window(self, now: float) -> Window:
-        """The new (not yet durable) window."""
-        window_id = check_window_id(self.id) if self.id is not None else new_window_id(now)
-        name = self.name or window_id
-        if len(name) > MAX_NAME:
-            raise RequestError(f"name must be at most {MAX_NAME} characters")
-        return Window(id=window_id, name=name, labels=dict(self.labels), started_at=now,
-                      targets={t.name: t for t in self.targets})
-
-
-def _retried(existing: Window, asked: Window) -> Window:
-    """The open window an identical start retries; 409 for any other start of a known id."""
-    if existing.stopped_at is not None:
-        raise RequestError(f'window "{existing.id}" was stopped at '
-                           f"{iso_utc(existing.stopped_at)}; start a new id, or DELETE "
-                           f"/api/v1/windows/{existing.id} first", status=409)
-    if (existing.name, existing.labels, set(existing.targets)) != (
-            asked.name, asked.labels, set(asked.targets)):
-        raise RequestError(f'window "{existing.id}" is open with another name, targets or '
-                           "labels; start a new id, or stop it first", status=409)
-    return existing
 
 
 class WindowBook:
@@ -172,7 +137,7 @@ class WindowBook:
 
     def _load(self, window_id: str, *, series: bool = True) -> Window | None:
         doc = self.store.load(window_id, series=series)
-        return _window_from(doc) if doc is not None else None
+        return window_from(doc) if doc is not None else None
 
     def _newest_stopped(self) -> LastWindow | None:
         """The last-window gauges' part of the most recently started stopped window."""
@@ -195,7 +160,7 @@ class WindowBook:
         known = set(known_targets)
         for doc in self.store.load_open():
             try:
-                window = _window_from(doc)
+                window = window_from(doc)
             except StoreError as exc:
                 log.error("window not restored id=%s error=%s", doc.get("id"), exc)
                 continue
@@ -209,32 +174,7 @@ class WindowBook:
             log.info("window restored id=%s targets=%d", window.id, len(window.targets))
         self.last_window = self._newest_stopped()
         self._save_all_open()
-        self._write_lost_results()
-
-    def _write_lost_results(self) -> None:
-        """Result files of the latest stops written again from the state database where
-        window.json is missing or empty: a stop syncs only the database (which holds the same
-        answer), so a power cut right after it can lose the files. Only stops within
-        `LOST_FILES_SPAN` of the newest are looked at: older ones were on the disk long before,
-        and a folder removed by hand stays removed."""
-        recent = self.store.recent_stopped_fields(RECENT_WINDOWS)
-        newest = max((w["stopped_at"] for w in recent), default=0.0)
-        for fields in recent:
-            directory = self.results_dir(fields["id"])
-            path = directory / "window.json"
-            with contextlib.suppress(OSError):
-                if fields["stopped_at"] < newest - LOST_FILES_SPAN or path.stat().st_size:
-                    continue
-            doc = self.store.load(fields["id"], series=False)
-            try:
-                if doc is None or not isinstance(doc.get("answer"), dict):
-                    raise TypeError("no answer in the state database")
-                write_results(directory, AnswerTexts.of(doc["answer"]), sync=True)
-            except (StoreError, KeyError, TypeError, AttributeError) as exc:
-                log.error("result files not written again id=%s error=%r", fields["id"], exc)
-                continue
-            log.warning("result files written again from the state database id=%s dir=%s",
-                        fields["id"], directory)
+        write_lost_results(self.store, self.results_dir)
 
     def feed(self, windows: Iterable[Window], result: ScrapeResult) -> None:
         """Hand one scrape to windows; a restart it shows is saved, whole, before anything else."""
@@ -279,22 +219,7 @@ class WindowBook:
         # the recent stopped windows from their result files (memory keeps no answers).
         self._save_all_open()
         self.store.save([doc for w in self._stopped.values()
-                         if (doc := self._doc_from_files(w)) is not None])
-
-    def _doc_from_files(self, window: StoppedWindow) -> dict[str, Any] | None:
-        """A stopped window's state as its `window.json` holds it (its answer), or None."""
-        path = self.results_dir(window.id)
-        try:
-            answer = json.loads((path / "window.json").read_bytes())
-            targets = {name: TargetRef(name, r["url"], r["host_port"])
-                       for name, r in answer["results"].items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.error("stopped window not written back id=%s error=cannot read %s: %r",
-                      window.id, path / "window.json", exc)
-            return None
-        return Window(id=window.id, name=window.name, targets=targets, labels=dict(window.labels),
-                      started_at=window.started_at, stopped_at=window.stopped_at,
-                      answer=answer).to_dict(accumulators=False)
+                         if (doc := doc_from_files(self.results_dir(w.id), w)) is not None])
 
     def save_windows(self, windows: Iterable[Window]) -> None:
         """Save these acknowledged windows' own rows (their targets or errors changed)."""
@@ -341,7 +266,7 @@ class WindowBook:
         await self._settled(window.id)
         existing = self._windows.get(window.id) or self._load(window.id, series=False)
         if existing is not None:
-            return False, _retried(existing, window)
+            return False, retried(existing, window)
         # Starts still scraping their baseline count too: 50 at once must not all pass.
         starting = sum(1 for wid in self._pending if wid not in self._windows)
         if len(self.open_windows()) + starting >= max_open:
@@ -356,10 +281,8 @@ class WindowBook:
 
     async def stop(self, window_id: str, scrape: ScrapeFn, *, answer: bool = True) -> Window:
         """Close a window (its targets scraped at once); a second stop gives the same answer.
-
-        `answer=False`: the window just stopped comes without its answer, whose text
-        `take_answer_text` has (the HTTP answer sends that: memory need not hold the dicts).
-        """
+        `answer=False`: without its answer, whose text `take_answer_text` has (the HTTP answer
+        sends that: memory need not hold the dicts)."""
         await self._settled(window_id)
         window = self.get(window_id)
         if not window.is_open:
@@ -371,12 +294,9 @@ class WindowBook:
             directory = self.results_dir(window.id)
             refs = {name: {"host_port": ref.host_port} for name, ref in window.targets.items()}
             streamed = streams_stops()
-            # The answer is made by a forked child: its ~40 MB of short-lived objects leave
-            # with it. With a core to spare, the child is forked now and makes each target's
-            # part as the stop's scrapes come in (`stopchild`), on the other core. With none it
-            # would only compete with the scrapes, and every page the scrapes write would be
-            # copied while it lives (~0.13 s of this process's CPU at 1000 targets): it is
-            # forked after them, from a window that took them, and makes the answer in one go.
+            # A forked child makes the answer (its short-lived objects leave with it): forked
+            # now with a core to spare, fed the scrapes as they come; else after them (it would
+            # compete with them, and copy each page they write), from a window that took them.
             work = (streamed_answer(window, directory, result_file_names(refs)) if streamed
                     else lambda _inbox: whole_answer(window, directory))
             child, codec = Child(work), ResultCodec()
@@ -388,7 +308,7 @@ class WindowBook:
                     return
                 # The child's window takes it: this one only marks it taken (no later scrape
                 # of that target is the window's), and takes them all only if the child gives
-                # no answer, or the stop fails (`_take_stop_scrapes`).
+                # no answer, or the stop fails (`take_stop_scrapes`).
                 window.mark_stop_scrape(result)
                 taken.append(result)
                 child.send((FINAL, codec.pack(result)))
@@ -408,7 +328,7 @@ class WindowBook:
                 # Open again as it was, with the stop's scrapes in so far (taken like any
                 # other): a later stop retries and answers in full.
                 self._stopping.pop(window.id, None)
-                _take_stop_scrapes(window, taken)
+                take_stop_scrapes(window, taken)
                 window.reopen(stop_errors)
                 raise
             finally:
@@ -440,7 +360,7 @@ class WindowBook:
         refs = {name: {"host_port": ref.host_port} for name, ref in window.targets.items()}
         names = list(result_file_names(refs).values())
         self._preparing[window.id] = loop.run_in_executor(
-            None, _prepare_quietly, self.results_dir(window.id), names)
+            None, prepare_quietly, self.results_dir(window.id), names)
 
     async def _commit_stop(self, window: Window, child: Child, stop_errors: dict[str, str],
                            results: list[ScrapeResult]) -> None:
@@ -452,7 +372,7 @@ class WindowBook:
             try:
                 parts: Sequence[bytes] | None = await child.answer()
                 if parts is None:  # no child: this window takes the scrapes, a thread the work
-                    _take_stop_scrapes(window, results)
+                    take_stop_scrapes(window, results)
                     parts = (await in_thread(lambda: whole_answer(window, directory))).parts
                 done = StopTexts.of_parts(parts)
                 # The row as the child's window has it (this one has not taken the scrapes).
@@ -472,7 +392,7 @@ class WindowBook:
             # Open again, in the state database too if it holds the window stopped already.
             if not saved and not isinstance(exc, StoreError):
                 raise  # nothing saved: `stop` opens the window again
-            _take_stop_scrapes(window, results)
+            take_stop_scrapes(window, results)
             window.reopen(stop_errors)
             with contextlib.suppress(StoreError):
                 self._save_all_open()
@@ -558,38 +478,3 @@ class WindowBook:
             log.error("open windows not saved at shutdown error=%s", exc)
         finally:
             self.store.close()
-
-
-STREAMED_ENV = "SPECDEC_STOP_STREAMED"
-
-
-def streams_stops() -> bool:
-    """Whether a stop's child is fed its scrapes as they come (a core to spare for it), or
-    forked after them; `SPECDEC_STOP_STREAMED=1` or `0` says which (tests, the bench)."""
-    said = os.environ.get(STREAMED_ENV)
-    if said in ("0", "1"):
-        return said == "1"
-    return spare_cores() >= 1
-
-
-def _take_stop_scrapes(window: Window, results: list[ScrapeResult]) -> None:
-    """The stop's scrapes taken by the parent's window (the child's took them as they came
-    in), once: `results` is emptied."""
-    window.take_stop_scrapes_late(results)
-    results.clear()
-
-
-def _prepare_quietly(directory: Path, names: list[str]) -> None:
-    # A speed-up only: if the files cannot be made ahead, the stop makes them (and says why).
-    try:
-        prepare_results(directory, names)
-    except OSError as exc:
-        log.warning("result files not made ahead dir=%s error=%s", directory, exc)
-
-
-def _window_from(doc: dict[str, Any]) -> Window:
-    """A stored window, or `StoreError` when its state does not have a window's shape."""
-    try:
-        return Window.from_dict(doc)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise StoreError(f'window "{doc.get("id")}" state is unreadable: {exc!r}') from exc

@@ -15,13 +15,15 @@ spare), or with no child at all, the answer is made in one go from a window that
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from exporter.analysis.advise import result_advice, window_advice
 from exporter.core.results import AnswerParts, window_answer
-from exporter.server.isolate import Staged, leave_to_exit
+from exporter.server.isolate import Staged, leave_to_exit, spare_cores
 from exporter.state.answertext import AnswerTexts, StopTexts, TextParts
 from exporter.core.snapshot import (
     Field,
@@ -31,8 +33,10 @@ from exporter.core.snapshot import (
     pack_values,
     unpack_values,
 )
-from exporter.state.store import PreparedFiles, encode_doc, write_results
+from exporter.state.store import PreparedFiles, encode_doc, prepare_results, write_results
 from exporter.core.window import Window
+
+log = logging.getLogger(__name__)
 
 # Message kinds (`Child.send`): a target's stop scrape, a scrape of the window taken while the
 # stop is under way (before that target's stop scrape), and the stop's end (its time, and the
@@ -193,3 +197,30 @@ def _stop_texts(window: Window, answer: Mapping[str, Any], text: bytes) -> list[
     the stop's scrapes: the parent's is not, `book`)."""
     row = encode_doc(window.to_dict(accumulators=False))
     return StopTexts(text, StopTexts.kept_of(answer), (row.before, row.after)).parts()
+
+
+STREAMED_ENV = "SPECDEC_STOP_STREAMED"
+
+
+def streams_stops() -> bool:
+    """Whether a stop's child is fed its scrapes as they come (a core to spare for it), or
+    forked after them; `SPECDEC_STOP_STREAMED=1` or `0` says which (tests, the bench)."""
+    said = os.environ.get(STREAMED_ENV)
+    if said in ("0", "1"):
+        return said == "1"
+    return spare_cores() >= 1
+
+
+def take_stop_scrapes(window: Window, results: list[ScrapeResult]) -> None:
+    """The stop's scrapes taken by the parent's window (the child's took them as they came
+    in), once: `results` is emptied."""
+    window.take_stop_scrapes_late(results)
+    results.clear()
+
+
+def prepare_quietly(directory: Path, names: list[str]) -> None:
+    # A speed-up only: if the files cannot be made ahead, the stop makes them (and says why).
+    try:
+        prepare_results(directory, names)
+    except OSError as exc:
+        log.warning("result files not made ahead dir=%s error=%s", directory, exc)

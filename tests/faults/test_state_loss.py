@@ -13,7 +13,7 @@ import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 from conftest import Clock
 
-from exporter.server.book import LOST_FILES_SPAN
+from exporter.state.recovery import LOST_FILES_SPAN
 from exporter.state.store import StateStore
 from faults.checks import assert_increase, increase, still_serving, value
 from faults.servers import Counters, RawTarget

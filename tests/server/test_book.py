@@ -618,7 +618,7 @@ class TestScrapesDuringAStop:
 
 class TestStreamsStops:
     def test_said_by_the_environment_or_by_a_spare_core(self, monkeypatch):
-        from exporter.server.book import streams_stops
+        from exporter.server.stop import streams_stops
         from exporter.server.isolate import spare_cores
 
         monkeypatch.setenv("SPECDEC_STOP_STREAMED", "0")

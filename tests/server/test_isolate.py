@@ -372,7 +372,7 @@ class TestStaged:
 
 
 class TestSpareCores:
-    """What decides whether a stop's child works beside the scrapes (`book.streams_stops`)."""
+    """What decides whether a stop's child works beside the scrapes (`stop.streams_stops`)."""
 
     def test_the_cpus_this_process_may_run_on_less_one(self, tmp_path):
         cpus = len(os.sched_getaffinity(0))
