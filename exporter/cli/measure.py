@@ -164,6 +164,21 @@ def _forward(process: asyncio.subprocess.Process, sig: int) -> None:
         process.send_signal(sig)
 
 
+def clear_earlier_results(work_dir: Path) -> list[Path]:
+    """Remove the result files an earlier `measure` left in DIR/performances; the removed.
+
+    A target of the earlier run would otherwise sit beside this run's files and be counted
+    into its aggregate. Only our own files go (they carry scrape times; AISBench's do not).
+    """
+    removed = []
+    for path in sorted((work_dir / "performances").glob("spec_decode_*.json")):
+        with contextlib.suppress(OSError):
+            if path.is_file() and b'"first_scrape_at"' in path.read_bytes()[:1 << 20]:
+                path.unlink()
+                removed.append(path)
+    return removed
+
+
 async def measure(
     targets: Sequence[TargetConfig],
     cmd: Sequence[str],

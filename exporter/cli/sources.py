@@ -78,7 +78,23 @@ def load_folder(folder: Path) -> Source:
         if name in results:
             name = path.stem.removeprefix("spec_decode_")
         results[name] = result
+    _one_window(folder, results)
     return Source(str(folder), {"results": results, "aggregate": summed_result(results)})
+
+
+def _one_window(folder: Path, results: dict[str, dict[str, Any]]) -> None:
+    """SourceError when the files come from different windows: one window scrapes every target
+    at its start and at its stop, so their [first, last] scrape spans all overlap."""
+    spans = [(r["first_scrape_at"], r["last_scrape_at"], name) for name, r in results.items()
+             if isinstance(r.get("first_scrape_at"), int | float)
+             and isinstance(r.get("last_scrape_at"), int | float)]
+    if not spans:
+        return  # AISBench's own files carry no scrape times
+    latest_start = max(spans)
+    earliest_end = min(spans, key=lambda span: span[1])
+    if latest_start[0] > earliest_end[1]:
+        raise SourceError(f"{folder}: its files come from different windows ({earliest_end[2]} "
+                          f"ended before {latest_start[2]} began); give one run's folder")
 
 
 def _read_result(path: Path) -> dict[str, Any]:

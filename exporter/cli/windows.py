@@ -124,7 +124,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_measure(args: argparse.Namespace) -> int:
     from exporter.core.console import format_window
-    from exporter.cli.measure import measure, target_from_spec, targets_from_model_config
+    from exporter.cli.measure import (
+        clear_earlier_results, measure, target_from_spec, targets_from_model_config,
+    )
 
     cmd = benchmark_command(args)
     try:
@@ -138,6 +140,9 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if not targets:
         args.parser.error("give --target HOST:PORT|URL or --model-config FILE")
     work_dir = Path(args.work_dir)
+    if removed := clear_earlier_results(work_dir):
+        say(f"removed {len(removed)} result file(s) of an earlier measure from "
+            f"{work_dir / 'performances'}")
     code, answer = asyncio.run(
         measure(targets, cmd, work_dir, interval=args.interval, timeout=args.timeout)
     )

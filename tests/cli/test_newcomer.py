@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import json
 import signal
 import subprocess
 import sys
@@ -90,3 +90,34 @@ class TestConfigErrors:
         path.write_text("zzz: 1\ntargets: []\n")
         far = _cli("check-config", str(path), "--allow-empty")
         assert "zzz: unknown key\n" in far.stdout and "did you mean" not in far.stdout
+
+
+class TestReusedWorkDir:
+    def test_a_second_measure_never_mixes_with_the_first(self, tmp_path):
+        with fake_vllm() as first, fake_vllm() as second:
+            one = _cli("measure", "--target", f"127.0.0.1:{first}", "--work-dir", str(tmp_path),
+                       "--interval", "0.2", "--", sys.executable, "-c", "pass")
+            two = _cli("measure", "--target", f"127.0.0.1:{second}", "--work-dir",
+                       str(tmp_path), "--interval", "0.2", "--", sys.executable, "-c", "pass")
+        assert one.returncode == 0 and two.returncode == 0
+        assert "removed 1 result file(s) of an earlier measure" in two.stderr
+        files = sorted(p.name for p in (tmp_path / "performances").iterdir())
+        assert files == [f"spec_decode_127.0.0.1_{second}.json"]
+
+    def test_compare_refuses_a_folder_of_two_windows(self, tmp_path):
+        def result(first: float, last: float) -> dict:
+            return {"status": "ok", "data": {"num_drafts": 10, "draft_tokens": 20,
+                                             "accepted_tokens": 12, "acceptance_rate": 60.0,
+                                             "acceptance_length": 2.2,
+                                             "per_position_acceptance_rates": {"0": 0.6}},
+                    "first_scrape_at": first, "last_scrape_at": last}
+
+        mixed, single = tmp_path / "mixed" / "performances", tmp_path / "one" / "performances"
+        for folder, spans in ((mixed, [(0, 100), (200, 300)]), (single, [(0, 100), (1, 99)])):
+            folder.mkdir(parents=True)
+            for i, (first, last) in enumerate(spans):
+                (folder / f"spec_decode_h_{i}.json").write_text(json.dumps(result(first, last)))
+        refused = _cli("compare", str(mixed.parent), str(single.parent))
+        assert refused.returncode == 2
+        assert "its files come from different windows" in refused.stderr
+        assert _cli("compare", str(single.parent), str(single.parent)).returncode == 0
