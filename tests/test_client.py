@@ -34,7 +34,7 @@ class TestExporterClient:
                 with pytest.raises(ClientError, match="400.*unknown target"):
                     client.start(targets=["nope"])
         assert answer.body["results"]["a"]["data"]["num_drafts"] == 8
-        assert answer.console().startswith("=" * 66)
+        assert answer.console().startswith("\n" + "=" * 66)  # AISBench: an empty line first
         assert f"[127.0.0.1:{vllm}]" in answer.console()
 
     @pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
