@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Final
@@ -256,17 +257,10 @@ def parse_page(
             break
         line = page[start:end].rstrip()
         start = _next_line(page, needle, end)
-        close = line.rfind(b"}")
-        if close >= 0:
-            head, rest = line[: close + 1], line[close + 1 :]
-        else:
-            head, _, rest = line.replace(b"\t", b" ").partition(b" ")
+        head, rest = _split_line(line)
         resolved = spec.heads.get(head, _UNSEEN)
         if resolved is _UNSEEN:
-            resolved = _resolve_head(head, spec)
-            # Bounded in count and size: odd pages must not grow it without end.
-            if len(spec.heads) < _MAX_HEADS and len(head) <= _MAX_HEAD_BYTES:
-                spec.heads[head] = resolved
+            resolved = _remember_head(head, spec)
         if resolved is None:
             continue
         value = _sample_value(rest)
@@ -274,14 +268,7 @@ def parse_page(
             continue
         name, kind, key, longest, position = resolved
         if limits is not None:
-            if position >= limits.positions or longest > limits.label_value_length:
-                limits.check(key)  # raises, saying which limit
-            if len(values) + len(gauge_series) >= limits.series and (
-                key not in values and (name, key) not in gauge_series
-                and kind is not _CREATED and kind is not _FIRST_CREATED
-            ):
-                raise PageLimitError(
-                    f"more than {limits.series} spec-decode series on the page (series_limit)")
+            _check_limits(limits, resolved, values, gauge_series)
         if name in spec.v0_markers:
             is_v0 = True
         if kind is _GAUGE:
@@ -298,6 +285,39 @@ def parse_page(
     gauges = _gauge_means(gauge_series, spec.gauge_gate)
     dialect_name = "vllm-v0" if is_v0 else spec_name(dialect)
     return Snapshot(values, created, gauges, dialect_name, duplicates)
+
+
+def _split_line(line: bytes) -> tuple[bytes, bytes]:
+    """A sample line as its head (name and labels, the cache's key) and the rest (value and
+    timestamp). A label value may hold spaces, so the head ends at the last brace."""
+    close = line.rfind(b"}")
+    if close >= 0:
+        return line[: close + 1], line[close + 1 :]
+    head, _, rest = line.replace(b"\t", b" ").partition(b" ")
+    return head, rest
+
+
+def _remember_head(head: bytes, spec: DialectSpec) -> Head | None:
+    """`_resolve_head`, kept for the next scrape: bounded in count and size, so odd pages
+    cannot grow the cache without end."""
+    resolved = _resolve_head(head, spec)
+    if len(spec.heads) < _MAX_HEADS and len(head) <= _MAX_HEAD_BYTES:
+        spec.heads[head] = resolved
+    return resolved
+
+
+def _check_limits(limits: PageLimits, resolved: Head, values: Mapping[SeriesKey, float],
+                  gauge_series: Mapping[tuple[str, SeriesKey | Labels], float]) -> None:
+    """`PageLimitError` when this series would take the page over one of `limits`."""
+    name, kind, key, longest, position = resolved
+    if position >= limits.positions or longest > limits.label_value_length:
+        limits.check(key)  # raises, saying which limit
+    if len(values) + len(gauge_series) >= limits.series and (
+        key not in values and (name, key) not in gauge_series
+        and kind is not _CREATED and kind is not _FIRST_CREATED
+    ):
+        raise PageLimitError(
+            f"more than {limits.series} spec-decode series on the page (series_limit)")
 
 
 def _gauge_means(
