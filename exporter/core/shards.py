@@ -8,12 +8,14 @@ of the targets the new shard wins, where `crc32 % N` would move almost all of th
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
-from exporter.analysis.advise import window_advice
+from exporter.core.result import Coverage
 from exporter.core.results import Result, Status, aggregate
+from exporter.core.snapshot import DRAFTS_PER_POS, Field
 
 
 def _score(shard: int, name: str) -> int:
@@ -47,6 +49,8 @@ class ShardPart:
     error: str | None = None
     expected: list[str] = field(default_factory=list)  # its targets, for N/A when it failed
     urls: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (url, host:port)
+    local: bool = False  # the shard that took the request: its answer heads the merged one
+    refused: dict[str, str] = field(default_factory=dict)  # target -> why its result is not used
 
     @property
     def reason(self) -> str:
@@ -68,23 +72,69 @@ def _shards(parts: Sequence[ShardPart], counted: Mapping[int, list[str]]) -> lis
     for p in parts:
         entry = {"shard": p.index, "url": p.url, "targets": counted.get(p.index, []),
                  "error": None if p.answer is not None else p.reason}
-        if p.answer is not None and "results_dir" in p.answer:
+        if p.answer is not None and isinstance(p.answer.get("results_dir"), str):
             entry["results_dir"] = p.answer["results_dir"]  # each shard writes its own files
+        if p.refused:
+            entry["refused"] = dict(p.refused)
         shards.append(entry)
     return shards
+
+
+# What a merged answer takes from its head (`_head`) when the shard that took the request has
+# no answer of its own: the window's own keys, never a peer's `results_dir` or anything else.
+_HEAD_KEYS = ("id", "name", "labels", "started_at", "started_at_iso", "stopped_at",
+              "stopped_at_iso", "status")
+
+
+def _head(parts: Sequence[ShardPart]) -> dict[str, Any]:
+    """The merged answer's own keys: the answer of the shard that took the request; without
+    one, the first peer's window keys only (a peer never sets where our files are)."""
+    answered = [p for p in parts if p.answer is not None]
+    for part in answered:
+        if part.local and part.answer is not None:
+            return dict(part.answer)
+    if not answered or answered[0].answer is None:
+        return {}
+    first = answered[0].answer
+    return {k: first[k] for k in _HEAD_KEYS if k in first}
+
+
+# The shards of one window start it (and stop it) within one round of peer calls of each other:
+# a peer's time further than this from our own is not this window's, and is not used.
+SAME_WINDOW_SPAN = 60.0
+
+
+def _time(parts: Sequence[ShardPart], key: str, *, earliest: bool) -> float | None:
+    """The window's `key` time: the earliest start or the latest stop of its shards, a peer's
+    counted only near the requested shard's own (a peer cannot move the window's times)."""
+    times: list[float] = [t for p in parts if p.answer is not None
+                          if _is_number(t := p.answer.get(key))]
+    mine = [p for p in parts if p.local and p.answer is not None]
+    if mine:
+        own = mine[0].answer.get(key) if mine[0].answer is not None else None
+        if not _is_number(own):
+            return None
+        times = [t for t in times if abs(t - own) <= SAME_WINDOW_SPAN]
+    if not times:
+        return None
+    return min(times) if earliest else max(times)
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def merge_start(parts: Sequence[ShardPart]) -> dict[str, Any]:
     """One start answer: every shard's targets, the earliest start, and who could not start."""
     answered = [p for p in parts if p.answer is not None]
-    first = answered[0].answer if answered and answered[0].answer else {}
+    first = _head(parts)
     targets = [t for p in parts for t in (p.answer["targets"] if p.answer else p.expected)]
     counted = {p.index: list(p.answer["targets"]) for p in answered if p.answer}
     start_errors = {k: v for p in answered if p.answer
                     for k, v in (p.answer.get("start_errors") or {}).items()}
     body = dict(first) | {
         "targets": targets,
-        "started_at": min((p.answer["started_at"] for p in answered if p.answer), default=None),
+        "started_at": _time(parts, "started_at", earliest=True),
         "start_errors": start_errors,
         "shards": _shards(parts, counted),
     }
@@ -127,24 +177,23 @@ def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
             for name in part.expected:
                 results.setdefault(name, _na(part, name))
     merged_aggregate = aggregate((n, Result.from_json(r)) for n, r in results.items())
-    first = answered[0].answer if answered and answered[0].answer else {}
-    stops = [p.answer.get("stopped_at") for p in answered if p.answer]
-    body = dict(first) | {
+    first = _head(parts)
+    # Each shard's advice covers its own targets only: the caller advises over the whole.
+    first.pop("advice", None)
+    return first | {
         "targets": list(results),
-        "started_at": min((p.answer["started_at"] for p in answered if p.answer), default=None),
-        "stopped_at": max((s for s in stops if s is not None), default=None),
+        "started_at": _time(parts, "started_at", earliest=True),
+        "stopped_at": _time(parts, "stopped_at", earliest=False),
         "results": results,
         "aggregate": merged_aggregate.to_json(),
         "shards": _shards(parts, counted),
     }
-    # Each shard's advice covers its own targets only: advise again over the merged whole.
-    return body | {"advice": window_advice(body)}
 
 
 def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
     """One open-window state: every shard's scrapes and errors, unreachable shards named."""
     answered = [p for p in parts if p.answer is not None]
-    first = answered[0].answer if answered and answered[0].answer else {}
+    first = _head(parts)
     scrapes: dict[str, Any] = {}
     errors: dict[str, Any] = {}
     targets: list[str] = []
@@ -161,3 +210,250 @@ def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
         "targets": targets, "stopped_at": None, "status": "open", "scrapes": scrapes,
         "errors": errors, "shards": _shards(parts, counted),
     }
+
+
+# Past 2**53 a float counter is no longer exact; no real counter of a window gets there, and
+# a sum of such values over any fleet stays finite.
+MAX_COUNT = float(2**53)
+_COUNT_KEYS = (Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value)
+_PER_POSITION_KEYS = (Field.PER_POS.value, DRAFTS_PER_POS)
+_TEXT_KEYS = ("url", "error", "target", "host_port", "coverage_note", "reset_note",
+              "anomaly_note", "dialect", "dialect_note", "results_dir")
+_STATUSES = frozenset(s.value for s in Status)
+_COVERAGES = frozenset(c.value for c in Coverage)
+
+
+def _is_count(value: object) -> bool:
+    return _is_number(value) and 0 <= value <= MAX_COUNT
+
+
+def _counts_problem(raw: object, where: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        return f"{where} is not an object"
+    for key in _COUNT_KEYS:
+        if key in raw and not _is_count(raw[key]):
+            return f"{where}.{key} is not a count: {raw[key]!r:.40}"
+    for key in _PER_POSITION_KEYS:
+        per = raw.get(key)
+        if per is None:
+            continue
+        if not isinstance(per, Mapping):
+            return f"{where}.{key} is not an object"
+        for pos, value in per.items():
+            if not (isinstance(pos, str) and pos.isascii() and pos.isdigit() and len(pos) < 5):
+                return f"{where}.{key} has a position that is not a number: {pos!r:.40}"
+            if not _is_count(value):
+                return f"{where}.{key}.{pos} is not a count: {value!r:.40}"
+    return None
+
+
+def _fields_problem(value: Mapping[str, Any]) -> str | None:
+    if value.get("status") not in _STATUSES:
+        return f"status {value.get('status')!r:.40} is neither ok nor na"
+    for key in _TEXT_KEYS:
+        if value.get(key) is not None and not isinstance(value[key], str):
+            return f"{key} is not text"
+    if value.get("coverage") is not None and value["coverage"] not in _COVERAGES:
+        return f"coverage {value['coverage']!r:.40} is neither full nor partial"
+    for key in ("engines", "resets", "scrapes"):
+        if value.get(key) is not None and not _is_count(value[key]):
+            return f"{key} is not a count"
+    for key in ("first_scrape_at", "last_scrape_at"):
+        if value.get(key) is not None and not _is_number(value[key]):
+            return f"{key} is not a time"
+    names = value.get("model_names")
+    if names is not None and not (isinstance(names, list)
+                                  and all(isinstance(n, str) for n in names)):
+        return "model_names is not a list of names"
+    means = value.get("gauge_means")
+    if value.get("estimate") and not (isinstance(means, Mapping)
+                                      and all(_is_number(m) for m in means.values())):
+        return "gauge_means is not an object of numbers"
+    return None
+
+
+def _nested_counts_problem(value: Mapping[str, Any]) -> str | None:
+    raw = value.get("raw")
+    if raw is not None and not isinstance(raw, Mapping):
+        return "raw is not an object"
+    raw = raw or {}
+    for where, counts in (("increase", value.get("increase")),
+                          ("increase_until_removed", value.get("increase_until_removed")),
+                          ("raw.before", raw.get("before")), ("raw.after", raw.get("after"))):
+        if (problem := _counts_problem(counts, where)) is not None:
+            return problem
+    per_model = value.get("per_model")
+    if per_model is None:
+        return None
+    if not isinstance(per_model, Mapping):
+        return "per_model is not an object"
+    for model, entry in per_model.items():
+        if not isinstance(entry, Mapping):
+            return f"per_model.{model} is not an object"
+        if (problem := _counts_problem(entry.get("increase"), f"per_model.{model}.increase")):
+            return problem
+    return None
+
+
+def result_problem(value: object) -> str | None:
+    """Why a shard's RESULT cannot be merged (its schema: status, texts, counts), or None."""
+    if not isinstance(value, Mapping):
+        return "is not an object"
+    problem = _fields_problem(value) or _nested_counts_problem(value)
+    if problem is None:
+        try:
+            Result.from_json(value)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+            problem = f"cannot be read: {exc}"
+    return problem
+
+
+def _distrust(part: ShardPart, why: str) -> None:
+    """Use nothing of the part's answer: its targets come out N/A with `why`."""
+    part.answer = None
+    part.error = f"its answer is malformed: {why}"
+
+
+def vet_stop(part: ShardPart, shards: int, fleet: Iterable[str]) -> None:
+    """Keep of a peer's stop answer only what it may say: RESULTs of the schema, counted only
+    for the targets the split gives it (`owner`), of the fleet only. The others are refused
+    (`part.refused`, said in the merged `shards`); one malformed RESULT and none of the
+    answer is used. Each RESULT's `data` is derived again from its counts."""
+    if part.answer is None:
+        return
+    results = part.answer.get("results")
+    if not isinstance(results, Mapping):
+        _distrust(part, "its results are not an object")
+        return
+    known = set(fleet)
+    vetted: dict[str, Any] = {}
+    for name, result in results.items():
+        if (problem := result_problem(result)) is not None:
+            _distrust(part, f"its result for {name!r:.80} {problem}")
+            return
+        if name not in known:
+            part.refused[name] = "no such target in the fleet"
+        elif result["status"] == Status.OK and (home := owner(name, shards)) != part.index:
+            part.refused[name] = f"counted by shard {part.index}, but the split gives it to shard {home}"
+        else:
+            vetted[name] = dict(result) | {"data": Result.from_json(result).data()}
+    part.answer = dict(part.answer) | {"results": vetted}
+
+
+def _names(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _texts(value: object) -> bool:
+    return value is None or (isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()))
+
+
+def vet_open(part: ShardPart, fleet: Iterable[str]) -> None:
+    """A peer's start answer or open window: targets of the fleet, scrapes counted, errors
+    as text; anything else and none of it is used."""
+    answer = part.answer
+    if answer is None:
+        return
+    scrapes = answer.get("scrapes")
+    if not _names(answer.get("targets")):
+        _distrust(part, "its targets are not a list of names")
+    elif scrapes is not None and not (isinstance(scrapes, Mapping)
+                                      and all(_is_count(v) for v in scrapes.values())):
+        _distrust(part, "its scrapes are not counts")
+    elif not (_texts(answer.get("errors")) and _texts(answer.get("start_errors"))):
+        _distrust(part, "its errors are not texts")
+    elif not _is_number(answer.get("started_at")):
+        _distrust(part, "its started_at is not a time")
+    else:
+        known = set(fleet)
+        part.refused |= {n: "no such target in the fleet" for n in answer["targets"]
+                         if n not in known}
+        part.answer = dict(answer) | {"targets": [n for n in answer["targets"] if n in known]}
+
+
+def _summary_problem(item: object) -> str | None:
+    if not isinstance(item, Mapping) or not isinstance(item.get("id"), str):
+        return "a window without an id"
+    if item.get("state") not in ("open", "stopped") or not _names(item.get("targets")):
+        return f"window {item['id']!r:.80}: state or targets malformed"
+    figures = item.get("aggregate")
+    if figures is not None and not (isinstance(figures, Mapping) and all(
+            v is None or _is_count(figures.get(k)) for k, v in figures.items() if k != "status")):
+        return f"window {item['id']!r:.80}: aggregate malformed"
+    return None
+
+
+def vet_list(part: ShardPart) -> None:
+    """A peer's window list: summaries of the shape `merge_list` reads, or none of it."""
+    if part.answer is None:
+        return
+    windows = part.answer.get("windows")
+    if not isinstance(windows, list):
+        _distrust(part, "its windows are not a list")
+        return
+    for item in windows:
+        if (problem := _summary_problem(item)) is not None:
+            _distrust(part, problem)
+            return
+
+
+def _summed_figures(items: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """One list item's aggregate figures from each shard's: counts summed, then divided."""
+    figures = [i["aggregate"] for i in items if i.get("aggregate")]
+    if not figures:
+        return None
+    total = {k: sum(f.get(k) or 0 for f in figures)
+             for k in ("num_drafts", "draft_tokens", "accepted_tokens")}
+    ok = [f for f in figures if f.get("status") == Status.OK]
+    drafts, tokens, accepted = total["num_drafts"], total["draft_tokens"], total["accepted_tokens"]
+    return {
+        "status": Status.OK.value if ok else figures[0].get("status"),
+        "acceptance_rate": 100 * accepted / tokens if ok and tokens else None,
+        "acceptance_length": 1 + accepted / drafts if ok and drafts else None,
+    } | (total if ok else dict.fromkeys(total))
+
+
+def merge_list(parts: Sequence[ShardPart], limit: int) -> dict[str, Any]:
+    """One window list: each id's summaries from every shard as one (targets of all, open while
+    open anywhere, figures from the summed counts), newest first, at most `limit`."""
+    by_id: dict[str, list[Mapping[str, Any]]] = {}
+    for part in parts:
+        for item in (part.answer or {}).get("windows", []):
+            by_id.setdefault(item["id"], []).append(item)
+    windows: list[dict[str, Any]] = []
+    for items in by_id.values():
+        first = items[0]
+        open_somewhere = any(i["state"] == "open" for i in items)
+        stops: list[float] = [i["stopped_at"] for i in items if _is_number(i.get("stopped_at"))]
+        starts: list[float] = [i["started_at"] for i in items if _is_number(i.get("started_at"))]
+        windows.append({k: v for k, v in first.items() if not k.endswith("_at_iso")} | {
+            "state": "open" if open_somewhere else "stopped",
+            "targets": [t for i in items for t in i["targets"]],
+            "started_at": min(starts, default=None),
+            "stopped_at": None if open_somewhere else max(stops, default=None),
+            "aggregate": _summed_figures(items),
+        })
+    windows.sort(key=lambda w: float(w["started_at"] or 0.0), reverse=True)
+    return {"windows": windows[:limit], "shards": _shards(parts, {})}
+
+
+def merge_series(parts: Sequence[ShardPart], shards: int) -> dict[str, Any]:
+    """One window's series: each target's from the shard the split gives it to."""
+    head = _head(parts)
+    targets: dict[str, Any] = {}
+    for part in parts:
+        got = (part.answer or {}).get("targets")
+        if part.answer is not None and not isinstance(got, Mapping):
+            _distrust(part, "its series are not an object")
+            continue
+        for name, rows in (got or {}).items():
+            if part.local or owner(name, shards) == part.index:
+                targets.setdefault(name, rows if isinstance(rows, list) else [])
+            else:
+                part.refused[name] = f"the split gives it to shard {owner(name, shards)}"
+    return head | {"targets": targets, "started_at": _time(parts, "started_at", earliest=True),
+                   "stopped_at": _time(parts, "stopped_at", earliest=False),
+                   "shards": _shards(parts, {})}

@@ -13,27 +13,23 @@ from typing import Any
 
 from aiohttp import web
 
+from exporter.config.model import Config
+from exporter.scrape.scraper import Scraper, make_session
+from exporter.server.service import ExporterService
+from exporter.state.store import connect_state
+from exporter.web.exposition import MetricsWriter
+from exporter.web.fanout import FANOUT, Fanout
 from exporter.web.handlers import (
     MAX_BODY,
-    METRICS_CACHE,
-    PRERENDER,
-    SERVICE,
-    WRITER,
-    add_routes,
     auth_middleware,
     body_limit_middleware,
     browser_middleware,
     errors_middleware,
+    reload_config,
 )
-from exporter.config.model import Config, load_config
-from exporter.core.errors import ConfigError
-from exporter.web.exposition import MetricsWriter
-from exporter.web.fanout import FANOUT, Fanout, fanout_middleware, peer_session
-from exporter.web.prerender import Prerender
-from exporter.web.proxy import PROXYING, Proxying, Recordings, main_listener_proxy
-from exporter.scrape.scraper import Scraper, make_session
-from exporter.server.service import ExporterService
-from exporter.state.store import connect_state
+from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
+from exporter.web.proxy import PROXYING, Proxying, Recordings
+from exporter.web.routes import add_routes
 
 log = logging.getLogger(__name__)
 
@@ -52,26 +48,22 @@ def make_app(
     app = web.Application(
         client_max_size=MAX_BODY,
         middlewares=[errors_middleware, body_limit_middleware, auth_middleware,
-                     browser_middleware, fanout_middleware],
+                     browser_middleware],
     )
     service = ExporterService(config, config_path=config_path, overrides=overrides, clock=clock,
                               state_connect=state_connect)
     app[SERVICE] = service
     app[FANOUT] = Fanout(service)
     app[WRITER] = MetricsWriter(service.view)
-    app[PRERENDER] = Prerender(app[WRITER])
-    service.on_scraped(app[PRERENDER].scraped)
     app[METRICS_CACHE] = {}
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))
-    app.cleanup_ctx.append(_prerendering)
-    app.cleanup_ctx.append(peer_session)
+    app.cleanup_ctx.append(app[FANOUT].peers.serve)
     app[PROXYING] = Proxying(Recordings(lambda: [(w.id, w.targets)
                                                  for w in service.open_windows()]),
                              lambda: service.config)
     app.cleanup_ctx.append(app[PROXYING].serve)
     service.on_scraped(app[PROXYING].scraped)  # a reload's proxy ports open at its next scrape
-    app.router.add_route("*", "/proxy/{target}/{tail:.*}", main_listener_proxy)
     return app
 
 
@@ -101,22 +93,4 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
     return lifecycle
 
 
-async def _prerendering(app: web.Application) -> AsyncIterator[None]:
-    yield
-    await app[PRERENDER].close()
-
-
-async def reload_config(service: ExporterService) -> Config:
-    """`POST /-/reload` and SIGHUP: read and check the file off the loop, then swap it in.
-
-    Reading and validating a 1 MiB config takes seconds of pure Python; on the loop, /metrics
-    and every window call would wait for it.
-    """
-    if service.config_path is None:
-        return service.reload()  # says why there is nothing to reload
-    try:
-        config = await asyncio.to_thread(load_config, service.config_path, service.overrides)
-    except ConfigError as exc:
-        service.reload_refused(exc.problems)
-        raise
-    return service.reload(config)
+__all__ = ["make_app", "reload_config"]

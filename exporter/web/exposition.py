@@ -1,24 +1,20 @@
 """The exporter's own /metrics, written straight from the latest state as text format 0.0.4
 (or OpenMetrics 1.0: the same samples, counter families named without `_total`, `# EOF`).
 
-prometheus_client's generic path (Collector -> Metric families -> generate_latest) costs about
-8 µs a sample: 200 ms for 1000 targets x 8 positions, all of it on the event loop. We write the
-same text directly, from a block of lines per target: its lines of each family for the figures
-of its last scrape (valid while its state object lives: a scrape replaces it) and its live
-gauges (valid while its live span's end points do). While /metrics is read, a block is built
-after the target's scrape (`MetricsWriter.scraped`, ~50 µs of CPU on the bench host; in the
-loop turns after the scrape's, prerender.py), so a render joins built blocks family by family
-(a few ms at 1000 targets) whenever it comes; any block not built for the state the render
-sees is built then (`prepare` does that ahead in chunks, prerender.py decides when).
-Process and GC metrics still come from prometheus_client.
+prometheus_client's generic path (Collector -> Metric families -> generate_latest) is too slow
+per sample to run for every target on the event loop. We write the same text directly, from a
+block of lines per target: its lines of each family for the figures of its last scrape (valid
+while its state object lives: a scrape replaces it) and its live gauges (valid while its live
+span's end points do). A render builds the blocks whose state changed (`prepare` does that in
+chunks, so the handler lets the loop in between) and joins them family by family. The families
+and the text format's spelling are families.py's. Process and GC metrics still come from
+prometheus_client.
 """
 
 from __future__ import annotations
 
 import functools
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.gc_collector import GCCollector
@@ -26,11 +22,45 @@ from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
 from exporter.core.counting import LiveTrack
-from exporter.core.derive import (
-    acceptance_length,
-    acceptance_ratio,
-    position_ratios,
-    span_figures,
+from exporter.core.derive import span_figures
+from exporter.web.families import (
+    ACCEPTED,
+    BUILD,
+    DISCOVERY_UP,
+    DRAFTS,
+    DRAFT_TOKENS,
+    DURATION,
+    ENGINE_ACCEPTED,
+    ENGINE_TOKENS,
+    ERRORS,
+    Family,
+    INTERVAL,
+    LAST_INFO,
+    LAST_LENGTH,
+    LAST_POS_RATIO,
+    LAST_RATIO,
+    LAST_SCRAPE,
+    LENGTH,
+    LIVE_FAMILIES,
+    NO_LIVE,
+    PER_POS,
+    POS_RATIO,
+    PRESENT,
+    RATIO,
+    RELOAD_AT,
+    RELOAD_OK,
+    RESULT_ERRORS,
+    STATE_ERRORS,
+    TARGET_FAMILIES,
+    UP,
+    WINDOWS_OPEN,
+    escape,
+    label_text,
+    line,
+    number,
+    ratio_lines,
+    run_template,
+    template,
 )
 from exporter.web.formats import to_openmetrics
 from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot
@@ -38,151 +68,7 @@ from exporter.core.stopped import LastWindow
 from exporter.server.targets import TargetState
 from exporter.server.stateview import StateView
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_INF = float("inf")
-# Seconds after a render that scrapes keep building their target's lines (`scraped`): longer
-# than any scrape interval Prometheus is run with (its default is 1 minute).
-KEEP_WARM = 600.0
 _Point = tuple[float, Counts]
-
-_LIVE_NOTE = (
-    "Computed from the exporter's own background scrapes over live_window (not at the time "
-    "Prometheus scrapes us): the increase of the server's counters across that span."
-)
-
-
-@dataclass(frozen=True, eq=False)  # identity hash: families are dict keys on the hot path
-class Family:
-    """Name, type and HELP of one of our metric families."""
-
-    name: str
-    kind: str
-    help: str
-
-    def header(self, openmetrics: bool = False) -> str:
-        """HELP and TYPE lines; OpenMetrics names a counter family without `_total`."""
-        doc = self.help.replace("\\", r"\\").replace("\n", r"\n")
-        name = self.name
-        if openmetrics and self.kind == "counter" and name.endswith("_total"):
-            name = name[:-len("_total")]
-        return f"# HELP {name} {doc}\n# TYPE {name} {self.kind}\n"
-
-
-BUILD = Family("specdec_build_info", "gauge", "Version of specdec-exporter; always 1.")
-UP = Family("specdec_target_up", "gauge", "1 if the last scrape of the target succeeded.")
-DURATION = Family("specdec_scrape_duration_seconds", "gauge",
-                  "How long the last scrape of the target took.")
-LAST_SCRAPE = Family("specdec_target_last_scrape_timestamp_seconds", "gauge",
-                     "Unix time of the target's last scrape, good or failed (a stuck scrape "
-                     "loop shows here: alert when it falls several scrape intervals behind).")
-INTERVAL = Family("specdec_scrape_interval_seconds", "gauge",
-                  "The configured scrape_interval of the exporter's targets.")
-ERRORS = Family("specdec_scrape_errors_total", "counter",
-                "Failed scrapes of the target since we started.")
-PRESENT = Family("specdec_target_spec_decode_present", "gauge",
-                 "1 if the target's last page had spec-decode series, 0 if not.")
-DRAFTS = Family("specdec_drafts_total", "counter",
-                "Spec-decode drafts reported by the target, summed over engines.")
-DRAFT_TOKENS = Family("specdec_draft_tokens_total", "counter",
-                      "Draft tokens reported by the target, summed over engines.")
-ACCEPTED = Family("specdec_accepted_tokens_total", "counter",
-                  "Accepted draft tokens reported by the target, summed over engines.")
-PER_POS = Family("specdec_accepted_tokens_per_position_total", "counter",
-                 "Accepted draft tokens per draft position, summed over engines.")
-RATIO = Family("specdec_acceptance_ratio", "gauge", "Accepted / draft tokens (0..1). " + _LIVE_NOTE)
-LENGTH = Family("specdec_acceptance_length", "gauge",
-                "1 + accepted tokens / drafts: tokens per forward pass. " + _LIVE_NOTE)
-POS_RATIO = Family("specdec_position_acceptance_ratio", "gauge",
-                   "Accepted at the position / drafts (0..1). " + _LIVE_NOTE)
-LAST_RATIO = Family("specdec_last_window_acceptance_ratio", "gauge",
-                    "Accepted / draft tokens (0..1) over the last stopped benchmark window.")
-LAST_LENGTH = Family("specdec_last_window_acceptance_length", "gauge",
-                     "1 + accepted / drafts over the last stopped benchmark window.")
-LAST_POS_RATIO = Family("specdec_last_window_position_acceptance_ratio", "gauge",
-                        "Accepted at the position / drafts over the last stopped benchmark window.")
-LAST_INFO = Family("specdec_last_window_info", "gauge",
-                   "The last stopped benchmark window; the value is its stop time (Unix seconds).")
-WINDOWS_OPEN = Family("specdec_windows_open", "gauge", "Benchmark windows open now.")
-RELOAD_OK = Family("specdec_config_last_reload_successful", "gauge",
-                   "1 if the last config (re)load succeeded, 0 if it was refused.")
-DISCOVERY_UP = Family("specdec_discovery_source_up", "gauge",
-                      "1 if the discovery source (file_sd file, http_sd or prometheus_sd URL) "
-                      "was last read fine, 0 if not (its last good target list is still used).")
-RELOAD_AT = Family("specdec_config_last_reload_success_timestamp_seconds", "gauge",
-                   "Unix time of the last successful config load.")
-STATE_ERRORS = Family("specdec_state_write_errors_total", "counter",
-                      "Window state writes that failed, and damage or loss of the state "
-                      "database found (at open, or files deleted under us); see the log.")
-RESULT_ERRORS = Family("specdec_result_write_errors_total", "counter",
-                       "Window stops whose result files could not be written (the window "
-                       "stays open; a later stop retries).")
-
-ENGINE_TOKENS = Family("specdec_engine_draft_tokens_total", "counter",
-                       "Draft tokens per engine (data-parallel rank), for servers with several.")
-ENGINE_ACCEPTED = Family("specdec_engine_accepted_tokens_total", "counter",
-                         "Accepted draft tokens per engine (data-parallel rank), for servers "
-                         "with several.")
-
-_NO_LIVE = ("", "", "")
-_TARGET_FAMILIES = (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, DRAFTS, DRAFT_TOKENS, ACCEPTED,
-                    PER_POS, ENGINE_TOKENS, ENGINE_ACCEPTED)
-_LIVE_FAMILIES = (RATIO, LENGTH, POS_RATIO)
-
-
-def escape(value: str) -> str:
-    """A label value escaped for the text format."""
-    if "\\" in value or "\n" in value or '"' in value:
-        value = value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
-    return value
-
-
-def label_text(labels: dict[str, str]) -> str:
-    """`a="1",b="2"` of a label set (no braces), names sorted as client libraries do."""
-    return ",".join(f'{name}="{escape(labels[name])}"' for name in sorted(labels))
-
-
-def number(value: float) -> str:
-    """A sample value as the text format spells it (Python's shortest repr for finite ones)."""
-    if value != value:
-        return "NaN"
-    if value in (_INF, -_INF):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def _line(name: str, labels: str, value: float) -> str:
-    if not labels:
-        return f"{name} {number(value)}\n"
-    return f"{name}{{{labels}}} {number(value)}\n"
-
-
-def _ratio_lines(labels: str, counts: Counts, out: dict[Family, list[str]],
-                 families: tuple[Family, Family, Family]) -> None:
-    # A gauge with no drafts behind it is absent, not 0.
-    ratio_family, length_family, pos_family = families
-    if (value := acceptance_ratio(counts)) is not None:
-        out[ratio_family].append(_line(ratio_family.name, labels, value))
-    if (value := acceptance_length(counts)) is not None:
-        out[length_family].append(_line(length_family.name, labels, value))
-    for pos, value in position_ratios(counts).items():
-        out[pos_family].append(_line(pos_family.name, f'{labels},position="{pos}"', value))
-
-
-def _template(prefixes: list[str]) -> str:
-    """The `%` format of the lines `prefix value` for `prefixes`: one `%r` a value (a label
-    value's own `%` doubled), so a run of samples is one C-level format of a tuple. Kept
-    instead of the prefixes (a template per run of a target: the prefixes' memory, not twice)."""
-    return "".join([f"{prefix.replace('%', '%%')}%r\n" for prefix in prefixes])
-
-
-def _run(template: str, values: tuple[float, ...]) -> str:
-    """The lines of a `_template` for `values`: most samples of the exposition pass here."""
-    total = sum(values)
-    if total - total == 0.0:  # every value finite (a NaN or infinity makes the sum one)
-        # %r is repr: a float's shortest text, as `number` spells a finite one.
-        return template % values
-    # A value's `%r` is the only one before a line feed: a label value has none unescaped.
-    return template.replace("%r\n", "%s\n") % tuple([number(value) for value in values])
 
 
 class _ModelPrefixes:
@@ -195,7 +81,7 @@ class _ModelPrefixes:
         self.drafts = f"{DRAFTS.name}{{{with_model}}} "
         self.tokens = f"{DRAFT_TOKENS.name}{{{with_model}}} "
         self.accepted = f"{ACCEPTED.name}{{{with_model}}} "
-        self.positions: dict[tuple[int, ...], str] = {}  # `_template`s
+        self.positions: dict[tuple[int, ...], str] = {}  # `template`s
 
 
 class _Labels:
@@ -218,7 +104,7 @@ class _Labels:
         self.present = (f"{self.fixed[PRESENT]}0.0\n", f"{self.fixed[PRESENT]}1.0\n")
         self.errors = (-1, "")  # the errors line for a count: it rarely moves
         self.models: dict[str, _ModelPrefixes] = {}
-        self.live_positions: dict[tuple[int, ...], str] = {}  # `_template`s
+        self.live_positions: dict[tuple[int, ...], str] = {}  # `template`s
 
     def errors_line(self, count: int) -> str:
         """The scrape errors line for `count`."""
@@ -235,21 +121,21 @@ class _Labels:
         return found
 
     def positions(self, model: str, positions: tuple[int, ...]) -> str:
-        """The `_template` of the per-position counter lines of `model` at `positions`."""
+        """The `template` of the per-position counter lines of `model` at `positions`."""
         by_positions = self.model(model).positions
         found = by_positions.get(positions)
         if found is None:
-            found = by_positions[positions] = _template([
+            found = by_positions[positions] = template([
                 f'{PER_POS.name}{{{self.text},model_name="{escape(model)}",position="{pos}"}} '
                 for pos in positions
             ])
         return found
 
     def live_positions_template(self, positions: tuple[int, ...]) -> str:
-        """The `_template` of the live per-position ratio lines at `positions`."""
+        """The `template` of the live per-position ratio lines at `positions`."""
         found = self.live_positions.get(positions)
         if found is None:
-            found = self.live_positions[positions] = _template([
+            found = self.live_positions[positions] = template([
                 f'{POS_RATIO.name}{{{self.text},position="{pos}"}} ' for pos in positions
             ])
         return found
@@ -317,7 +203,7 @@ def _model_sums(values: Mapping[SeriesKey, float]) -> tuple[dict[str, _Sums], bo
 
 
 def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
-    """A target's lines of each family in `_TARGET_FAMILIES`, from its last scrape."""
+    """A target's lines of each family in `TARGET_FAMILIES`, from its last scrape."""
     fixed = labels.fixed
     errors = labels.errors_line(state.errors_total)
     last = state.last
@@ -356,7 +242,7 @@ def _model_lines(labels: _Labels, model: str, counts: _Sums) -> tuple[str, str, 
                  f"{prefixes.accepted}{number(accepted)}\n")
     values = counts.per_position
     positions = tuple(sorted(values))
-    return (*lines, _run(labels.positions(model, positions),
+    return (*lines, run_template(labels.positions(model, positions),
                          tuple([values[pos] for pos in positions])))
 
 
@@ -371,14 +257,14 @@ class _TargetLines:
         self.lines = _scrape_lines(state, labels)
         # The live track's (start, end) points behind `live`.
         self.live_key: tuple[_Point, _Point] | None = None
-        self.live: tuple[str, str, str] = _NO_LIVE
+        self.live: tuple[str, str, str] = NO_LIVE
 
     def live_lines(self, track: LiveTrack, now: float) -> tuple[str, str, str]:
         """The live ratio, length and per-position lines; built again only when the span moved."""
         ends = track.span_ends(now)
         key = self.live_key
         if ends is None:
-            self.live_key, self.live = None, _NO_LIVE
+            self.live_key, self.live = None, NO_LIVE
         elif key is None or key[0] is not ends[0] or key[1] is not ends[1]:
             fixed = self.labels.fixed
             ratio, length, ratios = span_figures(ends[0][1], ends[1][1])
@@ -386,7 +272,7 @@ class _TargetLines:
             self.live = (
                 f"{fixed[RATIO]}{number(ratio)}\n" if ratio is not None else "",
                 f"{fixed[LENGTH]}{number(length)}\n" if length is not None else "",
-                _run(self.labels.live_positions_template(tuple(ratios)),
+                run_template(self.labels.live_positions_template(tuple(ratios)),
                      tuple(ratios.values())),
             )
         return self.live
@@ -400,8 +286,6 @@ class MetricsWriter:
         self._cache: dict[str, _TargetLines] = {}
         self._last_key: tuple[LastWindow | None, int] | None = None
         self._last_lines: dict[Family, list[str]] = {}
-        self._rendered_at = -_INF  # the view's time at the last render
-        self._render_gaps: deque[float] = deque(maxlen=2)  # between the last renders
         self._process = CollectorRegistry(auto_describe=False)
         if process_metrics:
             ProcessCollector(registry=self._process)
@@ -421,33 +305,6 @@ class MetricsWriter:
         if entry is not None and entry.labels is labels:
             fresh.live_key, fresh.live = entry.live_key, entry.live
         return fresh
-
-    def scraped(self, name: str, state: TargetState, track: LiveTrack, now: float) -> None:
-        """Build the target's lines for the state its scrape just left, while /metrics is read
-        (a render in the last `KEEP_WARM` seconds): the render after a round then finds every
-        block built, whenever it comes. Renders stay right without this (a block is rebuilt
-        whenever its state or live span is not the one it was built from); unread, scrapes pay
-        nothing for it, and read less often than scraped, only the last scrapes before the
-        expected read build (`_read_after_next_scrape`)."""
-        if self.wants(track, now):
-            self._entry(name, state).live_lines(track, now)
-
-    def wants(self, track: LiveTrack, now: float) -> bool:
-        """Whether a scrape of the target of `track` landing at `now` is to build its block."""
-        return now - self._rendered_at <= KEEP_WARM and not self._read_after_next_scrape(
-            track, now)
-
-    def _read_after_next_scrape(self, track: LiveTrack, now: float) -> bool:
-        """Whether the target's next scrape is due well before the next render we expect: the
-        block built now would be replaced unread (us scraping every 5 s, a Prometheus reading
-        every 30 s: five builds in six). Expected from the shorter of the last two gaps between
-        renders and the target's last gap between scrapes, with half a scrape interval to
-        spare; a render that comes earlier, or a scrape later, builds what was left."""
-        gaps, points = self._render_gaps, track.points
-        if len(gaps) < 2 or len(points) < 2:
-            return False
-        interval = points[-1][0] - points[-2][0]
-        return 0.0 < interval and now + 1.5 * interval < self._rendered_at + min(gaps)
 
     def prepare(self, chunk: int) -> Iterator[int]:
         """Build the lines of the targets scraped (or whose live span moved) since they were
@@ -476,11 +333,8 @@ class MetricsWriter:
         samples, counter families named without `_total`, `# EOF` at the end."""
         view = self.view()
         now = view.now
-        if self._rendered_at != -_INF:
-            self._render_gaps.append(now - self._rendered_at)
-        self._rendered_at = now
         header = functools.partial(Family.header, openmetrics=openmetrics)
-        out: list[str] = [header(BUILD), _line(BUILD.name, f'version="{__version__}"', 1.0)]
+        out: list[str] = [header(BUILD), line(BUILD.name, f'version="{__version__}"', 1.0)]
         entry = self._entry
         targets = [entry(name, state) for name, state in view.targets.items()]
         if len(self._cache) > len(targets):  # targets gone from the config leave the cache
@@ -489,27 +343,27 @@ class MetricsWriter:
         live = [e.live_lines(live_tracks[e.state.config.name], now) for e in targets]
         # Each family's lines together, as the format wants: the per-target blocks transposed.
         columns = (list(zip(*[e.lines for e in targets], strict=True))
-                   or [()] * len(_TARGET_FAMILIES))
-        for family, column in zip(_TARGET_FAMILIES, columns, strict=True):
+                   or [()] * len(TARGET_FAMILIES))
+        for family, column in zip(TARGET_FAMILIES, columns, strict=True):
             out.append(header(family))
             out += column
-        columns = list(zip(*live, strict=True)) or [()] * len(_LIVE_FAMILIES)
-        for family, column in zip(_LIVE_FAMILIES, columns, strict=True):
+        columns = list(zip(*live, strict=True)) or [()] * len(LIVE_FAMILIES)
+        for family, column in zip(LIVE_FAMILIES, columns, strict=True):
             out.append(header(family))
             out += column
         _extend(out, self._last_window(view), header)
         out += [
-            header(WINDOWS_OPEN), _line(WINDOWS_OPEN.name, "", float(view.open_windows)),
-            header(RELOAD_OK), _line(RELOAD_OK.name, "", 1.0 if view.reload_ok else 0.0),
-            header(RELOAD_AT), _line(RELOAD_AT.name, "", view.reload_at),
-            header(INTERVAL), _line(INTERVAL.name, "", view.config.scrape_interval),
-            header(STATE_ERRORS), _line(STATE_ERRORS.name, "", view.state_write_errors),
-            header(RESULT_ERRORS), _line(RESULT_ERRORS.name, "", view.result_write_errors),
+            header(WINDOWS_OPEN), line(WINDOWS_OPEN.name, "", float(view.open_windows)),
+            header(RELOAD_OK), line(RELOAD_OK.name, "", 1.0 if view.reload_ok else 0.0),
+            header(RELOAD_AT), line(RELOAD_AT.name, "", view.reload_at),
+            header(INTERVAL), line(INTERVAL.name, "", view.config.scrape_interval),
+            header(STATE_ERRORS), line(STATE_ERRORS.name, "", view.state_write_errors),
+            header(RESULT_ERRORS), line(RESULT_ERRORS.name, "", view.result_write_errors),
         ]
         if view.discovery_up:
             out.append(header(DISCOVERY_UP))
             out.extend(
-                _line(DISCOVERY_UP.name, label_text({"source": name}), 1.0 if up else 0.0)
+                line(DISCOVERY_UP.name, label_text({"source": name}), 1.0 if up else 0.0)
                 for name, up in view.discovery_up.items()
             )
         process = generate_latest(self._process)
@@ -535,13 +389,13 @@ class MetricsWriter:
         window = view.last_window
         if window is None:
             return out
-        out[LAST_INFO].append(_line(
+        out[LAST_INFO].append(line(
             LAST_INFO.name, label_text({"id": window.id, "name": window.name}),
             float(window.stopped_at)))
         for name, increase in window.increases.items():
             state = view.targets.get(name)
             labels = label_text({"target": name} | (state.config.labels if state else {}))
-            _ratio_lines(labels, increase, out, (LAST_RATIO, LAST_LENGTH, LAST_POS_RATIO))
+            ratio_lines(labels, increase, out, (LAST_RATIO, LAST_LENGTH, LAST_POS_RATIO))
         return out
 
 

@@ -1,47 +1,51 @@
-"""Transparent shards: a window start, stop, GET or DELETE sent to any shard acts on every shard.
+"""Transparent shards: a window call sent to any shard covers every shard's targets.
 
-Wraps the local window API: the shard that takes the request calls its own service directly
-and every peer over HTTP (with the token, and a marker header so the peer acts locally and
-does not fan out again), then answers one merged body (`exporter.core.shards`). A peer that cannot
-be reached makes its targets N/A with the reason; a start is idempotent per id on every shard.
+The route table (routes.py) names which calls these are. The shard that takes the request calls
+its own service directly and every peer over HTTP (peers.py: with the token, and a marker
+header so the peer acts locally and does not fan out again), vets each peer's answer against
+the schema and the split (`exporter.core.shards`), then answers one merged body. A peer that
+cannot be reached, answers late or answers garbage makes its targets N/A with the reason; a
+start is idempotent per id on every shard.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
-import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
-import aiohttp
 from aiohttp import web
-from pydantic import ValidationError
 
-from exporter.web.handlers import WindowRequest, _json_body, _validation_message
+from exporter.analysis.advise import window_advice
 from exporter.config.model import Config, TargetConfig
 from exporter.core.errors import RequestError, StoreError, UnknownTargetError, UnknownWindowError
-from exporter.server.service import ExporterService
+from exporter.core.isotime import with_iso_times
+from exporter.core.results import window_series
 from exporter.core.shards import (
     ShardPart,
     merge_delete,
+    merge_list,
     merge_open,
+    merge_series,
     merge_start,
     merge_stop,
-    owner,
     split,
+    vet_list,
+    vet_open,
+    vet_stop,
 )
 from exporter.core.window import check_window_id, new_window_id
+from exporter.server.service import ExporterService
+from exporter.state.answertext import compact
+from exporter.web.bodies import window_request
+from exporter.web.handlers import MAX_LIST, list_query, local_list
+from exporter.web.pages.compare import render_compare, render_picker
+from exporter.web.pages.window import render_window_page
+from exporter.web.peers import PEER_HEADER, Peers
 
-log = logging.getLogger(__name__)
-
-PEER_HEADER = "X-Specdec-Peer"  # set on calls between shards: act locally, do not fan out
-PEER_TIMEOUT = 120.0  # a stop scrapes every target of the peer once; generous, but bounded
-MAX_PEER_ANSWER = 64 * 1024 * 1024
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Local = Callable[[], Awaitable[dict[str, Any]]]
 
 
 def fleet_targets(config: Config, discovered: list[TargetConfig]) -> dict[str, TargetConfig]:
@@ -52,21 +56,29 @@ def fleet_targets(config: Config, discovered: list[TargetConfig]) -> dict[str, T
     return merged
 
 
+def _json(value: Any, status: int = 200) -> web.Response:
+    return web.Response(body=compact(value), status=status, content_type="application/json")
+
+
 class Fanout:
-    """The fan-out of one shard: its peers, one HTTP session, and the three window calls."""
+    """The fan-out of one shard: its peers and the window calls that cover every shard."""
 
     def __init__(self, service: ExporterService):
         self.service = service
-        self.session: aiohttp.ClientSession | None = None
+        self.peers = Peers(lambda: self.service.config)
 
     @property
     def config(self) -> Config:
         """The service's current config (peers can change on reload)."""
         return self.service.config
 
+    def sharded(self) -> bool:
+        """Whether this exporter is one of several shards that know each other."""
+        return len(self.config.peers) > 1
+
     def active(self, request: web.Request) -> bool:
         """Whether this request fans out: peers configured and not itself a peer's call."""
-        return len(self.config.peers) > 1 and PEER_HEADER not in request.headers
+        return self.sharded() and PEER_HEADER not in request.headers
 
     def _fleet(self) -> dict[str, TargetConfig]:
         return fleet_targets(self.config, self.service.discovered_targets())
@@ -86,49 +98,13 @@ class Fanout:
             chosen[found] = None
         return list(chosen)
 
-    def _urls(self) -> dict[str, tuple[str, str]]:
-        return {n: (t.url, t.host_port) for n, t in self._fleet().items()}
-
-    async def _call(self, index: int, method: str, path: str,
-                    body: dict[str, Any] | None) -> ShardPart:
-        url = self.config.peers[index]
-        part = ShardPart(index, url)
-        assert self.session is not None, "the session starts with the app"
-        headers = {PEER_HEADER: "1"}
-        if token := os.environ.get(self.config.auth.token_env):
-            headers["Authorization"] = f"Bearer {token}"
-        try:
-            async with self.session.request(
-                method, url + path, json=body, headers=headers,
-                timeout=aiohttp.ClientTimeout(total=PEER_TIMEOUT),
-            ) as response:
-                raw = await response.content.read(MAX_PEER_ANSWER + 1)
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            part.error = str(exc) or type(exc).__name__
-        else:
-            part.status = status
-            try:
-                data = json.loads(raw) if len(raw) <= MAX_PEER_ANSWER else None
-            except ValueError:
-                data = None
-            if not isinstance(data, dict):
-                part.error = "its answer is not a JSON object (or is over 64 MiB)"
-            elif status >= 400:
-                part.error = str(data.get("error") or f"HTTP {status}")
-            else:
-                part.answer = data
-        if part.answer is None:
-            log.warning("peer call failed shard=%d url=%s error=%s", index, url, part.error)
-        return part
-
-    async def _local(self, call: Callable[[], Awaitable[dict[str, Any]]],
+    async def _local(self, call: Local,
                      refusals: tuple[type[RequestError], ...] = (UnknownWindowError,)
                      ) -> ShardPart:
         # `refusals`: what this shard may refuse and the merged answer still report (a start's
         # own refusal starts nothing anywhere, so it is raised instead).
         index = self.config.shard_index
-        part = ShardPart(index, self.config.peers[index])
+        part = ShardPart(index, self.config.peers[index], local=True)
         try:
             part.answer = await call()
             part.status = 200
@@ -136,18 +112,17 @@ class Fanout:
             part.status, part.error = exc.status, str(exc)
         return part
 
-    async def _everywhere(self, local: Callable[[], Awaitable[dict[str, Any]]], method: str,
-                          path: str, bodies: dict[int, dict[str, Any] | None],
+    async def _everywhere(self, local: Local, method: str, path: str,
                           refusals: tuple[type[RequestError], ...] = (UnknownWindowError,)
                           ) -> list[ShardPart]:
         me = self.config.shard_index
         calls = [self._local(local, refusals) if i == me
-                 else self._call(i, method, path, bodies.get(i))
+                 else self.peers.call(i, method, path, {} if method != "GET" else None)
                  for i in range(len(self.config.peers))]
         return list(await asyncio.gather(*calls))
 
     def _with_expected(self, parts: list[ShardPart], expected: dict[int, list[str]]) -> None:
-        urls = self._urls()
+        urls = {n: (t.url, t.host_port) for n, t in self._fleet().items()}
         for part in parts:
             part.expected = expected.get(part.index, [])
             part.urls = urls
@@ -163,10 +138,7 @@ class Fanout:
 
     async def start(self, request: web.Request) -> web.Response:
         """Open the same window id on every shard; one start answer for the fleet."""
-        try:
-            body = WindowRequest.model_validate(await _json_body(request))
-        except ValidationError as exc:
-            raise RequestError(_validation_message(exc)) from None
+        body = await window_request(request)
         window_id = body.id or new_window_id(self.service.clock())
         names = self._resolve(body.targets, window_id) if body.targets is not None else None
         shares = self._expected(names)
@@ -179,23 +151,37 @@ class Fanout:
             created.append(was_created)
             return window.summary() | {"start_errors": dict(window.start_errors)}
 
-        peer_bodies: dict[int, dict[str, Any] | None] = {}
-        for index in range(len(self.config.peers)):
-            peer_body: dict[str, Any] = {"id": window_id, "labels": body.labels}
+        def peer_body(index: int) -> dict[str, Any]:
+            sent: dict[str, Any] = {"id": window_id, "labels": body.labels}
             if body.name is not None:
-                peer_body["name"] = body.name
+                sent["name"] = body.name
             if names is not None:
-                peer_body["targets"] = shares[index]
-            peer_bodies[index] = peer_body
+                sent["targets"] = shares[index]
+            return sent
+
         # The local start first: a refusal here (a bad name, too many windows) starts nothing.
         mine = await self._local(local)
-        others = [self._call(i, "POST", "/api/v1/windows", peer_bodies[i])
+        others = [self.peers.call(i, "POST", "/api/v1/windows", peer_body(i))
                   for i in range(len(self.config.peers)) if i != self.config.shard_index]
         parts = sorted([mine, *await asyncio.gather(*others)], key=lambda p: p.index)
+        fleet = self._fleet()
+        for part in parts:
+            if not part.local:
+                vet_open(part, fleet)
         self._with_expected(parts, shares)
         self._refuse_if_retry_needed(parts, window_id)
-        created += [p.status == 201 for p in parts if p.index != self.config.shard_index]
-        return web.json_response(merge_start(parts), status=201 if any(created) else 200)
+        created += [p.status == 201 for p in parts if not p.local and p.answer is not None]
+        return _json(merge_start(parts), status=201 if any(created) else 200)
+
+    def _stopped(self, parts: list[ShardPart]) -> dict[str, Any]:
+        fleet = self._fleet()
+        for part in parts:
+            if not part.local:
+                vet_stop(part, self.config.shards, fleet)
+        self._with_expected(parts, self._expected(None))
+        body = merge_stop(parts)
+        # Each shard's advice covers its own targets only: advise again over the merged whole.
+        return body | {"advice": window_advice(body)}
 
     async def stop(self, request: web.Request) -> web.Response:
         """Stop the window on every shard; one stop answer, aggregate from every count."""
@@ -207,25 +193,31 @@ class Fanout:
             where = Path(self.config.output_dir).resolve() / window.id
             return window.answer | {"results_dir": str(where)}
 
-        parts = await self._everywhere(local, "POST", f"/api/v1/windows/{window_id}/stop", {})
-        self._with_expected(parts, self._expected(None))
+        parts = await self._everywhere(local, "POST", f"/api/v1/windows/{window_id}/stop")
         self._refuse_if_retry_needed(parts, window_id)
-        return web.json_response(merge_stop(parts))
+        return _json(self._stopped(parts))
 
-    async def get(self, request: web.Request) -> web.Response:
-        """The window on every shard: merged stop answer once all stopped, else open state."""
-        window_id = check_window_id(request.match_info["id"])
+    async def window(self, window_id: str) -> dict[str, Any]:
+        """The window on every shard: the merged stop answer once all stopped, else open."""
 
         async def local() -> dict[str, Any]:
             return self.service.get_window(window_id).state()
 
-        parts = await self._everywhere(local, "GET", f"/api/v1/windows/{window_id}", {})
-        self._with_expected(parts, self._expected(None))
+        parts = await self._everywhere(local, "GET", f"/api/v1/windows/{window_id}")
         self._refuse_if_retry_needed(parts, window_id)
         answered = [p.answer for p in parts if p.answer is not None]
         if all("results" in a for a in answered):
-            return web.json_response(merge_stop(parts))
-        return web.json_response(merge_open(parts))
+            return self._stopped(parts)
+        fleet = self._fleet()
+        for part in parts:
+            if not part.local:
+                vet_open(part, fleet)
+        self._with_expected(parts, self._expected(None))
+        return merge_open(parts)
+
+    async def get(self, request: web.Request) -> web.Response:
+        """`GET /api/v1/windows/{id}` over every shard."""
+        return _json(await self.window(check_window_id(request.match_info["id"])))
 
     async def delete(self, request: web.Request) -> web.Response:
         """Forget a stopped window on every shard (each keeps its files)."""
@@ -235,43 +227,70 @@ class Fanout:
             self.service.delete_window(window_id)
             return {"id": window_id, "deleted": True}
 
-        parts = await self._everywhere(local, "DELETE", f"/api/v1/windows/{window_id}", {},
+        parts = await self._everywhere(local, "DELETE", f"/api/v1/windows/{window_id}",
                                        refusals=(RequestError,))
         self._refuse_if_retry_needed(parts, window_id)
         status, body = merge_delete(parts, window_id)
-        return web.json_response(body, status=status)
+        return _json(body, status=status)
+
+    async def windows(self, limit: int, state: str | None) -> dict[str, Any]:
+        """The window list of every shard, merged: each id once, over all its targets."""
+
+        async def local() -> dict[str, Any]:
+            return local_list(self.service, limit, state)
+
+        query = urlencode({"limit": limit} | ({"state": state} if state else {}))
+        parts = await self._everywhere(local, "GET", f"/api/v1/windows?{query}")
+        for part in parts:
+            if not part.local:
+                vet_list(part)
+        answer: dict[str, Any] = with_iso_times(merge_list(parts, limit))
+        return answer
+
+    async def list(self, request: web.Request) -> web.Response:
+        """`GET /api/v1/windows` over every shard."""
+        return _json(await self.windows(*list_query(request)))
+
+    async def series(self, window_id: str) -> dict[str, Any]:
+        """A window's per-scrape series from every shard, each target's from its owner."""
+
+        async def local() -> dict[str, Any]:
+            return window_series(self.service.window_with_series(window_id))
+
+        parts = await self._everywhere(local, "GET", f"/api/v1/windows/{window_id}/series")
+        self._refuse_if_retry_needed(parts, window_id)
+        return merge_series(parts, self.config.shards)
+
+    async def series_answer(self, request: web.Request) -> web.Response:
+        """`GET /api/v1/windows/{id}/series` over every shard."""
+        return _json(await self.series(check_window_id(request.match_info["id"])))
+
+    async def window_page(self, request: web.Request) -> web.Response:
+        """`GET /windows/{id}`: the page of the window over every shard."""
+        window_id = check_window_id(request.match_info["id"])
+        state, series = await asyncio.gather(self.window(window_id), self.series(window_id))
+        text = render_window_page(state, series | {"now": self.service.clock()})
+        return web.Response(text=text, content_type="text/html")
+
+    async def compare_page(self, request: web.Request) -> web.Response:
+        """`GET /compare`: two windows over every shard; without `a` and `b`, the picker."""
+        a_id, b_id = request.query.get("a"), request.query.get("b")
+        windows = (await self.windows(MAX_LIST, None))["windows"]
+        if not a_id and not b_id:
+            return web.Response(text=render_picker(windows), content_type="text/html")
+        if not a_id or not b_id:
+            raise RequestError("give both windows: /compare?a=ID&b=ID")
+        answers = []
+        for window_id in (a_id, b_id):
+            answer = await self.window(check_window_id(window_id))
+            if "results" not in answer:
+                raise RequestError(f'window "{window_id}" is still open; stop it first',
+                                   status=409)
+            answers.append(answer)
+        text = render_compare(answers[0], answers[1], windows)
+        return web.Response(text=text, content_type="text/html")
 
 
 FANOUT = web.AppKey("fanout", Fanout)
 
-
-@web.middleware
-async def fanout_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Window start, stop, GET and DELETE go to every shard when peers are configured."""
-    fanout = request.app[FANOUT]
-    if not fanout.active(request):
-        return await handler(request)
-    route = request.match_info.route.resource
-    canonical = route.canonical if route is not None else ""
-    if request.method == "POST" and canonical == "/api/v1/windows":
-        return await fanout.start(request)
-    if request.method == "POST" and canonical == "/api/v1/windows/{id}/stop":
-        return await fanout.stop(request)
-    if request.method == "GET" and canonical == "/api/v1/windows/{id}":
-        return await fanout.get(request)
-    if request.method == "DELETE" and canonical == "/api/v1/windows/{id}":
-        return await fanout.delete(request)
-    return await handler(request)
-
-
-async def peer_session(app: web.Application) -> AsyncIterator[None]:
-    """cleanup_ctx: the one session for calls to peers (no proxy: peers are our own shards)."""
-    fanout = app[FANOUT]
-    fanout.session = aiohttp.ClientSession(trust_env=False)
-    try:
-        yield
-    finally:
-        await fanout.session.close()
-
-
-__all__ = ["FANOUT", "Fanout", "fanout_middleware", "owner", "peer_session"]
+__all__ = ["FANOUT", "Fanout", "PEER_HEADER", "fleet_targets"]

@@ -1,4 +1,7 @@
-"""HTTP handlers: validate -> call the service -> json_response. No math, no parsing here."""
+"""HTTP handlers: validate -> call the service -> json_response. No math, no parsing here.
+
+Which of them fan out across shards, and how, is the route table's (routes.py).
+"""
 
 from __future__ import annotations
 
@@ -15,53 +18,34 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from exporter.state.answertext import compact, with_key
-from exporter.web.proxy import state_with_per_request, stop_text_with_per_request
-from exporter.web.pages.compare import render_compare, render_picker
-from exporter.web.csrf import SAFE_METHODS, check_browser_safe, default_hosts
+from exporter.config.model import Config, load_config
 from exporter.core.errors import ConfigError, ExporterError, RequestError, StoreError
-from exporter.web.exposition import MetricsWriter
-from exporter.web.formats import Format, accepts_gzip, gzipped, negotiate
 from exporter.core.isotime import with_iso_times
-from exporter.web.pages.landing import render_landing
-from exporter.server.memory import give_back_free_memory
-from exporter.web.prerender import Prerender
 from exporter.core.results import window_series as series_view
-from exporter.server.service import ExporterService
-from exporter.core.text import TextError, clean_tree
-from exporter.web.jsonviews import target_view
 from exporter.core.window import Window, check_window_id
+from exporter.server.memory import give_back_free_memory
+from exporter.server.service import ExporterService
+from exporter.state.answertext import compact, with_key
+from exporter.web.bodies import window_request
+from exporter.web.csrf import SAFE_METHODS, check_browser_safe, default_hosts
+from exporter.web.formats import Format, accepts_gzip, gzipped, negotiate
+from exporter.web.jsonviews import target_view
+from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
+from exporter.web.pages.compare import render_compare, render_picker
+from exporter.web.pages.landing import render_landing
 from exporter.web.pages.window import render_window_page
+from exporter.web.proxy import state_with_per_request, stop_text_with_per_request
 
-SERVICE = web.AppKey("service", ExporterService)
-WRITER = web.AppKey("writer", MetricsWriter)
-PRERENDER = web.AppKey("prerender", Prerender)
-# key -> (service generation, monotonic time, rendered bytes)
-METRICS_CACHE: web.AppKey[dict[str, tuple[int, float, bytes]]] = web.AppKey("metrics_cache", dict)
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
-# a cold render of 1000 targets costs ~30-50 ms, which must not run once per concurrent request.
+# a cold render of every target must not run once per concurrent request.
 METRICS_MAX_AGE = 1.0
+# Targets whose /metrics lines are built per loop turn: a cold render of a big fleet lets
+# other requests and scrapes in between chunks instead of holding the loop for all of it.
+METRICS_CHUNK = 100
 
 log = logging.getLogger(__name__)
-
-
-class WindowRequest(BaseModel):
-    """Body of `POST /api/v1/windows`; every field optional, unknown fields refused."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    id: str | None = None
-    name: str | None = None
-    targets: list[str] | None = None
-    labels: dict[str, str] = {}
-
-    @field_validator("id")
-    @classmethod
-    def _id(cls, value: str | None) -> str | None:
-        return None if value is None else check_window_id(value)
 
 
 def error_response(status: int, message: str, **extra: Any) -> web.Response:
@@ -135,36 +119,6 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     return await handler(request)
 
 
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()  # client_max_size answers 413 past MAX_BODY
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(f"body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise RequestError("body is not valid JSON: nested too deeply") from None
-    if not isinstance(body, dict):
-        raise RequestError("body must be a JSON object")
-    try:
-        cleaned: dict[str, Any] = clean_tree(body)  # a dict in, the same shape out
-        return cleaned
-    except TextError as exc:
-        raise RequestError(str(exc)) from None
-    except RecursionError:
-        raise RequestError("body is nested too deeply") from None
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "body"
-        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
-        parts.append(f"{where}: {message.removeprefix('Value error, ')}")
-    return "; ".join(parts)
-
-
 async def metrics(request: web.Request) -> web.Response:
     """The exporter's exposition: text or OpenMetrics by `Accept`, gzip when accepted."""
     try:
@@ -179,19 +133,18 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _metrics_body(request: web.Request, kind: Format, packed: bool) -> bytes:
-    """The body from the cache while fresh; else rendered with the loop let in between the
-    targets' lines (prerender.py), and gzipped in a thread: zlib lets go of the GIL, and a
-    2 MB exposition takes ~20 ms at level 6."""
+    """The body from the cache while fresh; else the stale targets' lines built a chunk per
+    loop turn, then rendered, and gzipped in a thread (zlib lets go of the GIL)."""
     key = f"metrics:{kind}:gzip" if packed else f"metrics:{kind}"
     if (hit := _fresh(request, key)) is not None:
         return hit[1]
     plain = _fresh(request, f"metrics:{kind}")
     if plain is None:
-        prerender = request.app[PRERENDER]
-        await prerender.prepare()
-        body = request.app[WRITER].render(openmetrics=kind is Format.OPENMETRICS)
+        writer = request.app[WRITER]
+        for _ in writer.prepare(METRICS_CHUNK):
+            await asyncio.sleep(0)
+        body = writer.render(openmetrics=kind is Format.OPENMETRICS)
         plain = _keep(request, f"metrics:{kind}", body)
-        prerender.rendered()
     generation, body = plain
     if packed:
         generation, body = _keep(request, key, await asyncio.to_thread(gzipped, body),
@@ -275,10 +228,24 @@ async def ready(request: web.Request) -> web.Response:
     return web.Response(text="OK\n")
 
 
+async def reload_config(service: ExporterService) -> Config:
+    """`POST /-/reload` and SIGHUP: read and check the file off the loop, then swap it in.
+
+    Reading and validating a big config is seconds of pure Python; on the loop, /metrics
+    and every window call would wait for it.
+    """
+    if service.config_path is None:
+        return service.reload()  # says why there is nothing to reload
+    try:
+        config = await asyncio.to_thread(load_config, service.config_path, service.overrides)
+    except ConfigError as exc:
+        service.reload_refused(exc.problems)
+        raise
+    return service.reload(config)
+
+
 async def reload(request: web.Request) -> web.Response:
     """Re-read the config file; an invalid one is refused and the old one keeps serving."""
-    from exporter.web.app import reload_config  # app imports this module
-
     try:
         config = await reload_config(request.app[SERVICE])
     except ConfigError as exc:
@@ -288,10 +255,7 @@ async def reload(request: web.Request) -> web.Response:
 
 async def start_window(request: web.Request) -> web.Response:
     """Open a window: 201 when new, 200 with the same window when the id exists."""
-    try:
-        body = WindowRequest.model_validate(await _json_body(request))
-    except ValidationError as exc:
-        raise RequestError(_validation_message(exc)) from None
+    body = await window_request(request)
     created, window = await request.app[SERVICE].start_window(
         body.id, body.name, body.targets, body.labels
     )
@@ -380,13 +344,16 @@ def window_summary(state: dict[str, Any]) -> dict[str, Any]:
             "acceptance_rate": data.get("acceptance_rate"),
             "acceptance_length": data.get("acceptance_length"),
             "num_drafts": data.get("num_drafts"),
+            # The counts beside the ratios: a fleet's list sums them across shards.
+            "draft_tokens": data.get("draft_tokens"),
+            "accepted_tokens": data.get("accepted_tokens"),
         } if aggregate else None,
         "href": f"/api/v1/windows/{state['id']}",
         "page": f"/windows/{state['id']}",
     }
 
 
-def _list_query(request: web.Request) -> tuple[int, str | None]:
+def list_query(request: web.Request) -> tuple[int, str | None]:
     """`limit` (1..MAX_LIST, default MAX_LIST) and `state` (open or stopped), or 400."""
     text = request.query.get("limit")
     limit = MAX_LIST
@@ -400,17 +367,20 @@ def _list_query(request: web.Request) -> tuple[int, str | None]:
     return limit, state
 
 
+def local_list(service: ExporterService, limit: int, state: str | None) -> dict[str, Any]:
+    """This shard's list answer: its windows' summaries, newest first."""
+    items = [window_summary(w.state()) for w in service.list_windows()]
+    items = [i for i in items if state is None or i["state"] == state][:limit]
+    answer: dict[str, Any] = with_iso_times({"windows": items})
+    return answer
+
+
 async def list_windows(request: web.Request) -> web.Response:
     """Open and recent windows, newest first, as summaries; `?limit=N&state=open|stopped`."""
     service = request.app[SERVICE]
-    limit, state = _list_query(request)
-
-    def render() -> bytes:
-        items = [window_summary(w.state()) for w in service.list_windows()]
-        items = [i for i in items if state is None or i["state"] == state][:limit]
-        return _json_bytes(with_iso_times({"windows": items}))
-
-    body = _cached(request, f"windows?limit={limit}&state={state}", render)
+    limit, state = list_query(request)
+    body = _cached(request, f"windows?limit={limit}&state={state}",
+                   lambda: _json_bytes(local_list(service, limit, state)))
     return web.Response(body=body, content_type="application/json")
 
 
@@ -448,25 +418,7 @@ async def list_targets(request: web.Request) -> web.Response:
     return web.Response(body=_cached(request, "targets", render), content_type="application/json")
 
 
-def add_routes(app: web.Application) -> None:
-    """Every route of CONTRACT.md's HTTP API."""
-    app.router.add_get("/", landing)
-    app.router.add_get("/windows/{id}", window_page)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/compare", compare_page)
-    app.router.add_get("/-/healthy", healthy)
-    app.router.add_get("/-/ready", ready)
-    app.router.add_post("/-/reload", reload)
-    app.router.add_post("/api/v1/windows", start_window)
-    app.router.add_get("/api/v1/windows", list_windows)
-    app.router.add_get("/api/v1/windows/{id}", get_window)
-    app.router.add_delete("/api/v1/windows/{id}", delete_window)
-    app.router.add_post("/api/v1/windows/{id}/stop", stop_window)
-    app.router.add_get("/api/v1/windows/{id}/series", window_series)
-    app.router.add_get("/api/v1/targets", list_targets)
-
-
 __all__ = [
-    "ExporterError", "METRICS_CACHE", "PRERENDER", "SERVICE", "WRITER", "add_routes",
-    "auth_middleware", "body_limit_middleware", "browser_middleware", "errors_middleware",
+    "ExporterError", "METRICS_CACHE", "SERVICE", "WRITER", "auth_middleware",
+    "body_limit_middleware", "browser_middleware", "errors_middleware", "reload_config",
 ]

@@ -87,7 +87,8 @@ class TestMergeStop:
         assert merged["shards"] == [
             {"shard": 0, "url": "http://s0", "targets": ["a"], "error": None},
             {"shard": 1, "url": "http://s1", "targets": ["b"], "error": None}]
-        assert "advice" in merged
+        # A shard's advice covers its own targets: the web layer advises over the whole.
+        assert "advice" not in merged
 
     def test_unreachable_shard_makes_its_targets_na_with_the_reason(self):
         a = _ok("a:1", 10, 30, 20, [9, 7, 4])

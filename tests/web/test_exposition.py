@@ -12,9 +12,8 @@ from aiohttp import web
 from conftest import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.web.handlers import PRERENDER, WRITER
 from exporter.config.model import validate_config
-from exporter.web.exposition import KEEP_WARM, MetricsWriter
+from exporter.web.exposition import MetricsWriter
 from exporter.web.formats import to_openmetrics
 from exporter.server.service import ExporterService
 
@@ -532,16 +531,6 @@ class TestMetricsWriterUnit:
         assert b'specdec_scrape_errors_total{target="a"} 2.0' in writer.render()
 
 
-async def _built(exp) -> None:
-    """Let the loop run the builds of the scrapes just recorded (`Prerender.scraped`)."""
-    prerender = exp.client.server.app[PRERENDER]
-    for _ in range(100):
-        if not prerender.pending:
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{prerender.pending} blocks still to build")
-
-
 class TestMetricsWriterCache:
     """The per-target lines a writer keeps: always what a fresh writer would render."""
 
@@ -637,64 +626,6 @@ class TestMetricsWriterCache:
         assert after == self._fresh(exp)
         lines = set(after.splitlines()) - set(before.splitlines())
         assert lines and all(b'target="a"' in line for line in lines)
-
-    async def test_a_scrape_builds_its_lines_while_metrics_is_read(self, fake_vllm, exporter):
-        """The app's writer builds a target's block when its scrape lands, once /metrics has
-        been read in the last KEEP_WARM seconds: the render after a round only joins."""
-        clock = Clock(5000.0)
-        a, b = await fake_vllm(k=2), await fake_vllm(k=2)
-        exp = await exporter({"live_window": "60s", "targets": [
-            {"name": "a", "url": a.url}, {"name": "b", "url": b.url}]}, clock=clock)
-        writer = exp.client.server.app[WRITER]
-        await exp.round()
-        clock.now += 10
-        a.server.add(0, 10, 20, [8, 4])
-        await exp.round()
-        assert list(writer.prepare(1)) == [1, 2]  # unread yet: the scrapes built nothing
-        assert (await exp.client.get("/metrics")).status == 200
-        clock.now += 10
-        a.server.add(0, 10, 20, [7, 3])
-        await exp.service.scrape_target("a")
-        await _built(exp)
-        assert list(writer.prepare(1)) == []  # built as the scrape landed, live lines too
-        text = writer.render()
-        assert text.startswith(self._fresh(exp))  # then its process metrics
-        assert b'specdec_acceptance_ratio{target="a"} 0.55\n' in text
-        clock.now += KEEP_WARM + 1  # nobody read /metrics for that long
-        assert list(writer.prepare(1)) == [1, 2]  # the live spans ended: a's and b's lines
-        await exp.service.scrape_target("a")
-        await _built(exp)
-        assert list(writer.prepare(1)) == [1]
-
-    async def test_read_less_often_than_scraped_the_last_scrapes_build(self, fake_vllm,
-                                                                        exporter):
-        """Scraped every 5 s, read every 30 s: a scrape whose block the next one would replace
-        before the expected read builds nothing; the last ones before the read do."""
-        clock = Clock(5000.0)
-        a = await fake_vllm(k=2)
-        exp = await exporter({"live_window": "60s", "targets": [{"name": "a", "url": a.url}]},
-                             clock=clock)
-        writer = exp.client.server.app[WRITER]
-
-        async def scrape_in(seconds: float) -> None:
-            clock.now += seconds
-            a.server.add(0, 10, 20, [8, 4])
-            await exp.service.scrape_target("a")
-            await _built(exp)
-
-        await scrape_in(0)
-        for read in range(3):  # three reads 30 s apart: the rhythm is known after them
-            for _ in range(6 if read else 1):
-                await scrape_in(5)
-            writer.render()
-        built = []
-        for _ in range(5):
-            await scrape_in(5)
-            built.append(list(writer.prepare(1)) == [])  # what was not built is built here
-        # Due 30 s after the last read: scrapes at +5..+20 leave theirs; +25 builds.
-        assert built == [False, False, False, False, True]
-        clock.now += 5
-        assert writer.render().startswith(self._fresh(exp))
 
     async def test_a_failing_scrape_listener_fails_no_scrape(self, fake_vllm, exporter, caplog):
         a = await fake_vllm(k=2)

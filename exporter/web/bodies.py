@@ -1,0 +1,69 @@
+"""Request bodies: the JSON object of a POST, read once, and the window start's model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from exporter.core.errors import RequestError
+from exporter.core.text import TextError, clean_tree
+from exporter.core.window import check_window_id
+
+
+class WindowRequest(BaseModel):
+    """Body of `POST /api/v1/windows`; every field optional, unknown fields refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str | None = None
+    name: str | None = None
+    targets: list[str] | None = None
+    labels: dict[str, str] = {}
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, value: str | None) -> str | None:
+        return None if value is None else check_window_id(value)
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object ({} for an empty body), or a 400 saying what is wrong."""
+    raw = await request.read()  # client_max_size answers 413 past MAX_BODY
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise RequestError(f"body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise RequestError("body is not valid JSON: nested too deeply") from None
+    if not isinstance(body, dict):
+        raise RequestError("body must be a JSON object")
+    try:
+        cleaned: dict[str, Any] = clean_tree(body)  # a dict in, the same shape out
+        return cleaned
+    except TextError as exc:
+        raise RequestError(str(exc)) from None
+    except RecursionError:
+        raise RequestError("body is nested too deeply") from None
+
+
+def validation_message(exc: ValidationError) -> str:
+    """pydantic's errors as one line: `where: what` for each."""
+    parts = []
+    for error in exc.errors():
+        where = ".".join(str(p) for p in error["loc"]) or "body"
+        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+        parts.append(f"{where}: {message.removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+async def window_request(request: web.Request) -> WindowRequest:
+    """The body of a window start, validated (a 400 names each problem)."""
+    try:
+        return WindowRequest.model_validate(await json_body(request))
+    except ValidationError as exc:
+        raise RequestError(validation_message(exc)) from None

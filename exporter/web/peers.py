@@ -1,0 +1,114 @@
+"""Calls from one shard to its peers: one session, a bounded wait, the whole answer read and
+decoded with the codec our own answers are written in (orjson; the stdlib's JSON where the
+encoder fell back to it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from exporter.config.model import Config
+from exporter.core.shards import ShardPart
+
+log = logging.getLogger(__name__)
+
+PEER_HEADER = "X-Specdec-Peer"  # set on calls between shards: act locally, do not fan out
+# A peer's stop scrapes its own targets once. The wait is bounded below the CLI client's 60 s,
+# so the stop still answers (that peer's targets N/A, saying why) before the client gives up.
+PEER_TIMEOUT = 25.0
+# What the merge reads of one peer's answer: a stop answer over thousands of targets is a few
+# megabytes; past this it is no answer of ours.
+MAX_PEER_ANSWER = 64 * 1024 * 1024
+
+
+def decode_answer(raw: bytes) -> object:
+    """A peer's JSON text as our own answers are written: orjson, else the stdlib (which wrote
+    what orjson refuses to: an integer past 64 bits, a NaN). None when neither reads it."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+
+
+async def read_whole(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """Every byte of the body, however it is chunked; None past `limit` bytes."""
+    if (response.content_length or 0) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class Peers:
+    """The peers of one shard, called over one session with the token and the peer marker."""
+
+    def __init__(self, config: Callable[[], Config], *, timeout: float = PEER_TIMEOUT,
+                 max_answer: int = MAX_PEER_ANSWER):
+        self.config = config
+        self.timeout = timeout
+        self.max_answer = max_answer
+        self.session: aiohttp.ClientSession | None = None
+
+    def _headers(self) -> dict[str, str]:
+        headers = {PEER_HEADER: "1"}
+        if token := os.environ.get(self.config().auth.token_env):
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    async def call(self, index: int, method: str, path: str,
+                   body: dict[str, Any] | None) -> ShardPart:
+        """Peer `index`'s answer to `method path` as a part: its JSON object, or why none."""
+        url = self.config().peers[index]
+        part = ShardPart(index, url)
+        assert self.session is not None, "the session starts with the app"
+        try:
+            async with self.session.request(
+                method, url + path, json=body, headers=self._headers(),
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+            ) as response:
+                part.status = response.status
+                raw = await read_whole(response, self.max_answer)
+        except TimeoutError:
+            part.status, part.error = None, f"no answer within {self.timeout:g} s"
+        except (aiohttp.ClientError, OSError) as exc:
+            part.status, part.error = None, str(exc) or type(exc).__name__
+        else:
+            self._read(part, raw)
+        if part.answer is None:
+            log.warning("peer call failed shard=%d url=%s error=%s", index, url, part.error)
+        return part
+
+    def _read(self, part: ShardPart, raw: bytes | None) -> None:
+        data = decode_answer(raw) if raw is not None else None
+        if raw is None:
+            part.error = f"its answer is over {self.max_answer} bytes"
+        elif not isinstance(data, dict):
+            part.error = "its answer is not a JSON object"
+        elif part.status is not None and part.status >= 400:
+            part.error = str(data.get("error") or f"HTTP {part.status}")[:1000]
+        else:
+            part.answer = data
+
+    async def serve(self, app: web.Application) -> AsyncIterator[None]:
+        """cleanup_ctx: the one session for calls to peers (no proxy: peers are our shards)."""
+        self.session = aiohttp.ClientSession(trust_env=False)
+        try:
+            yield
+        finally:
+            await self.session.close()
