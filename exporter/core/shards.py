@@ -15,7 +15,7 @@ from typing import Any, TypeGuard
 
 from exporter.core.result import Coverage
 from exporter.core.results import Result, Status, aggregate
-from exporter.core.snapshot import DRAFTS_PER_POS, Field
+from exporter.core.snapshot import DRAFTS_PER_POS, Field, integral
 
 
 def _score(shard: int, name: str) -> int:
@@ -223,7 +223,7 @@ _STATUSES = frozenset(s.value for s in Status)
 _COVERAGES = frozenset(c.value for c in Coverage)
 
 
-def _is_count(value: object) -> bool:
+def _is_count(value: object) -> TypeGuard[float]:
     return _is_number(value) and 0 <= value <= MAX_COUNT
 
 
@@ -400,20 +400,43 @@ def vet_list(part: ShardPart) -> None:
             return
 
 
+def _list_counts(figures: Mapping[str, Any]) -> tuple[float, float, float] | None:
+    """(drafts, draft tokens, accepted) of one shard's list figures. A stopped window keeps
+    only drafts, rate and length: accepted = (length - 1) x drafts and draft tokens =
+    100 x accepted / rate give the integral counts back (rounded: exact for counts far below
+    2**53); None when they cannot be known (a rate of 0: no draft tokens to read back)."""
+    drafts = figures.get("num_drafts")
+    if not _is_count(drafts):
+        return None
+    tokens, accepted = figures.get("draft_tokens"), figures.get("accepted_tokens")
+    if _is_count(tokens) and _is_count(accepted):
+        return drafts, tokens, accepted
+    if drafts == 0:
+        return 0.0, 0.0, 0.0
+    rate, length = figures.get("acceptance_rate"), figures.get("acceptance_length")
+    if not (_is_number(rate) and _is_number(length)) or rate <= 0:
+        return None
+    accepted = float(round((length - 1) * drafts))
+    return drafts, float(round(100 * accepted / rate)), accepted
+
+
 def _summed_figures(items: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """One list item's aggregate figures from each shard's: counts summed, then divided."""
     figures = [i["aggregate"] for i in items if i.get("aggregate")]
-    if not figures:
-        return None
-    total = {k: sum(f.get(k) or 0 for f in figures)
-             for k in ("num_drafts", "draft_tokens", "accepted_tokens")}
     ok = [f for f in figures if f.get("status") == Status.OK]
-    drafts, tokens, accepted = total["num_drafts"], total["draft_tokens"], total["accepted_tokens"]
-    return {
-        "status": Status.OK.value if ok else figures[0].get("status"),
-        "acceptance_rate": 100 * accepted / tokens if ok and tokens else None,
-        "acceptance_length": 1 + accepted / drafts if ok and drafts else None,
-    } | (total if ok else dict.fromkeys(total))
+    if not ok:
+        return dict(figures[0]) if figures else None
+    counts = [_list_counts(f) for f in ok]
+    drafts = sum(c[0] for c in counts if c is not None)
+    body: dict[str, Any] = {"status": Status.OK.value, "num_drafts": integral(drafts),
+                            "acceptance_rate": None, "acceptance_length": None}
+    if all(c is not None for c in counts):
+        tokens = sum(c[1] for c in counts if c is not None)
+        accepted = sum(c[2] for c in counts if c is not None)
+        body |= {"draft_tokens": integral(tokens), "accepted_tokens": integral(accepted),
+                 "acceptance_rate": 100 * accepted / tokens if tokens else None,
+                 "acceptance_length": 1 + accepted / drafts if drafts else None}
+    return body
 
 
 def merge_list(parts: Sequence[ShardPart], limit: int) -> dict[str, Any]:
