@@ -10,11 +10,14 @@ from exporter.core.results import NO_ACTIVITY
 from exporter.core.shards import (
     ShardPart,
     merge_delete,
+    merge_list,
     merge_open,
     merge_start,
     merge_stop,
     owner,
     split,
+    vet_list,
+    vet_stop,
 )
 
 NAMES = [f"vllm-{i}.llm.svc:8000" for i in range(3000)]
@@ -162,3 +165,45 @@ class TestMergeDelete:
         assert status == 200
         reason = "shard 2 at http://c unreachable: connection refused"
         assert body == {"id": "w", "deleted": True, "errors": {"shard 2": reason}}
+
+
+class TestVetAndList:
+    def test_vet_stop_refuses_what_the_split_does_not_give(self):
+        mine = next(n for n in NAMES if owner(n, 2) == 1)
+        other = next(n for n in NAMES if owner(n, 2) == 0)
+        part = ShardPart(1, "http://s1", _answer({mine: _ok(mine, 4, 8, 4, [4]),
+                                                   other: _ok(other, 9, 9, 9, [9])}), 200)
+        vet_stop(part, 2, [mine, other])
+        assert part.answer is not None and list(part.answer["results"]) == [mine]
+        assert part.answer["results"][mine]["data"]["num_drafts"] == 4
+        assert part.refused == {
+            other: "counted by shard 1, but the split gives it to shard 0"}
+
+    def test_a_result_of_another_schema_distrusts_the_whole_answer(self):
+        name = next(n for n in NAMES if owner(n, 2) == 1)
+        bad = _ok(name, 4, 8, 4, [4]) | {"resets": -1}
+        part = ShardPart(1, "http://s1", _answer({name: bad}), 200, expected=[name])
+        vet_stop(part, 2, [name])
+        assert part.answer is None
+        merged = merge_stop([part])
+        assert merged["results"][name]["error"] == (
+            f"shard 1 at http://s1 answered 200: its answer is malformed: its result for "
+            f"{name!r} resets is not a count")
+
+    def test_list_sums_the_counts_read_back_from_rate_and_length(self):
+        def item(drafts: int, tokens: int, accepted: int) -> dict:
+            return {"id": "w", "state": "stopped", "targets": ["a"], "started_at": 1.0,
+                    "stopped_at": 2.0, "aggregate": {
+                        "status": "ok", "num_drafts": drafts,
+                        "acceptance_rate": 100 * accepted / tokens,
+                        "acceptance_length": 1 + accepted / drafts}}
+        parts = [ShardPart(0, "http://s0", {"windows": [item(10, 30, 20)]}, 200),
+                 ShardPart(1, "http://s1", {"windows": [item(7, 21, 3)]}, 200)]
+        for part in parts:
+            vet_list(part)
+        (merged,) = merge_list(parts, 10)["windows"]
+        figures = merged["aggregate"]
+        assert (figures["num_drafts"], figures["draft_tokens"], figures["accepted_tokens"]) == (
+            17, 51, 23)
+        assert figures["acceptance_rate"] == 100 * 23 / 51
+        assert merged["targets"] == ["a", "a"]
