@@ -10,9 +10,9 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.fakevllm import openai
-from exporter.fakevllm.model import FakeServer
+from exporter.fakevllm.openai import completions, models
 from exporter.fakevllm.pages import CONTENT_TYPE
+from exporter.fakevllm.server import FakeServer
 
 FAKE_SERVER = web.AppKey("fake_server", FakeServer)
 _TRAFFIC_ON = web.AppKey("fake_traffic_on", asyncio.Event)
@@ -51,17 +51,17 @@ def _totals_json(server: FakeServer) -> dict[str, Any]:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     """OpenAI `POST /v1/completions`."""
-    return await openai.completions(request, request.app[FAKE_SERVER], chat=False)
+    return await completions(request, request.app[FAKE_SERVER], chat=False)
 
 
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     """OpenAI `POST /v1/chat/completions`."""
-    return await openai.completions(request, request.app[FAKE_SERVER], chat=True)
+    return await completions(request, request.app[FAKE_SERVER], chat=True)
 
 
 async def _models(request: web.Request) -> web.Response:
     """OpenAI `GET /v1/models`."""
-    return web.json_response(openai.models(request.app[FAKE_SERVER]))
+    return web.json_response(models(request.app[FAKE_SERVER]))
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -1,16 +1,14 @@
 """The filler of a vLLM page, as data: every family but the spec-decode ones.
 
-A real vLLM /metrics page is mostly histograms; the parser must skip them fast and correctly, so
-the simulator draws them as vLLM does (names, HELP, bucket bounds), from the traffic so far.
+Process and Python families as prometheus_client adds them, vLLM's gauges, counters and
+histograms (`histograms`), and the API server's HTTP families, all from the traffic so far.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -19,208 +17,17 @@ from prometheus_client.metrics_core import (
     Metric,
     SummaryMetricFamily,
 )
-from prometheus_client.utils import floatToGoString
 
-if TYPE_CHECKING:
-    from exporter.fakevllm.model import FakeServer
-
-# vLLM builds its token-count buckets with build_1_2_5_buckets(max_model_len); 8192 is typical.
-MAX_MODEL_LEN = 8192
-
-
-def _buckets_1_2_5(max_value: int) -> list[float]:
-    """Return vLLM's 1-2-5 bucket bounds up to max_value."""
-    bounds: list[float] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_value:
-                return bounds
-            bounds.append(float(value))
-        exponent += 1
-
-
-def _bounds(text: str) -> list[float]:
-    """Return the bucket bounds written in text, separated by spaces."""
-    return [float(bound) for bound in text.split()]
-
-
-_TOKEN_BUCKETS = _buckets_1_2_5(MAX_MODEL_LEN)
-_LATENCY_BUCKETS = _bounds(
-    "0.3 0.5 0.8 1 1.5 2 2.5 5 10 15 20 30 40 50 60 120 240 480 960 1920 7680"
-)
-_TTFT_BUCKETS = _bounds(
-    "0.001 0.005 0.01 0.02 0.04 0.06 0.08 0.1 0.25 0.5 0.75 1 2.5 5 7.5 10 20 40 80 160 640 2560"
-)
-_TPOT_BUCKETS = _bounds(
-    "0.01 0.025 0.05 0.075 0.1 0.15 0.2 0.3 0.4 0.5 0.75 1 2.5 5 7.5 10 20 40 80"
-)
-_HTTP_HIGHR_BUCKETS = _bounds(
-    "0.01 0.025 0.05 0.075 0.1 0.25 0.5 0.75 1 1.5 2 2.5 3 3.5 4 4.5 5 7.5 10 30 60"
-)
-
-
-@dataclass(frozen=True)
-class _HistSpec:
-    """One vLLM histogram family: bounds, what it counts, and a lognormal shape of its values."""
-
-    name: str
-    help: str
-    bounds: Sequence[float]
-    per: str  # "requests", "tokens" or "steps": which traffic count is its observation count
-    mu: float
-    sigma: float
-    integer: bool = False
-    v1_only: bool = False
-
-
-# Families and bounds as in vllm/v1/metrics/loggers.py (PrometheusStatLogger).
-_HISTOGRAMS = (
-    _HistSpec(
-        "vllm:iteration_tokens_total",
-        "Histogram of number of tokens per engine_step.",
-        _bounds("1 8 16 32 64 128 256 512 1024 2048 4096 8192 16384"),
-        "steps",
-        3.0,
-        1.2,
-        integer=True,
-    ),
-    _HistSpec(
-        "vllm:time_to_first_token_seconds",
-        "Histogram of time to first token in seconds.",
-        _TTFT_BUCKETS,
-        "requests",
-        -2.0,
-        1.0,
-    ),
-    _HistSpec(
-        "vllm:time_per_output_token_seconds",
-        "Histogram of time per output token in seconds.",
-        _TPOT_BUCKETS,
-        "tokens",
-        -4.0,
-        0.4,
-    ),
-    _HistSpec(
-        "vllm:inter_token_latency_seconds",
-        "Histogram of inter-token latency in seconds.",
-        _TPOT_BUCKETS,
-        "tokens",
-        -4.0,
-        0.4,
-        v1_only=True,
-    ),
-    _HistSpec(
-        "vllm:e2e_request_latency_seconds",
-        "Histogram of e2e request latency in seconds.",
-        _LATENCY_BUCKETS,
-        "requests",
-        1.5,
-        0.8,
-    ),
-    _HistSpec(
-        "vllm:request_queue_time_seconds",
-        "Histogram of time spent in WAITING phase for request.",
-        _LATENCY_BUCKETS,
-        "requests",
-        -3.0,
-        1.5,
-        v1_only=True,
-    ),
-    _HistSpec(
-        "vllm:request_inference_time_seconds",
-        "Histogram of time spent in RUNNING phase for request.",
-        _LATENCY_BUCKETS,
-        "requests",
-        1.4,
-        0.8,
-    ),
-    _HistSpec(
-        "vllm:request_prefill_time_seconds",
-        "Histogram of time spent in PREFILL phase for request.",
-        _LATENCY_BUCKETS,
-        "requests",
-        -2.2,
-        1.0,
-    ),
-    _HistSpec(
-        "vllm:request_decode_time_seconds",
-        "Histogram of time spent in DECODE phase for request.",
-        _LATENCY_BUCKETS,
-        "requests",
-        1.3,
-        0.8,
-    ),
-    _HistSpec(
-        "vllm:time_per_prefill_token_request_seconds",
-        "Time spent per token during prefill  phase in seconds",
-        _bounds("0.001 0.002 0.005 0.01 0.02 0.05 0.1 0.2 0.5 1"),
-        "requests",
-        -8.0,
-        0.8,
-        v1_only=True,
-    ),
-    _HistSpec(
-        "vllm:request_prompt_tokens",
-        "Number of prefill tokens processed.",
-        _TOKEN_BUCKETS,
-        "requests",
-        6.3,
-        1.0,
-        integer=True,
-    ),
-    _HistSpec(
-        "vllm:request_generation_tokens",
-        "Number of generation tokens processed.",
-        _TOKEN_BUCKETS,
-        "requests",
-        5.3,
-        0.7,
-        integer=True,
-    ),
-    _HistSpec(
-        "vllm:request_max_num_generation_tokens",
-        "Histogram of maximum number of requested generation tokens.",
-        _TOKEN_BUCKETS,
-        "requests",
-        6.9,
-        0.5,
-        integer=True,
-    ),
-    _HistSpec(
-        "vllm:request_params_n",
-        "Histogram of the n request parameter.",
-        [1.0, 2.0, 5.0, 10.0, 20.0],
-        "requests",
-        0.0,
-        0.0,
-        integer=True,
-    ),
-    _HistSpec(
-        "vllm:request_params_max_tokens",
-        "Histogram of the max_tokens request parameter.",
-        _TOKEN_BUCKETS,
-        "requests",
-        6.9,
-        0.5,
-        integer=True,
-    ),
-)
-
-# Histograms are drawn from this many samples and scaled, so a refresh costs the same at any
-# traffic volume while buckets stay cumulative and the count stays exact.
-_HIST_SAMPLES = 48
+from exporter.fakevllm.histograms import HISTOGRAMS, HTTP_HIGHR_BUCKETS, HistSpec, add_histogram
+from exporter.fakevllm.model import ServerModel
 
 # Mean generated tokens per request and per engine step, to derive request-level counts.
 _TOKENS_PER_REQUEST = 256
 _SEQUENCES_PER_STEP = 8
 
 
-def process_families(server: FakeServer) -> list[Metric]:
-    """Build the python_gc_*/process_* families that prometheus_client adds to every page."""
-    work = sum(e.drafts for e in server.engine_counters)
-    families: list[Metric] = []
+def _gc_families(work: int) -> list[Metric]:
+    """Build the python_gc_* families, their counts grown with `work` (drafts so far)."""
     gc_collected = CounterMetricFamily(
         "python_gc_objects_collected", "Objects collected during gc", labels=["generation"]
     )
@@ -244,7 +51,13 @@ def process_families(server: FakeServer) -> list[Metric]:
         gc_collected.add_metric([str(generation)], float(collected))
         gc_uncollectable.add_metric([str(generation)], 0.0)
         gc_collections.add_metric([str(generation)], float(collections))
-    families += [gc_collected, gc_uncollectable, gc_collections]
+    return [gc_collected, gc_uncollectable, gc_collections]
+
+
+def process_families(server: ServerModel) -> list[Metric]:
+    """Build the python_gc_*/process_* families that prometheus_client adds to every page."""
+    work = sum(e.drafts for e in server.engine_counters)
+    families = _gc_families(work)
     info = GaugeMetricFamily(
         "python_info",
         "Python platform information",
@@ -280,7 +93,7 @@ def process_families(server: FakeServer) -> list[Metric]:
     return families
 
 
-def rest_families(server: FakeServer) -> list[Metric]:
+def rest_families(server: ServerModel) -> list[Metric]:
     """Build vLLM's other families and the HTTP server's, derived from the traffic so far."""
     v1 = server.dialect == "vllm"
     # (engine label, steps, accepted tokens); V0 pages have one series per model, no engine.
@@ -315,12 +128,12 @@ def rest_families(server: FakeServer) -> list[Metric]:
     created = server.created_or_none()
     families = scalar_families(server, labels, series, v1)
     if server.histograms:
-        for spec in _HISTOGRAMS:
+        for spec in HISTOGRAMS:
             if spec.v1_only and not v1:
                 continue
             family = HistogramMetricFamily(spec.name, spec.help, labels=labels)
             for label_values, traffic, rng in series:
-                _add_histogram(
+                add_histogram(
                     family, labels, label_values, spec, traffic[spec.per], rng, created
                 )
             families.append(family)
@@ -328,11 +141,11 @@ def rest_families(server: FakeServer) -> list[Metric]:
     return families
 
 
-def scalar_families(
-    server: FakeServer, labels: list[str], series: list[Any], v1: bool
-) -> list[Metric]:
-    """Build vLLM's gauges and counters per model and engine."""
-    created = server.created_or_none()
+def _load_gauges(labels: list[str], series: list[Any], v1: bool) -> list[Metric]:
+    """Build vLLM's load gauges per model and engine: running, waiting, KV-cache usage.
+
+    V0 pages have no vllm:kv_cache_usage_perc, but its series draw the same numbers.
+    """
     running = GaugeMetricFamily(
         "vllm:num_requests_running",
         "Number of requests in model execution batches.",
@@ -354,6 +167,20 @@ def scalar_families(
         "KV-cache usage. 1 means 100 percent usage.",
         labels=labels,
     )
+    for label_values, traffic, rng in series:
+        busy = traffic["tokens"] > 0
+        running.add_metric(label_values, float(rng.randint(1, 24) if busy else 0))
+        waiting.add_metric(label_values, float(rng.randint(0, 3) if busy else 0))
+        usage = rng.uniform(0.02, 0.6) if busy else 0.0
+        gpu_cache.add_metric(label_values, usage)
+        kv_cache.add_metric(label_values, usage)
+    return [running, waiting, gpu_cache, kv_cache] if v1 else [running, waiting, gpu_cache]
+
+
+def _token_counters(
+    labels: list[str], series: list[Any], v1: bool, created: float | None
+) -> list[Metric]:
+    """Build vLLM's token and request counters per model and engine (fewer on V0 pages)."""
     counters = {
         name: CounterMetricFamily(name, help_text, labels=labels)
         for name, help_text in (
@@ -375,22 +202,8 @@ def scalar_families(
         "Count of successfully processed requests.",
         labels=[*labels, "finished_reason"],
     )
-    cache_info_labels = ["block_size", "cache_dtype", "enable_prefix_caching"]
-    cache_info_labels += ["engine"] if v1 else []
-    cache_info_labels += ["gpu_memory_utilization", "num_cpu_blocks", "num_gpu_blocks"]
-    cache_info = GaugeMetricFamily(
-        "vllm:cache_config_info",
-        "Information of the LLMEngine CacheConfig",
-        labels=cache_info_labels,
-    )
     for label_values, traffic, rng in series:
         requests, tokens = traffic["requests"], traffic["tokens"]
-        busy = tokens > 0
-        running.add_metric(label_values, float(rng.randint(1, 24) if busy else 0))
-        waiting.add_metric(label_values, float(rng.randint(0, 3) if busy else 0))
-        usage = rng.uniform(0.02, 0.6) if busy else 0.0
-        gpu_cache.add_metric(label_values, usage)
-        kv_cache.add_metric(label_values, usage)
         prompt = requests * rng.randint(400, 900)
         values = {
             "vllm:prefix_cache_queries": prompt,
@@ -409,24 +222,41 @@ def scalar_families(
             ("abort", abort),
         ):
             success.add_metric([*label_values, reason], float(count), created=created)
-    families: list[Metric] = [running, waiting, gpu_cache]
-    if v1:
-        families.append(kv_cache)
-        families += counters.values()
-    else:
-        families += [
-            counters[name]
-            for name in ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens")
-        ]
-    families.append(success)
+    families: list[Metric] = list(counters.values())
+    if not v1:
+        families = [counters[name] for name in
+                    ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens")]
+    return [*families, success]
+
+
+def _cache_info(series: list[Any], v1: bool) -> Metric:
+    """Build vllm:cache_config_info: one series per engine on V1 pages, one on V0's."""
+    cache_info_labels = ["block_size", "cache_dtype", "enable_prefix_caching"]
+    cache_info_labels += ["engine"] if v1 else []
+    cache_info_labels += ["gpu_memory_utilization", "num_cpu_blocks", "num_gpu_blocks"]
+    cache_info = GaugeMetricFamily(
+        "vllm:cache_config_info",
+        "Information of the LLMEngine CacheConfig",
+        labels=cache_info_labels,
+    )
     for rank in sorted({values[1] for values, _, _ in series} if v1 else {""}):
         engine = [rank] if v1 else []
         cache_info.add_metric(["16", "auto", "True", *engine, "0.9", "0", "27495"], 1.0)
-    families.append(cache_info)
-    return families
+    return cache_info
 
 
-def http_families(server: FakeServer, series: list[Any]) -> list[Metric]:
+def scalar_families(
+    server: ServerModel, labels: list[str], series: list[Any], v1: bool
+) -> list[Metric]:
+    """Build vLLM's gauges and counters per model and engine."""
+    # Each series draws from its own rng: the gauges' numbers first, then the counters', as
+    # the histograms of rest_families draw theirs after both.
+    gauges = _load_gauges(labels, series, v1)
+    counters = _token_counters(labels, series, v1, server.created_or_none())
+    return [*gauges, *counters, _cache_info(series, v1)]
+
+
+def http_families(server: ServerModel, series: list[Any]) -> list[Metric]:
     """Build the HTTP metrics of vLLM's API server (prometheus-fastapi-instrumentator)."""
     created = server.created_or_none()
     requests = sum(traffic["requests"] for _, traffic, _ in series)
@@ -466,8 +296,8 @@ def http_families(server: FakeServer, series: list[Any]) -> list[Metric]:
         total.add_metric([handler, method, "2xx"], float(count), created=created)
         request_size.add_metric([handler], count, float(count * 1800))
         response_size.add_metric([handler], count, float(count * 2600))
-        spec = _HistSpec(duration.name, "", [0.1, 0.5, 1.0], "requests", math.log(seconds), 0.6)
-        _add_histogram(
+        spec = HistSpec(duration.name, "", [0.1, 0.5, 1.0], "requests", math.log(seconds), 0.6)
+        add_histogram(
             duration, ["handler", "method"], [handler, method], spec, count, rng, created
         )
         if created is not None:
@@ -480,42 +310,10 @@ def http_families(server: FakeServer, series: list[Any]) -> list[Metric]:
         labels=[],
     )
     calls = sum(count for _, _, count, _ in handlers)
-    spec = _HistSpec(highr.name, "", _HTTP_HIGHR_BUCKETS, "requests", -1.0, 2.0)
-    _add_histogram(highr, [], [], spec, calls, rng, created)
+    spec = HistSpec(highr.name, "", HTTP_HIGHR_BUCKETS, "requests", -1.0, 2.0)
+    add_histogram(highr, [], [], spec, calls, rng, created)
     if not server.histograms:
         return [total]
     return [total, request_size, response_size, highr, duration]
 
-
-def _go_float(value: float) -> str:
-    """A float as Go (and so vLLM's page) prints a bucket bound."""
-    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
-    return text
-
-
-def _add_histogram(
-    family: HistogramMetricFamily,
-    label_names: list[str],
-    label_values: list[str],
-    spec: _HistSpec,
-    count: int,
-    rng: random.Random,
-    created: float | None,
-) -> None:
-    """Add one series of `count` lognormal observations to a histogram family."""
-    drawn = min(count, _HIST_SAMPLES)
-    values = [rng.lognormvariate(spec.mu, spec.sigma) for _ in range(drawn)]
-    if spec.integer:
-        values = [float(max(1, round(v))) for v in values]
-    scale = count / drawn if drawn else 0.0
-    buckets = [
-        (_go_float(bound), float(round(sum(v <= bound for v in values) * scale)))
-        for bound in spec.bounds
-    ]
-    buckets.append(("+Inf", float(count)))
-    family.add_metric(label_values, buckets, sum(values) * scale)
-    if created is not None:
-        family.add_sample(
-            family.name + "_created", dict(zip(label_names, label_values, strict=True)), created
-        )
 

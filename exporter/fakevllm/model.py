@@ -36,8 +36,12 @@ def check_count(name: str, value: object) -> None:
 
 
 @dataclass
-class FakeServer:
-    """A simulated vLLM server: spec-decode counters per engine and the page that shows them."""
+class ServerModel:
+    """A simulated server's settings and spec-decode counters per engine, without its page.
+
+    `exporter.fakevllm.server.FakeServer` adds the page, so the renderers (`families`, `pages`)
+    read this model without the model importing them back.
+    """
 
     k: int = 3
     acceptance: float = 0.8
@@ -190,9 +194,3 @@ class FakeServer:
     def created_or_none(self) -> float | None:
         """The _created value, or None when the page must not carry _created series."""
         return self.created if self.emit_created else None
-
-    def render(self) -> bytes:
-        """The full /metrics page of this server's dialect, Prometheus text format 0.0.4."""
-        from exporter.fakevllm.pages import render_page  # pages build on this model
-
-        return render_page(self)

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.fakevllm.model import FakeServer
+from exporter.fakevllm.model import ServerModel
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_CAP = 32768  # bounds the work one request can ask of the simulator
@@ -104,7 +104,7 @@ def spec_decode_object(steps: list[tuple[int, int]], k: int, detailed: bool) -> 
     return obj
 
 
-def _metrics(server: FakeServer, steps: list[tuple[int, int]]) -> dict[str, Any]:
+def _metrics(server: ServerModel, steps: list[tuple[int, int]]) -> dict[str, Any]:
     """The answer's `metrics` member, present only when the server was started to emit it."""
     if not server.spec_decode or server.per_request_metrics not in ("summary", "detailed"):
         return {}
@@ -125,7 +125,7 @@ def _choice(chat: bool, text: str | None, finish: str | None, stream: bool) -> d
     return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
 
 
-async def completions(request: web.Request, server: FakeServer, chat: bool) -> web.StreamResponse:
+async def completions(request: web.Request, server: ServerModel, chat: bool) -> web.StreamResponse:
     """Answer one (chat) completion request, streamed as server-sent events when asked."""
     try:
         body = await request.json()
@@ -177,7 +177,7 @@ async def completions(request: web.Request, server: FakeServer, chat: bool) -> w
     return response
 
 
-def models(server: FakeServer) -> dict[str, Any]:
+def models(server: ServerModel) -> dict[str, Any]:
     """`GET /v1/models`: the one model served."""
     return {"object": "list", "data": [{"id": server.model_name, "object": "model",
                                         "created": int(server.created), "owned_by": "fake-vllm"}]}

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.fakevllm.families import (
-    MAX_MODEL_LEN,
-    process_families,
-    rest_families,
-)
-from exporter.fakevllm.model import EngineCounters, FakeServer
+from exporter.fakevllm.families import process_families, rest_families
+from exporter.fakevllm.histograms import MAX_MODEL_LEN
+from exporter.fakevllm.model import EngineCounters, ServerModel
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -54,7 +50,7 @@ def _engine_value(state: EngineCounters, key: str) -> int:
     return sum(state.accepted_per_pos)
 
 
-def spec_families(server: FakeServer) -> list[Metric]:
+def spec_families(server: ServerModel) -> list[Metric]:
     """Build the spec-decode families of the current counters."""
     if server.dialect == "vllm-v0":
         return spec_families_v0(server)
@@ -81,7 +77,7 @@ def spec_families(server: FakeServer) -> list[Metric]:
     return families
 
 
-def spec_families_v0(server: FakeServer) -> list[Metric]:
+def spec_families_v0(server: ServerModel) -> list[Metric]:
     """Build V0's spec-decode families: model_name only, engines summed, no drafts counter."""
     totals = server.totals()
     drafts, tokens = totals["num_drafts"], totals["num_draft_tokens"]
@@ -114,7 +110,7 @@ def spec_families_v0(server: FakeServer) -> list[Metric]:
     return families
 
 
-def _render_vllm(server: FakeServer) -> bytes:
+def _render_vllm(server: ServerModel) -> bytes:
     """vLLM's page (V1 names, or V0's with dialect vllm-v0): process, spec-decode, the rest."""
     cache = server.page_cache
     key = (server.generation, server.lora_adapters)
@@ -134,7 +130,7 @@ def _cxx(value: float) -> str:
     return f"{value:g}"
 
 
-def _render_llamacpp(server: FakeServer) -> bytes:
+def _render_llamacpp(server: ServerModel) -> bytes:
     """llama.cpp's /metrics: server_task_result_metrics::to_metrics() in server-task.cpp."""
     totals = server.totals()
     drafts, tokens = totals["num_drafts"], totals["num_draft_tokens"]
@@ -185,7 +181,7 @@ def _render_llamacpp(server: FakeServer) -> bytes:
     return ("\n".join(lines) + "\n").encode()
 
 
-def _render_sglang(server: FakeServer) -> bytes:
+def _render_sglang(server: ServerModel) -> bytes:
     """SGLang's scheduler families (python/sglang/srt/metrics/collector.py), one rank each."""
     label_names = ["model_name", "engine_type", "tp_rank", "pp_rank"]
     if server.engines > 1:
@@ -236,7 +232,55 @@ def _render_sglang(server: FakeServer) -> bytes:
     return generate_latest(_Families(families))
 
 
-def _render_trtllm(server: FakeServer) -> bytes:
+def _trtllm_spec_families(
+    server: ServerModel, labels: list[str], values: list[str]
+) -> list[Metric]:
+    """trtllm-serve's spec-decode families: totals, the last acceptance length, per position."""
+    totals = server.totals()
+    tokens, accepted = totals["num_draft_tokens"], totals["num_accepted_tokens"]
+    families: list[Metric] = []
+    for name, help_text, value in (
+        ("trtllm_spec_decode_num_draft_tokens",
+         "Total number of draft tokens in speculative decoding", tokens),
+        ("trtllm_spec_decode_num_accepted_tokens",
+         "Total number of accepted tokens in speculative decoding", accepted),
+    ):
+        family = CounterMetricFamily(name, help_text, labels=labels)
+        family.add_metric(values, float(value))
+        families.append(family)
+    last = [e.last for e in server.engine_counters]
+    last_drafts = sum(d for d, _, _ in last)
+    length = GaugeMetricFamily(
+        "trtllm_spec_decode_acceptance_length",
+        "Acceptance length in speculative decoding",
+        labels=labels,
+    )
+    if last_drafts:
+        length.add_metric(values, 1.0 + sum(a for _, _, a in last) / last_drafts)
+    families.append(length)
+    pos_labels = [*labels, "token_position"]
+    drafted = CounterMetricFamily(
+        "trtllm_spec_decode_drafted_tokens",
+        "Total drafted tokens per speculative decoding position.",
+        labels=pos_labels,
+    )
+    accepted_pos = CounterMetricFamily(
+        "trtllm_spec_decode_accepted_tokens",
+        "Total accepted tokens per speculative decoding position.",
+        labels=pos_labels,
+    )
+    for pos in range(server.k):
+        n_drafted = sum(e.drafted_per_pos[pos] for e in server.engine_counters)
+        n_accepted = totals["accepted_per_pos"][pos]
+        # A position's series exists once something was drafted (accepted) there.
+        if n_drafted:
+            drafted.add_metric([*values, str(pos)], float(n_drafted))
+        if n_accepted:
+            accepted_pos.add_metric([*values, str(pos)], float(n_accepted))
+    return [*families, drafted, accepted_pos]
+
+
+def _render_trtllm(server: ServerModel) -> bytes:
     """trtllm-serve's /prometheus/metrics (tensorrt_llm/metrics/collector.py), multiprocess."""
     labels = ["model_name", "engine_type"]
     values = [server.model_name, "trtllm"]
@@ -258,50 +302,12 @@ def _render_trtllm(server: FakeServer) -> bytes:
     families.append(generation)
     if server.spec_decode and tokens:
         # Counters are created on the first inc() of a label set: absent until spec activity.
-        for name, help_text, value in (
-            ("trtllm_spec_decode_num_draft_tokens",
-             "Total number of draft tokens in speculative decoding", tokens),
-            ("trtllm_spec_decode_num_accepted_tokens",
-             "Total number of accepted tokens in speculative decoding", accepted),
-        ):
-            family = CounterMetricFamily(name, help_text, labels=labels)
-            family.add_metric(values, float(value))
-            families.append(family)
-        last = [e.last for e in server.engine_counters]
-        last_drafts = sum(d for d, _, _ in last)
-        length = GaugeMetricFamily(
-            "trtllm_spec_decode_acceptance_length",
-            "Acceptance length in speculative decoding",
-            labels=labels,
-        )
-        if last_drafts:
-            length.add_metric(values, 1.0 + sum(a for _, _, a in last) / last_drafts)
-        families.append(length)
-        pos_labels = [*labels, "token_position"]
-        drafted = CounterMetricFamily(
-            "trtllm_spec_decode_drafted_tokens",
-            "Total drafted tokens per speculative decoding position.",
-            labels=pos_labels,
-        )
-        accepted_pos = CounterMetricFamily(
-            "trtllm_spec_decode_accepted_tokens",
-            "Total accepted tokens per speculative decoding position.",
-            labels=pos_labels,
-        )
-        for pos in range(server.k):
-            n_drafted = sum(e.drafted_per_pos[pos] for e in server.engine_counters)
-            n_accepted = totals["accepted_per_pos"][pos]
-            # A position's series exists once something was drafted (accepted) there.
-            if n_drafted:
-                drafted.add_metric([*values, str(pos)], float(n_drafted))
-            if n_accepted:
-                accepted_pos.add_metric([*values, str(pos)], float(n_accepted))
-        families += [drafted, accepted_pos]
+        families += _trtllm_spec_families(server, labels, values)
     return generate_latest(_Families(families))
 
 
 # One entry per dialect the simulator speaks, keyed as `exporter.core.dialects.REPORTING` is.
-RENDERERS: dict[str, Callable[[FakeServer], bytes]] = {
+RENDERERS: dict[str, Callable[[ServerModel], bytes]] = {
     "vllm": _render_vllm,
     "vllm-v0": _render_vllm,
     "llamacpp": _render_llamacpp,
@@ -310,23 +316,7 @@ RENDERERS: dict[str, Callable[[FakeServer], bytes]] = {
 }
 
 
-def render_page(server: FakeServer) -> bytes:
+def render_page(server: ServerModel) -> bytes:
     """The /metrics page of `server` in its dialect."""
     return RENDERERS[server.dialect](server)
 
-
-def page_for_bench(engines: int, target_bytes: int | None = None, seed: int = 0) -> bytes:
-    """Return a realistic page; with target_bytes, add LoRA model variants until it is that big."""
-    server = FakeServer(engines=engines, seed=seed)
-    server.simulate(4000 * engines)
-    page = server.render()
-    if target_bytes is None or len(page) >= target_bytes:
-        return page
-    server.lora_adapters = 1
-    per_variant = max(1, len(server.render()) - len(page))
-    server.lora_adapters = max(1, math.ceil((target_bytes - len(page)) / per_variant))
-    page = server.render()
-    while len(page) < target_bytes:
-        server.lora_adapters += 1
-        page = server.render()
-    return page
