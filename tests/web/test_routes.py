@@ -1,0 +1,31 @@
+"""exporter/web/routes.py: one table of routes, each saying what it covers in a fleet."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.web import handlers
+from exporter.web.routes import ROUTES, SCOPE_HEADER, Route, Scope
+
+
+class TestRouteTable:
+    def test_every_window_route_covers_the_fleet(self):
+        fleet = {(r.method, r.path) for r in ROUTES if r.scope is Scope.FLEET}
+        assert fleet == {
+            ("POST", "/api/v1/windows"), ("GET", "/api/v1/windows"),
+            ("GET", "/api/v1/windows/{id}"), ("DELETE", "/api/v1/windows/{id}"),
+            ("POST", "/api/v1/windows/{id}/stop"), ("GET", "/api/v1/windows/{id}/series"),
+            ("GET", "/windows/{id}"), ("GET", "/compare")}
+
+    def test_a_fleet_route_without_its_fan_out_is_refused(self):
+        with pytest.raises(ValueError, match="GET /x: a fleet route needs its fan-out"):
+            Route("GET", "/x", handlers.healthy, Scope.FLEET)
+
+    async def test_each_route_is_served_and_one_exporter_says_no_scope(self, exporter):
+        exp = await exporter({"targets": []})
+        routes = exp.client.server.app.router.routes()
+        registered = {(r.method, r.resource.canonical) for r in routes if r.resource}
+        # aiohttp's canonical path drops a variable's pattern: `{tail:.*}` is `{tail}`.
+        assert {(r.method, r.path.replace(":.*}", "}")) for r in ROUTES} <= registered
+        response = await exp.client.get("/api/v1/targets")
+        assert response.status == 200 and SCOPE_HEADER not in response.headers
