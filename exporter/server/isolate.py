@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import logging
 import os
@@ -40,6 +41,28 @@ _SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP")
             if hasattr(signal, name)]
 _MAX_FD = 1 << 20  # os.closerange closes them in one call where Linux has close_range
 ENV = "SPECDEC_STOP_IN_CHILD"
+
+
+def _find_prctl() -> Callable[..., int] | None:
+    """Linux's prctl, looked up now: in the child, dlsym would take the loader's lock, which
+    a thread of the parent may hold at the fork."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _find_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:  # pragma: no cover  (runs in the child)
+    """The kernel kills the child when its parent dies (a SIGKILL of the server mid-stop):
+    no orphan keeps working, or holds its copy of the parent's memory."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
 
 
 @dataclass(frozen=True)
@@ -147,6 +170,7 @@ class Child:
                 # a lock another thread holds stays locked in the child. The child takes none:
                 # it computes, writes files and a socket, and leaves by os._exit.
                 warnings.simplefilter("ignore", DeprecationWarning)
+                parent = os.getpid()
                 pid = os.fork()
         except OSError as exc:
             for fd in (inbox_r, inbox_w):
@@ -156,6 +180,7 @@ class Child:
             log.warning("no child process for a stop error=%s: working in a thread", exc)
             return
         if pid == 0:  # pragma: no cover  (the child: coverage cannot follow os._exit)
+            _die_with_parent(parent)
             os.close(inbox_w)
             answer_r.close()
             work = self._work

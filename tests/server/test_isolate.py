@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
+import logging
 import os
 import signal
+import sqlite3
+import struct
+import termios
+import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -386,3 +394,111 @@ class TestSpareCores:
         assert isolate.spare_cores(limit) == len(os.sched_getaffinity(0)) - 1
         limit.write_text("garbage")
         assert isolate.spare_cores(limit) == len(os.sched_getaffinity(0)) - 1
+
+
+class TestForkSafety:
+    """The child takes no lock a thread of the parent may hold at the fork, and dies with it."""
+
+    async def test_the_child_finishes_while_threads_hold_logging_and_sqlite(self, tmp_path):
+        with held_logging(), busy_sqlite(tmp_path / "busy.db"):
+            answer = await run_isolated(lambda: b"done in " + pid_text(), timeout=60)
+        # A child that had logged would wait forever on the stream's lock: killed past its
+        # time, and the work done by a thread of this process instead.
+        assert answer.startswith(b"done in ") and answer != b"done in " + pid_text()
+
+    def test_a_child_dies_with_its_killed_parent(self, tmp_path):
+        import subprocess
+        import sys
+
+        script = (
+            "import asyncio, time\n"
+            "from exporter.server.isolate import Child\n"
+            "def work(inbox):\n"
+            "    time.sleep(3600)\n"  # never reads its inbox: only its parent's death ends it
+            "    return b''\n"
+            "async def main():\n"
+            "    child = Child(work)\n"
+            "    child.start()\n"
+            "    print(child._pid, flush=True)\n"
+            "    await asyncio.sleep(3600)\n"
+            "asyncio.run(main())\n"
+        )
+        parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                  text=True)
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert os.path.exists(f"/proc/{child}")
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        for _ in range(600):  # the kernel delivers the signal at once; reaped by init after
+            if not os.path.exists(f"/proc/{child}") or _state(child) == "Z":
+                break
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{child}") or _state(child) == "Z"
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return file.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+@contextlib.contextmanager
+def held_logging() -> Iterator[None]:
+    """A root handler whose lock, and whose stream's lock, a thread holds: it is writing a
+    record to a pipe nobody reads (a stalled log collector). A record of a forked child comes
+    to it; this process's own records pass it by (else the test's own logging would hang)."""
+    read_end, write_end = os.pipe()
+    handler = logging.StreamHandler(os.fdopen(write_end, "w"))
+    handler.addFilter(lambda record: os.getpid() != PARENT or record.name == "held")
+    logging.getLogger().addHandler(handler)
+    writer = threading.Thread(target=logging.getLogger("held").error, args=("x" * 300_000,))
+    writer.start()
+    try:
+        capacity = fcntl.fcntl(read_end, 1032)  # F_GETPIPE_SZ
+        while _unread(read_end) < capacity:  # the writer is blocked in the middle of its write
+            time.sleep(0.01)
+        assert not handler.lock.acquire(blocking=False)  # the writer holds it
+        yield
+    finally:
+        drain = threading.Thread(target=lambda: [None for _ in iter(
+            lambda: os.read(read_end, 1 << 16), b"")])
+        drain.start()
+        writer.join()
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+        handler.stream.close()
+        drain.join()
+        os.close(read_end)
+
+
+def _unread(fd: int) -> int:
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0]
+
+
+@contextlib.contextmanager
+def busy_sqlite(path) -> Iterator[None]:
+    """A thread holding a write transaction of a SQLite file open, writing in it as it goes."""
+    begun, done = threading.Event(), threading.Event()
+
+    def write() -> None:
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("CREATE TABLE t (x)")
+        db.execute("BEGIN IMMEDIATE")
+        begun.set()
+        while not done.is_set():
+            db.execute("INSERT INTO t VALUES (randomblob(1000))")
+        db.execute("ROLLBACK")
+        db.close()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        begun.wait()
+        yield
+    finally:
+        done.set()
+        thread.join()
