@@ -2,7 +2,7 @@
 
 Adding a dialect is one entry in `DIALECTS` (how its page names the counters), one in
 `REPORTING` (whether its numbers are exact and what results must say about them), and one
-page renderer in `exporter.fakevllm.render`. `config` (names, default path), `parse` (the
+page renderer in `exporter.fakevllm.pages`. `config` (names, default path), `parse` (the
 spec), `results` (policy and notes) and the simulator (names, path) all read this module.
 """
 
