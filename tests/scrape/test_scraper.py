@@ -64,9 +64,42 @@ async def _serve(aiohttp_server, handler, path: str = "/metrics", **kwargs):
     return await aiohttp_server(app, **kwargs)
 
 
-async def _raw_server(handle) -> tuple[asyncio.base_events.Server, int]:
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
+class _RawServer:
+    """An `asyncio` server whose connections end with it: on exit, a handler still running
+    (one that never answers) is cancelled and its socket closed, so none is left for the
+    loop's close to report."""
+
+    def __init__(self, handle) -> None:
+        self._handle = handle
+        self._tasks: set[asyncio.Task] = set()
+        self.server: asyncio.base_events.Server | None = None
+
+    async def _serve(self, reader, writer) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._handle(reader, writer)
+        finally:
+            writer.close()
+            self._tasks.discard(task)
+
+    async def __aenter__(self) -> _RawServer:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.server.wait_closed()
+
+
+async def _raw_server(handle) -> tuple[_RawServer, int]:
+    raw = _RawServer(handle)
+    raw.server = await asyncio.start_server(raw._serve, "127.0.0.1", 0)
+    return raw, raw.server.sockets[0].getsockname()[1]
 
 
 def _assert_failed(result: ScrapeResult, error: str) -> None:
