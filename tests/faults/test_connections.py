@@ -59,7 +59,8 @@ class TestFdLimit:
         port = free_port()
         with _serve(tmp_path, port, FD_LIMIT, 1024) as proc:
             wait_http(f"http://127.0.0.1:{port}/-/healthy")
-            limits = open(f"/proc/{proc.pid}/limits").read()
+            with open(f"/proc/{proc.pid}/limits") as file:
+                limits = file.read()
         line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
         assert line.split()[3:5] == ["1024", "1024"], line
 

@@ -40,7 +40,8 @@ def files_of(directory) -> dict[str, bytes]:
     for root, _, names in os.walk(directory):
         for name in names:
             path = os.path.join(root, name)
-            found[os.path.relpath(path, directory)] = open(path, "rb").read()
+            with open(path, "rb") as file:
+                found[os.path.relpath(path, directory)] = file.read()
     return found
 
 
