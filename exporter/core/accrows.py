@@ -52,6 +52,7 @@ class AccumulatorRows:
     dialect: str
     packed_before: PackedCounts | None
     reset_spans: Sequence[tuple[float, float]]
+    restart_times: Sequence[float | None]
     gone: Mapping[SeriesKey, tuple[float, float | None, float]]
     gauge_weighted: Mapping[str, float]
     gauge_seconds: Mapping[str, float]
@@ -75,6 +76,7 @@ class AccumulatorRows:
             "dialect": self.dialect,
             "before": unpack_counts(packed).as_raw() if (packed := self.packed_before) else None,
             "reset_spans": [list(span) for span in self.reset_spans],
+            "restart_times": list(self.restart_times),
             "seen": [[_key_list(k), t] for k, _, _, t in self._series()],
             "gauge_weighted": dict(self.gauge_weighted),
             "gauge_seconds": dict(self.gauge_seconds),
@@ -173,6 +175,7 @@ class AccumulatorRows:
             ',"before":', json.dumps(unpack_counts(packed).as_raw()) if (packed := self.packed_before)
             else "null",
             ',"reset_spans":', json.dumps([list(span) for span in self.reset_spans]),
+            ',"restart_times":', json.dumps(list(self.restart_times)),
             ',"gauge_weighted":', _dict_json(self.gauge_weighted),
             ',"gauge_seconds":', _dict_json(self.gauge_seconds),
             ',"anomalies":[', ",".join(_tally_json(t) for t in self.tallies()), "]}",
@@ -251,6 +254,7 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
         packed_before=pack_counts(Counts.from_raw(data["before"])) if data.get("before")
         else None,
         reset_spans=[tuple(span) for span in data.get("reset_spans", [])] or (),
+        restart_times=list(data.get("restart_times", [])) or (),
         gauge_weighted=dict(data.get("gauge_weighted", {})) or NO_ITEMS,
         gauge_seconds=dict(data.get("gauge_seconds", {})) or NO_ITEMS,
         **dict(zip(

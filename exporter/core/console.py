@@ -50,8 +50,8 @@ def format_block(label: str, result: Mapping[str, Any]) -> str:
 def format_caveats(result: Mapping[str, Any]) -> str:
     """One `Note:` line per thing the block cannot carry; nothing for a clean full result.
 
-    Partial coverage (with its UTC times and why), restarts counted, scrapes skipped for
-    unusable values, an estimate or a dialect's caveat: a person reading the console cannot
+    Partial coverage (with its UTC times and why, each restart's unobserved span among them,
+    on one line), restarts, scrapes skipped for unusable values, an estimate or a dialect's caveat: a person reading the console cannot
     miss that these numbers are not a plain full window.
     """
     if result.get("status") != "ok":
@@ -61,10 +61,13 @@ def format_caveats(result: Mapping[str, Any]) -> str:
     if result.get("coverage") == "partial" and coverage_note:
         notes.append("partial coverage: " + coverage_note.removeprefix("partial: "))
     resets = result.get("resets") or 0
-    if result.get("reset_note"):
+    if result.get("unobserved") and result.get("coverage") == "partial" and coverage_note:
+        pass  # the coverage line names each restart's unobserved span: one line for it all
+    elif result.get("reset_note"):
         notes.append(result["reset_note"])
     elif resets:
-        notes.append(f"server restarts counted: {resets}; the increase around each is counted")
+        notes.append(f"server restarts: {resets}; what the server counted from our last scrape "
+                     "before each restart to the restart is not counted")
     if result.get("anomaly_note"):
         notes.append(result["anomaly_note"])
     if result.get("estimate"):

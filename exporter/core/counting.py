@@ -13,9 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.core.accrows import AccumulatorRows, Shape, fields_of
+from exporter.core.accrows import AccumulatorRows, Packed, Point, Shape, fields_of
 from exporter.core.anomaly import NO_ANOMALIES, AnomalyTally, find_anomaly
 from exporter.core.empties import NO_ITEMS, Parked, shared_engines, writable
+from exporter.core.result import restart_time, restart_times
 from exporter.core.snapshot import (
     Counts,
     PackedCounts,
@@ -84,6 +85,8 @@ class Accumulator(AccumulatorRows):
     # most accumulators leave empty start as shared empty ones (`NO_ITEMS`, `NO_ANOMALIES`):
     # ~0.5 KB an accumulator, at every target of a window and of the live tracks.
     reset_spans: Sequence[tuple[float, float]] = ()
+    # When each restart of `reset_spans` happened by its series' `_created` (or None).
+    restart_times: Sequence[float | None] = ()
     # Series of earlier scrapes off the last usable one's page: (last value, its `_created`,
     # when it was last read), what a series that comes back counts from. The series in
     # `last` were read at `last_at`.
@@ -141,8 +144,12 @@ class Accumulator(AccumulatorRows):
         if baseline:
             self.before = sum_series(snapshot.values.items())
         if reset:
+            prev = self.last_at or at
             self.resets += 1
-            self.reset_spans = [*self.reset_spans, (self.last_at or at, at)]
+            created = [c for k, c in snapshot.created.items() if _engine_of(k) in bounds]
+            self.restart_times = [*restart_times(self.reset_spans, self.restart_times),
+                                  restart_time(created, prev, at)]
+            self.reset_spans = [*self.reset_spans, (prev, at)]
         self.scrapes += 1
         if self.first_at is None:
             self.first_at = at
@@ -405,12 +412,6 @@ class Accumulator(AccumulatorRows):
 def _engine_of(key: SeriesKey) -> Engine:
     """The series' engine: what restarts as one (per model and extra labels too)."""
     return key.model_name, key.engine, key.extra
-
-
-# A live track's point as kept: its time, then the totals packed (`snapshot.pack_counts`; the
-# positions' tuple shared by consecutive points).
-Packed = tuple[float, bytes, tuple[int, ...], Mapping[int, float] | None]
-Point = tuple[float, Counts]
 
 
 def _pack(at: float, counts: Counts, positions: tuple[int, ...]) -> Packed:

@@ -7,13 +7,14 @@ the same `aggregate` the exporter uses.
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeGuard
 
 from exporter.core.derive import has_activity, result_data
 from exporter.core.dialects import SGLANG_LENGTH, SGLANG_RATE
@@ -77,6 +78,100 @@ def result_file_names(results: Mapping[str, Mapping[str, Any]]) -> dict[str, str
     }
 
 
+def unobserved_span(prev: float, seen: float, restart_at: float | None,
+                    downtimes: Iterable[tuple[float, float]] = ()) -> dict[str, Any]:
+    """The span of one restart that no scrape saw: from our last scrape before it (`prev`) to
+    the restart, when its counters' `_created` dates it (`restart_at`), else to the scrape
+    that showed it (`seen`).
+
+    What the old process counted after `prev` died with it, and no counter of the new one
+    tells how much: `_created` dates the new process's start by the server's clock, not the
+    old one's end, so even an empty-looking span is not proven empty. `downtimes`: spans the
+    exporter was down; the last one inside this span is named (why it is that long).
+    """
+    known = restart_at is not None and prev <= restart_at <= seen
+    end = restart_at if known and restart_at is not None else seen
+    if known:
+        restart = f"at {iso_utc(end)} (its counters' _created)"
+    else:
+        restart = f"between the scrapes at {iso_utc(prev)} and {iso_utc(seen)}"
+    span: dict[str, Any] = {
+        "from": prev, "from_iso": iso_utc(prev), "to": end, "to_iso": iso_utc(end),
+        "seconds": end - prev,
+        "restart_at": end if known else None, "restart_at_iso": iso_utc(end) if known else None,
+        "next_scrape_at": seen, "next_scrape_at_iso": iso_utc(seen),
+        "restart": restart,
+    }
+    down = [(d, u) for d, u in downtimes if prev <= d <= u <= seen]
+    if down:
+        span["exporter_down"] = list(down[-1])
+        span["restart"] += (f", while the exporter was down ({iso_utc(down[-1][0])} to "
+                            f"{iso_utc(down[-1][1])})")
+    return span
+
+
+def restart_time(created: Iterable[float], prev: float, at: float) -> float | None:
+    """When a restart between the scrapes at `prev` and `at` happened: the earliest of the
+    restarted engines' `_created` times in that span (a process creates its counters as it
+    starts); one outside it is a skewed clock, and none dates it: None."""
+    return min((c for c in created if prev <= c <= at), default=None)
+
+
+def restart_times(spans: Sequence[tuple[float, float]],
+                  times: Sequence[float | None]) -> list[float | None]:
+    """An accumulator's restart times, one per span of `spans` (a state saved before they
+    were kept has none: unknown)."""
+    return [*times[: len(spans)], *[None] * (len(spans) - len(times))]
+
+
+def unobserved_spans(spans: Sequence[tuple[float, float]], times: Sequence[float | None],
+                     downtimes: Iterable[tuple[float, float]] = ()) -> list[dict[str, Any]]:
+    """`unobserved_span` of each restart: `spans` its (last scrape before, scrape after),
+    `times` its restart time where known (an accumulator's `reset_spans`, `restart_times`)."""
+    downs = list(downtimes)
+    return [unobserved_span(prev, seen, at, downs)
+            for (prev, seen), at in zip(spans, restart_times(spans, times), strict=True)]
+
+
+def unobserved_text(spans: Iterable[Mapping[str, Any]]) -> str:
+    """The unobserved spans in one clause: what the numbers miss at the restarts."""
+    parts = [
+        (f"{span['target']}: " if span.get("target") else "")
+        + f"{span['from_iso']} to {span['to_iso']} ({span['seconds']:.3f} s; restart "
+        f"{span['restart']})"
+        for span in spans
+    ]
+    return ("not counted: what the server counted from our last scrape before each restart "
+            "to the restart: " + "; ".join(parts))
+
+
+def _read_spans(raw: object) -> tuple[dict[str, Any], ...]:
+    """`unobserved` read back (a shard's answer): each span made again from its times, so
+    no text from elsewhere reaches a note; entries without usable times are dropped."""
+    if not isinstance(raw, list):
+        return ()
+    spans = []
+    for entry in raw:
+        if not isinstance(entry, Mapping):
+            continue
+        prev, seen, at = entry.get("from"), entry.get("next_scrape_at"), entry.get("restart_at")
+        if not (_is_time(prev) and _is_time(seen)):
+            continue
+        down = entry.get("exporter_down")
+        downtimes = [(down[0], down[1])] if (
+            isinstance(down, list) and len(down) == 2 and all(map(_is_time, down))) else []
+        span = unobserved_span(prev, seen, at if _is_time(at) else None, downtimes)
+        if isinstance(entry.get("target"), str):
+            span["target"] = entry["target"]
+        spans.append(span)
+    return tuple(spans)
+
+
+def _is_time(value: object) -> TypeGuard[float]:
+    return (isinstance(value, int | float) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
 def fetch_error(url: str, reason: str, when: str) -> str:
     """AISBench's fetch error, saying whether it was the window's start or its stop."""
     return f"Failed to fetch metrics from {url} at window {when}: {reason}"
@@ -114,6 +209,9 @@ class Result:
     first_scrape_at: float | None = None
     last_scrape_at: float | None = None
     increase_until_removed: Counts | None = None
+    # Per restart inside the window, the span no scrape saw (`unobserved_span`); in an
+    # aggregate, every summed target's, each with its `target`.
+    unobserved: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -173,12 +271,10 @@ class Result:
                 if iso_times:
                     body[f"{key}_iso"] = _iso(at)
         body["resets"] = self.resets
-        if self.dialect_note is not None:
-            body["dialect_note"] = self.dialect_note
-        if self.reset_note is not None:
-            body["reset_note"] = self.reset_note
-        if self.anomaly_note is not None:
-            body["anomaly_note"] = self.anomaly_note
+        for key, note in (("dialect_note", self.dialect_note), ("reset_note", self.reset_note),
+                          ("anomaly_note", self.anomaly_note)):
+            if note is not None:
+                body[key] = note
         if self.increase_until_removed is not None:
             body["increase_until_removed"] = self.increase_until_removed.as_raw()
         if self.gauge_means is not None:
@@ -187,6 +283,8 @@ class Result:
         if self.coverage is not None:
             body["coverage"] = self.coverage.value
             body["coverage_note"] = self.coverage_note
+        if self.unobserved:
+            body["unobserved"] = [dict(span) for span in self.unobserved]
         if counted:
             body["per_model"] = {
                 model: self._model_part(counts, body)
@@ -246,6 +344,7 @@ class Result:
             first_scrape_at=body.get("first_scrape_at"),
             last_scrape_at=body.get("last_scrape_at"),
             increase_until_removed=_counts(body.get("increase_until_removed")),
+            unobserved=_read_spans(body.get("unobserved")),
         )
 
 
@@ -284,6 +383,7 @@ def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
             models.setdefault(model, []).append(counts)
     per_model = {model: sum_counts(parts) for model, parts in models.items()}
     partial = [name for name, r in used if r.coverage is Coverage.PARTIAL]
+    spans = tuple(dict(span) | {"target": name} for name, r in used for span in r.unobserved)
     base = Result(
         status=Status.NA, url=None, error=NO_ACTIVITY,
         targets=tuple(name for name, _ in used),
@@ -299,6 +399,8 @@ def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
         coverage=Coverage.PARTIAL if partial else Coverage.FULL,
         coverage_note=(
             f"partial: includes targets whose numbers cover part of the window: "
-            f"{', '.join(partial)}" if partial else None
+            f"{', '.join(partial)}" + (f"; {unobserved_text(spans)}" if spans else "")
+            if partial else None
         ),
+        unobserved=spans,
     )

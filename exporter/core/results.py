@@ -25,6 +25,8 @@ from exporter.core.result import (
     fetch_error,
     result_file_name,
     result_file_names,
+    unobserved_spans,
+    unobserved_text,
 )
 from exporter.core.snapshot import Counts
 from exporter.core.window import TargetRef, Window
@@ -111,7 +113,8 @@ def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> dic
 
 def _raw_pair(acc: Accumulator, started: bool) -> dict[str, Any]:
     """AISBench's before/after: the first and last usable scrape; None where there is none."""
-    if acc.scrapes == 0 or is_estimate(acc.dialect):
+    # No spec-decode series ever read: no snapshot, as AISBench writes it (null, not zeros).
+    if acc.scrapes == 0 or is_estimate(acc.dialect) or not acc.has_series:
         return {"before": None, "after": None}
     before = acc.before or Counts()
     if acc.scrapes >= 2:
@@ -134,23 +137,35 @@ def _estimate_result(
 
 
 def _coverage(window: Window, acc: Accumulator, notes: list[str]) -> dict[str, Any]:
-    if not notes:
+    # A restart inside the window is never full: what the server counted between our last
+    # scrape and its restart died with the old process (`result.unobserved_span`).
+    unobserved = tuple(unobserved_spans(acc.reset_spans, acc.restart_times, window.downtimes))
+    if not notes and not acc.resets:
         return {"coverage": Coverage.FULL, "coverage_note": None}
-    stopped = window.stopped_at or acc.last_at or window.started_at
-    note = (
-        f"partial: the numbers cover {iso_utc(acc.first_at or 0.0)} to "
-        f"{iso_utc(acc.last_at or 0.0)} of the window {iso_utc(window.started_at)} to "
-        f"{iso_utc(stopped)}; " + "; ".join(notes)
-    )
-    return {"coverage": Coverage.PARTIAL, "coverage_note": note}
+    parts = []
+    if notes:
+        stopped = window.stopped_at or acc.last_at or window.started_at
+        parts.append(
+            f"the numbers cover {iso_utc(acc.first_at or 0.0)} to "
+            f"{iso_utc(acc.last_at or 0.0)} of the window {iso_utc(window.started_at)} to "
+            f"{iso_utc(stopped)}; " + "; ".join(notes))
+    if unobserved:
+        parts.append(unobserved_text(unobserved))
+    elif acc.resets:  # a state saved before the spans were kept: no times to name
+        parts.append(f"not counted: what the server counted from our last scrape before each "
+                     f"of {acc.resets} restart(s) to the restart")
+    return {"coverage": Coverage.PARTIAL, "coverage_note": "partial: " + "; ".join(parts),
+            "unobserved": unobserved}
 
 
 def _reset_note(window: Window, acc: Accumulator) -> str | None:
     if not acc.resets:
         return None
+    spans = unobserved_spans(acc.reset_spans, acc.restart_times)
+    seconds = f" ({sum(s['seconds'] for s in spans):.3f} s in all: `unobserved`)" if spans else ""
     note = (
-        f"server restart seen {acc.resets} time(s) inside the window; "
-        "the increase before and after each restart is counted"
+        f"server restart seen {acc.resets} time(s) inside the window; missing: what the "
+        f"server counted from our last scrape before each restart to the restart{seconds}"
     )
     while_down = [
         (down, up) for down, up in window.downtimes

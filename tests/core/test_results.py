@@ -326,6 +326,23 @@ class TestRawCounters:
         assert result["status"] == "na" and result["data"] is None
         assert result["raw"] == {"before": None, "after": None}
 
+    async def test_page_without_spec_decode_series_is_null_not_zeros(
+        self, fake_vllm, exporter, tmp_path
+    ):
+        # AISBench's snapshot of such a page fails (None): it writes null, never zeros; and
+        # its reason once (AISBench joins start's and stop's: "X; X").
+        fake = await fake_vllm(spec_decode=False)
+        exp = await exporter({"targets": [{"name": "plain", "url": fake.url}]})
+        await exp.start(id="plain")
+        fake.server.simulate(10)
+        answer = await exp.stop("plain")
+        result = answer["results"]["plain"]
+        assert result["status"] == "na"
+        assert result["error"] == "No spec decode metrics found on server"
+        assert result["raw"] == {"before": None, "after": None}
+        text = next((tmp_path / "out" / "plain" / "performances").glob("spec_decode_*")).read_text()
+        assert json.loads(text)["raw"] == {"before": None, "after": None}
+
 
 class TestMixedK:
     """Position i of any aggregate is over the drafts of the targets that draft position i."""
@@ -415,8 +432,10 @@ class TestConsoleCaveats:
         lines = format_window(answer).splitlines()
         assert lines[10:] == [
             "Target: a",  # the config's name, where it differs from the block's host:port
-            "Note: server restart seen 1 time(s) inside the window; the increase before and "
-            "after each restart is counted",
+            "Note: partial coverage: not counted: what the server counted from our last scrape "
+            "before each restart to the restart: 2026-12-02T18:00:00.000Z to "
+            "2026-12-02T18:00:20.000Z (20.000 s; restart between the scrapes at "
+            "2026-12-02T18:00:00.000Z and 2026-12-02T18:00:20.000Z)",
             'Note: 1 scrape inside the span not used: num_drafts{engine="0",model_name="m"} was '
             "NaN at 2026-12-02T18:00:10.000Z; the next usable values bridge it exactly",
         ]
