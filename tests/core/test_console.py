@@ -12,13 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from exporter.core.console import format_block, format_window
+from exporter.core.console import format_block, format_caveats, format_window
 from exporter.core.derive import result_data
+from exporter.core.result import unobserved_span, unobserved_text
 from exporter.core.snapshot import Counts
 
 CONSOLE = Path(__file__).resolve().parents[1] / "testdata" / "console"
 SEED = Counts(163, 815, 809, {0: 162, 1: 162, 2: 162, 3: 162, 4: 161})
 NO_ACTIVITY = "No spec decode activity detected during benchmark window"
+T0 = 1796234400.0  # 2026-12-02T18:00:00Z
 
 
 def ok(counts: Counts, **extra) -> dict:
@@ -182,3 +184,43 @@ class TestFormatWindow:
 
     def test_empty_window(self):
         assert format_window(self.answer({}, None)) == ""
+
+
+class TestRestartLine:
+    """A restart's unobserved span: one `Note:` line after AISBench's block, left as it is."""
+
+    def restarted(self) -> tuple[dict, dict]:
+        span = unobserved_span(T0 + 10, T0 + 15, T0 + 12.5)
+        coverage_note = "partial: " + unobserved_text([span])
+        result = ok(SEED, host_port="10.0.0.1:8080", resets=1, coverage="partial",
+                    coverage_note=coverage_note, unobserved=[span],
+                    reset_note="server restart seen 1 time(s) inside the window; missing: ...")
+        return result, span
+
+    def test_one_line_naming_the_span(self):
+        result, span = self.restarted()
+        text = format_window({"results": {"10.0.0.1:8080": result}, "aggregate": None})
+        block = format_block("10.0.0.1:8080", result)
+        assert block == format_block("10.0.0.1:8080", ok(SEED))  # the block is AISBench's
+        assert text.startswith(block)
+        (line,) = text[len(block):].splitlines()
+        assert line == (
+            "Note: partial coverage: not counted: what the server counted from our last scrape "
+            "before each restart to the restart: 2026-12-02T18:00:10.000Z to "
+            "2026-12-02T18:00:12.500Z (2.500 s; restart at 2026-12-02T18:00:12.500Z (its "
+            "counters' _created))")
+
+    def test_aggregate_one_line_with_the_targets_spans(self):
+        result, span = self.restarted()
+        agg_note = ("partial: includes targets whose numbers cover part of the window: a; "
+                    + unobserved_text([span | {"target": "a"}]))
+        agg = ok(SEED, resets=1, coverage="partial", coverage_note=agg_note,
+                 unobserved=[span | {"target": "a"}])
+        lines = format_caveats(agg).splitlines()
+        assert len(lines) == 1 and "a: 2026-12-02T18:00:10.000Z to" in lines[0]
+
+    def test_restarts_without_spans_say_what_is_missing(self):
+        # An aggregate from before spans were kept: the count, and that it is not all counted.
+        lines = format_caveats(ok(SEED, resets=2)).splitlines()
+        assert lines == ["Note: server restarts: 2; what the server counted from our last "
+                         "scrape before each restart to the restart is not counted"]

@@ -6,6 +6,7 @@ view (the advisor's table, a distribution) is one more function in `SECTIONS`.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
@@ -35,30 +36,71 @@ def acceptance_lines(series: Mapping[str, Any]) -> tuple[dict[str, list[Point]],
     """Cumulative acceptance rate (%) since the window's start, per target and summed.
 
     Each point is what the window's result would say if it had stopped then. The aggregate
-    sums every target's latest counts at each moment (never an average of ratios).
+    sums every target's counts at each moment (never an average of ratios); a target's scrape
+    lands at another moment than the others', so between two of its samples its counts are
+    interpolated: summing the latest sample of each instead drew our scrape phase, a sawtooth.
+    The aggregate runs from when every target has a sample until one has no later one.
     """
     lines: dict[str, list[Point]] = {}
-    events: list[tuple[float, str, float, float]] = []
+    cumulative: list[list[tuple[float, float, float]]] = []
     for name, points in (series.get("targets") or {}).items():
-        line = []
+        samples: dict[float, tuple[float, float]] = {}  # one per moment: the last
         for point in points:
-            tokens, accepted = point.get("draft_tokens") or 0, point.get("accepted") or 0
-            events.append((point["at"], name, tokens, accepted))
-            if tokens > 0:
-                line.append((point["at"], 100.0 * accepted / tokens))
-        lines[name] = line
-    latest: dict[str, tuple[float, float]] = {}
-    aggregate: list[Point] = []
-    for at, name, tokens, accepted in sorted(events):
-        latest[name] = (tokens, accepted)
-        total_tokens = sum(t for t, _ in latest.values())
-        if total_tokens > 0:
-            point = (at, 100.0 * sum(a for _, a in latest.values()) / total_tokens)
-            if aggregate and aggregate[-1][0] == at:
-                aggregate[-1] = point  # one point per moment, after every target's update
-            else:
-                aggregate.append(point)
-    return lines, aggregate
+            samples[point["at"]] = (point.get("draft_tokens") or 0, point.get("accepted") or 0)
+        ordered = sorted(samples.items())
+        lines[name] = [(at, 100.0 * a / t) for at, (t, a) in ordered if t > 0]
+        if ordered:
+            cumulative.append([(at, t, a) for at, (t, a) in ordered])
+    return lines, _summed_line(cumulative)
+
+
+def _summed_line(targets: Sequence[Sequence[tuple[float, float, float]]]) -> list[Point]:
+    """100 x the sum of accepted over the sum of draft tokens, each target's (time, tokens,
+    accepted) samples joined by straight lines, at every sample time where all are defined.
+
+    One sweep (a sum of piecewise-linear functions changes slope only at their samples), so a
+    window of 1000 targets is not evaluated target by target at every target's times.
+    """
+    if not targets:
+        return []
+    first, last = max(s[0][0] for s in targets), min(s[-1][0] for s in targets)
+    if first > last:
+        return []
+    tokens = accepted = slope_t = slope_a = 0.0
+    changes: dict[float, tuple[float, float]] = {}
+    for samples in targets:
+        i = max(0, bisect.bisect_right([at for at, _, _ in samples], first) - 1)
+        t0, x0, y0 = samples[i]
+        slope = _slopes(samples, i)
+        tokens += x0 + slope[0] * (first - t0)
+        accepted += y0 + slope[1] * (first - t0)
+        slope_t, slope_a = slope_t + slope[0], slope_a + slope[1]
+        for j in range(i + 1, len(samples)):
+            if samples[j][0] >= last:
+                break
+            new, old = _slopes(samples, j), _slopes(samples, j - 1)
+            dt, da = changes.get(samples[j][0], (0.0, 0.0))
+            changes[samples[j][0]] = (dt + new[0] - old[0], da + new[1] - old[1])
+    line: list[Point] = []
+    at = first
+    for moment in sorted({first, last, *changes}):
+        tokens += slope_t * (moment - at)
+        accepted += slope_a * (moment - at)
+        at = moment
+        if tokens > 0:
+            line.append((moment, 100.0 * accepted / tokens))
+        dt, da = changes.get(moment, (0.0, 0.0))
+        slope_t, slope_a = slope_t + dt, slope_a + da
+    return line
+
+
+def _slopes(samples: Sequence[tuple[float, float, float]], i: int) -> tuple[float, float]:
+    """Tokens' and accepted's growth per second from sample i to the next (none after the
+    last)."""
+    if i + 1 >= len(samples):
+        return 0.0, 0.0
+    (t0, x0, y0), (t1, x1, y1) = samples[i], samples[i + 1]
+    return (x1 - x0) / (t1 - t0), (y1 - y0) / (t1 - t0)
 
 
 def _duration(seconds: float) -> str:
@@ -134,6 +176,26 @@ def results_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
     return "<h2>Results</h2>" + table(headers, rows)
 
 
+def unobserved_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """Per restart inside the window, the span no scrape saw: what its numbers miss."""
+    rows = []
+    for name, result in (state.get("results") or {}).items():
+        for span in result.get("unobserved") or []:
+            seconds = span.get("seconds")
+            cells = [escape(name), escape(str(span.get("from_iso"))),
+                     escape(str(span.get("to_iso"))),
+                     fmt(seconds if isinstance(seconds, int | float) else None, ".3f"),
+                     escape(str(span.get("restart")))]
+            rows.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    if not rows:
+        return ""
+    return ("<h2>Unobserved at server restarts</h2><p>What a server counted from our last "
+            "scrape before its restart to the restart is not in its numbers (its result is "
+            "partial).</p>"
+            + table(["target", "from (last scrape)", "to (restart)", "seconds", "restart"],
+                    rows))
+
+
 def positions_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
     """Per-position acceptance bars, per target and for the aggregate."""
     results: Mapping[str, Any] = state.get("results") or {}
@@ -172,7 +234,8 @@ def advisor_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
 
 
 SECTIONS: list[Section] = [header_section, console_section, results_section,
-                           positions_section, advisor_section, chart_section]
+                           unobserved_section, positions_section, advisor_section,
+                           chart_section]
 
 
 def render_window_page(

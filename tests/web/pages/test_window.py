@@ -24,12 +24,38 @@ class TestAcceptanceLines:
         }}
         lines, aggregate = acceptance_lines(series)
         assert lines == {"a": [(5.0, 50.0), (10.0, 100 * 25 / 30)], "b": [(5.0, 10.0)]}
-        # One point per moment, after every target's update: (5 + 9) / (10 + 90), then
-        # (25 + 9) / (30 + 90): counts summed, never an average of the two ratios.
-        assert aggregate == [(5.0, 14.0), (10.0, pytest.approx(100 * 34 / 120))]
+        # Only where every target has a sample: b's one, 5 s. (5 + 9) / (10 + 90): counts
+        # summed, never an average of the two ratios; b has nothing later to count at 10 s.
+        assert aggregate == [(5.0, 14.0)]
 
     def test_empty_series(self):
         assert acceptance_lines({"targets": {}}) == ({}, [])
+        assert acceptance_lines({"targets": {"a": [], "b": []}}) == ({"a": [], "b": []}, [])
+
+    def test_scrapes_out_of_phase_draw_no_sawtooth(self):
+        # a: 10 tokens/s, half accepted; b: 10 tokens/s, a fifth accepted, scraped 2.5 s after
+        # a each round. The fleet accepts 35% all along; summing each target's latest sample
+        # swung between 50 and 20 weighted by which had just been scraped.
+        series = {"targets": {
+            "a": [{"at": t, "draft_tokens": 10 * t, "accepted": 5 * t}
+                  for t in (0.0, 5.0, 10.0, 15.0, 20.0)],
+            "b": [{"at": t, "draft_tokens": 10 * t, "accepted": 2 * t}
+                  for t in (2.5, 7.5, 12.5, 17.5)],
+        }}
+        _, aggregate = acceptance_lines(series)
+        assert [at for at, _ in aggregate] == [2.5, 5.0, 7.5, 10.0, 12.5, 15.0, 17.5]
+        assert [rate for _, rate in aggregate] == pytest.approx([35.0] * 7)
+
+    def test_between_samples_each_target_is_interpolated(self):
+        series = {"targets": {
+            "a": [{"at": 0.0, "draft_tokens": 0, "accepted": 0},
+                  {"at": 10.0, "draft_tokens": 100, "accepted": 100}],
+            "b": [{"at": 4.0, "draft_tokens": 40, "accepted": 0},
+                  {"at": 6.0, "draft_tokens": 60, "accepted": 0}],
+        }}
+        # a at 4 s: 40 of 40; at 6 s: 60 of 60; b accepts none: 50% at both.
+        assert acceptance_lines(series)[1] == [(4.0, pytest.approx(50.0)),
+                                               (6.0, pytest.approx(50.0))]
 
 
 async def _scenario(exporter, fake_vllm, clock: Clock):
@@ -76,6 +102,13 @@ class TestWindowPage:
         assert f"{answer['aggregate']['data']['acceptance_length']:.2f}" in page
         assert "Target: llama-eagle" in page
         assert "restart" in eagle["reset_note"] and eagle["reset_note"] in page
+        # The restart's span no scrape saw: named per target, in its own table.
+        (span,) = eagle["unobserved"]
+        assert eagle["coverage"] == "partial" and "Unobserved at server restarts" in page
+        unobserved = page.split("Unobserved at server restarts")[1].split("</table>")[0]
+        assert "llama-eagle" in unobserved and "qwen-mtp" not in unobserved
+        assert span["from_iso"] in unobserved and span["to_iso"] in unobserved
+        assert "between the scrapes at" in unobserved and f"{span['seconds']:.3f}" in unobserved
         # Bars for both targets (3 and 5 positions) and the aggregate (5).
         assert len(re.findall(r"<title>position \d+: ", page)) == 3 + 5 + 5
         # The chart: labelled axes, a line per target, the aggregate line, a legend.
