@@ -9,7 +9,7 @@ from browser import Browser
 from conftest import Clock
 
 from exporter.core.isotime import iso_utc
-from exporter.web.pages.window import acceptance_lines
+from exporter.web.pages.window import acceptance_lines, unobserved_section
 
 START = 1_800_000_000.0
 
@@ -172,3 +172,14 @@ async def test_pages_in_headless_chromium(exporter, fake_vllm, tmp_path, width):
     assert chart["labels"] == ["time since window start (s)", "acceptance rate (%)"]
     assert chart["lines"] == 3 and 0 < chart["width"] <= width
     assert seen["landing"]["charts"][0]["labels"] == chart["labels"]
+
+
+class TestUnobservedSection:
+    def test_odd_entries_are_skipped_not_a_failure(self):
+        state = {"results": {"a": {"unobserved": ["x", 3, {"from_iso": "<b>", "seconds": "?"}]},
+                             "b": {"unobserved": 5}, "c": {}}}
+        html = unobserved_section(state, {})
+        assert html.count("<tr><td>") == 1 and "&lt;b&gt;" in html and "<b>" not in html
+
+    def test_nothing_without_restarts(self):
+        assert unobserved_section({"results": {"a": {"coverage": "full"}}}, {}) == ""
