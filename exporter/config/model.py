@@ -257,6 +257,9 @@ class Config(_Strict):
     scrape_interval: Duration = 5.0
     scrape_timeout: Duration = 3.0
     live_window: Duration = 60.0
+    # Targets of an open window are scraped this often (default 1s, at most scrape_interval):
+    # what a server counted between our last scrape and its restart is lost to the window.
+    window_scrape_interval: Duration | None = None
     output_dir: str = "outputs"
     state_db: str | None = None  # default: <output_dir>/state.sqlite
     # Accepted so that configs written for older versions still load; ignored: what changed is
@@ -298,6 +301,12 @@ class Config(_Strict):
                 f"must not be longer than scrape_interval "
                 f"({self.scrape_timeout:g}s > {self.scrape_interval:g}s)",
             )
+        if (self.window_scrape_interval or 0.0) > self.scrape_interval:
+            raise _KeyError(
+                "window_scrape_interval",
+                f"must not be longer than scrape_interval "
+                f"({self.window_scrape_interval:g}s > {self.scrape_interval:g}s)",
+            )
         for index, target in enumerate(self.targets):
             # A target slower than the interval would stretch every round past its beat.
             if target.timeout is not None and target.timeout > self.scrape_interval:
@@ -312,6 +321,12 @@ class Config(_Strict):
             raise _KeyError("peers", f"must list every shard: {len(self.peers)} URL(s) for "
                                      f"shards={self.shards}")
         return self
+
+    @property
+    def window_interval(self) -> float:
+        """How often an open window's targets are scraped: the key, else 1s within the
+        scrape interval."""
+        return self.window_scrape_interval or min(1.0, self.scrape_interval)
 
     @property
     def state_path(self) -> Path:
@@ -400,6 +415,10 @@ def _cross_field_problems(data: dict[str, Any]) -> list[str]:
     if interval is not None and timeout is not None and timeout > interval:
         problems.append(f"scrape_timeout: must not be longer than scrape_interval "
                         f"({timeout:g}s > {interval:g}s)")
+    window = _try_duration(data.get("window_scrape_interval"), 0.0)
+    if interval is not None and window is not None and window > interval:
+        problems.append(f"window_scrape_interval: must not be longer than scrape_interval "
+                        f"({window:g}s > {interval:g}s)")
     shards, index = data.get("shards", 1), data.get("shard_index", 0)
     if type(shards) is int and type(index) is int and 0 <= index and index >= shards >= 1:
         problems.append(f"shard_index: must be below shards ({shards})")

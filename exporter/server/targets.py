@@ -187,6 +187,10 @@ class Targets:
                 del self._turns[name]
         return result
 
+    def busy(self, name: str) -> bool:
+        """A scrape of that target is in flight or waiting."""
+        return name in self._turns
+
     def turns_held(self) -> int:
         """Targets with a scrape in flight or waiting: each holds its lock only until then."""
         return len(self._turns)

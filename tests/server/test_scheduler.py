@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import time
+from pathlib import Path
+
+import pytest
+from aiohttp import web
 
 from conftest import Clock
+from exporter.config.model import validate_config
+from exporter.core.errors import ConfigError
 
 
 class TestRun:
@@ -50,3 +58,82 @@ class TestRound:
         targets = (await (await exp.client.get("/api/v1/targets")).json())["targets"]
         assert {t["name"]: t["last_scrape_at"] for t in targets} == {"a": clock.now,
                                                                       "b": clock.now}
+
+
+PAGE = (Path(__file__).resolve().parents[1] / "testdata" / "pages"
+        / "vllm-0.33.0-rendered-k3.txt").read_bytes()
+
+
+async def counting_target(aiohttp_server) -> tuple[list[float], str]:
+    """A /metrics server on loopback that notes when each scrape came: (times, url)."""
+    times: list[float] = []
+
+    async def metrics(_: web.Request) -> web.Response:
+        times.append(time.monotonic())
+        return web.Response(body=PAGE, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app)
+    return times, str(server.make_url("/metrics"))
+
+
+class TestWindowRounds:
+    async def test_targets_of_an_open_window_are_scraped_at_the_window_interval(
+        self, aiohttp_server, exporter
+    ):
+        # A restart loses the window what the server counted since our last scrape: an open
+        # window's targets are scraped every window_scrape_interval, the others each round.
+        watched, watched_url = await counting_target(aiohttp_server)
+        other, other_url = await counting_target(aiohttp_server)
+        exp = await exporter({"scrape_interval": "10s", "scrape_timeout": "1s",
+                              "window_scrape_interval": "100ms", "targets": [
+                                  {"name": "watched", "url": watched_url},
+                                  {"name": "other", "url": other_url}]})
+        await exp.round()
+        loop = asyncio.create_task(exp.service.scheduler.window_rounds())
+        try:
+            await asyncio.sleep(0.6)  # no window open: nothing but the round
+            assert len(watched) == 1 and len(other) == 1
+            await exp.start(id="w", targets=["watched"])
+            started = len(watched)
+            await asyncio.sleep(1.0)
+            in_window = len(watched) - started
+            await exp.stop("w")
+            stopped = len(watched)
+            await asyncio.sleep(0.6)
+            assert 5 <= in_window <= 12  # every 100 ms, give or take the loop's turns
+            assert len(watched) == stopped  # closed: back to the 10 s rounds
+            assert len(other) == 1  # never in a window: its rounds only
+        finally:
+            loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+
+    async def test_a_target_with_a_scrape_in_flight_is_not_due(self, aiohttp_server, exporter):
+        times, url = await counting_target(aiohttp_server)
+        exp = await exporter({"scrape_interval": "10s", "window_scrape_interval": "1s",
+                              "targets": [{"name": "t", "url": url}]})
+        await exp.round()
+        await exp.start(id="w")
+        scheduler = exp.service.scheduler
+        assert scheduler.window_due(0.001) == ["t"]  # scraped long enough ago (1 ms)
+        assert scheduler.window_due(3600.0) == []  # scraped within half of an hour
+        scrape = asyncio.create_task(exp.service.scrape_target("t"))
+        await asyncio.sleep(0)  # the scrape holds the target's turn
+        assert scheduler.window_due(0.001) == []
+        await scrape
+
+
+class TestWindowScrapeInterval:
+    def test_default_is_one_second_within_the_scrape_interval(self):
+        assert validate_config({}).window_interval == 1.0
+        assert validate_config({"scrape_interval": "500ms", "scrape_timeout": "200ms"}
+                               ).window_interval == 0.5
+        assert validate_config({"window_scrape_interval": "250ms"}).window_interval == 0.25
+
+    def test_longer_than_the_scrape_interval_names_the_key_and_the_rule(self):
+        with pytest.raises(ConfigError) as caught:
+            validate_config({"scrape_interval": "5s", "window_scrape_interval": "10s"})
+        assert caught.value.problems == [
+            "window_scrape_interval: must not be longer than scrape_interval (10s > 5s)"]
