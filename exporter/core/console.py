@@ -51,8 +51,9 @@ def format_caveats(result: Mapping[str, Any]) -> str:
     """One `Note:` line per thing the block cannot carry; nothing for a clean full result.
 
     Partial coverage (with its UTC times and why, each restart's unobserved span among them,
-    on one line), restarts, scrapes skipped for unusable values, an estimate or a dialect's caveat: a person reading the console cannot
-    miss that these numbers are not a plain full window.
+    on one line), restarts, scrapes skipped for unusable values, an estimate or a dialect's
+    caveat: a person reading the console cannot miss that these numbers are not a plain full
+    window.
     """
     if result.get("status") != "ok":
         return ""  # the block's Reason says it all

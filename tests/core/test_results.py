@@ -340,8 +340,8 @@ class TestRawCounters:
         assert result["status"] == "na"
         assert result["error"] == "No spec decode metrics found on server"
         assert result["raw"] == {"before": None, "after": None}
-        text = next((tmp_path / "out" / "plain" / "performances").glob("spec_decode_*")).read_text()
-        assert json.loads(text)["raw"] == {"before": None, "after": None}
+        (path,) = (tmp_path / "out" / "plain" / "performances").glob("spec_decode_*")
+        assert json.loads(path.read_text())["raw"] == {"before": None, "after": None}
 
 
 class TestMixedK:
