@@ -54,6 +54,9 @@ class ExporterService:
                                lambda window_id: Path(self.config.output_dir) / window_id)
         self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
                                    lambda: self._close_removed_targets("no longer discovered"))
+        # (window id, target) -> the window takes no scrape of it now (web/edges.py: idle
+        # after a traffic-edged window's last response).
+        self.holds: Callable[[str, str], bool] = lambda window_id, target: False
         # Called with each state a scrape leaves (`on_scraped`).
         self._scraped: list[Callable[[str, TargetState, LiveTrack, float], None]] = []
         self.book.restore(self._targets.states,
@@ -159,7 +162,8 @@ class ExporterService:
         window counting it) take the result, then `also` (a stop's window)."""
         def then(result: ScrapeResult) -> None:
             windows = feed if feed is not None else self.book.open_windows()
-            self.book.feed((w for w in windows if w.takes_scrapes_of(name)), result)
+            self.book.feed((w for w in windows if w.takes_scrapes_of(name)
+                            and not self.holds(w.id, name)), result)
             if also is not None:
                 also(result)
             if self._scraped:

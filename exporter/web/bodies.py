@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from exporter.core.errors import RequestError
 from exporter.core.text import TextError, clean_tree
@@ -22,6 +29,16 @@ class WindowRequest(BaseModel):
     name: str | None = None
     targets: list[str] | None = None
     labels: dict[str, str] = {}
+    # "traffic": opened at the first measured request through the recording proxy, closed on
+    # the scrape after the last response (web/edges.py); "command" (default): start to stop.
+    edges: Literal["command", "traffic"] | None = None
+    skip_requests: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _skip_needs_traffic(self) -> WindowRequest:
+        if self.skip_requests is not None and self.edges != "traffic":
+            raise ValueError('skip_requests needs "edges": "traffic"')
+        return self
 
     @field_validator("id")
     @classmethod

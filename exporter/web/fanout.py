@@ -139,6 +139,8 @@ class Fanout:
     async def start(self, request: web.Request) -> web.Response:
         """Open the same window id on every shard; one start answer for the fleet."""
         body = await window_request(request)
+        if body.edges == "traffic":  # its proxy and its start live on one shard (edges.py)
+            raise RequestError('"edges": "traffic" needs one exporter, not a fleet of shards')
         window_id = body.id or new_window_id(self.service.clock())
         names = self._resolve(body.targets, window_id) if body.targets is not None else None
         shares = self._expected(names)

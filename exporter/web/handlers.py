@@ -35,7 +35,11 @@ from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
 from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
 from exporter.web.pages.window import render_window_page
-from exporter.web.proxy import state_with_per_request, stop_text_with_per_request
+from exporter.web.proxy import (
+    state_with_per_request,
+    stop_text_with_per_request,
+    traffic_edges,
+)
 
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
@@ -256,6 +260,10 @@ async def reload(request: web.Request) -> web.Response:
 async def start_window(request: web.Request) -> web.Response:
     """Open a window: 201 when new, 200 with the same window when the id exists."""
     body = await window_request(request)
+    if body.edges == "traffic":  # opens at its first request through the proxy (edges.py)
+        created, waiting = traffic_edges(request.app).expect(
+            body.id, body.name, body.targets, body.labels, body.skip_requests or 0)
+        return _json(waiting, status=201 if created else 200)
     created, window = await request.app[SERVICE].start_window(
         body.id, body.name, body.targets, body.labels
     )
@@ -268,7 +276,9 @@ async def stop_window(request: web.Request) -> web.Response:
     """Close a window; stopping it again answers the same body."""
     window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
-    window = await service.stop_window(window_id, answer=False)
+    edges = traffic_edges(request.app)
+    window = await (edges.stop(window_id) if edges.knows(window_id)
+                    else service.stop_window(window_id, answer=False))
     text = service.take_answer_text(window.id)
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.

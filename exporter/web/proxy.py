@@ -25,6 +25,7 @@ from exporter.config.model import Config
 from exporter.state.answertext import with_key
 from exporter.web.guard import GuardedSite
 from exporter.core.perrequest import PerRequest, RequestStats, from_json, from_sse
+from exporter.web.edges import TrafficEdges
 
 log = logging.getLogger(__name__)
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
@@ -43,6 +44,7 @@ class Upstream:
     target: str
     origin: str  # scheme://host:port
     record: RecordFn
+    edges: TrafficEdges | None = None
 
 
 def _forwarded(headers: CIMultiDict[str] | object) -> CIMultiDict[str]:
@@ -60,7 +62,20 @@ def _recorded(request: web.Request) -> bool:
 
 async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: Upstream,
                 path: str, parse_limit: int = PARSE_LIMIT) -> web.StreamResponse:
-    """Forward one request to the upstream and relay its answer as it arrives."""
+    """Forward one request to the upstream and relay its answer as it arrives; a window with
+    traffic edges opens before the request goes, and sees it done once it is."""
+    edges = upstream.edges
+    tickets = await edges.arrive(upstream.target) if edges is not None else []
+    try:
+        return await _relay(request, session, upstream, path, parse_limit)
+    finally:
+        if tickets:
+            assert edges is not None
+            edges.done(tickets)
+
+
+async def _relay(request: web.Request, session: aiohttp.ClientSession, upstream: Upstream,
+                 path: str, parse_limit: int) -> web.StreamResponse:
     url = upstream.origin + path + (f"?{request.query_string}" if request.query_string else "")
     body = request.content if request.body_exists else None
     try:
@@ -174,6 +189,7 @@ class Proxying:
 
     recordings: Recordings
     config: Callable[[], Config]
+    edges: TrafficEdges | None = None  # traffic-edged windows (their starts wait on requests)
     session: aiohttp.ClientSession | None = None
     # target name -> ((listen, origin), its runner)
     ports: dict[str, tuple[tuple[str, str], web.AppRunner]] = field(default_factory=dict)
@@ -185,7 +201,7 @@ class Proxying:
         for target in self.config().targets:
             if target.name == name:
                 origin = origin_of(target.api_url or target.url)
-                return Upstream(target.name, origin, self.recordings.record)
+                return Upstream(target.name, origin, self.recordings.record, self.edges)
         return None
 
     async def serve(self, app: web.Application) -> AsyncGenerator[None, None]:
@@ -260,10 +276,21 @@ async def main_listener_proxy(request: web.Request) -> web.StreamResponse:
 PROXYING = web.AppKey("proxying", Proxying)
 
 
+def traffic_edges(app: web.Application) -> TrafficEdges:
+    """The app's traffic-edged windows (an app made with its proxy has them)."""
+    proxying = app.get(PROXYING)
+    if proxying is None or proxying.edges is None:
+        raise RuntimeError("the app has no recording proxy")
+    return proxying.edges
+
+
 def stop_text_with_per_request(app: web.Application, window_id: str, text: bytes) -> bytes:
     """A stop answer's text with the `per_request` block beside its RESULTs, when the proxy
     saw requests in the window (only then is the answer read again)."""
     proxying = app.get(PROXYING)
+    edges = proxying.edges.block(window_id) if proxying and proxying.edges else None
+    if edges is not None:
+        text = with_key(text, "edges", edges)
     recordings = proxying.recordings if proxying is not None else None
     if recordings is None or not recordings.has(window_id):
         return text
@@ -275,5 +302,8 @@ def state_with_per_request(app: web.Application, window_id: str,
                            state: dict[str, Any]) -> dict[str, Any]:
     """A window's state (open or stopped) with its `per_request` block, when there is one."""
     proxying = app.get(PROXYING)
+    edges = proxying.edges.block(window_id) if proxying and proxying.edges else None
+    if edges is not None:
+        state = state | {"edges": edges}
     block = proxying.recordings.block(window_id, state) if proxying is not None else None
     return state if block is None else state | {"per_request": block}

@@ -1,0 +1,143 @@
+"""exporter/web/edges.py: windows bounded by the traffic through the recording proxy, exact
+with periodic window scrapes running and other traffic on the server before and after."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from conftest import free_port
+
+from exporter.core.perrequest import SUM_KEYS, from_json, from_sse
+from exporter.fakevllm import FakeServer, make_fake_app
+
+
+@dataclass
+class Bench:
+    """An AISBench-style client: plain HTTP to the proxy port, what each answer reported."""
+
+    proxy: str
+    direct: str
+    session: aiohttp.ClientSession
+
+    async def ask(self, *, through_proxy: bool = True, stream: bool = True,
+                  max_tokens: int = 24) -> dict[str, int]:
+        base = self.proxy if through_proxy else self.direct
+        body = {"model": "m", "messages": [{"role": "user", "content": "q w e"}],
+                "max_tokens": max_tokens, "stream": stream}
+        async with self.session.post(f"{base}/v1/chat/completions", json=body) as answer:
+            assert answer.status == 200
+            raw = await answer.read()
+        stats = from_sse(raw) if stream else from_json(raw)
+        assert stats is not None and stats.spec is not None
+        return {k: stats.spec[k] for k in SUM_KEYS}
+
+
+def summed(figures: list[dict[str, int]]) -> dict[str, int]:
+    return {k: sum(f[k] for f in figures) for k in SUM_KEYS}
+
+
+def counted(result: dict[str, Any]) -> dict[str, int]:
+    data = result["data"]
+    return {"num_spec_steps": data["num_drafts"], "num_draft_tokens": data["draft_tokens"],
+            "num_accepted_draft_tokens": data["accepted_tokens"]}
+
+
+@pytest.fixture
+async def rig(exporter: Any, aiohttp_server: Any) -> AsyncIterator[tuple[Any, Bench, FakeServer]]:
+    # No drafts of its own (drafts_per_second 0): every count comes from a request.
+    fake = FakeServer(k=4, acceptance=0.7, per_request_metrics="summary")
+    upstream = await aiohttp_server(make_fake_app(fake))
+    port = free_port()
+    under = await exporter({"scrape_interval": "5s", "window_scrape_interval": "50ms",
+                            "targets": [{"name": "v", "url": str(upstream.make_url("/metrics")),
+                                         "proxy": {"listen": f"127.0.0.1:{port}"}}]})
+    await under.round()
+    # Window scrapes every 50 ms throughout: the edges must stay exact with them.
+    periodic = asyncio.create_task(under.service.scheduler.window_rounds())
+    async with aiohttp.ClientSession() as session:
+        yield under, Bench(f"http://127.0.0.1:{port}", str(upstream.make_url("")).rstrip("/"),
+                           session), fake
+    periodic.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await periodic
+
+
+async def start(under: Any, **body: Any) -> dict[str, Any]:
+    response = await under.client.post("/api/v1/windows", json=body)
+    assert response.status in (200, 201), await response.text()
+    return dict(await response.json())
+
+
+class TestTrafficEdges:
+    async def test_a_warm_up_request_is_left_out_exactly(self, rig: Any) -> None:
+        under, bench, fake = rig
+        opened = await start(under, id="w", edges="traffic", skip_requests=1)
+        assert opened["started_at"] is None and opened["edges"] == "traffic"
+        await bench.ask(through_proxy=False)  # another client, before the benchmark starts
+        await asyncio.sleep(0.15)
+        warm_up = await bench.ask(max_tokens=40)
+        await asyncio.sleep(0.15)  # periodic scrapes while waiting feed no window
+        measured = [await bench.ask(max_tokens=n, stream=n % 2 == 0) for n in (8, 17, 30, 5)]
+        await asyncio.sleep(0.2)  # window scrapes after the last response...
+        await bench.ask(through_proxy=False)  # ...and other traffic, before the stop
+        await asyncio.sleep(0.2)
+        answer = await under.stop("w")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert summed(measured) != summed([warm_up, *measured])
+        block = answer["per_request"]["targets"]["v"]
+        assert block["requests"] == 4 and block["covers_all"] is True
+        edges = answer["edges"]
+        assert (edges["skipped"], edges["measured_requests"], edges["ended_by"]) == (
+            1, 4, "the last response")
+        assert edges["first_request_at"] <= edges["last_response_at"] <= answer["stopped_at"]
+        assert fake.totals()["num_drafts"] > answer["results"]["v"]["data"]["num_drafts"]
+        again = await (await under.client.get("/api/v1/windows/w")).json()
+        assert again["edges"] == edges and again["results"] == answer["results"]
+
+    async def test_concurrent_requests_after_a_skip_of_three_are_exact(self, rig: Any) -> None:
+        under, bench, _ = rig
+        await start(under, id="c", edges="traffic", skip_requests=3)
+        # Three skipped requests at once, then eight measured ones four at a time: the first
+        # measured one waits until the skipped ones have completed.
+        skipped = asyncio.gather(*(bench.ask(max_tokens=30) for _ in range(3)))
+        await asyncio.sleep(0)
+        measured: list[dict[str, int]] = []
+        for _ in range(2):
+            measured += await asyncio.gather(*(bench.ask(max_tokens=n) for n in (9, 21, 4, 13)))
+        await skipped
+        await bench.ask(through_proxy=False)
+        answer = await under.stop("c")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert answer["edges"]["measured_requests"] == 8
+
+    async def test_no_measured_request_stops_an_empty_window_that_says_so(
+            self, rig: Any) -> None:
+        under, bench, _ = rig
+        await start(under, id="e", edges="traffic", skip_requests=1)
+        await bench.ask()  # the warm-up only
+        answer = await under.stop("e")
+        assert answer["results"]["v"]["status"] == "na"
+        assert answer["edges"]["ended_by"] == "the stop: no measured request reached the proxy"
+
+    async def test_a_second_start_is_the_retry_and_other_fields_are_refused(
+            self, rig: Any) -> None:
+        under, _, _ = rig
+        first = await under.client.post("/api/v1/windows", json={"id": "r", "edges": "traffic"})
+        again = await under.client.post("/api/v1/windows", json={"id": "r", "edges": "traffic"})
+        assert (first.status, again.status) == (201, 200)
+        other = await under.client.post("/api/v1/windows",
+                                        json={"id": "r", "edges": "traffic", "name": "x"})
+        assert other.status == 409
+        bad = await under.client.post("/api/v1/windows", json={"skip_requests": 2})
+        assert bad.status == 400
+        assert "skip_requests needs" in json.loads(await bad.text())["error"]
+        unknown = await under.client.post("/api/v1/windows",
+                                          json={"edges": "traffic", "targets": ["nope"]})
+        assert unknown.status == 400
