@@ -141,11 +141,18 @@ class ExporterClient:
         name: str | None = None,
         targets: Sequence[str] | None = None,
         labels: dict[str, str] | None = None,
+        *, edges: str | None = None, skip_requests: int | None = None,
     ) -> dict[str, Any]:
         """Open a window; returns {"id", "name", "targets", "started_at", "created"}.
 
-        `created` is False when the window was open already (an identical retry)."""
+        `created` is False when the window was open already (an identical retry). With
+        `edges="traffic"` it opens at the first measured request through the exporter's
+        recording proxy (`started_at` null until then), `skip_requests` after that many."""
         body: dict[str, Any] = {}
+        if edges == "traffic":
+            body["edges"] = edges
+            if skip_requests is not None:
+                body["skip_requests"] = skip_requests
         if window_id:
             body["id"] = window_id
         if name:
@@ -199,12 +206,16 @@ class FleetClient:
         name: str | None = None,
         targets: Sequence[str] | None = None,
         labels: dict[str, str] | None = None,
+        *, edges: str | None = None, skip_requests: int | None = None,
     ) -> dict[str, Any]:
         """Open the window on every exporter under one id."""
         if len(self.clients) == 1:
-            return self.clients[0].start(window_id, name, targets, labels)
+            return self.clients[0].start(window_id, name, targets, labels, edges=edges,
+                                         skip_requests=skip_requests)
         window_id = window_id or new_window_id(time.time())
-        answers, errors = self._each(lambda c: c.start(window_id, name, targets, labels))
+        answers, errors = self._each(lambda c: c.start(window_id, name, targets, labels,
+                                                       edges=edges,
+                                                       skip_requests=skip_requests))
         merged = answers[0] | {
             "targets": [t for a in answers for t in a["targets"]],
             "created": any(a.get("created") for a in answers),

@@ -138,6 +138,14 @@ def _window_args(p: argparse.ArgumentParser) -> None:
                         "default every target)")
     p.add_argument("--label", action="append", metavar="KEY=VALUE",
                    help="a label of the window (repeatable)")
+    p.add_argument("--edges", choices=["command", "traffic"], default="command",
+                   help="what bounds the window: the command's start and exit (default), or "
+                        "the traffic through the exporter's recording proxy (opened as the "
+                        "first measured request arrives, closed on the counts right after "
+                        "the last response)")
+    p.add_argument("--skip-requests", type=int, default=None, metavar="N",
+                   help="with --edges traffic: leave the first N requests out (warm-up; "
+                        "AISBench's --num-warmups)")
 
 
 def _allow_na(p: argparse.ArgumentParser) -> None:

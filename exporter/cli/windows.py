@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.cli.common import (
-    EXIT_FAILED, EXIT_NO_RESULT, EXIT_OK, benchmark_command, exporter_urls, fleet_client,
-    one_line, say, window_labels,
+    EXIT_FAILED, EXIT_NO_RESULT, EXIT_OK, EXIT_USAGE, benchmark_command, exporter_urls,
+    fleet_client, one_line, say, window_labels,
 )
 from exporter.core.errors import ExporterError
 
@@ -45,15 +45,46 @@ def _say_written(answer: dict[str, Any]) -> None:
         print(f"results written to {where}", file=sys.stderr, flush=True)
 
 
+def _edges(args: argparse.Namespace) -> dict[str, Any]:
+    """The start's edges options; --skip-requests without --edges traffic is a usage error."""
+    problem = None
+    if args.skip_requests is not None and args.edges != "traffic":
+        problem = "--skip-requests needs --edges traffic"
+    elif args.skip_requests is not None and args.skip_requests < 0:
+        problem = "--skip-requests must be 0 or more"
+    if problem is not None:
+        say(problem)
+        raise SystemExit(EXIT_USAGE)
+    return {"edges": args.edges, "skip_requests": args.skip_requests}
+
+
+def _say_waiting(started: dict[str, Any]) -> None:
+    if started.get("edges") == "traffic" and started.get("started_at") is None:
+        skip = started.get("skip_requests") or 0
+        say(f"window {started['id']} opens at request {skip + 1} through the exporter's "
+            "proxy (--edges traffic): point the benchmark at the target's proxy port")
+
+
+def _say_edges(answer: dict[str, Any]) -> None:
+    edges = answer.get("edges")
+    if isinstance(edges, dict):
+        say(f"window edges: the traffic, {edges.get('skipped')} request(s) skipped, "
+            f"{edges.get('measured_requests')} measured, from "
+            f"{edges.get('first_request_at_iso')} to {edges.get('last_response_at_iso')}; "
+            f"closed by {edges.get('ended_by')}")
+
+
 def cmd_window_start(args: argparse.Namespace) -> int:
     from exporter.client import ClientError
 
     try:
-        window = fleet_client(args).start(args.id, args.name, args.target, window_labels(args.label))
+        window = fleet_client(args).start(args.id, args.name, args.target,
+                                          window_labels(args.label), **_edges(args))
     except ClientError as exc:
         say(str(exc))
         return EXIT_FAILED
     print(window["id"], flush=True)
+    _say_waiting(window)
     if not window.get("created", True):
         say(f"window {window['id']} already open: this start changed nothing")
     if _say_start_failures(window) and not args.allow_na:
@@ -74,6 +105,7 @@ def cmd_window_stop(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(json.dumps(answer.body, indent=2) if args.json else answer.console(), end="")
     _say_written(answer.body)
+    _say_edges(answer.body)
     if _say_stop_failures(answer.body) and not args.allow_na:
         say(f"window {args.id} has no result for any target (--allow-na to accept that)")
         return EXIT_NO_RESULT
@@ -94,9 +126,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     window_id = None
     failure = None
     try:
-        started = client.start(args.id, args.name, args.target, window_labels(args.label))
+        started = client.start(args.id, args.name, args.target, window_labels(args.label),
+                               **_edges(args))
         window_id = started["id"]
         say(f"window {window_id} started")
+        _say_waiting(started)
         _say_start_failures(started)
     except ClientError as exc:
         failure = str(exc)
@@ -113,6 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             print(answer.console(), end="", flush=True)
             _say_written(answer.body)
+            _say_edges(answer.body)
             if _say_stop_failures(answer.body):
                 say(f"window {window_id} has no result")
             return code

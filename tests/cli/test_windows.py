@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -93,3 +95,59 @@ class TestExit3:
         [line] = [ln for ln in done.stderr.splitlines() if "every target" in ln]
         assert "it stays open: close it with `specdec-exporter window stop --allow-na" in line
         assert status == 200 and state.get("stopped_at") is None
+
+
+# An AISBench-style benchmark: plain HTTP, one warm-up request, then three measured ones, each
+# streamed; it writes what each answer reported (vLLM's per-request object) to a file.
+BENCH = r"""
+import json, sys, time, urllib.request
+from exporter.core.perrequest import SUM_KEYS, from_sse
+base, out = sys.argv[1], sys.argv[2]
+time.sleep(0.6)  # start-up: window scrapes run, no request yet
+seen = []
+for n in (40, 9, 23, 14):
+    body = json.dumps({"model": "m", "stream": True, "max_tokens": n,
+                       "messages": [{"role": "user", "content": "a b"}]}).encode()
+    req = urllib.request.Request(base + "/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as answer:
+        spec = from_sse(answer.read()).spec
+    seen.append({k: spec[k] for k in SUM_KEYS})
+open(out, "w").write(json.dumps(seen))
+time.sleep(0.6)  # wind-down: no request, window scrapes run
+"""
+
+
+@pytest.mark.e2e
+class TestRunWithTrafficEdges:
+    def test_run_edges_traffic_skips_the_warm_up_exactly(self, tmp_path):
+        with fake_vllm("--per-request-spec-decode-metrics", "summary") as vllm:
+            port, proxy = free_port(), free_port()
+            config = write_config(
+                tmp_path / "c.yaml", port,
+                [{"name": "v", "url": f"http://127.0.0.1:{vllm}/metrics",
+                  "proxy": {"listen": f"127.0.0.1:{proxy}"}}],
+                scrape_interval="1s", scrape_timeout="500ms", window_scrape_interval="100ms")
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                seen = tmp_path / "seen.json"
+                run = _cli("run", "--exporter", f"127.0.0.1:{port}", "--id", "tw",
+                           "--edges", "traffic", "--skip-requests", "1", "--",
+                           sys.executable, "-c", BENCH, f"http://127.0.0.1:{proxy}", str(seen))
+                assert run.returncode == 0, run.stderr
+                assert "opens at request 2 through the exporter's proxy" in run.stderr
+                assert "1 request(s) skipped, 3 measured" in run.stderr
+                assert "closed by the last response" in run.stderr
+                status, answer = http("GET", f"http://127.0.0.1:{port}/api/v1/windows/tw")
+                assert status == 200
+                measured = json.loads(seen.read_text())[1:]
+                data = answer["results"]["v"]["data"]
+                assert (data["num_drafts"], data["draft_tokens"], data["accepted_tokens"]) == (
+                    sum(m["num_spec_steps"] for m in measured),
+                    sum(m["num_draft_tokens"] for m in measured),
+                    sum(m["num_accepted_draft_tokens"] for m in measured))
+
+    def test_skip_requests_without_traffic_edges_is_a_usage_error(self):
+        run = _cli("run", "--exporter", "127.0.0.1:1", "--skip-requests", "1", "--", "true")
+        assert run.returncode == 2
+        assert "--skip-requests needs --edges traffic" in run.stderr
