@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -172,13 +173,7 @@ def _label_values(key: SeriesKey | Labels) -> tuple[str, ...]:
 
 
 def _sample_value(rest: bytes) -> float | None:
-    # Nearly always " <number>": float() reads it whole (it strips the same ASCII whitespace
-    # `split` splits on). A timestamp after it, or an underscore, takes the careful way.
-    if b"_" not in rest:
-        try:
-            return float(rest)
-        except ValueError:
-            pass
+    """The value of a line's rest (value and an optional timestamp), or None if malformed."""
     parts = rest.split()
     if not parts or len(parts) > 2:  # value and an optional timestamp
         return None
@@ -234,7 +229,8 @@ def parse_page(
     Gauges are averaged over their series (ranks, models): a sum of ratios means nothing.
     With `limits`, a page over one raises `PageLimitError`.
     """
-    dialect = Dialect(dialect)
+    # A target's dialect is a `Dialect` already: an enum call per scrape is skipped.
+    dialect = dialect if isinstance(dialect, Dialect) else Dialect(dialect)
     frm = 0
     if dialect is Dialect.AUTO:
         found, frm = detect_dialect(page)
@@ -242,58 +238,89 @@ def parse_page(
             return Snapshot({}, {}, {}, Dialect.AUTO.value, 0)
         dialect = found
     spec = DIALECTS[dialect]
-    values: dict[SeriesKey, float] = {}
-    created: dict[SeriesKey, float] = {}
-    gauge_series: dict[tuple[str, SeriesKey | Labels], float] = {}
-    duplicates = 0
-    is_v0 = False
-    needle = b"\n" + spec.prefix
-    start = frm if page.startswith(spec.prefix, frm) else _next_line(page, needle, frm)
-    while start >= 0:
-        end = page.find(b"\n", start)
-        if end < 0:
-            # Every line of an exposition ends with a line feed; a last line without one is a
-            # cut-off body, whose value may be cut too (`1234` read as `12`): drop it.
-            break
-        line = page[start:end].rstrip()
-        start = _next_line(page, needle, end)
-        head, rest = _split_line(line)
-        resolved = spec.heads.get(head, _UNSEEN)
-        if resolved is _UNSEEN:
-            resolved = _remember_head(head, spec)
-        if resolved is None:
-            continue
-        value = _sample_value(rest)
-        if value is None:
-            continue
-        name, kind, key, longest, position = resolved
-        if limits is not None:
-            _check_limits(limits, resolved, values, gauge_series)
-        if name in spec.v0_markers:
-            is_v0 = True
-        if kind is _GAUGE:
-            if math.isfinite(value):
-                gauge_series.setdefault((name, key), value)
-            continue
-        target = created if kind is _CREATED or kind is _FIRST_CREATED else values
-        if key in target:
-            duplicates += 1
-            continue
-        # Not a gauge, so `_resolve_head` made the key a SeriesKey; an isinstance check here
-        # would cost on every line of every scrape.
-        target[key] = value  # type: ignore[index]
-    gauges = _gauge_means(gauge_series, spec.gauge_gate)
-    dialect_name = "vllm-v0" if is_v0 else spec_name(dialect)
-    return Snapshot(values, created, gauges, dialect_name, duplicates)
+    lines = _Lines()
+    lines.read(page, frm, spec, limits)
+    gauges = _gauge_means(lines.gauge_series, spec.gauge_gate)
+    dialect_name = "vllm-v0" if lines.is_v0 else dialect.value
+    return Snapshot(lines.values, lines.created, gauges, dialect_name, lines.duplicates)
 
 
-def _split_line(line: bytes) -> tuple[bytes, bytes]:
-    """A sample line as its head (name and labels, the cache's key) and the rest (value and
-    timestamp). A label value may hold spaces, so the head ends at the last brace."""
-    close = line.rfind(b"}")
-    if close >= 0:
-        return line[: close + 1], line[close + 1 :]
-    head, _, rest = line.replace(b"\t", b" ").partition(b" ")
+_UNDERSCORE: Final = ord("_")
+_NO_LIMITS = PageLimits(sys.maxsize, sys.maxsize, sys.maxsize)
+
+
+class _Lines:
+    """What the spec-decode lines of one page hold, read in one pass."""
+
+    __slots__ = ("values", "created", "gauge_series", "duplicates", "is_v0")
+
+    def __init__(self) -> None:
+        self.values: dict[SeriesKey, float] = {}
+        self.created: dict[SeriesKey, float] = {}
+        self.gauge_series: dict[tuple[str, SeriesKey | Labels], float] = {}
+        self.duplicates = 0
+        self.is_v0 = False
+
+    def read(self, page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None) -> None:
+        """Every line from `frm` on that starts with the dialect's prefix.
+
+        This loop runs for every spec-decode line of every scrape: it calls no function of
+        ours on a line whose head is cached, with a plain value, within the limits.
+        """
+        values, created, gauge_series = self.values, self.created, self.gauge_series
+        heads, v0_markers, needle = spec.heads, spec.v0_markers, b"\n" + spec.prefix
+        bounds = _NO_LIMITS if limits is None else limits
+        max_positions, max_length = bounds.positions, bounds.label_value_length
+        start = frm if page.startswith(spec.prefix, frm) else _next_line(page, needle, frm)
+        while start >= 0:
+            end = page.find(b"\n", start)
+            if end < 0:
+                # Every line of an exposition ends with a line feed; a last line without one
+                # is a cut-off body, whose value may be cut too (`1234` read as `12`): drop it.
+                return
+            close = page.rfind(b"}", start, end)
+            if close >= 0:  # a label value may hold spaces: the head ends at the last brace
+                head, rest = page[start : close + 1], page[close + 1 : end]
+            else:
+                head, rest = _split_bare(page[start:end])
+            found = page.find(needle, end)
+            start = found + 1 if found >= 0 else -1
+            resolved = heads.get(head, _UNSEEN)
+            if resolved is _UNSEEN:
+                resolved = _remember_head(head, spec)
+            if resolved is None:
+                continue
+            # Nearly always " <number>": float() reads it whole (it strips the same ASCII
+            # whitespace `split` splits on). An underscore or a timestamp takes the careful way
+            # (an int is looked for by memchr, where `b"_" in` builds a buffer first).
+            try:
+                value = _sample_value(rest) if _UNDERSCORE in rest else float(rest)
+            except ValueError:
+                value = _sample_value(rest)
+            if value is None:
+                continue
+            name, kind, key, longest, position = resolved
+            if position >= max_positions or longest > max_length or (
+                    len(values) + len(gauge_series) >= bounds.series):
+                _check_limits(bounds, resolved, values, gauge_series)
+            if name in v0_markers:
+                self.is_v0 = True
+            if kind is _GAUGE:
+                if math.isfinite(value):
+                    gauge_series.setdefault((name, key), value)
+                continue
+            target = created if kind is _CREATED or kind is _FIRST_CREATED else values
+            if key in target:
+                self.duplicates += 1
+                continue
+            # Not a gauge, so `_resolve_head` made the key a SeriesKey; an isinstance check
+            # here would cost on every line of every scrape.
+            target[key] = value  # type: ignore[index]
+
+
+def _split_bare(line: bytes) -> tuple[bytes, bytes]:
+    """A sample line without labels as its name and the rest (value and timestamp)."""
+    head, _, rest = line.rstrip().replace(b"\t", b" ").partition(b" ")
     return head, rest
 
 
@@ -323,6 +350,8 @@ def _check_limits(limits: PageLimits, resolved: Head, values: Mapping[SeriesKey,
 def _gauge_means(
     series: dict[tuple[str, SeriesKey | Labels], float], gate: str | None
 ) -> dict[str, float]:
+    if not series:  # vLLM V1 pages: counters only
+        return {}
     if gate is not None:
         # Series of a rank that has measured nothing yet (gate at 0) are left out entirely.
         live = {labels for (name, labels), value in series.items() if name == gate and value > 0}
