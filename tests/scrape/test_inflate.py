@@ -45,3 +45,24 @@ class TestInflate:
         whole = gzip.compress(PAGE)
         with pytest.raises(InflateError):
             inflate(whole[: len(whole) // 2], 1 << 20, backend=backend)
+
+    @pytest.mark.parametrize("stated", [0, 1, len(PAGE) - 1, len(PAGE) + 1, 0xFFFF_FFFF])
+    def test_a_wrong_stated_size_is_refused_within_the_cap(self, backend, stated):
+        # isal's first buffer is the size the gzip trailer states: a lie costs steps, never
+        # a page other than zlib's answer or more than the cap.
+        whole = gzip.compress(PAGE)
+        lying = whole[:-4] + stated.to_bytes(4, "little")
+        with pytest.raises(InflateError):
+            inflate(lying, 1 << 20, backend=backend)
+        with pytest.raises(OverCapError):
+            inflate(lying, 4096, backend=backend)
+
+    @pytest.mark.parametrize("size", [0, 1, 65_535, 65_536, 65_537, 300_000])
+    def test_sizes_around_a_step(self, backend, size):
+        page = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        assert inflate(gzip.compress(page), size, backend=backend) == page
+        assert inflate(zlib.compress(page), size, gzip=False, backend=backend) == page
+        if size:
+            with pytest.raises(OverCapError):
+                inflate(zlib.compress(page), size - 1, gzip=False, backend=backend)
+
