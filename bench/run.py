@@ -18,6 +18,7 @@ from bench import (
     case_fleet,
     case_floor,
     case_markers,
+    case_pages,
     case_parse,
     case_save,
     case_scale,
@@ -26,7 +27,7 @@ from bench.common import CaseResult, Row, Skip
 from bench.fleet import NginxFleet, find_nginx
 from bench.procs import find_prometheus, find_victoria
 
-CASES = ("parse", "fleet", "floor", "markers", "exposition", "save", "scale")
+CASES = ("parse", "fleet", "floor", "pages", "markers", "exposition", "save", "scale")
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -50,6 +51,8 @@ class Settings:
     exposition_repeats: int = 7
     lag_seconds: float = 12.0
     page_kib: int = 160  # the fleet's mean page: 60, 160 or 400 KiB shapes a real fleet's
+    pages_n: int = 200  # targets of the pages case, per page size
+    pages_kib: tuple = case_pages.SIZES_KIB
 
     @classmethod
     def quick(cls) -> Settings:
@@ -58,7 +61,7 @@ class Settings:
             parse_sizes=case_parse.SIZES_QUICK, parse_repeats=3, fleet_sizes=(10, 30),
             compare_at=(30,), fleet_seconds=3.0, rotations=2, interval=1.0, marker_sizes=(3, 10),
             marker_repeats={3: 2, 10: 2}, marker_live_window=2.0, exposition_n=30,
-            exposition_repeats=3, lag_seconds=2.0,
+            exposition_repeats=3, lag_seconds=2.0, pages_n=10, pages_kib=(60,),
         )
 
     @property
@@ -107,6 +110,9 @@ class Suite:
             elif name == "floor":
                 fleet = self.results.get("fleet")
                 result = case_floor.run(self.fleet(), fleet.data if fleet else None)
+            elif name == "pages":
+                result = case_pages.run(n=s.pages_n, sizes_kib=s.pages_kib,
+                                        rounds=3 if s.pages_n < 100 else 7)
             elif name == "markers":
                 result = case_markers.run(self.fleet(), sizes=s.marker_sizes,
                                           repeats=s.marker_repeats, interval=s.interval,

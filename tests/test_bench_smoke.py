@@ -17,6 +17,7 @@ from bench import (  # noqa: E402
     case_fleet,
     case_floor,
     case_markers,
+    case_pages,
     case_parse,
     case_save,
     case_scale,
@@ -131,6 +132,13 @@ class TestFleetCases:
         check_rows(floor, "floor")
         assert floor.data["floor_s"] > 0 and "zlib" in floor.data["inflate_s"]
         assert any(row.figure.startswith("N=4: exporter's CPU") for row in floor.rows)
+
+    def test_pages_case(self):
+        result = case_pages.run(n=3, rounds=2, sizes_kib=(60,), pages=2)
+        check_rows(result, "pages")
+        figures = result.data["60 KiB"]
+        assert 0 < figures["spec_series"] < figures["page_series"]
+        assert len(figures["rounds"]) == 2 and min(figures["rounds"]) > 0
 
     def test_markers_case(self, fleet):
         result = case_markers.run(fleet, sizes=(2,), repeats={2: 1}, interval=1.0)
