@@ -616,3 +616,54 @@ class TestHeadCache:
         page.simulate(500)
         second = parse_page(page.render())  # same heads, new values
         assert second.totals().drafts == first.totals().drafts + 500
+
+
+@pytest.fixture(params=["memmem", "find"])
+def far_search(request, monkeypatch):
+    """Both ways past the near window: the C library's memmem, and `bytes.find` where ctypes
+    reaches none (other platforms)."""
+    from exporter.core import parse
+    from exporter.core.parse import _MEMMEM
+
+    if request.param == "memmem":
+        assert _MEMMEM is not None, "Linux's C library has memmem"
+    else:
+        monkeypatch.setattr(parse, "_MEMMEM", None)
+    return request.param
+
+
+class TestNextLine:
+    NEEDLE = b"\nvllm:spec_decode_"
+
+    def test_same_as_find_at_every_distance(self, far_search):
+        from exporter.core.parse import _NEAR, _next_line
+
+        rng = random.Random(7)
+        for _ in range(300):
+            gap = rng.choice([0, 1, _NEAR - 20, _NEAR - 18, _NEAR - 17, _NEAR, _NEAR + 5,
+                              rng.randrange(3 * _NEAR)])
+            tail = rng.choice([b"", b"x", b"vllm:spec_decode_num_drafts_total 1\n"])
+            page = b"a\n" + b"b" * gap + self.NEEDLE + b"num 1\n" + tail
+            frm = rng.randrange(len(page) + 2)
+            found = page.find(self.NEEDLE, frm)
+            assert _next_line(page, self.NEEDLE, frm) == (found + 1 if found >= 0 else -1)
+
+    def test_none_left(self, far_search):
+        from exporter.core.parse import _next_line
+
+        page = b"x" * 5000 + self.NEEDLE[:-1]  # the needle cut at the end of the page
+        assert _next_line(page, self.NEEDLE, 0) == -1
+        assert _next_line(b"", self.NEEDLE, 0) == -1
+
+    @pytest.mark.parametrize("padding", [0, 900, 1100, 5000])
+    def test_lines_far_apart_read_alike(self, far_search, padding):
+        # Spec-decode families apart by other families, as on a page with their names sorted.
+        server = FakeServer(k=4, engines=2, seed=5)
+        server.simulate(700)
+        page = server.render()
+        filler = b"".join(b'vllm:other_total{i="%d"} 1\n' % i for i in range(padding // 24))
+        spread = page.replace(b"\n# HELP vllm:spec_decode_", b"\n" + filler
+                              + b"# HELP vllm:spec_decode_")
+        assert len(spread) >= len(page) + padding * 6 // 7
+        assert parse_page(spread) == parse_page(page)
+        assert parse_page(spread) == reference_snapshot(spread.decode())
