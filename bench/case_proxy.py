@@ -1,9 +1,15 @@
-"""The recording proxy's added latency: 64 concurrent streams, direct against proxied.
+"""The recording proxy's added latency: 64 concurrent streams, direct, through a do-nothing
+aiohttp relay, and through the exporter's proxy port.
 
-Run against a fake-vllm and an exporter whose target has `proxy.listen` (both already up):
-`python -m bench.case_proxy --direct http://127.0.0.1:18000 --proxied http://127.0.0.1:18001`.
-Reports time to first byte and the gap between chunks, p50 and p99, for each path, and the
-difference; rounds alternate direct and proxied so both see the same load on the host.
+`python -m bench.case_proxy` starts a fake-vllm, the exporter (its target with `proxy.listen`,
+one window open so that every answer is recorded) and the relay, each its own process, then
+measures time to first byte and the gap between chunks, p50 and p99, per path. Rounds alternate
+the three paths so that all see the same load on the host. The relay is the named baseline:
+one more aiohttp hop and nothing else (no recording, no edges), so `over_relay_ms` is what the
+exporter's proxy adds beyond any aiohttp hop on this host, and `added_ms` what it adds over
+going direct (on a 2-core host the client, the server and the hop share the cores: a burst of
+64 requests queues behind the hop's own turns). `--direct URL --proxied URL` measures servers
+already up instead. `--cpus A,B,C` pins the server, the hop under test and the client.
 """
 
 from __future__ import annotations
@@ -12,13 +18,21 @@ import argparse
 import asyncio
 import json
 import os
+import sys
+import tempfile
 import time
+import urllib.request
+from functools import partial
+from pathlib import Path
 
 import aiohttp
+from aiohttp import web
 
-from bench.common import percentile
+from bench.common import Child, free_port, http_status, percentile, wait_until
+from exporter.server.eventloop import loop_kind, new_event_loop
 
 BODY = {"model": "m", "prompt": "p", "max_tokens": 64, "stream": True}
+PATHS = ("direct", "relay", "proxied")
 
 
 async def _stream(session: aiohttp.ClientSession, base: str, ttfb: list[float],
@@ -35,41 +49,224 @@ async def _stream(session: aiohttp.ClientSession, base: str, ttfb: list[float],
             last = now
 
 
-async def measure(direct: str, proxied: str, streams: int, rounds: int) -> dict[str, object]:
-    """p50/p99 of time to first byte and chunk gaps (ms) per path, and the proxy's addition."""
-    figures: dict[str, tuple[list[float], list[float]]] = {"direct": ([], []),
-                                                           "proxied": ([], [])}
+async def measure(bases: dict[str, str], streams: int, rounds: int) -> dict[str, object]:
+    """p50/p99 of time to first byte and chunk gaps (ms) per path, and what the proxy adds."""
+    figures: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in bases}
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for _ in range(rounds):
-            for name, base in (("direct", direct), ("proxied", proxied)):
+        for r in range(rounds):
+            for name, base in _rotated(bases, r):
                 ttfb, gaps = figures[name]
                 await asyncio.gather(*(_stream(session, base, ttfb, gaps)
                                        for _ in range(streams)))
+    return _figures(figures)
+
+
+async def measure_paced(bases: dict[str, str], streams: int, rounds: int,
+                        span: float) -> dict[str, object]:
+    """Like `measure`, in steady state: `streams` clients each asking again as soon as its
+    stream ends, `span` seconds per path per round (paths alternating)."""
+    figures: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in bases}
+    connector = aiohttp.TCPConnector(limit=0)
+
+    async def client(session: aiohttp.ClientSession, base: str, until: float,
+                     ttfb: list[float], gaps: list[float]) -> None:
+        while time.perf_counter() < until:
+            await _stream(session, base, ttfb, gaps)
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for r in range(rounds):
+            for name, base in _rotated(bases, r):
+                until = time.perf_counter() + span
+                await asyncio.gather(*(client(session, base, until, *figures[name])
+                                       for _ in range(streams)))
+    return _figures(figures)
+
+
+def _rotated(bases: dict[str, str], r: int) -> list[tuple[str, str]]:
+    """The paths in round r's order: each goes first, second and last equally often."""
+    items = list(bases.items())
+    return items[r % len(items):] + items[:r % len(items)]
+
+
+def _figures(figures: dict[str, tuple[list[float], list[float]]]) -> dict[str, object]:
     out: dict[str, object] = {}
     for name, (ttfb, gaps) in figures.items():
         out[name] = {f"{kind}_{q}_ms": 1000 * percentile(values, p)
                      for kind, values in (("ttfb", ttfb), ("gap", gaps))
-                     for q, p in (("p50", 50.0), ("p99", 99.0))}
+                     for q, p in (("p50", 50.0), ("p99", 99.0))} | {"requests": len(ttfb)}
     d, p = out["direct"], out["proxied"]
     assert isinstance(d, dict) and isinstance(p, dict)
-    out["added_ms"] = {k: p[k] - d[k] for k in d}
+    keys = [k for k in d if k != "requests"]
+    out["added_ms"] = {k: p[k] - d[k] for k in keys}
+    if isinstance(relay := out.get("relay"), dict):
+        out["relay_added_ms"] = {k: relay[k] - d[k] for k in keys}
+        out["over_relay_ms"] = {k: p[k] - relay[k] for k in keys}
     return out
+
+
+# -- a paced upstream: vLLM's stream shape, a token every `token_ms` ---------------------------
+
+SPEC = {"num_spec_steps": 16, "num_draft_tokens": 48, "num_accepted_draft_tokens": 16,
+        "acceptance_histogram": [4, 8, 4, 0], "mean_acceptance_length": 2.0,
+        "draft_acceptance_rate": 1 / 3, "num_spec_tokens": 3}
+
+
+def paced_app(tokens: int, token_ms: float) -> web.Application:
+    """`/v1/completions` streamed a chunk every `token_ms` (the last with usage and vLLM's
+    per-request object), `/metrics` a fake-vllm page: what a decoding server looks like."""
+    from exporter.fakevllm import FakeServer
+
+    page = FakeServer(k=3).render()
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=page, content_type="text/plain")
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        head = {"id": "cmpl-1", "object": "text_completion", "model": "m"}
+        for i in range(tokens):
+            await asyncio.sleep(token_ms / 1000)
+            chunk = head | {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        last = head | {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": tokens},
+                       "metrics": {"speculative_decoding": SPEC}}
+        await response.write(b"data: " + json.dumps(last).encode() + b"\n\ndata: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/v1/completions", completions)
+    return app
+
+
+# -- the baseline: one aiohttp hop that only relays -------------------------------------------
+
+def relay_app(upstream: str, session_box: list[aiohttp.ClientSession]) -> web.Application:
+    """Forwards every request to `upstream` and streams its answer back, as it arrives."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        async with session_box[0].request(request.method, upstream + request.path_qs,
+                                          data=await request.read(),
+                                          headers={"Content-Type": "application/json"}
+                                          ) as answer:
+            response = web.StreamResponse(status=answer.status)
+            response.content_type = answer.content_type
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    async def session(_: web.Application):  # type: ignore[no-untyped-def]
+        async with aiohttp.ClientSession(auto_decompress=False,
+                                         connector=aiohttp.TCPConnector(limit=0)) as s:
+            session_box.append(s)
+            yield
+
+    app = web.Application()
+    app.cleanup_ctx.append(session)
+    app.router.add_route("*", "/{tail:.*}", handler)
+    return app
+
+
+# -- the rig: fake-vllm, the exporter with a proxy port and an open window, the relay ---------
+
+def _pinned(argv: list[str], cpu: str | None) -> list[str]:
+    return ["taskset", "-c", cpu, *argv] if cpu else argv
+
+
+def start_rig(workdir: Path, cpus: list[str | None], args: argparse.Namespace
+              ) -> tuple[dict[str, str], list[Child], int]:
+    """(path -> base URL, children, exporter pid) with a window open on the exporter."""
+    fake, proxy, relay, listen = free_port(), free_port(), free_port(), free_port()
+    py = [sys.executable, "-m"]
+    config = {"listen": f"127.0.0.1:{listen}", "output_dir": str(workdir / "out"),
+              "targets": [{"name": "v", "url": f"http://127.0.0.1:{fake}/metrics",
+                           "proxy": {"listen": f"127.0.0.1:{proxy}"}}]}
+    (workdir / "c.yaml").write_text(json.dumps(config))
+    server = (["bench.case_proxy", "--paced-upstream", "--port", str(fake), "--tokens",
+               str(args.tokens), "--token-ms", str(args.token_ms)] if args.shape == "paced"
+              else ["exporter", "fake-vllm", "--port", str(fake), "--drafts-per-second", "0",
+                    "--per-request-spec-decode-metrics", "summary"])
+    children = [
+        Child(_pinned(py + server, cpus[0]), workdir / "server.log"),
+        Child(_pinned(py + ["exporter", "serve", "--config", str(workdir / "c.yaml")], cpus[1]),
+              workdir / "exporter.log"),
+        Child(_pinned(py + ["bench.case_proxy", "--relay", f"http://127.0.0.1:{fake}",
+                            "--port", str(relay)], cpus[1]), workdir / "relay.log"),
+    ]
+    for url in (f"http://127.0.0.1:{fake}/metrics", f"http://127.0.0.1:{listen}/-/ready",
+                f"http://127.0.0.1:{relay}/metrics"):
+        wait_until(partial(_answers, url), 30, url)
+    request = urllib.request.Request(f"http://127.0.0.1:{listen}/api/v1/windows", data=b"{}",
+                                     method="POST", headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()
+    bases = {"direct": f"http://127.0.0.1:{fake}", "relay": f"http://127.0.0.1:{relay}",
+             "proxied": f"http://127.0.0.1:{proxy}"}
+    return bases, children, children[1].pid
+
+
+def _answers(url: str) -> bool:
+    return http_status(url) is not None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--direct", required=True)
-    parser.add_argument("--proxied", required=True)
+    parser.add_argument("--direct")
+    parser.add_argument("--proxied")
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--shape", choices=["paced", "burst"], default="paced",
+                        help="paced: each client asks again as its stream ends, a token every "
+                             "--token-ms (vLLM's shape); burst: all streams start at once to "
+                             "fake-vllm, which sends every token at once")
+    parser.add_argument("--span", type=float, default=3.0, help="paced: seconds per path")
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--token-ms", type=float, default=10.0)
+    parser.add_argument("--paced-upstream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cpus", help="CPUs of the server, the hops and the client: 0,1,1")
     parser.add_argument("--exporter-pid", type=int, help="report the exporter's CPU per request")
+    parser.add_argument("--relay", help=argparse.SUPPRESS)  # run as the baseline relay
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    before = _cpu_seconds(args.exporter_pid)
-    out = asyncio.run(measure(args.direct, args.proxied, args.streams, args.rounds))
-    if args.exporter_pid:
-        used = _cpu_seconds(args.exporter_pid) - before
-        out["exporter_cpu_ms_per_proxied_request"] = 1000 * used / (args.streams * args.rounds)
+    if args.relay or args.paced_upstream:  # a child of the rig, on the exporter's loop
+        app = relay_app(args.relay, []) if args.relay else paced_app(args.tokens, args.token_ms)
+        web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None,
+                    loop=new_event_loop())
+        return
+    cpus: list[str | None] = (args.cpus.split(",") if args.cpus else [None, None, None])
+    children: list[Child] = []
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
+        try:
+            if args.direct and args.proxied:
+                bases, pid = {"direct": args.direct, "proxied": args.proxied}, args.exporter_pid
+            else:
+                bases, children, pid = start_rig(Path(tmp), cpus, args)
+            if cpus[2]:
+                os.sched_setaffinity(0, {int(cpus[2])})
+            relay_pid = children[2].pid if children else None
+            before, relay_before = _cpu_seconds(pid), _cpu_seconds(relay_pid)
+            out = asyncio.run(
+                measure_paced(bases, args.streams, args.rounds, args.span)
+                if args.shape == "paced" else measure(bases, args.streams, args.rounds))
+            proxied = out["proxied"]
+            if pid and isinstance(proxied, dict):
+                used = _cpu_seconds(pid) - before
+                out["exporter_cpu_ms_per_proxied_request"] = 1000 * used / proxied["requests"]
+            relay = out.get("relay")
+            if relay_pid and isinstance(relay, dict):
+                used = _cpu_seconds(relay_pid) - relay_before
+                out["relay_cpu_ms_per_request"] = 1000 * used / relay["requests"]
+            out["host_cpus"] = os.cpu_count()
+            out["event_loop"] = loop_kind()
+            out["pinned"] = args.cpus
+            out["shape"] = args.shape
+        finally:
+            for child in children:
+                child.stop()
     print(json.dumps(out, indent=1))
 
 

@@ -92,6 +92,11 @@ def from_sse(stream: bytes) -> RequestStats | None:
         data = line[5:].strip()
         if data == b"[DONE]":
             continue
+        # Once id and model are known, a token chunk carries nothing read here: decoding every
+        # one held the proxy's loop (and every other stream through it) after each answer.
+        if "model" in fields and "id" in fields and b'"usage"' not in data and (
+                b'"metrics"' not in data):
+            continue
         try:
             obj = json.loads(data)
         except (ValueError, UnicodeDecodeError):

@@ -29,6 +29,7 @@ from exporter.web.edges import TrafficEdges
 
 log = logging.getLogger(__name__)
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
+SMALL_BODY = 64 * 1024  # a request body up to this size (with its length given) is sent whole
 # Headers of one hop (RFC 9110 7.6.1), and Host, which names the proxy, not the upstream.
 _HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
@@ -77,7 +78,13 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
 async def _relay(request: web.Request, session: aiohttp.ClientSession, upstream: Upstream,
                  path: str, parse_limit: int) -> web.StreamResponse:
     url = upstream.origin + path + (f"?{request.query_string}" if request.query_string else "")
-    body = request.content if request.body_exists else None
+    body: bytes | aiohttp.StreamReader | None = None
+    if request.body_exists:
+        # A small body of known length (a prompt) goes whole, with its length: streamed, it
+        # went chunked, in more writes and loop turns of ours and the server's per request.
+        length = request.content_length
+        small = length is not None and length <= SMALL_BODY
+        body = await request.read() if small else request.content
     try:
         answer = await session.request(request.method, url, headers=_forwarded(request.headers),
                                        data=body, allow_redirects=False)

@@ -36,6 +36,20 @@ class TestReading:
         stats = from_sse(text + b": comment\n\ndata: [DONE]\n\n")
         assert stats == RequestStats("c", "m", 1, 5, SPEC)
 
+    def test_a_stream_reads_the_same_with_token_chunks_skipped(self) -> None:
+        # Token chunks (no usage, no metrics) are not decoded once id and model are known;
+        # what is read stays that of decoding every event, broken token chunks included.
+        tokens = [{"id": "c", "model": "m", "choices": [{"text": f"t{i}"}]} for i in range(30)]
+        last = {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 30},
+                "metrics": {"speculative_decoding": SPEC}}
+        events = [json.dumps(c).encode() for c in [*tokens, last]]
+        events.insert(5, b"{broken")
+        text = b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+        assert from_sse(text) == RequestStats("c", "m", 3, 30, SPEC)
+        late_id = [b'{"choices": []}', b'{"id": "c", "choices": []}', b'{"model": "m"}']
+        assert from_sse(b"".join(b"data: " + e + b"\n\n" for e in late_id)) == RequestStats(
+            "c", "m", None, None, None)
+
     @pytest.mark.parametrize("body", [b"not json", b"[1]", b"\xff"])
     def test_a_body_that_is_no_answer_object_reads_as_none(self, body: bytes) -> None:
         assert from_json(body) is None

@@ -168,6 +168,33 @@ class TestRecordingProxy:
                     assert await r.read() == b"\xff[broken"
             assert rig.recorded.unreadable == 1
 
+    async def test_request_bodies_arrive_as_sent_small_whole_large_and_unsized_streamed(
+            self) -> None:
+        # A small body with its length goes whole (Content-Length kept); a large one, or one
+        # without a length, is streamed (chunked): the upstream reads the same bytes each way.
+        seen: list[tuple[bytes, str | None, str | None]] = []
+
+        async def echo(request: web.Request) -> web.Response:
+            seen.append((await request.read(), request.headers.get("Content-Length"),
+                         request.headers.get("Transfer-Encoding")))
+            return web.json_response({})
+
+        async def unsized() -> AsyncIterator[bytes]:
+            for part in (b'{"prompt": ', b'"streamed"}'):
+                yield part
+
+        app = web.Application(client_max_size=1 << 21)
+        app.router.add_post("/v1/completions", echo)
+        small, large = b'{"prompt": "p"}', b"y" * 200_000
+        async for rig in _rig(FakeServer(), app):
+            async with aiohttp.ClientSession() as s:
+                for body in (small, large, unsized()):
+                    async with s.post(rig.url(rig.proxy, "/v1/completions"), data=body) as r:
+                        assert r.status == 200
+        assert seen[0] == (small, str(len(small)), None)
+        assert seen[1][0] == large and seen[1][2] == "chunked"
+        assert seen[2][0] == b'{"prompt": "streamed"}' and seen[2][2] == "chunked"
+
     async def test_an_unreachable_upstream_answers_502(self) -> None:
         recorded = PerRequest()
         async with aiohttp.ClientSession() as session:
