@@ -95,6 +95,9 @@ class TrafficEdges:
             return False, self._answer(known)
         if window_id in self._finished or self._in_book(window_id):
             raise RequestError(f'window "{window_id}" exists; start a new id', status=409)
+        limit = self.service.config.max_open_windows
+        if len(self._windows) + len(self.service.open_windows()) >= limit:
+            raise RequestError(f"too many open windows (max_open_windows={limit})", status=429)
         self._windows[window_id] = TrafficWindow(window_id, name, chosen, dict(labels), skip)
         if skip == 0:
             self._windows[window_id].skipped_done.set()
@@ -205,17 +208,16 @@ class TrafficEdges:
         """Stop a traffic-edged window (`knows` it): on the scrapes after its last responses
         when every target is idle, else now."""
         w = self._windows[window_id]
-        if w.failed is not None:
-            del self._windows[window_id]
-            raise RequestError(f'window "{window_id}" did not start at its first request: '
-                               f"{w.failed}", status=409)
+        ended_by = ""
         if w.started is None:  # no measured request came: an empty window, from now
             w.skipped_done.set()
             w.started = asyncio.get_running_loop().create_task(self._start(w))
             ended_by = "the stop: no measured request reached the proxy"
-        else:
-            ended_by = ""
         await asyncio.shield(w.started)
+        if w.failed is not None:
+            del self._windows[window_id]
+            raise RequestError(f'window "{window_id}" did not start at its first request: '
+                               f"{w.failed}", status=409)
         for task in list(w.ending.values()):
             await asyncio.shield(task)
         idle = bool(w.held) and not any(w.in_flight.values())

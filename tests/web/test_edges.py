@@ -141,3 +141,24 @@ class TestTrafficEdges:
         unknown = await under.client.post("/api/v1/windows",
                                           json={"edges": "traffic", "targets": ["nope"]})
         assert unknown.status == 400
+
+    async def test_waiting_windows_count_toward_max_open_windows(
+            self, exporter: Any, aiohttp_server: Any) -> None:
+        fake = FakeServer(k=2)
+        upstream = await aiohttp_server(make_fake_app(fake))
+        under = await exporter({"max_open_windows": 2, "targets": [
+            {"name": "v", "url": str(upstream.make_url("/metrics")),
+             "proxy": {"listen": f"127.0.0.1:{free_port()}"}}]})
+        await under.round()
+        await start(under, id="a", edges="traffic")
+        await start(under, id="b")
+        refused = await under.client.post("/api/v1/windows", json={"id": "c", "edges": "traffic"})
+        assert refused.status == 429
+
+    async def test_a_fleet_of_shards_refuses_traffic_edges(self, exporter: Any) -> None:
+        # The proxy of a target lives on the shard that scrapes it: one exporter's window.
+        under = await exporter({"shards": 2, "shard_index": 0,
+                                "peers": ["http://127.0.0.1:1", "http://127.0.0.1:2"]})
+        refused = await under.client.post("/api/v1/windows", json={"edges": "traffic"})
+        assert refused.status == 400
+        assert "needs one exporter" in json.loads(await refused.text())["error"]
