@@ -251,6 +251,14 @@ class TrafficEdges:
 
         return scrape
 
+    def waiting(self, window_id: str) -> dict[str, Any] | None:
+        """A window still waiting for its first measured request, as a GET answers it."""
+        w = self._windows.get(window_id)
+        if w is None or w.open:
+            return None
+        return self._answer(w) | {"status": "waiting", "stopped_at": None,
+                                  "edges": w.block("not yet: waiting")}
+
     def block(self, window_id: str) -> dict[str, Any] | None:
         """The `edges` block of a window's answer or state, if it has traffic edges."""
         if window_id in self._finished:

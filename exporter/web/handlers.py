@@ -397,7 +397,10 @@ async def list_windows(request: web.Request) -> web.Response:
 async def get_window(request: web.Request) -> web.Response:
     """One window: its open state, or its stop answer."""
     service = request.app[SERVICE]
-    window = service.get_window(check_window_id(request.match_info["id"]))
+    window_id = check_window_id(request.match_info["id"])
+    if (waiting := traffic_edges(request.app).waiting(window_id)) is not None:
+        return _json(waiting)  # not started yet: no request came through the proxy
+    window = service.get_window(window_id)
     state = _state_with_files(service, window)
     return _json(with_iso_times(state_with_per_request(request.app, window.id, state)))
 

@@ -80,6 +80,8 @@ class TestTrafficEdges:
         under, bench, fake = rig
         opened = await start(under, id="w", edges="traffic", skip_requests=1)
         assert opened["started_at"] is None and opened["edges"] == "traffic"
+        waiting = await (await under.client.get("/api/v1/windows/w")).json()
+        assert (waiting["status"], waiting["edges"]["skipped"]) == ("waiting", 0)
         await bench.ask(through_proxy=False)  # another client, before the benchmark starts
         await asyncio.sleep(0.15)
         warm_up = await bench.ask(max_tokens=40)
