@@ -1,4 +1,5 @@
-"""`window start` as a user meets it: a reused id, a retried start, the limits, what exit 3 means."""
+"""`window start` and `run` as a user meets them: a reused id, a retried start, the limits, what
+exit 3 means, a window bounded by the traffic."""
 
 from __future__ import annotations
 
