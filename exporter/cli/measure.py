@@ -184,7 +184,7 @@ async def measure(
     cmd: Sequence[str],
     work_dir: Path,
     *,
-    interval: float = 5.0,
+    interval: float = 1.0,
     timeout: float = 10.0,
 ) -> tuple[int, dict[str, Any] | None]:
     """Snapshot, run CMD while scraping every `interval`, snapshot; (CMD's code, answer)."""

@@ -202,8 +202,9 @@ def _measure(command: Command) -> None:
                               "servers")
     measure.add_argument("--work-dir", default=".", metavar="DIR",
                          help="results go to DIR/performances/ (default .)")
-    measure.add_argument("--interval", type=float, default=5.0,
-                         help="seconds between scrapes while the command runs (default 5)")
+    measure.add_argument("--interval", type=float, default=1.0,
+                         help="seconds between scrapes while the command runs (default 1): "
+                              "a server restart loses the window at most this span")
     measure.add_argument("--timeout", type=float, default=10.0,
                          help="seconds each scrape may take (default 10)")
     measure.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS",

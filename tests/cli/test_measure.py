@@ -255,3 +255,24 @@ class TestMeasureProtocol:
         # As serve says it: the stop's page had no spec decode series.
         assert "no spec decode series on the page" in json.dumps(result)
         assert (tmp_path / "window.json").exists()
+
+
+async def test_measure_scrapes_every_second_while_the_command_runs(tmp_path, aiohttp_server):
+    # What a server counted between our last scrape and its restart is lost: by default the
+    # targets are scraped every second, as an exporter's window_scrape_interval does.
+    page = (Path(__file__).resolve().parents[1] / "testdata" / "pages"
+            / "vllm-0.33.0-rendered-k3.txt").read_text()
+    scrapes = []
+
+    async def metrics(_: web.Request) -> web.Response:
+        scrapes.append(1)
+        return web.Response(text=page)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    server = await aiohttp_server(app)
+    target = TargetConfig(url=f"http://127.0.0.1:{server.port}/metrics")
+    code, _ = await measure([target], [sys.executable, "-c", "import time; time.sleep(3.5)"],
+                            tmp_path)
+    assert code == 0
+    assert 2 + 2 <= len(scrapes) <= 2 + 4  # start, stop, and one a second between
