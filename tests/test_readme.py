@@ -63,6 +63,45 @@ class TestAISBenchFlow:
         assert re.search(r"results written to \S+/outputs/w-", err)
 
 
+def _shown_output(heading: str) -> str:
+    """The plain code block the README shows as a section's printed output (its second block)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(heading):]
+    return section.split("```")[3].strip("\n")
+
+
+@pytest.mark.e2e
+class TestProxyRun:
+    def test_the_proxy_run_prints_what_the_readme_shows(self, tmp_path):
+        heading = "## Per-request acceptance"
+        block = _block_after(heading)
+        config = (ROOT / "config" / "proxy.yaml").read_text()
+        ports = {port: str(free_port()) for port in ("9410", "9510", "8110")}
+        for old, new in ports.items():
+            block, config = block.replace(old, new), config.replace(old, new)
+        (tmp_path / "config").mkdir()
+        (tmp_path / "config" / "proxy.yaml").write_text(config)
+        proc = subprocess.Popen(["bash", "-c", block], cwd=tmp_path, env=_on_path(tmp_path),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=90)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        assert proc.returncode == 0, err
+        shown = _shown_output(heading).splitlines()
+        printed = out.splitlines()[-len(shown):]  # after fake-vllm's banner and the AISBench block
+        # The figures differ run to run (fake-vllm draws acceptance); the lines' labels,
+        # the request counts and the cross-check with the counters do not.
+        assert [line[:46] for line in printed] == [line[:46] for line in shown]
+        assert printed[1].split()[-3:] == ["4", "/", "4"]
+        assert printed[-1].endswith(" yes")
+        assert re.fullmatch(r"Acceptance histogram \(steps by accepted\) +(\d+:\d+ ?){4}",
+                            printed[5])
+
+
 class TestDocsMatchTheRepo:
     def test_docker_run_mounts_files_that_exist(self):
         text = (ROOT / "docs" / "deploy.md").read_text()
