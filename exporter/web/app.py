@@ -55,7 +55,7 @@ def make_app(
                               state_connect=state_connect)
     app[SERVICE] = service
     app[FANOUT] = Fanout(service)
-    app[WRITER] = MetricsWriter(service.view)
+    app[WRITER] = MetricsWriter(service.view, extra=lambda om: app[PROXYING].lengths.lines(om))
     app[METRICS_CACHE] = {}
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))

@@ -281,8 +281,10 @@ class _TargetLines:
 class MetricsWriter:
     """Renders /metrics from the state's read-only view; never awaits or scrapes."""
 
-    def __init__(self, view: Callable[[], StateView], *, process_metrics: bool = True):
+    def __init__(self, view: Callable[[], StateView], *, process_metrics: bool = True,
+                 extra: Callable[[bool], list[str]] | None = None):
         self.view = view
+        self.extra = extra  # families kept outside the state (the proxy's), given openmetrics
         self._cache: dict[str, _TargetLines] = {}
         self._last_key: tuple[LastWindow | None, int] | None = None
         self._last_lines: dict[Family, list[str]] = {}
@@ -366,6 +368,8 @@ class MetricsWriter:
                 line(DISCOVERY_UP.name, label_text({"source": name}), 1.0 if up else 0.0)
                 for name, up in view.discovery_up.items()
             )
+        if self.extra is not None:
+            out += self.extra(openmetrics)
         process = generate_latest(self._process)
         if openmetrics:  # its own families renamed, and `# EOF` closes the whole
             process = to_openmetrics(process)

@@ -26,6 +26,7 @@ from exporter.state.answertext import with_key
 from exporter.web.guard import GuardedSite
 from exporter.core.perrequest import PerRequest, RequestStats, from_json, from_sse
 from exporter.web.edges import TrafficEdges
+from exporter.web.requesthist import RequestLengths
 
 log = logging.getLogger(__name__)
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
@@ -202,14 +203,19 @@ class Proxying:
     ports: dict[str, tuple[tuple[str, str], web.AppRunner]] = field(default_factory=dict)
     seen: Config | None = None
     pending: asyncio.Task[None] | None = None
+    lengths: RequestLengths = field(default_factory=RequestLengths)  # the live histogram
 
     def upstream(self, name: str) -> Upstream | None:
         """The upstream of a configured target by name, or None."""
         for target in self.config().targets:
             if target.name == name:
                 origin = origin_of(target.api_url or target.url)
-                return Upstream(target.name, origin, self.recordings.record, self.edges)
+                return Upstream(target.name, origin, self._record, self.edges)
         return None
+
+    def _record(self, target: str, stats: RequestStats | None) -> None:
+        self.recordings.record(target, stats)
+        self.lengths.observe(target, stats)
 
     async def serve(self, app: web.Application) -> AsyncGenerator[None, None]:
         """Listen on every target's `proxy.listen` while the app runs (a cleanup context);
@@ -237,6 +243,7 @@ class Proxying:
     async def reconcile(self, strict: bool = False) -> None:
         """Make the open ports those of the config; a taken one is logged (raised if strict)."""
         config = self.seen = self.config()
+        self.lengths.keep({t.name for t in config.targets})
         wanted = {t.name: (i, (t.proxy.listen, origin_of(t.api_url or t.url)))
                   for i, t in enumerate(config.targets) if t.proxy is not None}
         for name, (where, runner) in list(self.ports.items()):

@@ -1,0 +1,79 @@
+"""The live histogram of per-request acceptance length, per target, from the recording proxy.
+
+Every answer the proxy reads with a spec-decode object counts here, in or out of a window, so
+Prometheus and Grafana see the distribution across requests that one counter ratio hides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exporter.core.perrequest import RequestStats
+from exporter.web.families import Family, label_text, line
+
+# Tokens per verify step: 1 (nothing accepted) up to k + 1. The buckets stay few and fixed so
+# that a target adds a bounded number of series whatever its traffic.
+BUCKETS = (1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0)
+
+REQUEST_LENGTH = Family(
+    "specdec_request_acceptance_length", "histogram",
+    "Per-request acceptance length (1 + accepted draft tokens / verify steps) of the answers "
+    "the recording proxy relayed for the target, read from vLLM's metrics.speculative_decoding.")
+
+
+def request_length(spec: dict[str, Any]) -> float:
+    """A request's acceptance length from its spec-decode object (1.0 with no verify step)."""
+    steps = spec["num_spec_steps"]
+    return 1 + spec["num_accepted_draft_tokens"] / steps if steps else 1.0
+
+
+class _Histogram:
+    __slots__ = ("counts", "total", "count")
+
+    def __init__(self) -> None:
+        self.counts = [0] * len(BUCKETS)  # per bucket, not cumulative
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(BUCKETS):
+            if value <= bound:
+                self.counts[i] += 1
+                break
+        self.total += value
+        self.count += 1
+
+
+class RequestLengths:
+    """Per-target histograms of the proxied requests' acceptance length."""
+
+    def __init__(self) -> None:
+        self._targets: dict[str, _Histogram] = {}
+
+    def observe(self, target: str, stats: RequestStats | None) -> None:
+        """Count one proxied answer; one without spec-decode figures is not a sample."""
+        if stats is not None and stats.spec is not None:
+            self._targets.setdefault(target, _Histogram()).observe(request_length(stats.spec))
+
+    def keep(self, targets: set[str]) -> None:
+        """Forget the targets no longer configured (their series leave /metrics)."""
+        for name in set(self._targets) - targets:
+            del self._targets[name]
+
+    def lines(self, openmetrics: bool = False) -> list[str]:
+        """The family's text: HELP, TYPE and each target's cumulative buckets, sum and count;
+        nothing when no target has a sample (a histogram with no data is absent)."""
+        if not self._targets:
+            return []
+        name = REQUEST_LENGTH.name
+        out = [REQUEST_LENGTH.header(openmetrics)]
+        for target, hist in sorted(self._targets.items()):
+            labels = label_text({"target": target})
+            running = 0
+            for bound, count in zip(BUCKETS, hist.counts, strict=True):
+                running += count
+                out.append(line(f"{name}_bucket", f'{labels},le="{bound}"', running))
+            out.append(line(f"{name}_bucket", f'{labels},le="+Inf"', hist.count))
+            out.append(line(f"{name}_sum", labels, hist.total))
+            out.append(line(f"{name}_count", labels, hist.count))
+        return out
