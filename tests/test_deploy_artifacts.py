@@ -45,6 +45,7 @@ EXPORTER_METRICS = {
     "specdec_result_write_errors_total",
     "specdec_engine_draft_tokens_total",
     "specdec_engine_accepted_tokens_total",
+    "specdec_request_acceptance_length_bucket",  # the recording proxy's histogram
 }
 PROMQL_KEYWORDS = {
     "and",

@@ -50,7 +50,8 @@ BASELINE_GROUP_WAIT = 70.0
 # Fake servers: name -> fake-vllm arguments. Different k, one with two engines, k = 12 so
 # positions "10" and "11" exist (text order would put them before "2").
 FAKES = {
-    "k5": ["--k", "5", "--acceptance", "0.8", "--drafts-per-second", "30", "--seed", "1"],
+    "k5": ["--k", "5", "--acceptance", "0.8", "--drafts-per-second", "30", "--seed", "1",
+           "--per-request-spec-decode-metrics", "summary"],  # behind the recording proxy
     "k3dp2": ["--k", "3", "--engines", "2", "--acceptance", "0.6", "--drafts-per-second", "30",
               "--model-name", "fake/qwen-7b", "--seed", "2"],
     # Acceptance 0.7 at k=12: positions 9 to 11 accept nothing (p ~ 3e-9 per draft).
@@ -210,7 +211,7 @@ def stack(tmp_path_factory):
     prometheus = tool("prometheus")
     tool("promtool")  # the history is backfilled with it
     work = tmp_path_factory.mktemp("prom-it")
-    ports = {name: free_port() for name in [*FAKES, DOWN, "exporter", "prometheus"]}
+    ports = {name: free_port() for name in [*FAKES, DOWN, "exporter", "prometheus", "proxy"]}
     exporter_url = f"http://127.0.0.1:{ports['exporter']}"
     prometheus_url = f"http://127.0.0.1:{ports['prometheus']}"
 
@@ -224,7 +225,9 @@ def stack(tmp_path_factory):
         "auth": {"token_env": "SPECDEC_TOKEN"},
         "targets": [
             *({"name": name, "url": f"http://127.0.0.1:{ports[name]}/metrics",
-               "labels": {"pool": "it", "cluster": CLUSTER}} for name in FAKES),
+               "labels": {"pool": "it", "cluster": CLUSTER},
+               **({"proxy": {"listen": f"127.0.0.1:{ports['proxy']}"}} if name == "k5" else {})}
+              for name in FAKES),
             {"name": DOWN, "url": f"http://127.0.0.1:{ports[DOWN]}/metrics"},
         ],
     }, sort_keys=False))
@@ -285,6 +288,10 @@ def stack(tmp_path_factory):
         assert status == 201, started
         assert sorted(started["targets"]) == sorted(st.targets)
         st.window_started = started["started_at"]
+        for max_tokens in (8, 32, 64):  # requests through k5's recording proxy
+            status, _ = _http("POST", f"http://127.0.0.1:{ports['proxy']}/v1/completions",
+                              body={"model": "m", "prompt": "p", "max_tokens": max_tokens})
+            assert status == 200
         time.sleep(TRAFFIC_SECONDS)  # the fakes' background traffic flows through the window
         status, answer = _http("POST", f"{exporter_url}/api/v1/windows/it-window/stop",
                                token=TOKEN)

@@ -243,7 +243,7 @@ class Proxying:
     async def reconcile(self, strict: bool = False) -> None:
         """Make the open ports those of the config; a taken one is logged (raised if strict)."""
         config = self.seen = self.config()
-        self.lengths.keep({t.name for t in config.targets})
+        self.lengths.keep({t.name: t.labels for t in config.targets})
         wanted = {t.name: (i, (t.proxy.listen, origin_of(t.api_url or t.url)))
                   for i, t in enumerate(config.targets) if t.proxy is not None}
         for name, (where, runner) in list(self.ports.items()):

@@ -49,15 +49,18 @@ class RequestLengths:
 
     def __init__(self) -> None:
         self._targets: dict[str, _Histogram] = {}
+        self._labels: dict[str, dict[str, str]] = {}  # each target's config labels
 
     def observe(self, target: str, stats: RequestStats | None) -> None:
         """Count one proxied answer; one without spec-decode figures is not a sample."""
         if stats is not None and stats.spec is not None:
             self._targets.setdefault(target, _Histogram()).observe(request_length(stats.spec))
 
-    def keep(self, targets: set[str]) -> None:
-        """Forget the targets no longer configured (their series leave /metrics)."""
-        for name in set(self._targets) - targets:
+    def keep(self, targets: dict[str, dict[str, str]]) -> None:
+        """The configured targets and their labels (as on our other families); the targets no
+        longer configured are forgotten (their series leave /metrics)."""
+        self._labels = dict(targets)
+        for name in set(self._targets) - set(targets):
             del self._targets[name]
 
     def lines(self, openmetrics: bool = False) -> list[str]:
@@ -68,7 +71,7 @@ class RequestLengths:
         name = REQUEST_LENGTH.name
         out = [REQUEST_LENGTH.header(openmetrics)]
         for target, hist in sorted(self._targets.items()):
-            labels = label_text({"target": target})
+            labels = label_text({"target": target} | self._labels.get(target, {}))
             running = 0
             for bound, count in zip(BUCKETS, hist.counts, strict=True):
                 running += count

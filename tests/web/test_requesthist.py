@@ -55,9 +55,9 @@ class TestRequestLengths:
         lengths = RequestLengths()
         lengths.observe("a", _stats(1, 1))
         lengths.observe("b", _stats(1, 0))
-        lengths.keep({"b"})
-        targets = {dict(k[1]).get("target") for k in _samples("".join(lengths.lines()))}
-        assert targets == {"b"}
+        lengths.keep({"b": {"cluster": "east"}})
+        labels = {k[1] for k in _samples("".join(lengths.lines())) if k[0].endswith("_count")}
+        assert labels == {(("cluster", "east"), ("target", "b"))}
 
     def test_a_request_without_verify_steps_has_length_one(self) -> None:
         assert request_length({"num_spec_steps": 0, "num_accepted_draft_tokens": 0}) == 1.0
