@@ -196,7 +196,8 @@ async def window_page(request: web.Request) -> web.Response:
     view = request.app[SERVICE].view()
     window = view.with_series(check_window_id(request.match_info["id"]))
     series = series_view(window) | {"now": view.now}
-    return web.Response(text=render_window_page(window.state(), series),
+    state = state_with_per_request(request.app, window.id, window.state())
+    return web.Response(text=render_window_page(state, series),
                         content_type="text/html")
 
 

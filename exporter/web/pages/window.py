@@ -15,6 +15,7 @@ from exporter.web.pages.advice import STYLE as ADVICE_STYLE
 from exporter.web.pages.advice import window_advice_html
 from exporter.core.console import format_window
 from exporter.core.isotime import iso_utc
+from exporter.web.pages.requests import per_request_section
 from exporter.web.pages.html import (
     LENGTH,
     RATE,
@@ -238,8 +239,8 @@ def advisor_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
 
 
 SECTIONS: list[Section] = [header_section, console_section, results_section,
-                           unobserved_section, positions_section, advisor_section,
-                           chart_section]
+                           unobserved_section, positions_section, per_request_section,
+                           advisor_section, chart_section]
 
 
 def render_window_page(
