@@ -36,8 +36,9 @@ from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
 from exporter.web.pages.window import render_window_page
 from exporter.web.proxy import (
+    add_to_window_file,
     state_with_per_request,
-    stop_text_with_per_request,
+    stop_blocks,
     traffic_edges,
 )
 
@@ -284,7 +285,13 @@ async def stop_window(request: web.Request) -> web.Response:
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
         text = with_key(text, "results_dir", _results_dir(service, window))
-        return _json_text(stop_text_with_per_request(request.app, window.id, text))
+        blocks = stop_blocks(request.app, window.id, text)
+        for key, value in blocks.items():
+            text = with_key(text, key, value)
+        if blocks:  # the files say what the answer says
+            await asyncio.to_thread(add_to_window_file, Path(_results_dir(service, window)),
+                                    blocks)
+        return _json_text(text)
     state = _state_with_files(service, window)
     return _json(with_iso_times(state_with_per_request(request.app, window.id, state)))
 

@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +23,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from exporter.config.model import Config
-from exporter.state.answertext import with_key
+from exporter.state.answertext import indented, with_key
+from exporter.state.resultfiles import atomic_write
 from exporter.web.guard import GuardedSite
 from exporter.core.perrequest import PerRequest, RequestStats, from_json, from_sse
 from exporter.web.edges import TrafficEdges
@@ -298,18 +300,19 @@ def traffic_edges(app: web.Application) -> TrafficEdges:
     return proxying.edges
 
 
-def stop_text_with_per_request(app: web.Application, window_id: str, text: bytes) -> bytes:
-    """A stop answer's text with the `per_request` block beside its RESULTs, when the proxy
-    saw requests in the window (only then is the answer read again)."""
+def stop_blocks(app: web.Application, window_id: str, text: bytes) -> dict[str, Any]:
+    """What the proxy adds to a stop answer (given as its text): `edges` of a traffic-edged
+    window, `per_request` when the proxy saw requests in it (only then is the answer read
+    again), beside its RESULTs."""
     proxying = app.get(PROXYING)
-    edges = proxying.edges.block(window_id) if proxying and proxying.edges else None
-    if edges is not None:
-        text = with_key(text, "edges", edges)
-    recordings = proxying.recordings if proxying is not None else None
-    if recordings is None or not recordings.has(window_id):
-        return text
-    block = recordings.block(window_id, json.loads(text))
-    return with_key(text, "per_request", block)
+    if proxying is None:
+        return {}
+    blocks: dict[str, Any] = {}
+    if proxying.edges is not None and (edges := proxying.edges.block(window_id)) is not None:
+        blocks["edges"] = edges
+    if proxying.recordings.has(window_id):
+        blocks["per_request"] = proxying.recordings.block(window_id, json.loads(text))
+    return blocks
 
 
 def state_with_per_request(app: web.Application, window_id: str,
@@ -321,3 +324,15 @@ def state_with_per_request(app: web.Application, window_id: str,
         state = state | {"edges": edges}
     block = proxying.recordings.block(window_id, state) if proxying is not None else None
     return state if block is None else state | {"per_request": block}
+
+
+def add_to_window_file(directory: Path, blocks: dict[str, Any]) -> None:
+    """window.json gets the blocks the proxy adds to a stop answer (`per_request`, `edges`),
+    so that the file holds what the answer said; rewritten whole and atomically."""
+    path = directory / "window.json"
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return  # no file (results not written): the answer alone carries the blocks
+    if isinstance(doc, dict) and any(doc.get(k) != v for k, v in blocks.items()):
+        atomic_write(path, indented(doc | blocks))

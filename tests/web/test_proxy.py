@@ -248,6 +248,10 @@ class TestWindowsRecordProxiedRequests:
         assert block["per_position_acceptance_rates"] == data["per_position_acceptance_rates"]
         again = await (await under.client.get("/api/v1/windows/w1")).json()
         assert again["per_request"] == answer["per_request"]
+        with open(f"{answer['results_dir']}/window.json", encoding="utf-8") as file:
+            saved = json.load(file)
+        assert saved["per_request"] == answer["per_request"]
+        assert saved["results"]["v"] == answer["results"]["v"]  # the RESULT as it was
 
     async def test_the_main_listener_proxies_under_proxy_and_the_target_name(
             self, exporter: Any, aiohttp_server: Any) -> None:
