@@ -297,6 +297,45 @@ class TestPrometheusSDAgainstRealPrometheus:
                 page = http("GET", f"{exporter_url}/")[1]
                 assert "api/v1/targets" in page and "discovery" in page
 
+    def test_reads_300_active_targets_of_a_real_prometheus(self, tmp_path, prometheus):
+        # Prometheus answers ~140 KB for 300 active targets, in several writes; the targets
+        # need not listen (Prometheus lists them active, down).
+        import time
+
+        import yaml
+        from clitools import CLI, free_port, http, process, wait_http, write_config
+
+        prom_port, port = free_port(), free_port()
+        prom_url = f"http://127.0.0.1:{prom_port}"
+        wanted = {f"127.0.0.1:{40_000 + i}" for i in range(300)}
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+            "scrape_configs": [{"job_name": "vllm", "static_configs": [
+                {"targets": sorted(wanted), "labels": {"cluster": "a", "namespace": "llm"}}]}],
+        }))
+        exporter_config = write_config(tmp_path / "exporter.yaml", port, [], prometheus_sd=[
+            {"url": prom_url, "job": "vllm", "refresh_interval": "500ms"}])
+        source = f"{prom_url}/api/v1/targets?state=active&job=vllm"
+        with process([prometheus, f"--config.file={config}",
+                      f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                      f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"]), \
+                process(CLI + ["serve", "--config", str(exporter_config)]):
+            wait_http(f"{prom_url}/-/ready", deadline=30)
+            wait_http(f"http://127.0.0.1:{port}/-/healthy")
+            end = time.monotonic() + 60
+            while True:
+                _, body = http("GET", f"http://127.0.0.1:{port}/api/v1/targets")
+                names = {t["name"] for t in body["targets"]}
+                if names == wanted or time.monotonic() > end:
+                    break
+                time.sleep(0.5)
+            assert names == wanted
+            _, raw = http("GET", f"{prom_url}/api/v1/targets?state=active&job=vllm")
+            assert len(str(raw)) > 100_000  # the answer is as large as the issue's
+            _, metrics = http("GET", f"http://127.0.0.1:{port}/metrics?format=text")
+            assert f'specdec_discovery_source_up{{source="{source}"}} 1.0' in metrics
+
 
 class TestRelabelledTarget:
     async def test_last_window_gauges_follow_a_label_change(self, fake_vllm, exporter,
