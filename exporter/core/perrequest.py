@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import json
 import math
+from array import array
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.core.isotime import iso_utc
+
 NO_STATS_REASON = "start vLLM with --per-request-spec-decode-metrics summary"
 LOWEST = 10
+# Finish times kept per target and window (24 bytes a request): a window past this many
+# requests says its span figures are incomplete rather than growing without bound.
+MAX_TIMES = 200_000
 SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 
 
@@ -141,9 +148,15 @@ class PerRequest:
     lengths: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # When each request with figures finished, with what it drafted and accepted: what a
+    # restart's unobserved span held (`in_spans`).
+    finished: array[float] = field(default_factory=lambda: array("d"))
+    drafted: array[int] = field(default_factory=lambda: array("q"))
+    accepted: array[int] = field(default_factory=lambda: array("q"))
 
-    def record(self, stats: RequestStats | None) -> None:
-        """Count one proxied request; None means its answer could not be read."""
+    def record(self, stats: RequestStats | None, at: float | None = None) -> None:
+        """Count one proxied request, finished at `at`; None means its answer could not be
+        read."""
         self.requests += 1
         if stats is None:
             self.unreadable += 1
@@ -151,6 +164,10 @@ class PerRequest:
         spec = stats.spec
         if spec is None:
             return
+        if at is not None and len(self.finished) < MAX_TIMES:
+            self.finished.append(at)
+            self.drafted.append(spec["num_draft_tokens"])
+            self.accepted.append(spec["num_accepted_draft_tokens"])
         for key in SUM_KEYS:
             self.sums[key] += spec[key]
         self._add_histogram(spec["acceptance_histogram"])
@@ -206,6 +223,33 @@ class PerRequest:
         return block
 
 
+def in_spans(acc: PerRequest, spans: Iterable[object]) -> list[dict[str, Any]]:
+    """Per unobserved span (`from`, `to`: Unix seconds) of a restart, the proxied requests
+    that finished inside it and what they drafted and accepted: the size of the hole the
+    restart left in the counters. Spans that are not (from a peer's answer) are skipped."""
+    out = []
+    for span in spans:
+        start = span.get("from") if isinstance(span, Mapping) else None
+        end = span.get("to") if isinstance(span, Mapping) else None
+        if not isinstance(start, int | float) or not isinstance(end, int | float):
+            continue
+        inside = [i for i, t in enumerate(acc.finished) if start <= t <= end]
+        out.append({"from": start, "to": end, "requests": len(inside),
+                    "num_draft_tokens": sum(acc.drafted[i] for i in inside),
+                    "num_accepted_draft_tokens": sum(acc.accepted[i] for i in inside),
+                    "complete": len(acc.finished) < MAX_TIMES})
+    return out
+
+
+def span_totals(spans: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The aggregate's sums over every target's unobserved spans."""
+    spans = list(spans)
+    return {"spans": len(spans),
+            **{key: sum(s[key] for s in spans)
+               for key in ("requests", "num_draft_tokens", "num_accepted_draft_tokens")},
+            "complete": all(s["complete"] for s in spans)}
+
+
 def coverage(sums: dict[str, int], counters: dict[str, int]) -> dict[str, Any]:
     """Whether the proxied requests are all of the server's activity, and what share they are."""
     pairs = {"num_spec_steps": counters.get("num_drafts", 0),
@@ -238,6 +282,13 @@ def format_block(name: str, block: dict[str, Any]) -> str:
                 lines.append(f"{label:46}" + "".join(f"{figures[s]:8.2f}" for s in _STATS))
         hist = " ".join(f"{j}:{n}" for j, n in enumerate(block["acceptance_histogram"]))
         lines.append(f"{'Acceptance histogram (steps by accepted)':46}{hist}")
+    spans = block.get("unobserved")
+    for span in spans if isinstance(spans, list) else [spans] if spans else []:
+        where = (f"{iso_utc(span['from'])} to {iso_utc(span['to'])}" if "from" in span
+                 else f"{span['spans']} span(s)")
+        lines.append(f"{'In the unobserved span':46}{where}: {span['requests']} requests, "
+                     f"{span['num_draft_tokens']} drafted, {span['num_accepted_draft_tokens']}"
+                     " accepted" + ("" if span["complete"] else " (at least)"))
     if "covers_all" in block:
         share = block.get("share_of_drafts")
         said = "yes" if block["covers_all"] else (

@@ -63,7 +63,8 @@ def make_app(
     edges = TrafficEdges(service)
     service.holds = edges.holds
     app[PROXYING] = Proxying(Recordings(lambda: [(w.id, w.targets)
-                                                 for w in service.open_windows()]),
+                                                 for w in service.open_windows()],
+                                        clock=clock),
                              lambda: service.config, edges)
     app.cleanup_ctx.append(app[PROXYING].serve)
     service.on_scraped(app[PROXYING].scraped)  # a reload's proxy ports open at its next scrape

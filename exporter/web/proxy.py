@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,14 @@ from exporter.config.model import Config
 from exporter.state.answertext import indented, with_key
 from exporter.state.resultfiles import atomic_write
 from exporter.web.guard import GuardedSite
-from exporter.core.perrequest import PerRequest, RequestStats, from_json, from_sse
+from exporter.core.perrequest import (
+    PerRequest,
+    RequestStats,
+    from_json,
+    from_sse,
+    in_spans,
+    span_totals,
+)
 from exporter.web.edges import TrafficEdges
 from exporter.web.requesthist import RequestLengths
 
@@ -146,17 +154,19 @@ class Recordings:
     """
 
     def __init__(self, open_windows: Callable[[], list[tuple[str, Iterable[str]]]],
-                 keep: int = 1000) -> None:
+                 keep: int = 1000, clock: Callable[[], float] = time.time) -> None:
         self._open_windows = open_windows
         self._keep = keep
+        self._clock = clock  # the exporter's, which dates the scrapes around a restart
         self._windows: dict[str, dict[str, PerRequest]] = {}
 
     def record(self, target: str, stats: RequestStats | None) -> None:
         """Count one proxied answer into every open window that covers its target."""
+        at = self._clock()
         for window_id, targets in self._open_windows():
             if target in targets:
                 per_target = self._windows.setdefault(window_id, {})
-                per_target.setdefault(target, PerRequest()).record(stats)
+                per_target.setdefault(target, PerRequest()).record(stats, at)
                 self._windows[window_id] = self._windows.pop(window_id)  # newest last
         while len(self._windows) > self._keep:
             del self._windows[next(iter(self._windows))]
@@ -174,10 +184,18 @@ class Recordings:
         results = answer.get("results") or {}
         total = PerRequest()
         targets = {}
+        holes = []
         for name, acc in sorted(per_target.items()):
             total.merge(acc)
-            targets[name] = acc.answer(_counters(results.get(name)) if results else None)
+            result = results.get(name)
+            targets[name] = acc.answer(_counters(result) if results else None)
+            spans = result.get("unobserved") if isinstance(result, dict) else None
+            if isinstance(spans, list) and spans:
+                targets[name]["unobserved"] = in_spans(acc, spans)
+                holes += targets[name]["unobserved"]
         aggregate = total.answer(_counters(answer.get("aggregate")) if results else None)
+        if holes:
+            aggregate["unobserved"] = span_totals(holes)
         return {"targets": targets, "aggregate": aggregate}
 
 

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from exporter.core.perrequest import (
-    NO_STATS_REASON, PerRequest, RequestStats, coverage, format_per_request, from_json, from_sse,
-    per_position_accepted, summarize)
+    MAX_TIMES, NO_STATS_REASON, PerRequest, RequestStats, coverage, format_block,
+    format_per_request, from_json, from_sse, in_spans, per_position_accepted, span_totals,
+    summarize)
 
 SPEC = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6,
         "num_spec_tokens": 3, "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5,
@@ -152,3 +153,47 @@ class TestConsole:
         assert NO_STATS_REASON in text and "Unreadable answers" in text
         assert "Acceptance length" not in text and "[all]" not in text
         assert format_per_request({"results": {}}) == ""
+
+
+def _spec(drafted: int, accepted: int) -> dict[str, object]:
+    return {"num_spec_steps": 4, "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted, "acceptance_histogram": [1, 1, 1, 1]}
+
+
+class TestUnobservedSpans:
+    def test_requests_finished_inside_each_span_are_counted_with_their_tokens(self):
+        acc = PerRequest()
+        for at, drafted, accepted in ((10.0, 12, 5), (11.0, 12, 7), (12.5, 12, 9), (20.0, 3, 1)):
+            acc.record(_stats(_spec(drafted, accepted)), at)
+        spans = in_spans(acc, [{"from": 10.5, "to": 12.5}, {"from": 19.0, "to": 30.0}])
+        assert [(s["requests"], s["num_draft_tokens"], s["num_accepted_draft_tokens"])
+                for s in spans] == [(2, 24, 16), (1, 3, 1)]
+        assert all(s["complete"] for s in spans)
+        assert span_totals(spans) == {"spans": 2, "requests": 3, "num_draft_tokens": 27,
+                                      "num_accepted_draft_tokens": 17, "complete": True}
+
+    def test_odd_spans_from_a_peer_are_skipped(self):
+        acc = PerRequest()
+        acc.record(_stats(_spec(3, 1)), 5.0)
+        assert in_spans(acc, ["x", {"from": "a", "to": 9}, {"from": 1}, None]) == []
+
+    def test_past_the_bound_the_figures_are_a_lower_bound(self):
+        acc = PerRequest()
+        for i in range(MAX_TIMES + 5):
+            acc.record(_stats(_spec(1, 1)), float(i))
+        assert len(acc.finished) == MAX_TIMES and acc.requests == MAX_TIMES + 5
+        (span,) = in_spans(acc, [{"from": 0.0, "to": 1e9}])
+        assert span["requests"] == MAX_TIMES and span["complete"] is False
+        block = acc.answer() | {"unobserved": [span]}
+        assert "(at least)" in format_block("t", block)
+
+    def test_the_console_prints_one_line_per_span(self):
+        acc = PerRequest()
+        acc.record(_stats(_spec(12, 5)), 1_800_000_001.0)
+        block = acc.answer() | {"unobserved": in_spans(
+            acc, [{"from": 1_800_000_000.0, "to": 1_800_000_002.5}])}
+        lines = [line for line in format_block("t", block).splitlines()
+                 if line.startswith("In the unobserved span")]
+        assert lines == ["In the unobserved span                        "
+                         "2027-01-15T08:00:00.000Z to 2027-01-15T08:00:02.500Z: "
+                         "1 requests, 12 drafted, 5 accepted"]

@@ -253,6 +253,42 @@ class TestWindowsRecordProxiedRequests:
         assert saved["per_request"] == answer["per_request"]
         assert saved["results"]["v"] == answer["results"]["v"]  # the RESULT as it was
 
+    async def test_requests_lost_at_a_restart_are_counted_in_its_unobserved_span(
+            self, exporter: Any, aiohttp_server: Any) -> None:
+        fake = FakeServer(k=3, acceptance=0.7, per_request_metrics="summary")
+        upstream = await aiohttp_server(make_fake_app(fake))  # drafts only from requests
+        port = free_port()
+        under = await exporter({"targets": [{
+            "name": "v", "url": str(upstream.make_url("/metrics")),
+            "proxy": {"listen": f"127.0.0.1:{port}"}}]})
+        await under.round()
+        await under.start(id="w1")
+
+        async def ask(max_tokens: int) -> dict[str, Any]:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"http://127.0.0.1:{port}/v1/completions",
+                                        json={"model": "m", "prompt": "p",
+                                              "max_tokens": max_tokens}) as answer:
+                    return (await answer.json())["metrics"]["speculative_decoding"]
+
+        await ask(30)
+        await under.round()
+        lost = [await ask(n) for n in (20, 40, 60)]  # counted, never scraped: gone at restart
+        await asyncio.sleep(0.01)
+        fake.restart()
+        await ask(10)
+        await under.round()
+        answer = await under.stop("w1")
+        (span,) = answer["results"]["v"]["unobserved"]
+        (hole,) = answer["per_request"]["targets"]["v"]["unobserved"]
+        assert (hole["from"], hole["to"]) == (span["from"], span["to"])
+        assert hole["requests"] == 3 and hole["complete"] is True
+        assert hole["num_draft_tokens"] == sum(s["num_draft_tokens"] for s in lost)
+        assert hole["num_accepted_draft_tokens"] == sum(
+            s["num_accepted_draft_tokens"] for s in lost)
+        totals = answer["per_request"]["aggregate"]["unobserved"]
+        assert totals["spans"] == 1 and totals["requests"] == 3
+
     async def test_the_main_listener_proxies_under_proxy_and_the_target_name(
             self, exporter: Any, aiohttp_server: Any) -> None:
         fake = FakeServer(per_request_metrics="summary")
