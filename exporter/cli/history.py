@@ -4,40 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
-import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 
 from exporter.cli.common import EXIT_FAILED, EXIT_OK, one_line, say
 from exporter.core.errors import ExporterError
-
-_RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
-_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_time(text: str, now: float | None = None) -> float:
-    """Unix seconds of `now`, `-30m` (s, m, h, d), Unix seconds, or ISO 8601 (UTC if naive)."""
-    now = time.time() if now is None else now
-    text = text.strip()
-    if text == "now":
-        return now
-    if found := _RELATIVE.match(text):
-        return now - float(found.group(1)) * _UNIT[found.group(2)]
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: give ISO 8601, Unix seconds, -30m or now") from exc
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=timezone.utc)
-    return at.timestamp()
-
+from exporter.core.isotime import parse_time
 
 def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
     """The `history` sub-command's arguments."""
@@ -73,7 +45,7 @@ def cmd_history(args: argparse.Namespace) -> int:
 
     try:
         frm, to = parse_time(args.frm), parse_time(args.to)
-    except argparse.ArgumentTypeError as exc:
+    except ValueError as exc:
         args.parser.error(f"--from/--to: {exc}")
     if frm >= to:
         args.parser.error("--from must be before --to")

@@ -250,6 +250,23 @@ class PrometheusSDConfig(_Strict):
         return value
 
 
+class HistoryConfig(_Strict):
+    """The Prometheus-compatible store `POST /api/v1/windows/history` reads by default."""
+
+    prometheus: str | None = None  # base URL: Prometheus, Thanos, Mimir, VictoriaMetrics
+    token_env: str | None = None  # environment variable holding a bearer token
+    username: str | None = None  # basic auth, the password from `password_env`
+    password_env: str | None = None
+    ca_file: str | None = None
+    tenant: str | None = None  # X-Scope-OrgID (Mimir, Cortex)
+    timeout: Duration = 30.0
+
+    @field_validator("prometheus")
+    @classmethod
+    def _prometheus(cls, value: str | None) -> str | None:
+        return None if value is None else TargetConfig._url(value).rstrip("/")
+
+
 class Config(_Strict):
     """The whole exporter configuration; replaced whole on reload."""
 
@@ -290,6 +307,7 @@ class Config(_Strict):
     file_sd: list[FileSDConfig] = []
     http_sd: list[HttpSDConfig] = []
     prometheus_sd: list[PrometheusSDConfig] = []
+    history: HistoryConfig = HistoryConfig()
 
     _check_listen = field_validator("listen")(classmethod(lambda cls, v: _check_host_port(v)))
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,3 +60,28 @@ def with_iso_times(value: Any) -> Any:
         elif isinstance(item, int | float) and not isinstance(item, bool) and math.isfinite(item):
             out[f"{key}_iso"] = iso_utc(item)
     return out
+
+
+_RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")
+_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_time(text: str, now: float | None = None) -> float:
+    """Unix seconds of `now`, `-30m` (s, m, h, d), Unix seconds, or ISO 8601 (UTC if naive)."""
+    now = time.time() if now is None else now
+    text = text.strip()
+    if text == "now":
+        return now
+    if found := _RELATIVE.match(text):
+        return now - float(found.group(1)) * _UNIT[found.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ValueError(f"{text!r}: give ISO 8601, Unix seconds, -30m or now") from exc
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return at.timestamp()

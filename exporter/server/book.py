@@ -36,8 +36,9 @@ from exporter.server.stop import (
     whole_answer,
 )
 from exporter.server.windowstart import StartRequest, retried
-from exporter.state.answertext import EncodedDoc, StopTexts
+from exporter.state.answertext import AnswerTexts, EncodedDoc, StopTexts
 from exporter.state.recovery import RECENT_WINDOWS, doc_from_files, window_from, write_lost_results
+from exporter.state.resultfiles import write_results
 from exporter.state.store import StateStore
 
 # Read here by the service and `measure`, which start windows through the book.
@@ -424,6 +425,25 @@ class WindowBook:
         finally:
             del self._pending[window_id]
             done.set_result(None)
+
+    # -- recorded elsewhere -------------------------------------------------------------
+
+    def record_stopped(self, window: Window) -> None:
+        """A window made elsewhere and stopped already (from a store's history): its files
+        written and its row saved, then listed and read like one stopped here; 409 when its id
+        is taken."""
+        assert window.answer is not None and window.stopped_at is not None
+        if (window.id in self._windows or window.id in self._pending
+                or self._load(window.id, series=False) is not None):
+            raise RequestError(f'window "{window.id}" exists already: give another id',
+                               status=409)
+        write_results(self.results_dir(window.id), AnswerTexts.of(window.answer))
+        self.store.save([window.to_dict(accumulators=False)], sync=True)
+        self._stopped[window.id] = StoppedWindow.of(window.answer)
+        self.last_window = self._newest_stopped()
+        self._forget_old()
+        self.version += 1
+        log.info("window recorded id=%s targets=%d", window.id, len(window.targets))
 
     # -- forgetting ---------------------------------------------------------------------
 

@@ -204,6 +204,10 @@ class ExporterService:
         """A window with its per-scrape series (a stopped one's is read from the store)."""
         return self.book.with_series(window_id)
 
+    def record_stopped(self, window: Window) -> None:
+        """Keep a window made elsewhere (a store's history) as a stopped one."""
+        self.book.record_stopped(window)
+
     def delete_window(self, window_id: str) -> None:
         """Forget a stopped window (its files stay); 409 while open, 404 if unknown."""
         self.book.delete(window_id)

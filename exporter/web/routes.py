@@ -16,6 +16,7 @@ from aiohttp.typedefs import Handler
 
 from exporter.web import handlers
 from exporter.web.fanout import FANOUT, Fanout
+from exporter.web.history import history_window
 from exporter.web.proxy import main_listener_proxy
 
 SCOPE_HEADER = "X-Specdec-Scope"
@@ -56,6 +57,8 @@ ROUTES = (
     Route("GET", "/-/ready", handlers.ready, Scope.SHARD),
     Route("POST", "/-/reload", handlers.reload, Scope.SHARD),
     Route("POST", "/api/v1/windows", handlers.start_window, Scope.FLEET, Fanout.start),
+    # Counted from the store, which holds every shard's targets: kept by the shard asked.
+    Route("POST", "/api/v1/windows/history", history_window, Scope.SHARD),
     Route("GET", "/api/v1/windows", handlers.list_windows, Scope.FLEET, Fanout.list),
     Route("GET", "/api/v1/windows/{id}", handlers.get_window, Scope.FLEET, Fanout.get),
     Route("DELETE", "/api/v1/windows/{id}", handlers.delete_window, Scope.FLEET,
