@@ -306,6 +306,17 @@ class TestWindowApi:
         response = await exp.client.post("/api/v1/windows", json={"id": "c3"})
         assert response.status == 429
 
+    async def test_the_cap_holds_under_50_concurrent_starts(self, fake_vllm, exporter):
+        import asyncio
+
+        fake = await fake_vllm()
+        exp = await exporter({"max_open_windows": 5, "targets": [{"name": "a", "url": fake.url}]})
+        starts = await asyncio.gather(
+            *(exp.client.post("/api/v1/windows", json={"id": f"cap{i}"}) for i in range(50)))
+        assert sorted(r.status for r in starts) == [201] * 5 + [429] * 45
+        listed = await (await exp.client.get("/api/v1/windows?state=open")).json()
+        assert len(listed["windows"]) == 5
+
     async def test_concurrent_starts_and_stops_make_one_window(self, fake_vllm, exporter):
         import asyncio
 
