@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +14,26 @@ from aiohttp import web
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 
 
-def _store_app(queries: list[str]) -> web.Application:
-    """One target's drafts and draft tokens: 10, 25, then a restart to 4 (the range's samples)."""
+def _series(name: str, values: tuple[int, int, int], **labels: str) -> dict[str, Any]:
+    return {"metric": {"__name__": name, "instance": "a:1", "model_name": "m", **labels},
+            "values": [[at, str(v)] for at, v in zip((100.0, 101.0, 102.0), values)]}
 
+
+# One k=3 target: 10, 25, then a restart to 4 drafts (the range's samples), the rest in step.
+SERIES = [
+    _series(DRAFTS, (10, 25, 4)),
+    _series("vllm:spec_decode_num_draft_tokens_total", (30, 75, 12)),
+    _series("vllm:spec_decode_num_accepted_tokens_total", (15, 40, 6)),
+    *(_series("vllm:spec_decode_num_accepted_tokens_per_pos_total", v, position=str(i))
+      for i, v in enumerate(((8, 20, 3), (5, 14, 2), (2, 6, 1)))),
+]
+
+
+def _store_app(queries: list[str]) -> web.Application:
     async def query(request: web.Request) -> web.Response:
         queries.append(request.query["query"])
-        result = []
-        if DRAFTS in request.query["query"]:
-            result = [{"metric": {"__name__": DRAFTS, "instance": "a:1", "model_name": "m"},
-                       "values": [[100.0, "10"], [101.0, "25"], [102.0, "4"]]}]
         return web.json_response({"status": "success",
-                                  "data": {"resultType": "matrix", "result": result}})
+                                  "data": {"resultType": "matrix", "result": SERIES}})
 
     app = web.Application()
     app.router.add_get("/api/v1/query", query)
@@ -62,6 +73,28 @@ class TestHistoryRoute:
         again = await under.client.post("/api/v1/windows/history",
                                         json={"from": 99, "to": 103, "id": "h1"})
         assert again.status == 409
+
+    async def test_compared_and_advised_like_any_window(
+            self, exporter: Any, store: tuple[str, list[str]]) -> None:
+        url, _ = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        dirs = []
+        for window_id, to in (("ha", 101.5), ("hb", 103)):
+            answer = await under.client.post("/api/v1/windows/history",
+                                             json={"from": 99, "to": to, "id": window_id})
+            assert answer.status == 201
+            dirs.append((await answer.json())["results_dir"])
+        page = await under.client.get("/compare?a=ha&b=hb")
+        assert page.status == 200 and "a:1" in await page.text()
+        cli = [sys.executable, "-m", "exporter"]
+        compared = subprocess.run([*cli, "compare", *dirs, "--json"], capture_output=True,
+                                  text=True, timeout=60)
+        assert compared.returncode in (0, 1), compared.stderr  # 1: a gate, none set here
+        assert "a:1" in json.dumps(json.loads(compared.stdout))
+        advised = subprocess.run([*cli, "advise", dirs[1]], capture_output=True, text=True,
+                                 timeout=60)
+        assert advised.returncode == 0, advised.stderr
+        assert "a:1" in advised.stdout
 
     async def test_survives_a_restart_of_the_exporter(
             self, exporter: Any, store: tuple[str, list[str]], tmp_path: Path) -> None:
