@@ -12,7 +12,8 @@ same answer:
     PYTHONSAFEPATH=1 PYTHONPATH=<other checkout> python bench/answer.py 1000
 
 Beside it, in the same run, `json.loads` of that answer's text: the C parser building the
-same objects, a floor for Python code that builds them.
+same objects, a floor for Python code that builds them; and the answer's two texts encoded
+whole by orjson, as a stop does after its last scrape.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from exporter.core.results import window_answer
 from exporter.core.snapshot import ScrapeResult, Snapshot
 from exporter.core.window import TargetRef, Window
 from exporter.server.stop import ADVICE
+from exporter.state.answertext import compact, indented
 
 T0 = 1796234400.0  # 2026-12-02T18:00:00Z
 INTERVAL = 5.0
@@ -55,7 +57,9 @@ def _snapshots(steps: int) -> list[list[Snapshot]]:
 def build_window(n: int) -> Window:
     """A stopped window over n targets with realistic accumulators."""
     window, finals, stop = open_window(n)
-    window.take_final(finals, stop)
+    for result in finals:
+        window.take_stop_scrape(result)
+    window.stopped_at = stop
     return window
 
 
@@ -112,6 +116,13 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
         window_answer(window, ADVICE)
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
+    encodes = []
+    for _ in range(repeats):
+        gc.collect()
+        started = time.perf_counter()
+        indented(answer)
+        compact(answer)
+        encodes.append(time.perf_counter() - started)
     text = json.dumps(answer)
     loads = []
     for _ in range(repeats):
@@ -121,7 +132,8 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
         loads.append(time.perf_counter() - started)
     return {"targets": n, "repeats": repeats, "median_s": median,
             "per_target_ms": 1000 * median / n, "min_s": min(times), "digest": digest,
-            "json_loads_median_s": statistics.median(loads)}
+            "json_loads_median_s": statistics.median(loads),
+            "texts_median_s": statistics.median(encodes)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"window_answer over {figures['targets']} targets: median {figures['median_s']:.4f} s "
           f"({figures['per_target_ms']:.4f} ms per target, min {figures['min_s']:.4f} s, "
           f"{figures['repeats']} runs); answer digest {figures['digest']}; json.loads of "
-          f"the same answer: median {figures['json_loads_median_s']:.4f} s")
+          f"the same answer: median {figures['json_loads_median_s']:.4f} s; its two texts "
+          f"(window.json indented, the API's compact) by orjson: median "
+          f"{figures['texts_median_s']:.4f} s")
     return 0
 
 

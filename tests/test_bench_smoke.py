@@ -69,10 +69,11 @@ class TestAnswerBench:
         figures = answer.measure(120, repeats=2)
         assert figures["targets"] == 120 and figures["repeats"] == 2
         assert 0 < figures["min_s"] <= figures["median_s"]
-        assert figures["json_loads_median_s"] > 0
+        assert figures["json_loads_median_s"] > 0 and figures["texts_median_s"] > 0
         assert figures["digest"] == answer.measure(120, repeats=1)["digest"]
         assert answer.main(["30", "--repeats", "1"]) == 0
-        assert "window_answer over 30 targets" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "window_answer over 30 targets" in out and "its two texts" in out
 
     def test_window_takes_every_path(self):
         from exporter.core.results import window_answer

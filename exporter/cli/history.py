@@ -41,7 +41,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     from exporter.core.history import history_answer
     from exporter.scrape.history import HistoryQuery, StoreAuth, fetch_series
     from exporter.state.answertext import AnswerTexts
-    from exporter.state.store import write_results
+    from exporter.state.resultfiles import write_results
 
     try:
         frm, to = parse_time(args.frm), parse_time(args.to)

@@ -205,29 +205,23 @@ class AccumulatorRows:
 
 def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
     """An accumulator's fields from `to_dict`'s content or (parsed) `to_json`'s, with the
-    round part `encode` wrote after it as `round` if the store has one; and from the earlier
-    form, a row per series, which a state database written before may hold."""
+    round part `encode` wrote after it as `round` if the store has one."""
     if "keys" in data:
         values = data["values"]
         rows = [(_key_from(k), *values[4 * i:4 * i + 4]) for i, k in enumerate(data["keys"])]
         part = data.get("round")
-        # A round part goes with the whole row it was written against; one left over from
-        # another (a version without round parts wrote the whole row since) is stale.
+        # A round part goes with the whole row it was written against (the store replaces
+        # both in one transaction; a part of another is stale).
         if part is not None and part["base"] == data["scrapes"]:
             rows = _with_round(rows, part)
             data = dict(data) | {k: part[k] for k in _ROUND_FIELDS}
-    elif "series" in data:
-        rows = [(_key_from(k), v, c, inc, t) for k, v, c, inc, t in data["series"]]
-    else:
-        rows = None
-    if rows is not None:
         data = dict(data) | {
             "last": [(k, v, c) for k, v, c, _, _ in rows if v is not None],
             "increase": [(k, inc) for k, _, _, inc, _ in rows if inc is not None],
             "seen": [(k, t) for k, _, _, _, t in rows if t is not None],
         }
     at = data["last_at"]
-    seen = {_as_key(k): t for k, t in data.get("seen", [])}
+    seen = {_as_key(k): t for k, t in data["seen"]}
     last: dict[SeriesKey, float] = {}
     created: dict[SeriesKey, float] = {}
     gone: dict[SeriesKey, tuple[float, float | None, float]] = {}
@@ -250,16 +244,15 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
         first_at=data["first_at"],
         last_at=data["last_at"],
         engines=shared_engines(frozenset(data["engines"])),
-        dialect=data.get("dialect", ""),
-        packed_before=pack_counts(Counts.from_raw(data["before"])) if data.get("before")
-        else None,
-        reset_spans=[tuple(span) for span in data.get("reset_spans", [])] or (),
-        restart_times=list(data.get("restart_times", [])) or (),
-        gauge_weighted=dict(data.get("gauge_weighted", {})) or NO_ITEMS,
-        gauge_seconds=dict(data.get("gauge_seconds", {})) or NO_ITEMS,
+        dialect=data["dialect"],
+        packed_before=pack_counts(Counts.from_raw(data["before"])) if data["before"] else None,
+        reset_spans=[tuple(span) for span in data["reset_spans"]] or (),
+        restart_times=list(data["restart_times"]) or (),
+        gauge_weighted=dict(data["gauge_weighted"]) or NO_ITEMS,
+        gauge_seconds=dict(data["gauge_seconds"]) or NO_ITEMS,
         **dict(zip(
             ("anomalies_before", "anomalies_inside", "anomalies_after"),
-            (AnomalyTally.from_dict(t) for t in data.get("anomalies", [None] * 3)),
+            (AnomalyTally.from_dict(t) for t in data["anomalies"]),
             strict=True,
         )),
     )

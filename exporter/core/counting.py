@@ -15,7 +15,7 @@ from typing import Any
 
 from exporter.core.accrows import AccumulatorRows, Packed, Point, Shape, fields_of
 from exporter.core.anomaly import NO_ANOMALIES, AnomalyTally, find_anomaly
-from exporter.core.empties import NO_ITEMS, Parked, shared_engines, writable
+from exporter.core.empties import NO_ITEMS, shared_engines, writable
 from exporter.core.result import restart_time, restart_times
 from exporter.core.snapshot import (
     Counts,
@@ -329,23 +329,6 @@ class Accumulator(AccumulatorRows):
             increase = self.increase.pop(key, 0.0)
             retired = SeriesKey(key.field, RETIRED_MODEL, "", key.position)
             self.increase[retired] = self.increase.get(retired, 0.0) + increase
-
-    def park(self, created_now: Mapping[SeriesKey, float]) -> None:
-        """Hold the last page's values packed, until fed again.
-
-        A streamed stop (`book`) marks a target's stop scrape taken and leaves the counting
-        to its child: the target's live track has moved on to the stop's page, and only this
-        accumulator still holds the page before (~13 objects a target, 13,000 at once at 1000
-        targets). It is fed the stop scrape only if the child fails, which reads the values
-        back. `created_now`: the stop page's `_created` times, shared where they are the same
-        (the usual case).
-        """
-        if not isinstance(self.last, Parked):
-            self.last = Parked.of(self.last)
-        if self.created == created_now:
-            self.created = created_now
-        elif not isinstance(self.created, Parked):
-            self.created = Parked.of(self.created)
 
     def _own_gone(self) -> dict[SeriesKey, tuple[float, float | None, float]]:
         """`gone` to write in: a dict of this accumulator's own (not the shared empty one)."""

@@ -7,7 +7,7 @@ import functools
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
-from exporter.core.snapshot import SeriesKey, pack_values, unpack_values
+from exporter.core.snapshot import SeriesKey
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -46,36 +46,6 @@ class NoItems(Mapping[Any, Any]):
 
 
 NO_ITEMS: Mapping[Any, Any] = NoItems()
-
-
-class Parked(Mapping[SeriesKey, float]):
-    """A page's values packed (`Accumulator.park`): a tuple of keys and their doubles, made
-    a dict again when first read."""
-
-    __slots__ = ("_keys", "_numbers", "_read")
-
-    def __init__(self, keys: tuple[SeriesKey, ...], numbers: bytes):
-        self._keys, self._numbers = keys, numbers
-        self._read: dict[SeriesKey, float] | None = None
-
-    @classmethod
-    def of(cls, values: Mapping[SeriesKey, float]) -> Parked:
-        """`values` packed."""
-        return cls(tuple(values), pack_values(values))
-
-    def _values(self) -> dict[SeriesKey, float]:
-        if self._read is None:
-            self._read = unpack_values(self._keys, self._numbers)
-        return self._read
-
-    def __getitem__(self, key: SeriesKey) -> float:
-        return self._values()[key]
-
-    def __iter__(self) -> Iterator[SeriesKey]:
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -93,10 +93,18 @@ class LastWindow:
 
     @classmethod
     def of_kept(cls, kept: Mapping[str, Any]) -> LastWindow:
-        """From what a stop keeps (`answertext.StopTexts.kept_of`): the answer's head and its
-        `increases`, packed."""
+        """From what a stop keeps (`kept_of`): the answer's head and its `increases`, packed."""
         return cls(id=kept["id"], name=kept["name"], stopped_at=kept["stopped_at"] or 0.0,
                    increases=kept["increases"])
+
+
+def kept_of(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """Of a stop answer, what memory keeps (`StoppedWindow.of`, `LastWindow.of_kept` read it):
+    its head, the aggregate's figures, each ok target's increase, packed."""
+    kept = {k: answer[k] for k in ("id", "name", "targets", "labels", "started_at",
+                                   "stopped_at")}
+    return kept | {"aggregate": brief_aggregate(answer["aggregate"]),
+                   "increases": PackedIncreases.of_results(answer["results"])}
 
 
 class PackedIncreases(Mapping[str, Counts]):

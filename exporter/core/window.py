@@ -160,12 +160,6 @@ class Window:
             else:
                 self.start_errors[result.target] = result.error or "scrape failed"
 
-    def take_final(self, results: list[ScrapeResult], at: float) -> None:
-        """The stop scrapes, then closed at `at` (`reopen` undoes it)."""
-        for result in results:
-            self.take_stop_scrape(result)
-        self.stopped_at = at
-
     def take_stop_scrape(self, result: ScrapeResult) -> None:
         """One target's stop scrape; the window takes no other scrape of it after."""
         takes = self.takes_scrapes_of(result.target)
@@ -177,25 +171,6 @@ class Window:
             acc = self.accumulators.get(result.target)
             if not result.snapshot.has_spec_decode and acc is not None and acc.has_series:
                 self.stop_errors[result.target] = "no spec decode series on the page"
-
-    def mark_stop_scrape(self, result: ScrapeResult) -> None:
-        """One target's stop scrape, counted elsewhere (a stop's child): marked taken (no later
-        scrape of that target is the window's), not fed; what the target's accumulator holds
-        of its page before is packed meanwhile (`Accumulator.park`). `take_stop_scrapes_late`
-        feeds it, if the stop needs this window to count after all."""
-        self.finals.add(result.target)
-        acc = self.accumulators.get(result.target)
-        if acc is not None and result.snapshot is not None:
-            acc.park(result.snapshot.created)
-
-    def take_stop_scrapes_late(self, results: list[ScrapeResult]) -> None:
-        """Stop scrapes marked taken as they came (in `finals`) but not fed, fed now; the
-        window stays as stopped (or open) as it is."""
-        at, self.stopped_at = self.stopped_at, None
-        for result in results:
-            self.finals.discard(result.target)
-            self.take_stop_scrape(result)
-        self.stopped_at = at
 
     def reopen(self, stop_errors: Mapping[str, str]) -> None:
         """Open again after a stop that failed, its stop errors as they were before it; the
@@ -296,15 +271,14 @@ class Window:
             labels=dict(data["labels"]),
             started_at=data["started_at"],
             stopped_at=data["stopped_at"],
-            accumulators={
-                t: Accumulator.from_dict(a) for t, a in data.get("accumulators", {}).items()
-            },
+            accumulators={t: Accumulator.from_dict(a) for t, a in data["accumulators"].items()},
             start_errors=dict(data["start_errors"]),
             stop_errors=dict(data["stop_errors"]),
             last_errors=dict(data["last_errors"]),
             removed=dict(data["removed"]),
-            downtimes=[tuple(d) for d in data.get("downtimes", [])],
+            downtimes=[tuple(d) for d in data["downtimes"]],
+            # Left out where the store read a stopped window without its series.
             series={t: [tuple(p) for p in ps] for t, ps in data.get("series", {}).items()},
             answer=data["answer"],
-            late_baselines=dict(data.get("late_baselines", {})),
+            late_baselines=dict(data["late_baselines"]),
         )

@@ -12,31 +12,20 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from exporter.core.errors import RequestError, StoreError, UnknownWindowError
 from exporter.core.isotime import iso_utc
-from exporter.core.results import result_file_names
 from exporter.core.snapshot import ScrapeResult
 from exporter.core.stopped import LastWindow, StoppedWindow
 from exporter.core.window import AccumulatorRows, Window
 from exporter.server.isolate import Child, ChildError, in_thread
 from exporter.server.memory import give_back_free_memory
-from exporter.server.stop import (
-    END,
-    FEED,
-    FINAL,
-    ResultCodec,
-    prepare_quietly,
-    streamed_answer,
-    streams_stops,
-    take_stop_scrapes,
-    whole_answer,
-)
+from exporter.server.stop import END, FEED, FINAL, ResultCodec, forks_early, read_stop, stop_work
 from exporter.server.windowstart import StartRequest, retried
-from exporter.state.answertext import AnswerTexts, EncodedDoc, StopTexts
+from exporter.state.answertext import AnswerTexts
 from exporter.state.recovery import RECENT_WINDOWS, doc_from_files, window_from, write_lost_results
 from exporter.state.resultfiles import write_results
 from exporter.state.store import StateStore
@@ -51,6 +40,18 @@ log = logging.getLogger(__name__)
 # the callback, if any, as it comes in (in turn with the target's other scrapes).
 ScrapeFn = Callable[[list[str], list[Window], Callable[[ScrapeResult], None] | None],
                     Awaitable[list[ScrapeResult]]]
+
+
+def _stop_error(window_id: str, exc: BaseException) -> BaseException:
+    """What a failed stop raises: `StoreError` (its files or its row not written; it stays
+    open), the work's own failure as a `RuntimeError`, or `exc` as it is."""
+    if isinstance(exc, ChildError):
+        if exc.kind != StoreError.__name__:
+            return RuntimeError(f"window stop failed: {exc.kind}: {exc}")
+        exc = StoreError(str(exc))
+    if isinstance(exc, StoreError):
+        return StoreError(f'window "{window_id}" stays open: {exc}; stop it again once fixed')
+    return exc
 
 
 class WindowBook:
@@ -79,9 +80,7 @@ class WindowBook:
         # The last stop's answer as encoded for the state database, until its HTTP answer
         # takes it (5 MB at 1000 targets: not kept after; a second stop reads the store).
         self._answer_text: tuple[str, bytes] | None = None
-        # Open windows' result files being made ahead of their stop (`prepare_results`).
-        self._preparing: dict[str, asyncio.Future[None]] = {}
-        # Windows being stopped -> the child making the answer, and its codec (`stopchild`).
+        # Windows being stopped -> the child making the answer, and its codec (`stop`).
         self._stopping: dict[str, tuple[Child, ResultCodec]] = {}
 
     @property
@@ -171,7 +170,6 @@ class WindowBook:
                     window.removed[name] = f"target {gone(name)} when the exporter restarted"
             window.baseline_at_restore()
             self._windows[window.id] = window
-            self._prepare(window)
             log.info("window restored id=%s targets=%d", window.id, len(window.targets))
         self.last_window = self._newest_stopped()
         self._save_all_open()
@@ -289,49 +287,43 @@ class WindowBook:
         if not window.is_open:
             return window
         async with self._in_flight(window_id):
-            if (preparing := self._preparing.pop(window.id, None)) is not None:
-                await preparing  # long done, unless stopped right after its start
             stop_errors = dict(window.stop_errors)
-            directory = self.results_dir(window.id)
-            refs = {name: {"host_port": ref.host_port} for name, ref in window.targets.items()}
-            streamed = streams_stops()
             # A forked child makes the answer (its short-lived objects leave with it): forked
             # now with a core to spare, fed the scrapes as they come; else after them (it would
             # compete with them, and copy each page they write), from a window that took them.
-            work = (streamed_answer(window, directory, result_file_names(refs)) if streamed
-                    else lambda _inbox: whole_answer(window, directory))
-            child, codec = Child(work), ResultCodec()
-            taken: list[ScrapeResult] = []
+            work = stop_work(window, self.results_dir(window.id))
+            child, codec, early = Child(work), ResultCodec(), forks_early()
 
             def take(result: ScrapeResult) -> None:
-                if not streamed:
-                    window.take_stop_scrape(result)
-                    return
-                # The child's window takes it: this one only marks it taken (no later scrape
-                # of that target is the window's), and takes them all only if the child gives
-                # no answer, or the stop fails (`take_stop_scrapes`).
-                window.mark_stop_scrape(result)
-                taken.append(result)
-                child.send((FINAL, codec.pack(result)))
+                window.take_stop_scrape(result)
+                child.send((FINAL, codec.pack(result)))  # dropped before a late fork
 
             try:
-                if streamed:
+                if early:
                     child.start()
                     self._stopping[window.id] = (child, codec)
                 others = [w for w in self.open_windows() if w is not window]
                 await scrape(window.live_targets(), others, take)
                 window.stopped_at = self.clock()
-                child.send((END, window.stopped_at, window.removed))
                 self._stopping.pop(window.id, None)
-                child.start()  # after the scrapes, when not streamed
-                await self._commit_stop(window, child, stop_errors, taken)
-            except BaseException:
-                # Open again as it was, with the stop's scrapes in so far (taken like any
-                # other): a later stop retries and answers in full.
+                child.start()  # after the scrapes, when not forked early
+                end = (END, window.stopped_at, window.removed)
+                child.send(end)
+                data = await child.result()
+                if data is None:  # no child: this window took the scrapes, a thread works
+                    data = await in_thread(lambda: work(iter([end])))
+                self._commit_stop(window, *read_stop(data))
+            except BaseException as exc:
+                # Open again as it was, with the stop's scrapes in (taken like any other): a
+                # later stop retries and answers in full.
                 self._stopping.pop(window.id, None)
-                take_stop_scrapes(window, taken)
                 window.reopen(stop_errors)
-                raise
+                if isinstance(exc, ChildError) and exc.kind == StoreError.__name__:
+                    self.result_errors += 1  # the work's files
+                error = _stop_error(window.id, exc)
+                if error is exc:
+                    raise
+                raise error from exc
             finally:
                 await child.close()
         # The state row made from the answer's text (megabytes, freed by now) goes back to
@@ -349,65 +341,18 @@ class WindowBook:
             # Not durable, so not started: a retry with the same id starts it afresh.
             raise StoreError(f'window "{window.id}" not started: {exc}') from exc
         self._windows[window.id] = window
-        self._prepare(window)
         self.version += 1
 
-    def _prepare(self, window: Window) -> None:
-        """Its result files made now, in a thread, so that its stop only fills them."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # restored outside a loop (a tool reading the store): the stop makes them
-        refs = {name: {"host_port": ref.host_port} for name, ref in window.targets.items()}
-        names = list(result_file_names(refs).values())
-        self._preparing[window.id] = loop.run_in_executor(
-            None, prepare_quietly, self.results_dir(window.id), names)
-
-    async def _commit_stop(self, window: Window, child: Child, stop_errors: dict[str, str],
-                           results: list[ScrapeResult]) -> None:
-        """The stop's answer saved and written; else `StoreError`, the window saved open again
-        (with the stop's scrapes, and `stop_errors` as before the stop)."""
-        directory = self.results_dir(window.id)
-        saved = False
-        try:
-            try:
-                parts: Sequence[bytes] | None = await child.answer()
-                if parts is None:  # no child: this window takes the scrapes, a thread the work
-                    take_stop_scrapes(window, results)
-                    parts = (await in_thread(lambda: whole_answer(window, directory))).parts
-                done = StopTexts.of_parts(parts)
-                # The row as the child's window has it (this one has not taken the scrapes).
-                row = EncodedDoc(window.id, False, window.started_at, before=done.row[0],
-                                 own=b"null", after=done.row[1])
-                self.store.save([row], sync=True, answers={window.id: done.compact})
-                saved = True
-                # The child writes the result files once it has sent the answer, while this
-                # process saved it: the stop is done when they are written too.
-                await child.finished()
-            except ChildError as exc:
-                if exc.kind != StoreError.__name__:
-                    raise RuntimeError(f"window stop failed: {exc.kind}: {exc}") from exc
-                self.result_errors += 1
-                raise StoreError(str(exc)) from exc
-        except BaseException as exc:
-            # Open again, in the state database too if it holds the window stopped already.
-            if not saved and not isinstance(exc, StoreError):
-                raise  # nothing saved: `stop` opens the window again
-            take_stop_scrapes(window, results)
-            window.reopen(stop_errors)
-            with contextlib.suppress(StoreError):
-                self._save_all_open()
-            if isinstance(exc, StoreError):
-                raise StoreError(
-                    f'window "{window.id}" stays open: {exc}; stop it again once fixed'
-                ) from exc
-            raise
+    def _commit_stop(self, window: Window, kept: dict[str, Any], row: bytes,
+                     answer_text: bytes) -> None:
+        """The stop's answer saved; else `StoreError` (the window is reopened by `stop`)."""
+        self.store.save(stopped=[(window.id, window.started_at, row)], sync=True)
         # A stopped window's answer is in the store: memory keeps what lists and gauges read,
         # and the text of the last one stopped (its HTTP answer).
         self._windows.pop(window.id, None)
-        self._stopped[window.id] = StoppedWindow.of(done.kept)
-        self.last_window = LastWindow.of_kept(done.kept)
-        self._answer_text = (window.id, done.compact)
+        self._stopped[window.id] = StoppedWindow.of(kept)
+        self.last_window = LastWindow.of_kept(kept)
+        self._answer_text = (window.id, answer_text)
         self._forget_old()
         self.version += 1
 

@@ -10,6 +10,13 @@ parent's event loop no longer shares the GIL with the encoding either.
 
 Where there is no `fork` (Windows), `SPECDEC_STOP_IN_CHILD=0` is set, or the child dies
 without an answer, the same function runs in a thread of this process instead.
+
+Both ways carry length-prefixed frames (an 8-byte size, then the bytes): the parent's messages
+(pickled) into the child, and one answer frame back (a kind byte, then the work's bytes).
+Fork safety is structural: the child closes every descriptor but its two (the parent's SQLite
+file, sockets and log files among them), turns logging off before any code of the work runs
+(a handler's stream lock may be a thread's at the fork), uses no executor, and leaves by
+`os._exit` (no atexit handler, no flush of a shared buffer).
 """
 
 from __future__ import annotations
@@ -25,17 +32,15 @@ import signal
 import socket
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
 
-# What the child sends back: frames of a kind, a count of parts, each part's size, the parts.
-# `_STAGED` is an answer with more work after it, whose outcome comes in a second frame.
-_OK, _RAISED, _STAGED = b"\x00", b"\x01", b"\x02"
-_IOV_MAX = 1024  # buffers per writev (Linux's IOV_MAX)
+# The child's answer frame starts with its kind: the work's bytes, or the exception it raised.
+_OK, _RAISED = b"\x00", b"\x01"
+_SIZE = 8  # bytes of a frame's size
 _T = TypeVar("_T")
 _SIGNALS = [getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP")
             if hasattr(signal, name)]
@@ -63,16 +68,6 @@ def _die_with_parent(parent: int) -> None:  # pragma: no cover  (runs in the chi
         _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the call
         os._exit(1)
-
-
-@dataclass(frozen=True)
-class Staged:
-    """A child's answer in parts, sent as they are (no join of megabytes), and `then`: work
-    it does after the parent has the answer (a stop's result files, written while the parent
-    saves it), whose outcome `Child.finished` gives."""
-
-    parts: Sequence[bytes]
-    then: Callable[[], None] | None = None
 
 
 class ChildError(Exception):
@@ -122,12 +117,9 @@ class Child:
     Without a child (no fork here, or turned off) `send` drops its messages, and `result` is
     None, as when the child dies without an answer: the caller then does the work itself
     (`in_thread`) from what it holds. Use as `async with`: leaving it ends a child still there.
-
-    A work that returns `Staged` answers in parts (`answer`), then does its `then` while the
-    parent goes on with the answer; `finished` waits for that.
     """
 
-    def __init__(self, work: Callable[[Iterator[Any]], bytes | Staged]):
+    def __init__(self, work: Callable[[Iterator[Any]], bytes]):
         self._work = work
         self._pid: int | None = None
         self._to_child: int | None = None  # non-blocking: `send` never waits on the child
@@ -167,8 +159,8 @@ class Child:
         try:
             with warnings.catch_warnings():
                 # Python 3.12+ warns of a fork in a process with threads (the loop's executor):
-                # a lock another thread holds stays locked in the child. The child takes none:
-                # it computes, writes files and a socket, and leaves by os._exit.
+                # a lock another thread holds stays locked in the child. The child reaches
+                # none of them (the module's docstring says how): the warning is not ours.
                 warnings.simplefilter("ignore", DeprecationWarning)
                 parent = os.getpid()
                 pid = os.fork()
@@ -199,7 +191,7 @@ class Child:
             # Written once this turn of the loop is over, with whatever else is sent in it:
             # a write per message woke the child (and the scheduler) a thousand times a stop.
             self._loop.call_soon(self._flush)
-        self._pending += len(data).to_bytes(4, "big") + data
+        self._pending += len(data).to_bytes(_SIZE, "big") + data
 
     def _flush(self) -> None:
         fd = self._to_child
@@ -226,13 +218,6 @@ class Child:
     async def result(self, *, timeout: float = 300.0) -> bytes | None:
         """The child's bytes once it has every message, or `ChildError` if its work raised;
         None without a child, or one that gave no answer (dead, or past `timeout` seconds)."""
-        parts = await self.answer(timeout=timeout)
-        if parts is None:
-            return None
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def answer(self, *, timeout: float = 300.0) -> list[bytes] | None:
-        """`result`, as the parts the work gave (`Staged`): each its own bytes, as sent."""
         if self._pid is None or self._from_child is None:
             return None
         try:
@@ -240,31 +225,23 @@ class Child:
                 self._drained = self._loop.create_future()
                 await asyncio.wait_for(asyncio.shield(self._drained), timeout)
         except TimeoutError:
-            await self._next_frame(0.0)  # it is past its time: ended, and said so
-            return None
-        frame = await self._next_frame(timeout)
+            timeout = 0.0  # it is past its time: ended, and said so
+        frame = await self._answer_frame(timeout)
         if frame is None:
             return None
-        return _outcome(*frame)
+        if frame[:1] == _RAISED:
+            name, _, message = frame[1:].decode(errors="replace").partition("\n")
+            raise ChildError(name, message)
+        return frame[1:]
 
-    async def finished(self, *, timeout: float = 300.0) -> None:
-        """Once a `Staged` work's `then` is done: `ChildError` if it raised, or if the child
-        ended before saying (ChildExited). At once for a work that was not staged."""
-        if self._pid is None or self._from_child is None:
-            return
-        frame = await self._next_frame(timeout)
-        if frame is None:
-            raise ChildError("ChildExited", "the child ended before its work after the answer")
-        _outcome(*frame)
-
-    async def _next_frame(self, timeout: float) -> tuple[bytes, list[bytes]] | None:
-        """The child's next frame (None: it ended without one, or took longer than `timeout`
-        seconds and is killed). After its last frame the child is let go (reaped as it goes)."""
+    async def _answer_frame(self, timeout: float) -> bytes | None:
+        """The child's answer frame (None: it ended without one, or took longer than `timeout`
+        seconds and is killed). The child is let go after it (reaped as it goes)."""
         assert self._pid is not None and self._from_child is not None
         pid, channel = self._pid, self._from_child
         self._close_input()  # the inbox ends: the child finishes its work
         reader = asyncio.ensure_future(asyncio.to_thread(_read_frame, channel))
-        frame: tuple[bytes, list[bytes]] | None = None
+        frame: bytes | None = None
         try:
             frame = await asyncio.wait_for(asyncio.shield(reader), timeout)
         except TimeoutError:
@@ -276,25 +253,15 @@ class Child:
             # is closed only then (closed under it, the number could be another file's by its
             # next read).
             await asyncio.wait([reader])
-            if frame is None or frame[0] != _STAGED:  # its last word
-                channel.close()
-                self._pid = self._from_child = None
-                if frame is not None:
-                    # Its answer is in: the child is reaped as it goes, and the stop does not
-                    # wait while its memory is freed.
-                    _reap_later(pid)
-                else:
-                    status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
-                    log.warning("child process ended without answering status=%s", status)
+            channel.close()
+            self._pid = self._from_child = None
+            if frame is not None:
+                # Its answer is in: the stop does not wait while the child's memory is freed.
+                _reap_later(pid)
+            else:
+                status = (await asyncio.to_thread(os.waitpid, pid, 0))[1]
+                log.warning("child process ended without answering status=%s", status)
         return frame
-
-
-def _outcome(kind: bytes, parts: list[bytes]) -> list[bytes]:
-    """A frame's parts, or the `ChildError` it carries."""
-    if kind == _RAISED:
-        name, _, message = b"".join(parts).decode(errors="replace").partition("\n")
-        raise ChildError(name, message)
-    return parts
 
 
 def _reap_later(pid: int) -> None:
@@ -317,12 +284,12 @@ def _messages(fd: int) -> Iterator[Any]:  # pragma: no cover  (runs in the child
     while chunk := os.read(fd, 1 << 20):
         buffer += chunk
         done = 0
-        while len(buffer) - done >= 4:
-            size = int.from_bytes(buffer[done:done + 4], "big")
-            if len(buffer) - done - 4 < size:
+        while len(buffer) - done >= _SIZE:
+            size = int.from_bytes(buffer[done:done + _SIZE], "big")
+            if len(buffer) - done - _SIZE < size:
                 break
-            yield pickle.loads(buffer[done + 4:done + 4 + size])
-            done += 4 + size
+            yield pickle.loads(buffer[done + _SIZE:done + _SIZE + size])
+            done += _SIZE + size
         del buffer[:done]
     os.close(fd)
 
@@ -350,7 +317,7 @@ def leave_to_exit(*objects: Any) -> None:
         _LEFT_TO_EXIT.append(objects)
 
 
-def _child(work: Callable[[], bytes | Staged], fd: int, inbox: int = -1
+def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
            ) -> None:  # pragma: no cover  (runs in the child)
     global _in_child
     _in_child = True
@@ -362,29 +329,21 @@ def _child(work: Callable[[], bytes | Staged], fd: int, inbox: int = -1
         for number in _SIGNALS:
             signal.signal(number, signal.SIG_DFL)
         # No socket, database or file of the parent held open: a server restarted while the
-        # child still works must find its port free.
+        # child still works must find its port free, and no write reaches the parent's files.
         kept = sorted({fd, inbox} - {-1})
         for low, high in zip([2, *kept], [*kept, _MAX_FD], strict=True):
             os.closerange(low + 1, high)
+        # No record reaches a handler: its lock, or its stream's, may be a thread's.
+        logging.disable(logging.CRITICAL)
         # A collection would walk (and so copy) every page of the parent's heap; the child
         # lives for a second and frees everything by exiting.
         gc.disable()
-        then = None
         try:
-            done = work()
-            staged = done if isinstance(done, Staged) else Staged((done,))
-            _send_frame(fd, _OK if staged.then is None else _STAGED, staged.parts)
-            then = staged.then  # only once the parent has the answer it comes after
+            _send_frame(fd, _OK + work())
         except Exception as exc:  # no traceback printed: stderr's lock may be another thread's
-            _send_frame(fd, _RAISED, [_error_text(exc)])
-        if then is not None:
-            try:
-                then()
-                _send_frame(fd, _OK, [])
-            except Exception as exc:
-                _send_frame(fd, _RAISED, [_error_text(exc)])
-        # The parent reads to its last frame: the socket closed now, not when this process is
-        # gone (exit frees its memory first, ~10 ms the parent's stop would wait for).
+            _send_frame(fd, _RAISED + f"{type(exc).__name__}\n{exc}".encode(errors="replace"))
+        # The parent reads to its end: the socket closed now, not when this process is gone
+        # (exit frees its memory first, which the parent's stop would wait for).
         os.close(fd)
     except BaseException:
         code = 1
@@ -392,42 +351,24 @@ def _child(work: Callable[[], bytes | Staged], fd: int, inbox: int = -1
         os._exit(code)
 
 
-def _error_text(exc: Exception) -> bytes:  # pragma: no cover  (runs in the child)
-    return f"{type(exc).__name__}\n{exc}".encode(errors="replace")
-
-
-def _send_frame(fd: int, kind: bytes, parts: Sequence[bytes]
-                ) -> None:  # pragma: no cover  (runs in the child)
-    """A frame (`_read_frame`): its head, then the parts as they are, a writev at a time."""
-    head = b"".join([kind, len(parts).to_bytes(4, "big"),
-                     *(len(p).to_bytes(8, "big") for p in parts)])
-    views = [memoryview(b) for b in (head, *parts) if b]
-    at = 0
-    while at < len(views):
-        sent = os.writev(fd, views[at:at + _IOV_MAX])
-        while sent:  # what was sent leaves the list; a part sent in half keeps its rest
-            size = views[at].nbytes
+def _send_frame(fd: int, payload: bytes) -> None:  # pragma: no cover  (runs in the child)
+    """One frame (`_read_frame`): its size, then the payload as it is (no copy of megabytes)."""
+    views = [memoryview(len(payload).to_bytes(_SIZE, "big")), memoryview(payload)]
+    while views:
+        sent = os.writev(fd, views)
+        while sent and views:  # what was sent leaves the list; a part sent in half keeps its rest
+            size = views[0].nbytes
             if sent < size:
-                views[at], sent = views[at][sent:], 0
+                views[0], sent = views[0][sent:], 0
             else:
-                sent, at = sent - size, at + 1
+                sent -= size
+                views.pop(0)
 
 
-def _read_frame(channel: socket.socket) -> tuple[bytes, list[bytes]] | None:
-    """One frame of the child's (kind, parts); None if the child ended before it was whole."""
-    head = _receive(channel, 5)
-    if head is None:
-        return None
-    sizes = _receive(channel, 8 * int.from_bytes(head[1:5], "big"))
-    if sizes is None:
-        return None
-    parts = []
-    for at in range(0, len(sizes), 8):
-        part = _receive(channel, int.from_bytes(sizes[at:at + 8], "big"))
-        if part is None:
-            return None
-        parts.append(part)
-    return head[:1], parts
+def _read_frame(channel: socket.socket) -> bytes | None:
+    """One frame of the child's; None if the child ended before it was whole."""
+    head = _receive(channel, _SIZE)
+    return None if head is None else _receive(channel, int.from_bytes(head, "big"))
 
 
 def _receive(channel: socket.socket, size: int) -> bytes | None:

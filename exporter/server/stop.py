@@ -1,30 +1,24 @@
-"""A stop's answer made by a child process while the stop's scrapes still come in.
+"""A stop's answer, made by one work function (`stop_work`) while or after its scrapes come in.
 
-A stop over 1000 targets scrapes every target and then made its answer (the RESULTs, their
-advice, the texts and files: about as long again). Where the server has a core to spare, a
-child forked as the stop begins takes each target's stop scrape as it arrives (`Child.send`)
-and makes that target's RESULT, advice, texts and file on that core meanwhile; once the last
-scrape is in, only the aggregate and the splicing of the texts are left (`streamed_answer`);
-the files are written once the parent has the answer, while it saves it.
-
-The server's own window then only marks each stop scrape taken, and takes them itself where
-the child gives no answer or the stop fails (`book`). Forked after the scrapes (no core to
-spare), or with no child at all, the answer is made in one go from a window that took them
-(`whole_answer`); tests compare the ways.
+A stop over a fleet scrapes every target, then makes its answer (the RESULTs, their advice,
+the texts and files: about as long again). Where the server has a core to spare, a child
+forked as the stop begins is sent each target's stop scrape as it arrives (`Child.send`) and
+makes that target's RESULT and file on that core meanwhile; once the last scrape is in, only
+the aggregate and the answer's texts are left. With no core to spare the child is forked after
+the scrapes (it would compete with them), and with no fork the same work runs in a thread.
+The server's own window takes every stop scrape too: if the stop fails it is reopened as it is.
 """
 
 from __future__ import annotations
 
-import logging
 import os
+import pickle
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from exporter.analysis.advise import result_advice, window_advice
-from exporter.core.results import AnswerParts, window_answer
-from exporter.server.isolate import Staged, leave_to_exit, spare_cores
-from exporter.state.answertext import AnswerTexts, StopTexts, TextParts
+from exporter.core.results import AnswerParts, result_file_names
 from exporter.core.snapshot import (
     Field,
     ScrapeResult,
@@ -33,10 +27,11 @@ from exporter.core.snapshot import (
     pack_values,
     unpack_values,
 )
-from exporter.state.store import PreparedFiles, encode_doc, prepare_results, write_results
+from exporter.core.stopped import kept_of
 from exporter.core.window import Window
-
-log = logging.getLogger(__name__)
+from exporter.server.isolate import leave_to_exit, spare_cores
+from exporter.state.answertext import AnswerTexts, compact, indented, stopped_row
+from exporter.state.resultfiles import ResultFolder
 
 # Message kinds (`Child.send`): a target's stop scrape, a scrape of the window taken while the
 # stop is under way (before that target's stop scrape), and the stop's end (its time, and the
@@ -63,9 +58,9 @@ _Shape = tuple[tuple[SeriesKey, ...], int]  # a page's keys in order, and their 
 
 class ResultCodec:
     """Scrape results as plain tuples for a pipe: a page's values and `_created` times as
-    packed doubles, against its keys in order (its shape), sent once by number. Pickling a
-    `SeriesKey` (a named tuple with an enum) took 80 us a result; a pair per series, 5-15 us
-    to pack and to unpack; the doubles, a few."""
+    packed doubles, against its keys in order (its shape), sent once by number. The parent
+    packs on its event loop while the stop's scrapes come in: pickling each `SeriesKey` (a
+    named tuple with an enum) would cost the scrapes more than the packing does."""
 
     def __init__(self) -> None:
         self._ids: dict[tuple[SeriesKey, ...], int] = {}  # the packer's shapes
@@ -125,34 +120,34 @@ class ResultCodec:
         return unpack_values(keys, numbers)
 
 
-def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, str]
-                    ) -> Callable[[Iterator[Any]], Staged]:
-    """The child's work (`Child(work)`): the messages in, the answer made and encoded, then
-    written (`Staged`: the parent saves the answer while the files are written).
+def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], bytes]:
+    """A stop's one work (`Child(work)`, or `in_thread`): `work(inbox)` takes what `window` has
+    not taken yet of the stop (the stop's scrapes, `FINAL`; scrapes taken meanwhile, `FEED`;
+    its end, `END`), making each target's RESULT and file as its scrape comes in; then the
+    aggregate, the answer's texts and window.json. Its bytes: what memory keeps of the answer,
+    the window's state row and where the answer's compact text lies in it (`read_stop`).
 
-    `window` is the child's copy, as it was at the fork; the messages bring it up to the
-    parent's. Runs in a forked child: no logging, no locks.
+    Forked early, `window` is the child's copy as it was at the fork, and the inbox brings every
+    message; forked after the scrapes or in a thread, the window took them all, and the inbox
+    brings only the end. `StoreError` if the files cannot be written (none are, then).
     """
 
-    def work(inbox: Iterator[Any]) -> Staged:
-        codec, parts, texts = ResultCodec(), AnswerParts(window, ADVICE), TextParts(file_names)
-        files = PreparedFiles(directory)
+    def work(inbox: Iterator[Any]) -> bytes:
+        codec, parts, folder = ResultCodec(), AnswerParts(window, ADVICE), ResultFolder(directory)
+        names = result_file_names({name: {"host_port": ref.host_port}
+                                   for name, ref in window.targets.items()})
+        texts: dict[str, tuple[Mapping[str, Any], bytes]] = {}  # target -> RESULT, file text
         try:
             ended = False
             for message in inbox:
-                kind = message[0]
-                if kind == FINAL:
+                if message[0] == FINAL:
                     result = codec.unpack(message[1])
                     window.take_stop_scrape(result)
-                    name = result.target
-                    if name in window.targets:
-                        _, body, advice = parts.target(name)
-                        piece = texts.target(name, body, advice)
-                        if name in file_names:
-                            files.write(file_names[name], piece.file)
-                elif kind == FEED:
+                    if (name := result.target) in window.targets:
+                        folder.write(names[name], _file_text(texts, name, parts.target(name)[1]))
+                elif message[0] == FEED:
                     window.feed(codec.unpack(message[1]))
-                elif kind == END:
+                elif message[0] == END:
                     # What the server's window changed without a scrape: a reload's removals.
                     _, window.stopped_at, window.removed = message
                     ended = True
@@ -162,65 +157,48 @@ def streamed_answer(window: Window, directory: Path, file_names: Mapping[str, st
                 # stopped again; no half-made answer goes to the files meanwhile.
                 raise RuntimeError("the stop was cut short: no end of it came")
             answer = parts.answer()
-            encoded = texts.texts(answer)
-            done = _stop_texts(window, answer, encoded.compact)
+            encoded = AnswerTexts(
+                files={names[name]: _file_text(texts, name, body)
+                       for name, body in answer["results"].items()},
+                whole=indented(answer), compact=compact(answer))
+            # Not synced: the state database, synced next, holds the same answer.
+            folder.finish(encoded, sync=False)
         except BaseException:
-            files.close()
+            folder.discard()
             raise
-
-        def write() -> None:
-            try:
-                # Not synced: the state database, synced meanwhile, holds the same answer.
-                write_results(directory, encoded, ahead=files.written, sync=False)
-            finally:
-                files.close()
-                leave_to_exit(parts, texts, answer, encoded, codec)
-
-        return Staged(done, write)
+        row, at = stopped_row(window.to_dict(accumulators=False), encoded.compact)
+        leave_to_exit(parts, answer, encoded, codec, texts)
+        return pickle.dumps((kept_of(answer), row, at.start, at.stop),
+                            protocol=pickle.HIGHEST_PROTOCOL)
 
     return work
 
 
-def whole_answer(window: Window, directory: Path) -> Staged:
-    """A stopped window's answer made, written and encoded in one go (the parent's window,
-    every scrape in): where there is no child. `StoreError` if its files cannot be written."""
-    answer = window_answer(window, ADVICE)
-    texts = AnswerTexts.of(answer)
-    write_results(directory, texts, sync=False)
-    done = _stop_texts(window, answer, texts.compact)
-    leave_to_exit(answer, texts)
-    return Staged(done)
+def _file_text(texts: dict[str, tuple[Mapping[str, Any], bytes]], name: str,
+               body: Mapping[str, Any]) -> bytes:
+    """The text of a target's file, encoded again only if its RESULT is another object."""
+    held = texts.get(name)
+    if held is None or held[0] is not body:
+        held = texts[name] = (body, indented(body))
+    return held[1]
 
 
-def _stop_texts(window: Window, answer: Mapping[str, Any], text: bytes) -> list[bytes]:
-    """`StopTexts` as parts: with the window's state row (the child's window is the one fed
-    the stop's scrapes: the parent's is not, `book`)."""
-    row = encode_doc(window.to_dict(accumulators=False))
-    return StopTexts(text, StopTexts.kept_of(answer), (row.before, row.after)).parts()
+def read_stop(data: bytes) -> tuple[dict[str, Any], bytes, bytes]:
+    """`stop_work`'s bytes as what memory keeps, the state row and the answer's compact text."""
+    # Pickled: the parent then makes only what it keeps (packed increases, not every target's
+    # increase as JSON's dicts). The bytes come from our own forked child, or our own thread.
+    kept, row, start, stop = pickle.loads(data)
+    return kept, row, row[start:stop]
 
 
 STREAMED_ENV = "SPECDEC_STOP_STREAMED"
 
 
-def streams_stops() -> bool:
-    """Whether a stop's child is fed its scrapes as they come (a core to spare for it), or
-    forked after them; `SPECDEC_STOP_STREAMED=1` or `0` says which (tests, the bench)."""
+def forks_early() -> bool:
+    """Whether a stop's child is forked as the stop begins, fed its scrapes as they come (a
+    core to spare for it), or after them; `SPECDEC_STOP_STREAMED=1` or `0` says which (tests,
+    the bench)."""
     said = os.environ.get(STREAMED_ENV)
     if said in ("0", "1"):
         return said == "1"
     return spare_cores() >= 1
-
-
-def take_stop_scrapes(window: Window, results: list[ScrapeResult]) -> None:
-    """The stop's scrapes taken by the parent's window (the child's took them as they came
-    in), once: `results` is emptied."""
-    window.take_stop_scrapes_late(results)
-    results.clear()
-
-
-def prepare_quietly(directory: Path, names: list[str]) -> None:
-    # A speed-up only: if the files cannot be made ahead, the stop makes them (and says why).
-    try:
-        prepare_results(directory, names)
-    except OSError as exc:
-        log.warning("result files not made ahead dir=%s error=%s", directory, exc)

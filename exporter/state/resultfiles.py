@@ -1,5 +1,9 @@
 """Result files written atomically: a window's folder of `performances/` files and its
-`window.json`, made ahead of its stop where they can be (`PREPARED`)."""
+`window.json`.
+
+A stop's files are written one by one as its targets' RESULTs are made (`ResultFolder`), into
+a hidden folder beside `performances/`, which then takes its place whole: a reader sees every
+file of a stop or none of them."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ import errno
 import os
 import secrets
 import shutil
-from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from exporter.core.errors import StoreError
@@ -63,155 +66,103 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-PREPARED = ".performances.prepared"  # a window's result files, made ahead of its stop
+_HIDDEN = ".performances."  # a folder of result files being written (then `performances`)
 
 
-def prepare_results(directory: Path, names: Iterable[str]) -> None:
-    """Create a window's result files, empty, in a hidden folder that its stop fills.
-
-    Creating a file costs 0.6-0.9 ms on some disks (ext4 on this project's CI machine; 7 us on
-    tmpfs), writing into one that exists 10 us: a stop over 1000 targets spent half a second
-    creating its files. So they are made while the window is open, off the loop, and the stop
-    fills them and renames the folder. Files there already (a restart) are kept.
-    """
-    folder = directory / PREPARED
-    folder.mkdir(parents=True, exist_ok=True)
-    have = set(os.listdir(folder))
-    at = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        for name in names:
-            if name not in have:
-                os.close(os.open(name, _CREATE, 0o600, dir_fd=at))
-    finally:
-        os.close(at)
-
-
-class PreparedFiles:
-    """A window's prepared folder (`prepare_results`), its files filled one by one while its
-    stop's scrapes come in; `write_results(ahead=written)` then leaves those as they are."""
+class ResultFolder:
+    """A window's result files written as they are made, then put in place together
+    (`finish`); `discard` forgets the ones written (a stop cut short)."""
 
     def __init__(self, directory: Path):
-        self.written: dict[str, bytes] = {}  # file name -> the text it holds
-        try:
-            self._at: int | None = os.open(directory / PREPARED,
-                                           os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        except OSError:  # none (made late, or not at all): `write_results` writes them all
-            self._at = None
+        self.directory = directory
+        self._tmp = directory / f"{_HIDDEN}{secrets.token_hex(4)}.tmp"
+        self._at: int | None = None
+        self._written: dict[str, bytes] = {}  # file name -> the text object it holds
 
     def write(self, name: str, text: bytes) -> None:
-        """Fill one file; if it cannot be, `write_results` tries again (and says why)."""
-        if self._at is None or "/" in name:
-            return
+        """One file written now (again if it was already, with another text); `StoreError`
+        if it cannot be."""
         try:
-            _write_into(self._at, {name: text}, _FILL)
-        except OSError:
-            return
-        self.written[name] = text
+            self._write(name, text)
+        except OSError as exc:
+            self.discard()
+            raise self._error(exc) from exc
 
-    def close(self) -> None:
-        """Let go of the folder (the files stay)."""
+    def _write(self, name: str, text: bytes) -> None:
+        if self._written.get(name) is text:
+            return
+        if self._at is None:
+            self._tmp.mkdir(parents=True)
+            self._at = os.open(self._tmp, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        fd = os.open(name, _REWRITE, 0o600, dir_fd=self._at)  # mkstemp's mode, as always
+        try:
+            _write_all(fd, text)
+        finally:
+            os.close(fd)
+        self._written[name] = text
+
+    def finish(self, texts: AnswerTexts, *, sync: bool = True) -> list[Path]:
+        """Every file of `texts` in `performances/` (those written already as they are) and
+        `window.json`; `StoreError` if they cannot be. `sync`: forced to disk (a stop leaves
+        that to the state database, which holds the same answer and is synced right after:
+        `WindowBook.restore` writes lost files again from it)."""
+        folder = self.directory / "performances"
+        try:
+            for name, text in texts.files.items():
+                self._write(name, text)
+            for name in set(self._written) - set(texts.files):  # a name no longer the window's
+                os.unlink(name, dir_fd=self._at)
+            self._close()
+            self._put_in_place(folder)
+            atomic_write(self.directory / "window.json", texts.whole, sync=sync)
+            if sync:
+                for where in {folder, self.directory} if texts.files else {self.directory}:
+                    _fsync_dir(where)
+        except OSError as exc:
+            self.discard()
+            raise self._error(exc) from exc
+        return [*(folder / name for name in texts.files), self.directory / "window.json"]
+
+    def _put_in_place(self, folder: Path) -> None:
+        if not self._written:
+            return
+        if not os.path.lexists(folder):  # the first stop of the window: one rename
+            os.rename(self._tmp, folder)
+        else:  # a folder there already (a stop that failed later): a rename per file
+            for name in self._written:
+                os.replace(self._tmp / name, folder / name)
+            os.rmdir(self._tmp)
+        # Left by a stop whose process was killed in the middle of writing.
+        for name in os.listdir(self.directory):
+            if name.startswith(_HIDDEN) and name.endswith(".tmp"):
+                shutil.rmtree(self.directory / name, ignore_errors=True)
+
+    def _error(self, exc: OSError) -> StoreError:
+        return StoreError(f"cannot write results to {self.directory}: {exc.strerror or exc}")
+
+    def discard(self) -> None:
+        """The files written so far leave."""
+        self._close()
+        self._written.clear()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def _close(self) -> None:
         if self._at is not None:
             os.close(self._at)
             self._at = None
 
 
-def write_results(directory: Path, texts: AnswerTexts,
-                  ahead: Mapping[str, bytes] | None = None, *, sync: bool = True) -> list[Path]:
+def write_results(directory: Path, texts: AnswerTexts, *, sync: bool = True) -> list[Path]:
     """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all.
 
     File names as `results.result_file_names` gives them (AISBench's, unless two collide).
-    `ahead`: files of the prepared folder filled already (`PreparedFiles.written`), left
-    as they are where they hold the same text object. `sync`: window.json and the folders
-    forced to disk (a stop leaves that to the state database, which holds the same answer and
-    is synced right after: `WindowBook.restore` writes lost files again from it).
+    One fsync for window.json (which holds every result) and one per directory, not one per
+    target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
     """
-    # One fsync for window.json (which holds every result) and one per directory, not one per
-    # target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
-    folder = directory / "performances"
-    written = [folder / name for name in texts.files]
-    try:
-        if texts.files and not _fill_prepared(directory, texts.files, ahead or {}) and (
-                not _new_folder(folder, texts.files)):
-            for path, text in zip(written, texts.files.values(), strict=True):
-                atomic_write(path, text, sync=False)
-        atomic_write(directory / "window.json", texts.whole, sync=sync)
-        written.append(directory / "window.json")
-        for where in {p.parent for p in written} if sync else ():
-            _fsync_dir(where)
-    except OSError as exc:
-        raise StoreError(f"cannot write results to {directory}: {exc.strerror or exc}") from exc
-    # Left over when the folder was there already (a stop that wrote it and failed later).
-    shutil.rmtree(directory / PREPARED, ignore_errors=True)
-    return written
+    return ResultFolder(directory).finish(texts, sync=sync)
 
 
-def _fill_prepared(directory: Path, files: Mapping[str, bytes], ahead: Mapping[str, bytes]
-                   ) -> bool:
-    """The prepared folder filled and renamed to `performances`: False (nothing done) when
-    there is none, or a `performances` folder is there already.
-
-    Readers see every file or none: the folder is hidden until its rename. Files it has beyond
-    these (a window whose file names changed) leave; ones it lacks are made now.
-    """
-    prepared, folder = directory / PREPARED, directory / "performances"
-    if not prepared.is_dir() or os.path.lexists(folder):
-        return False
-    at = os.open(prepared, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        for name in set(os.listdir(at)) - set(files):
-            os.unlink(name, dir_fd=at)
-        _write_into(at, {name: text for name, text in files.items()
-                         if ahead.get(name) is not text}, _FILL)
-    finally:
-        os.close(at)
-    os.rename(prepared, folder)
-    return True
-
-
-def _write_into(at: int, files: Mapping[str, bytes], flags: int) -> None:
-    """Each file written whole into the folder open as `at` (mode 0600, as mkstemp's).
-
-    `_FILL`: a file there already is written over, and cut to its new text only if it held
-    more. Not `O_TRUNC`: ext4 takes the truncation of a file to zero as a file being replaced
-    and starts writing it to disk at its close (`auto_da_alloc`), even where it was empty (a
-    prepared file): filling 1000 files took 41 ms, against 12 ms without (this machine)."""
-    for name, text in files.items():
-        fd = os.open(name, flags, 0o600, dir_fd=at)
-        try:
-            held = os.fstat(fd).st_size if flags == _FILL else 0
-            _write_all(fd, text)
-            if held > len(text):
-                os.ftruncate(fd, len(text))
-        finally:
-            os.close(fd)
-
-
-_FILL = os.O_WRONLY | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-
-
-def _new_folder(folder: Path, files: Mapping[str, bytes]) -> bool:
-    """A folder that does not exist yet, made whole: False (nothing done) if it exists.
-
-    Its files are written into a temporary folder beside it, which is then renamed: a reader
-    sees every file or none, as with a rename per file, at half the directory operations (the
-    first stop of a window; a folder there already gets a rename per file).
-    """
-    if os.path.lexists(folder):
-        return False
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = folder.with_name(f".{folder.name}.{secrets.token_hex(4)}.tmp")
-    os.mkdir(tmp)
-    try:
-        at = os.open(tmp, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            _write_into(at, files, _CREATE)
-        finally:
-            os.close(at)
-        os.rename(tmp, folder)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return True
+_REWRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -14,20 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.core.errors import StoreError
-from exporter.state.answertext import EncodedDoc, encode_doc
-from exporter.state.resultfiles import (
-    PREPARED,
-    PreparedFiles,
-    atomic_write,
-    prepare_results,
-    write_results,
-)
-from exporter.state.wal import wal_checksum, wal_damage
-
-# Read here by modules written before the result files and WAL checks were split off.
-__all__ = ["PREPARED", "STATE_CACHE_KIB", "STATE_PAGE_SIZE", "EncodedDoc", "PreparedFiles",
-           "StateStore", "atomic_write", "connect_state", "encode_doc", "prepare_results",
-           "wal_checksum", "wal_damage", "write_results"]
+from exporter.state.schema import migrate
+from exporter.state.wal import wal_damage
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +183,8 @@ class StateStore:
             db.execute("SELECT id, open, started_at, length(doc) FROM windows").fetchall()
             db.execute("SELECT window_id, target, length(doc) FROM accumulators").fetchall()
             db.execute("SELECT window_id, target, length(doc) FROM accumulator_rounds").fetchall()
-        except sqlite3.DatabaseError:
+            migrate(db, self.path)
+        except (sqlite3.DatabaseError, StoreError):
             db.close()
             raise
         return db
@@ -231,24 +220,23 @@ class StateStore:
 
     def save(
         self,
-        docs: Iterable[Mapping[str, Any] | EncodedDoc] = (),
+        docs: Iterable[Mapping[str, Any]] = (),
         accumulators: Iterable[tuple[str, str, str]] = (),
         *,
         rounds: Iterable[tuple[str, str, str]] = (),
         sync: bool = False,
-        answers: Mapping[str, bytes] | None = None,
+        stopped: Iterable[tuple[str, float, bytes]] = (),
     ) -> None:
         """Upsert window rows (`to_dict` form, accumulators left out), whole accumulator rows
         and round parts (each window id, target, JSON) in one transaction; `sync` forces it
         to disk. A whole row replaces its round part: the two always belong together.
 
-        `answers`: window id -> its stop answer already encoded (`AnswerTexts.compact`), which
-        its row holds as is instead of encoding the document's `answer` again. A document may
-        come encoded already (`encode_doc`).
+        `stopped`: rows of stopped windows encoded already (id, started_at, the document's
+        JSON: `answertext.stopped_row`), whose megabytes of answer are not encoded again.
         """
-        answers = answers or {}
-        encoded = [d if isinstance(d, EncodedDoc) else encode_doc(d) for d in docs]
-        rows = [(d.id, int(d.open), d.started_at, d.text(answers.get(d.id))) for d in encoded]
+        rows: list[tuple[str, int, float, str | bytes]] = [
+            (d["id"], int(d["stopped_at"] is None), d["started_at"], json.dumps(d)) for d in docs]
+        rows += [(window_id, 0, started_at, text) for window_id, started_at, text in stopped]
         accs, parts = list(accumulators), list(rounds)
         if not rows and not accs and not parts:
             return
@@ -266,9 +254,9 @@ class StateStore:
                         rows,
                     )
                     # A stopped window is its answer: its accumulators leave the database.
-                    stopped = [(r[0],) for r in rows if not r[1]]
+                    ended = [(r[0],) for r in rows if not r[1]]
                     for table in _ACC_TABLES:
-                        self._db.executemany(f"DELETE FROM {table} WHERE window_id=?", stopped)
+                        self._db.executemany(f"DELETE FROM {table} WHERE window_id=?", ended)
                     self._db.executemany(
                         "INSERT OR REPLACE INTO accumulators (window_id, target, doc) "
                         "VALUES (?, ?, ?)", accs,
@@ -356,13 +344,12 @@ class StateStore:
         return self._with_accumulators(doc)
 
     def _with_accumulators(self, doc: dict[str, Any]) -> dict[str, Any]:
-        # Rows win over what a window row of an older version carried inside its document;
-        # a round part goes with its whole row, as its `round` (`Accumulator.from_dict`).
+        # A round part goes with its whole row, as its `round` (`Accumulator.from_dict`).
         rows = self._query("SELECT target, doc FROM accumulators WHERE window_id=?", (doc["id"],))
         if rows:
             parts = dict(self._query(
                 "SELECT target, doc FROM accumulator_rounds WHERE window_id=?", (doc["id"],)))
-            accs = dict(doc.get("accumulators") or {})
+            accs: dict[str, Any] = {}
             for target, raw in rows:
                 try:
                     accs[target] = json.loads(raw)

@@ -307,18 +307,17 @@ def _json_text(text: bytes, status: int = 200) -> web.Response:
                         charset="utf-8")
 
 
-# A response body this big (a stop's answer: ~5 MB at 1000 targets) is followed by a heap trim.
+# A response body this big (a stop's answer over a large fleet) is followed by a heap trim.
 BIG_BODY = 1 << 20
 
 
 class SentResponse(web.Response):
     """A response that lets go of its body once sent. aiohttp's connection handler keeps the
     last response of a kept-alive connection until its next request comes: a client that
-    stopped a 1000-target window held its ~5 MB answer in our memory until it asked again.
+    stopped a large window would hold its answer in our memory until it asked again.
 
-    After a big one, freed heap pages go back to the system (`memory.give_back_free_memory`,
-    2-8 ms): the stop trims before its answer is sent, and what sending it freed stayed
-    (~1 MB of RSS over 12 stopped 1000-target windows, bench markers)."""
+    After a big one, freed heap pages go back to the system (`memory.give_back_free_memory`):
+    the stop trims before its answer is sent, and what sending it freed would otherwise stay."""
 
     async def write_eof(self, data: bytes = b"") -> None:
         """Send the rest, then drop the body (its length stays known for the access log)."""

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -17,6 +18,8 @@ import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
 from exporter.core.results import result_file_name
+from exporter.state.schema import SCHEMA_VERSION
+from exporter.state.store import StateStore
 
 pytestmark = pytest.mark.e2e
 
@@ -346,6 +349,24 @@ class TestOneOwner:
             f"specdec-exporter: cannot listen on 127.0.0.1:{port}: address already in use; "
             "stop what listens there, or choose another address with --listen HOST:PORT"
         ]
+
+    def test_a_newer_state_database_is_refused_in_one_line_and_kept(self, tmp_path):
+        path = tmp_path / "out" / "state.sqlite"
+        StateStore(path).close()
+        with sqlite3.connect(path) as db:
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+        db.close()
+        original = path.read_bytes()
+        config = write_config(tmp_path / "c.yaml", free_port(), [])
+        done = subprocess.run(CLI + ["serve", "--config", str(config)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1
+        assert done.stderr.splitlines() == [
+            f"specdec-exporter: state database {path} has schema version {SCHEMA_VERSION + 1}, "
+            f"newer than this exporter's {SCHEMA_VERSION}: run the newer exporter, or set "
+            "another state_db"
+        ]
+        assert path.read_bytes() == original and not list(path.parent.glob("*.corrupt-*"))
 
     def test_second_exporter_on_one_output_dir_refuses_naming_the_holder(self, tmp_path):
         first_port = free_port()

@@ -351,21 +351,6 @@ class TestAccumulator:
         acc.feed(snap(engine_page("0", 15, 43, [10, 6, 3, 1])), 300.0)
         assert Accumulator.from_dict(json.loads(acc.to_json())) == acc
 
-    def test_rows_saved_by_the_earlier_form_still_read(self):
-        # Before the keys/values form, each series was a row [key, value, created, increase,
-        # seen]: a state database from then must restore the same accumulator.
-        acc = Accumulator()
-        feed_all(acc, [snap(engine_page("0", 10, 30, [8, 4, 2])),
-                       snap(engine_page("0", 12, 36, [9, 5, 2]))])
-        data = acc.to_dict()
-        # (key lists are not hashable: match on their JSON text)
-        increase = {json.dumps(k): v for k, v in data["increase"]}
-        seen = {json.dumps(k): t for k, t in data["seen"]}
-        old = {k: v for k, v in data.items() if k not in ("last", "increase", "seen")}
-        old["series"] = [[k, v, c, increase.get(json.dumps(k)), seen.get(json.dumps(k))]
-                         for k, v, c in data["last"]]
-        assert Accumulator.from_dict(json.loads(json.dumps(old))) == acc
-
 
 def step(per_second: float, at: float) -> Snapshot:
     return snap({key(D): per_second * at, key(T): 3 * per_second * at, key(A): 2 * per_second * at})
@@ -806,37 +791,3 @@ class TestWhatAnOpenWindowKeeps:
             assert again.anomalies_before == acc.anomalies_before  # pickled: an equal one
             again.feed(snap(engine_page("0", 12, 36, [9, 4])), 2.0)
             assert again.totals() == Counts(2, 6, 1, {0: 1, 1: 0})
-
-
-class TestParked:
-    """A streamed stop's parent window packs what an accumulator holds of the page before
-    the stop's (`Accumulator.park`), and counts the same from it if it must take the stop."""
-
-    @pytest.mark.parametrize("restart", [False, True])
-    def test_a_parked_accumulator_counts_as_it_would_have(self, restart):
-        pages = [snap(engine_page("0", 10, 30, [8, 4]), {key(D): 1.0}),
-                 snap(engine_page("0", 12, 36, [9, 4]), {key(D): 1.0})]
-        stop = snap(engine_page("0", 3 if restart else 20, 60, [9, 5]),
-                    {key(D): 2.0 if restart else 1.0})
-        plain, parked = Accumulator(), Accumulator()
-        feed_all(plain, pages)
-        feed_all(parked, pages)
-        page_before = parked.last
-        parked.park(stop.created)
-        assert parked.last is not page_before and dict(parked.last) == page_before
-        # The stop page's `_created` times are shared where they are the same.
-        assert (parked.created is stop.created) is (not restart)
-        assert plain.feed(stop, 300.0) is parked.feed(stop, 300.0) is restart
-        assert parked.totals() == plain.totals() and parked.increase == plain.increase
-        assert parked.last is stop.values  # fed: the page's own mapping again
-
-    def test_parked_twice_or_read_while_parked(self):
-        acc = Accumulator()
-        acc.feed(snap(engine_page("0", 10, 30, [8, 4])), 1.0)
-        page = dict(acc.last)
-        acc.park({})
-        held = acc.last
-        acc.park({})
-        assert acc.last is held and len(held) == len(page) and list(held) == list(page)
-        assert held[key(D)] == 10 and acc.has_series
-        assert acc.to_dict()["last"] == Accumulator(last=page).to_dict()["last"]

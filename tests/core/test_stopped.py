@@ -37,7 +37,7 @@ class TestLastWindow:
         assert packed["b"] == short and packed["c"] == counts(0)
 
     def test_sent_by_a_stop_child_it_reads_the_same_its_names_shared(self):
-        # A stop's child sends them pickled (`answertext.StopTexts`): the parent makes only
+        # A stop's work sends them pickled (`stop.read_stop`): the parent makes only
         # what it keeps, its names one copy with the window list's (interned).
         sent = PackedIncreases.of_results(answer(3)["results"])
         back = pickle.loads(pickle.dumps(sent))

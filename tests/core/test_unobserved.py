@@ -103,16 +103,6 @@ class TestAccumulatorSpans:
             back = Accumulator.from_dict(data)
             assert back == acc and spans_of(back) == spans_of(acc)
 
-    def test_a_state_saved_before_restart_times_loads_with_them_unknown(self):
-        acc = restarted(T0 + 12.5, old_created=T0 - 100)
-        data = json.loads(json.dumps(acc.to_dict()))
-        del data["restart_times"]
-        back = Accumulator.from_dict(data)
-        assert back.restart_times == () and back.resets == 1
-        assert spans_of(back)[0]["restart_at"] is None  # between the scrapes
-        back.feed(page(5, T0 + 17), T0 + 18)  # a later restart still gets its time
-        assert [s["restart_at"] for s in spans_of(back)] == [None, T0 + 17]
-
 
 class TestResult:
     def test_a_restart_between_scrapes_is_partial_with_its_span(self):

@@ -73,27 +73,3 @@ class TestSeriesBound:
         assert Window.from_dict(window.to_dict()).series == window.series
 
 
-class TestStopScrapeMarked:
-    def test_a_marked_stop_scrape_fed_late_counts_as_one_taken_at_once(self):
-        """A streamed stop marks each stop scrape taken (the child counts it) and packs what
-        the window held of the page before; fed late (the child failed), the window counts
-        the same as one that took the stop scrape as it came."""
-        key = SeriesKey(Field.DRAFTS, "m", "0", -1)
-        windows = [Window(id="w", name="w", labels={}, started_at=0.0,
-                          targets={"a": TargetRef("a", "http://a:1/m", "a:1")})
-                   for _ in range(2)]
-        for window in windows:
-            for i in range(3):
-                window.feed(ScrapeResult("a", float(i), 0.0, Snapshot({key: 10.0 * i}, {key: 1.0})))
-        at_once, late = windows
-        stop = ScrapeResult("a", 9.0, 0.0, Snapshot({key: 95.0}, {key: 1.0}))
-        at_once.take_stop_scrape(stop)
-        late.mark_stop_scrape(stop)
-        assert "a" in late.finals and not late.takes_scrapes_of("a")
-        held = late.accumulators["a"]
-        assert held.created is stop.snapshot.created  # the same `_created` times: shared
-        assert held.scrapes == 3 and dict(held.last) == {key: 20.0}  # packed, not fed
-        late.take_stop_scrapes_late([stop])
-        assert late.accumulators["a"].totals() == at_once.accumulators["a"].totals()
-        assert late.accumulators["a"].totals().drafts == 95.0
-        assert late.series == at_once.series and late.finals == at_once.finals

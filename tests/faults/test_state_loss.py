@@ -8,6 +8,7 @@ import json
 import logging
 import shutil
 import signal
+import sqlite3
 
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
@@ -94,10 +95,13 @@ class TestRestoredWithoutBaseline:
         store = StateStore(tmp_path / "out" / "state.sqlite")
         store.save([{"id": "old", "name": "old", "labels": {}, "started_at": 1.0,
                      "stopped_at": None, "accumulators": {}, "start_errors": {},
-                     "stop_errors": {}, "last_errors": {}, "removed": {}, "downtimes": [],
-                     "series": {}, "answer": None,
+                     "stop_errors": {}, "last_errors": {}, "removed": {}, "answer": None,
                      "targets": {"a": [a.url, "127.0.0.1:1"], "b": [b.url, "127.0.0.1:2"]}}])
         store.close()
+        # Before schema versions, and without the keys added since: migrated at the start.
+        with sqlite3.connect(tmp_path / "out" / "state.sqlite") as db:
+            db.execute("PRAGMA user_version=0")
+        db.close()
         exp = await exporter(_config(tmp_path, a, b))
         await exp.round()  # the baseline, at restore
         a0 = a.counters.totals()

@@ -629,44 +629,46 @@ class TestScrapesDuringAStop:
 
 class TestStreamsStops:
     def test_said_by_the_environment_or_by_a_spare_core(self, monkeypatch):
-        from exporter.server.stop import streams_stops
+        from exporter.server.stop import forks_early
         from exporter.server.isolate import spare_cores
 
         monkeypatch.setenv("SPECDEC_STOP_STREAMED", "0")
-        assert streams_stops() is False
+        assert forks_early() is False
         monkeypatch.setenv("SPECDEC_STOP_STREAMED", "1")
-        assert streams_stops() is True
+        assert forks_early() is True
         monkeypatch.delenv("SPECDEC_STOP_STREAMED")
-        assert streams_stops() is (spare_cores() >= 1)
+        assert forks_early() is (spare_cores() >= 1)
 
 
 class TestStopWorkFails:
+    @pytest.mark.parametrize("streamed", ["0", "1"])
     async def test_an_error_of_the_answers_work_leaves_the_window_open(
-            self, fake_vllm, exporter, monkeypatch):
+            self, fake_vllm, exporter, monkeypatch, streamed):
         from exporter.server import stop as stopchild
 
+        monkeypatch.setenv("SPECDEC_STOP_STREAMED", streamed)
         fake = await fake_vllm(k=2)
         fake.server.add(0, 10, 20, [9, 8])
         exp = await exporter({"targets": [{"name": "a", "url": fake.url}]})
         await exp.start(id="w")
         fake.server.add(0, 3, 6, [2, 1])
-        real = stopchild.write_results
+        real = stopchild.kept_of
 
         def broken(*args, **kwargs):
             raise ValueError("a bug in the answer's work")
 
-        monkeypatch.setattr(stopchild, "write_results", broken)  # the child inherits it
+        monkeypatch.setattr(stopchild, "kept_of", broken)  # the child inherits it
         response = await exp.client.post("/api/v1/windows/w/stop")
         assert response.status == 500
         state = await (await exp.client.get("/api/v1/windows/w")).json()
         assert state["status"] == "open" and state["scrapes"] == {"a": 2}
-        # The files are written after the answer is saved: the state database was set back.
+        # Nothing was saved stopped: the state database holds it open.
         saved = StateStore(exp.service.config.state_path)
         try:
             assert [doc["id"] for doc in saved.load_open()] == ["w"]
         finally:
             saved.close()
-        monkeypatch.setattr(stopchild, "write_results", real)
+        monkeypatch.setattr(stopchild, "kept_of", real)
         fake.server.add(0, 1, 2, [1, 0])
         result = (await exp.stop("w"))["results"]["a"]
         assert result["increase"]["num_drafts"] == 4 and result["scrapes"] == 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import signal
@@ -17,9 +18,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.answer import open_window
 from exporter.server import isolate
+from exporter.server.stop import END, FINAL, ResultCodec, read_stop, stop_work
 from exporter.core.errors import StoreError
-from exporter.server.isolate import Child, ChildError, Staged, in_thread, leave_to_exit, run_isolated
+from exporter.server.isolate import Child, ChildError, in_thread, leave_to_exit, run_isolated
 
 PARENT = os.getpid()
 
@@ -297,86 +300,15 @@ class TestFedChild:
         assert zombies_of(os.getpid()) == []
 
 
-def staged(then):
-    """A work answering its pid in parts (one of 3 MB: far more than a socket holds), then
-    doing `then(pid)`."""
+class TestFrame:
+    """The child's answer is one length-prefixed frame: whatever its bytes, as they were."""
 
-    def work(_inbox) -> Staged:
-        pid = str(os.getpid()).encode()
-        return Staged([pid, b"", b"m" * 3_000_000], lambda: then(pid))
-
-    return work
-
-
-class TestStaged:
-    """A work's answer in parts, with work after it (`Staged`): the answer arrives as it is
-    sent, `finished` says how what came after went."""
-
-    async def test_the_answer_comes_before_the_work_after_it_is_done(self, tmp_path):
-        go, done = tmp_path / "go", tmp_path / "done"
-
-        def after(pid: bytes) -> None:
-            # Waits for the parent, which has the answer by then: proof it came first.
-            while not go.exists():
-                time.sleep(0.01)
-            done.write_bytes(pid)
-
-        async with Child(staged(after)) as child:
-            pid, empty, big = await child.answer() or [b"", b"", b""]
-            assert int(pid) != PARENT and empty == b"" and big == b"m" * 3_000_000
-            assert not done.exists()
-            go.touch()
-            await child.finished()
-            assert done.read_bytes() == pid
+    @pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 65_537, 3_000_000])
+    async def test_any_size_comes_back_whole(self, size):
+        data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        async with Child(lambda _inbox: data) as child:
+            assert await child.result() == data
         assert zombies_of(os.getpid()) == []
-
-    async def test_work_after_the_answer_that_raises_raises_in_finished(self, tmp_path):
-        def fails(_pid: bytes) -> None:
-            raise StoreError(f"cannot write results to {tmp_path}: No space left on device")
-
-        async with Child(staged(fails)) as child:
-            assert await child.answer() is not None
-            with pytest.raises(ChildError, match="No space left") as caught:
-                await child.finished()
-        assert caught.value.kind == "StoreError"
-
-    async def test_a_child_dead_after_its_answer_fails_finished(self):
-        def dies(_pid: bytes) -> None:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-        before = len(os.listdir("/proc/self/fd"))
-        async with Child(staged(dies)) as child:
-            assert await child.answer() is not None
-            with pytest.raises(ChildError) as caught:
-                await child.finished()
-        assert caught.value.kind == "ChildExited"
-        assert len(os.listdir("/proc/self/fd")) == before
-        assert zombies_of(os.getpid()) == []
-
-    async def test_leaving_before_the_work_after_is_done_ends_the_child(self):
-        before = len(os.listdir("/proc/self/fd"))
-        async with Child(staged(lambda _pid: time.sleep(60))) as child:
-            assert await child.answer() is not None
-        assert len(os.listdir("/proc/self/fd")) == before
-        assert zombies_of(os.getpid()) == []
-
-    async def test_finished_past_its_time_kills_the_child(self):
-        async with Child(staged(lambda _pid: time.sleep(60))) as child:
-            assert await child.answer() is not None
-            with pytest.raises(ChildError, match="ended before"):
-                await child.finished(timeout=0.3)
-        assert zombies_of(os.getpid()) == []
-
-    async def test_a_work_not_staged_is_finished_with_its_answer(self):
-        async with Child(lambda _inbox: b"plain") as child:
-            assert await child.answer() == [b"plain"]
-            await child.finished()  # nothing after it: at once
-
-    async def test_without_a_child_there_is_no_answer_and_nothing_after(self, monkeypatch):
-        monkeypatch.setenv(isolate.ENV, "0")
-        async with Child(staged(lambda _pid: None)) as child:
-            assert await child.answer() is None
-            await child.finished()
 
 
 class TestSpareCores:
@@ -405,6 +337,25 @@ class TestForkSafety:
         # A child that had logged would wait forever on the stream's lock: killed past its
         # time, and the work done by a thread of this process instead.
         assert answer.startswith(b"done in ") and answer != b"done in " + pid_text()
+
+    async def test_a_real_stop_is_answered_by_its_child_while_threads_hold_them(self, tmp_path):
+        # The stop's own work, forked early and fed as a stop feeds it, while one thread is in
+        # the middle of a log record and another writes in a SQLite transaction: the answer
+        # comes from the child (a thread fallback is the book's, not `Child.result`'s).
+        window, finals, stop = open_window(20)
+        with held_logging(), busy_sqlite(tmp_path / "busy.db"):
+            codec = ResultCodec()
+            async with Child(stop_work(window, tmp_path / "w")) as child:
+                for result in finals:
+                    child.send((FINAL, codec.pack(result)))
+                    await asyncio.sleep(0)
+                child.send((END, stop, {}))
+                data = await child.result(timeout=60)
+        assert data is not None
+        kept, row, answer = read_stop(data)
+        assert kept["id"] == window.id and len(json.loads(answer)["results"]) == 20
+        assert window.stopped_at is None  # the child's copy was stopped, not this one
+        assert len(os.listdir(tmp_path / "w" / "performances")) == 20
 
     def test_a_child_dies_with_its_killed_parent(self, tmp_path):
         import subprocess

@@ -1,6 +1,5 @@
 """exporter/state/store.py's accumulator rows: a whole row per window x target and the round part
-written after it (`Accumulator.encode`), saved, loaded, moved and forgotten together; and the
-rows older versions wrote, which must still load."""
+written after it (`Accumulator.encode`), saved, loaded, moved and forgotten together."""
 
 from __future__ import annotations
 
@@ -127,44 +126,6 @@ class TestRoundParts:
         back = loaded(path)
         assert back.accumulators["a"] == Accumulator.from_dict(whole)
         assert "accumulator state unreadable id=w target=a" in caplog.text
-
-
-class TestOlderRows:
-    @pytest.mark.parametrize("form", ["keys", "series"])
-    def test_a_database_without_round_parts_loads(self, tmp_path, form):
-        # Written before round parts existed: no accumulator_rounds table, each accumulator a
-        # whole row every round, in the keys/values form or the earlier row-per-series one.
-        window = open_window(("a",))
-        feed(window, 12, 101.0)
-        acc = window.accumulators["a"]
-        if form == "keys":
-            doc = acc.to_json()
-        else:
-            data = acc.to_dict()
-            increase = {json.dumps(k): v for k, v in data["increase"]}
-            seen = {json.dumps(k): t for k, t in data["seen"]}
-            old = {k: v for k, v in data.items() if k not in ("last", "increase", "seen")}
-            old["series"] = [[k, v, c, increase[json.dumps(k)], seen[json.dumps(k)]]
-                             for k, v, c in data["last"]]
-            doc = json.dumps(old)
-        path = tmp_path / "state.sqlite"
-        with sqlite3.connect(path) as db:
-            db.execute("CREATE TABLE windows (id TEXT PRIMARY KEY, open INTEGER NOT NULL, "
-                       "started_at REAL NOT NULL, doc TEXT NOT NULL)")
-            db.execute("CREATE TABLE accumulators (window_id TEXT NOT NULL, target TEXT NOT "
-                       "NULL, doc TEXT NOT NULL, PRIMARY KEY (window_id, target))")
-            db.execute("INSERT INTO windows VALUES ('w', 1, 100.0, ?)",
-                       (json.dumps(window.to_dict(accumulators=False)),))
-            db.execute("INSERT INTO accumulators VALUES ('w', 'a', ?)", (doc,))
-        back = loaded(path)
-        assert back.accumulators == {"a": acc}
-        # and it goes on in the new form: a whole row first, then round parts
-        store = StateStore(path)
-        assert save(store, back) == (1, 0)
-        feed(back, 14, 102.0)
-        assert save(store, back) == (0, 1)
-        store.close()
-        assert loaded(path).accumulators == back.accumulators
 
 
 class TestThroughTheBook:

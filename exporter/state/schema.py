@@ -1,0 +1,109 @@
+"""The state database's schema version (SQLite's `user_version`), and the one migration to it.
+
+Version 1 is the form this code reads and writes: a window's row holds no accumulators (they
+have rows of their own, written whole by the current codec), and every key is present. A
+database made before versions existed (version 0) may hold the earlier forms: accumulators
+inside an open window's row, an accumulator as a row per series, keys added since left out.
+The migration rewrites such rows once, in one transaction, so that no reader knows them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from exporter.core.counting import Accumulator
+from exporter.core.errors import StoreError
+from exporter.core.window import Window
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+# Keys a window's or an accumulator's row has had since version 0 began, as they were when
+# absent.
+_WINDOW_DEFAULTS: Mapping[str, Any] = {
+    "accumulators": {}, "downtimes": [], "series": {}, "late_baselines": {}}
+_ACCUMULATOR_DEFAULTS: Mapping[str, Any] = {
+    "dialect": "", "before": None, "reset_spans": [], "restart_times": [], "seen": [],
+    "gauge_weighted": {}, "gauge_seconds": {}, "anomalies": [None, None, None]}
+
+
+def migrate(db: sqlite3.Connection, path: object) -> None:
+    """Bring the open database `db` (of the file at `path`) to `SCHEMA_VERSION`; `StoreError`
+    if it was written by a newer version (which this one cannot read)."""
+    (version,) = db.execute("PRAGMA user_version").fetchone()
+    if version == SCHEMA_VERSION:
+        return
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"state database {path} has schema version {version}, newer than this exporter's "
+            f"{SCHEMA_VERSION}: run the newer exporter, or set another state_db")
+    with db:
+        db.execute("BEGIN IMMEDIATE")
+        windows = _migrate_windows(db)
+        accumulators = _migrate_accumulators(db)
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+    if windows or accumulators:
+        log.warning("state database migrated path=%s from_version=%d to_version=%d windows=%d "
+                    "accumulators=%d", path, version, SCHEMA_VERSION, windows, accumulators)
+
+
+def _migrate_windows(db: sqlite3.Connection) -> int:
+    """Window rows in the current form, their accumulators moved to rows of their own (where
+    the table has none for that target yet); the number rewritten."""
+    have = set(db.execute("SELECT window_id, target FROM accumulators").fetchall())
+    changed = 0
+    for window_id, raw in db.execute("SELECT id, doc FROM windows").fetchall():
+        try:
+            doc = json.loads(raw)
+            if not isinstance(doc, dict) or all(k in doc for k in _WINDOW_DEFAULTS) and (
+                    not doc["accumulators"]):
+                continue  # current already, or unreadable (said when it is read)
+            accumulators = {t: _current(a) for t, a in (doc.get("accumulators") or {}).items()}
+            window = Window.from_dict(dict(_WINDOW_DEFAULTS) | doc | {"accumulators": {}})
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError):
+            continue
+        db.executemany("INSERT INTO accumulators (window_id, target, doc) VALUES (?, ?, ?)",
+                       [(window_id, t, text) for t, text in accumulators.items()
+                        if (window_id, t) not in have and window.is_open])
+        db.execute("UPDATE windows SET doc=? WHERE id=?",
+                   (json.dumps(window.to_dict(accumulators=False)), window_id))
+        changed += 1
+    return changed
+
+
+def _migrate_accumulators(db: sqlite3.Connection) -> int:
+    """Accumulator rows written whole by the current codec (a round part folded in); the
+    number rewritten."""
+    rounds = {(w, t): raw for w, t, raw in db.execute(
+        "SELECT window_id, target, doc FROM accumulator_rounds").fetchall()}
+    changed = 0
+    for window_id, target, raw in db.execute(
+            "SELECT window_id, target, doc FROM accumulators").fetchall():
+        try:
+            data = json.loads(raw)
+            if (window_id, target) in rounds:
+                data["round"] = json.loads(rounds[window_id, target])
+            text = _current(data)
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError):
+            continue  # unreadable: said when it is read
+        if text != raw:
+            db.execute("UPDATE accumulators SET doc=? WHERE window_id=? AND target=?",
+                       (text, window_id, target))
+            changed += 1
+    db.execute("DELETE FROM accumulator_rounds")
+    return changed
+
+
+def _current(data: dict[str, Any]) -> str:
+    """An accumulator's row, of any form version 0 wrote, as the current codec writes it."""
+    if "series" in data:  # a row per series: key, value, created, increase, seen
+        rows = data.pop("series")
+        data |= {"last": [[k, v, c] for k, v, c, _, _ in rows if v is not None],
+                 "increase": [[k, inc] for k, _, _, inc, _ in rows if inc is not None],
+                 "seen": [[k, t] for k, _, _, _, t in rows if t is not None]}
+    return Accumulator.from_dict(dict(_ACCUMULATOR_DEFAULTS) | data).to_json()
