@@ -239,11 +239,6 @@ class Pool:
             else:
                 del self._idle[key]
 
-    @property
-    def open_idle(self) -> int:
-        """How many idle connections are kept."""
-        return sum(len(c) for c in self._idle.values())
-
     async def get(self, host: str, port: int, request: bytes, cap: int) -> Answer:
         """One GET over a kept-alive connection if there is one, else over a new one.
 
