@@ -14,6 +14,7 @@ from exporter.core.snapshot import Field, SeriesKey, Snapshot
 from exporter.core.window import TargetRef, Window
 from exporter.state.schema import SCHEMA_VERSION
 from exporter.state.store import StateStore
+from state.test_store import loaded
 
 KEYS = [SeriesKey(Field.DRAFTS, "m", "0", -1), SeriesKey(Field.DRAFT_TOKENS, "m", "0", -1),
         SeriesKey(Field.ACCEPTED, "m", "0", -1), SeriesKey(Field.PER_POS, "m", "0", 0)]
@@ -66,15 +67,6 @@ def version_0(path, doc: dict, accumulators: dict[str, str] | None = None) -> No
     db.close()
 
 
-def restored(path) -> Window:
-    store = StateStore(path)
-    try:
-        (doc,) = store.load_open()
-        return Window.from_dict(doc)
-    finally:
-        store.close()
-
-
 def user_version(path) -> int:
     with sqlite3.connect(path) as db:
         (version,) = db.execute("PRAGMA user_version").fetchone()
@@ -88,7 +80,7 @@ class TestVersion0:
         acc = counted()
         text = acc.to_json() if form == "keys" else json.dumps(series_form(acc))
         version_0(tmp_path / "s.sqlite", window_doc(), {"a": text})
-        back = restored(tmp_path / "s.sqlite")
+        back = loaded(tmp_path / "s.sqlite")
         assert back.accumulators == {"a": acc}
         assert back.accumulators["a"].restart_times == acc.restart_times != ()
         assert user_version(tmp_path / "s.sqlite") == SCHEMA_VERSION
@@ -96,7 +88,7 @@ class TestVersion0:
     def test_accumulators_inside_the_window_row_get_rows_of_their_own(self, tmp_path):
         acc = counted()
         version_0(tmp_path / "s.sqlite", window_doc(acc))
-        back = restored(tmp_path / "s.sqlite")
+        back = loaded(tmp_path / "s.sqlite")
         assert back.accumulators == {"a": acc}
         with sqlite3.connect(tmp_path / "s.sqlite") as db:
             (doc,) = db.execute("SELECT doc FROM windows").fetchone()
@@ -109,12 +101,12 @@ class TestVersion0:
         newer, older = counted(), Accumulator()
         older.feed(page(10), 100.0)
         version_0(tmp_path / "s.sqlite", window_doc(older), {"a": newer.to_json()})
-        assert restored(tmp_path / "s.sqlite").accumulators == {"a": newer}
+        assert loaded(tmp_path / "s.sqlite").accumulators == {"a": newer}
 
     @pytest.mark.parametrize("key", ["downtimes", "late_baselines", "series"])
     def test_keys_added_since_are_filled_in(self, tmp_path, key):
         version_0(tmp_path / "s.sqlite", window_doc(**{key: True}))
-        back = restored(tmp_path / "s.sqlite")
+        back = loaded(tmp_path / "s.sqlite")
         assert back.id == "w" and back.labels == {"run": "r"}
         assert (back.downtimes, back.late_baselines, back.series) == ([], {}, {})
         with sqlite3.connect(tmp_path / "s.sqlite") as db:
@@ -131,7 +123,7 @@ class TestVersion0:
         if missing == "gauge_weighted":
             del data["gauge_seconds"]
         version_0(tmp_path / "s.sqlite", window_doc(), {"a": json.dumps(data)})
-        back = restored(tmp_path / "s.sqlite").accumulators["a"]
+        back = loaded(tmp_path / "s.sqlite").accumulators["a"]
         assert back.totals() == acc.totals()
         if missing == "restart_times":
             assert back.restart_times == ()
@@ -153,7 +145,7 @@ class TestVersion0:
             assert db.execute("SELECT count(*) FROM accumulator_rounds").fetchone() == (1,)
             db.execute("PRAGMA user_version=0")  # as every database before versions
         db.close()
-        assert restored(path).accumulators == {"a": acc}
+        assert loaded(path).accumulators == {"a": acc}
         with sqlite3.connect(path) as db:
             assert db.execute("SELECT count(*) FROM accumulator_rounds").fetchone() == (0,)
         db.close()
