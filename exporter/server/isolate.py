@@ -1,9 +1,9 @@
 """Short-lived bulk work in a forked child, so that its memory leaves with the child.
 
-A stop over 1000 targets builds ~40 MB of short-lived objects (the answer's dicts, its JSON
-texts) while the loop goes on scraping. Freed, that memory mostly stayed: Python's small-object
-arenas return to the system only when wholly empty, and the scrapes' long-lived objects made
-meanwhile pin them, so RSS grew with every stop (76 MB to 167 MB over 50 windows). A forked
+A stop over a large fleet builds tens of megabytes of short-lived objects (the answer's dicts,
+its JSON texts) while the loop goes on scraping. Freed, that memory mostly stayed: Python's
+small-object arenas return to the system only when wholly empty, and the scrapes' long-lived
+objects made meanwhile pin them, so RSS grew with every stop. A forked
 child sees the parent's memory as it was at the fork (copy-on-write), does the work on the
 other core, hands back bytes through a socket and exits: its memory goes with it, and the
 parent's event loop no longer shares the GIL with the encoding either.
@@ -309,9 +309,9 @@ _in_child = False
 def leave_to_exit(*objects: Any) -> None:
     """In a forked child, hold `objects` until it exits, which frees them all at once.
 
-    A stop's answer is millions of objects: freed one by one as its work returned, they kept
-    its answer from the parent 15-25 ms (1000 targets), in a process about to be gone. Where
-    the work runs in a thread (no child), nothing is held.
+    A stop's answer is millions of objects: freed one by one as its work returned, they would
+    delay its answer to the parent in a process about to be gone. Where the work runs in a
+    thread (no child), nothing is held.
     """
     if _in_child:
         _LEFT_TO_EXIT.append(objects)
