@@ -167,13 +167,13 @@ class AccumulatorRows:
         for k, v, c, t in self._series(keys):
             values += (v, c, increase.get(k), t)
         engines = sorted(self.engines)
+        packed = self.packed_before
         return "".join((
             '{"keys":[', ",".join(_key_json(k) for k in keys), '],"values":', json.dumps(values),
             f',"resets":{self.resets},"scrapes":{self.scrapes},',
             f'"first_at":{_num(self.first_at)},"last_at":{_num(self.last_at)},',
             '"engines":', json.dumps(engines), ',"dialect":', json.dumps(self.dialect),
-            ',"before":', json.dumps(unpack_counts(packed).as_raw()) if (packed := self.packed_before)
-            else "null",
+            ',"before":', json.dumps(unpack_counts(packed).as_raw()) if packed else "null",
             ',"reset_spans":', json.dumps([list(span) for span in self.reset_spans]),
             ',"restart_times":', json.dumps(list(self.restart_times)),
             ',"gauge_weighted":', _dict_json(self.gauge_weighted),

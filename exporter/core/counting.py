@@ -28,7 +28,6 @@ from exporter.core.snapshot import (
     unpack_counts,
 )
 
-
 # Series gone from the page are remembered (their last value, to count from if they return)
 # up to this many per accumulator; a real server's model or engine leaving stays far below it.
 MAX_ABSENT_SERIES = 4096
@@ -60,13 +59,8 @@ def _known(created: float | None) -> bool:
 class Accumulator(AccumulatorRows):
     """Increases of one target's series since a baseline scrape, fed scrape by scrape.
 
-    Owned by one window (or one target's live track), so it is mutated in place; its whole
-    state round-trips through `to_dict`/`from_dict` for the durable store.
-
-    The last usable scrape's values and `_created` times are that snapshot's own mappings
-    (never mutated, `snapshot.Snapshot`): the target's last scrape, its live track and every
-    open window share them, where each kept a copy (a tuple per series, and a dict of when each
-    series was read). Only series off that page are kept apart, in `gone`.
+    `last` and `created` are the last usable snapshot's own (never mutated) mappings, shared
+    with the target's other readers; only series off that page are kept apart, in `gone`.
     """
 
     last: Mapping[SeriesKey, float] = field(default_factory=dict)
@@ -76,49 +70,39 @@ class Accumulator(AccumulatorRows):
     scrapes: int = 0
     first_at: float | None = None
     last_at: float | None = None
-    engines: frozenset[str] = frozenset()  # one set shared by all alike (`_engines`)
+    engines: frozenset[str] = frozenset()  # one set shared by all alike (`shared_engines`)
     dialect: str = ""
-    # The baseline scrape's totals (AISBench's `before`, read as `before`), packed: ~0.2 KB
-    # where a `Counts` is ~0.7 KB, kept by every target of an open window.
-    packed_before: PackedCounts | None = None
-    # (prev scrape, seen) of each restart; a list once there is one. The containers below that
-    # most accumulators leave empty start as shared empty ones (`NO_ITEMS`, `NO_ANOMALIES`):
-    # ~0.5 KB an accumulator, at every target of a window and of the live tracks.
+    packed_before: PackedCounts | None = None  # the baseline's totals (read as `before`)
+    # (prev scrape, seen) of each restart. Containers most accumulators leave empty start as
+    # shared empty ones (`NO_ITEMS`, `NO_ANOMALIES`): they must be replaced, not written.
     reset_spans: Sequence[tuple[float, float]] = ()
     # When each restart of `reset_spans` happened by its series' `_created` (or None).
     restart_times: Sequence[float | None] = ()
-    # Series of earlier scrapes off the last usable one's page: (last value, its `_created`,
-    # when it was last read), what a series that comes back counts from. The series in
-    # `last` were read at `last_at`.
+    # Series off the last usable page: (last value, its `_created`, when last read), what a
+    # series that comes back counts from.
     gone: Mapping[SeriesKey, tuple[float, float | None, float]] = field(
         default_factory=lambda: NO_ITEMS)
     # Interval gauges (SGLang's acceptance, V0's rates), time-weighted: per gauge name,
     # sum(value * dt) and sum(dt) over the intervals between consecutive scrapes.
     gauge_weighted: Mapping[str, float] = field(default_factory=lambda: NO_ITEMS)
     gauge_seconds: Mapping[str, float] = field(default_factory=lambda: NO_ITEMS)
-    # Scrapes with an unusable counter value are not taken (as if they had failed): the counts
-    # then cover only spans whose both ends had every series usable. Those before the first
-    # usable scrape move the span's start, those after the last usable one its end, and those
-    # between are bridged exactly by the counters' next usable values.
+    # Scrapes with an unusable counter value are not taken: those before the first usable
+    # scrape move the span's start, those after the last its end; those between are bridged.
     anomalies_before: AnomalyTally = NO_ANOMALIES
     anomalies_inside: AnomalyTally = NO_ANOMALIES
     anomalies_after: AnomalyTally = NO_ANOMALIES
-    # `totals()` since the last `feed` (the only place the increases change): a window reads
-    # it after every scrape, and its stop answer reads it again, with `by_model`.
+    # `totals()` since the last `feed` (the only place the increases change).
     _totals: Counts | None = field(default=None, init=False, repr=False, compare=False)
-    # The shape and scrape count of this accumulator's whole row as the store last committed
-    # it (`saved`): what a round part is written against.
+    # The whole row's shape and scrapes as the store last committed it (`saved`).
     _saved: tuple[Shape, int] | None = field(default=None, init=False, repr=False, compare=False)
-    # Calls of `feed` (usable scrapes or not): what was made from this accumulator is out of
-    # date once it moved (`results.AnswerParts`).
+    # Calls of `feed`: what was made from this accumulator is out of date once it moved.
     feeds: int = field(default=0, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape into account; returns whether it showed a server restart.
 
-        A scrape with a NaN, infinite or negative counter value is an anomaly: it is recorded
-        and otherwise ignored, whichever series it hit, so that every figure of the result
-        covers the same span.
+        A scrape with a NaN, infinite or negative counter value is only tallied, so that every
+        figure of the result covers the same span.
         """
         self._totals = None
         self.feeds += 1
@@ -159,9 +143,8 @@ class Accumulator(AccumulatorRows):
         return reset
 
     def _restart_bounds(self, snapshot: Snapshot) -> tuple[dict[Engine, float], int]:
-        """Per engine that restarted since the last usable scrape, the latest time a series of
-        it was last seen before the restart; and how many of the page's series are on the last
-        usable scrape's page."""
+        """Per restarted engine, the latest time a series of it was seen before the restart;
+        and how many of the page's series are on the last usable scrape's page."""
         values, created = snapshot.values, snapshot.created
         last, last_created, gone = self.last, self.created, self.gone
         last_at = self.last_at or 0.0  # when the series in `last` were read
@@ -228,8 +211,6 @@ class Accumulator(AccumulatorRows):
                 # while absent) grew from zero inside the window.
                 inc = value
             # Zero increases are kept too: a position nobody reached shows as 0, not missing.
-            # An unchanged series keeps its number, and a new one at zero holds the constant:
-            # no float made (~0.26 MB at a 1000-target window's start).
             if key not in increase:
                 increase[key] = 0.0 + inc if inc else 0.0
             elif inc:
@@ -237,9 +218,7 @@ class Accumulator(AccumulatorRows):
             if key.engine not in self.engines:
                 self.engines = shared_engines(self.engines | {key.engine})
         if in_last < len(last):
-            # Series of the last usable scrape off this page: kept apart with their values (a
-            # page with the series of the last, the usual case, skips this loop).
-            own = self._own_gone()
+            own = self._own_gone()  # series of the last usable page off this one
             for key, value in last.items():
                 if key not in values and key not in renamed:
                     own[key] = (value, last_created.get(key), last_at)
@@ -260,11 +239,8 @@ class Accumulator(AccumulatorRows):
                 seconds[name] = seconds.get(name, 0.0) + dt
 
     def gauge_means(self) -> dict[str, float]:
-        """Each interval gauge's time-weighted mean over the scrapes since the baseline.
-
-        An estimate: the server's gauge covers its own logging interval, not exactly the time
-        between our scrapes, and an idle server keeps showing its last value.
-        """
+        """Each interval gauge's time-weighted mean over the scrapes since the baseline (an
+        estimate: the gauge covers the server's logging interval, not our scrapes')."""
         return {
             name: self.gauge_weighted[name] / seconds
             for name, seconds in sorted(self.gauge_seconds.items())
@@ -272,18 +248,13 @@ class Accumulator(AccumulatorRows):
         }
 
     def _carry_relabelled(self, snapshot: Snapshot) -> set[SeriesKey]:
-        """A series that gains (or loses) its `engine` label is the same series renamed.
-
-        A server that starts labelling `engine="0"` mid-window would otherwise show a new
-        series whose whole value (warm-up included) counts as increase. The old series' state
-        moves to the new name (into `gone`, which the new name is read from), so the increase
-        is counted from it; a changed `_created` still reads as a restart. Returns the old
-        names taken from `last` (they are not off the page: they were renamed).
+        """A series that gains (or loses) its `engine` label is the same series renamed: its
+        state moves to the new name (into `gone`), so its whole value is not counted as
+        increase. Returns the old names taken from `last` (renamed, not off the page).
         """
         last, gone, values = self.last, self.gone, snapshot.values
         renamed: set[SeriesKey] = set()
-        # Engine-labelled series by their name without it, built once per scrape and only if
-        # needed: a page renaming its series every scrape must not cost new x known.
+        # Built once per scrape and only if needed: renaming must not cost new x known.
         unlabelled: dict[SeriesKey, list[SeriesKey]] | None = None
         for key in values:
             if key in last or key in gone:
@@ -314,12 +285,8 @@ class Accumulator(AccumulatorRows):
         return renamed
 
     def _retire_absent(self) -> None:
-        """Forget the oldest-seen absent series past MAX_ABSENT_SERIES, keeping their counts.
-
-        Their last value is what a series that comes back would count from; past the bound
-        (a page whose label values change every scrape) the oldest go, and their increase moves
-        to one retired key per counter and position, so totals stay exact.
-        """
+        """Forget the oldest-seen absent series past MAX_ABSENT_SERIES; their increase moves
+        to one retired key per counter and position, so totals stay exact."""
         if len(self.gone) <= MAX_ABSENT_SERIES:
             return
         gone = self._own_gone()
@@ -349,12 +316,6 @@ class Accumulator(AccumulatorRows):
         """Whether a counter series was read: on the last usable scrape's page or before."""
         return bool(self.last) or bool(self.gone)
 
-    @property
-    def seen(self) -> dict[SeriesKey, float]:
-        """When each series off the last usable scrape's page was last read (those on it were
-        read at `last_at`)."""
-        return {key: state[2] for key, state in self.gone.items()}
-
     def totals(self, *, cached: bool = True) -> Counts:
         """The increase since the baseline, summed over engines and models; kept until the
         next `feed` unless not `cached` (and not kept already)."""
@@ -368,9 +329,7 @@ class Accumulator(AccumulatorRows):
     def by_model(self) -> dict[str, Counts]:
         """The increase since the baseline, per model name."""
         models = {key.model_name for key in self.increase}
-        if len(models) == 1:
-            # One model (the usual case): its series are all of them, in the same order, so
-            # its sum is `totals()`, already summed.
+        if len(models) == 1:  # its sum is `totals()`, already summed
             return {models.pop(): self.totals()}
         return counts_by_model(self.increase)
 
@@ -409,40 +368,28 @@ def _unpack(packed: Packed) -> Point:
 class LiveTrack:
     """A target's cumulative increase at its scrapes, kept for `span` seconds: live gauges.
 
-    Scrapes less than `spacing` apart are thinned (targets.py sets half the scrape interval):
-    window markers scrape every target between the regular rounds, and back-to-back windows
-    kept several times the regular rhythm's points, so memory grew with the marker rate. Of
-    two kept points but the newest two, the later is at least `spacing` after the earlier, so
-    a track holds fewer than `span / spacing` + 4 points. The newest two are always kept: the
-    span's end is the last scrape, and the gap between them is the target's last gap between
-    scrapes (exposition.py reads it). A thinned scrape lay less than `spacing` after a kept
-    one, so the span's start (the last kept point at or before `now - span`) is less than
-    `spacing` earlier than the last scrape there; with `spacing` half the scrape interval,
-    finer than the regular rhythm resolves it anyway.
-
-    `points` are kept packed (`Packed`, ~0.24 KB, where a `Counts` with its two dicts is
-    ~0.9 KB and a dozen objects): a point's time is its first item. `span_ends` hands out
-    (time, `Counts`) pairs, made from a packed point when it becomes the span's start.
+    Scrapes less than `spacing` apart are thinned, so markers between the regular rounds do
+    not grow memory: a track holds fewer than `span / spacing` + 4 points. The newest two are
+    always kept (their gap is the target's last gap between scrapes, which exposition reads).
+    `points` are kept packed (`Packed`; a point's time is its first item).
     """
 
     span: float
     spacing: float = 0.0
     accumulator: Accumulator = field(default_factory=Accumulator)
     points: deque[Packed] = field(default_factory=deque)
-    # The newest point unpacked (its totals are the accumulator's), and the last start point
-    # `span_ends` unpacked, with the packed point it came from: the same pairs while the
-    # span's ends stay, so readers can cache by their identity.
+    # The newest point and the last start point unpacked: the same pairs while the span's
+    # ends stay, so readers can cache by their identity.
     _newest: Point | None = field(default=None, init=False, repr=False, compare=False)
     _start: tuple[Packed, Point] | None = field(
         default=None, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> None:
-        """Take one scrape; forget points older than `span` needs; thin close ones (see above)."""
+        """Take one scrape; forget points older than `span` needs; thin close ones."""
         self.accumulator.feed(snapshot, at)
         totals = self.accumulator.totals()
         points = self.points
-        # The point about to be third from the end is judged once, now: kept only if at least
-        # `spacing` after the one before it (itself kept by then).
+        # The point about to be third from the end is kept only if `spacing` after the one before.
         if len(points) > 2 and points[-2][0] - points[-3][0] < self.spacing:
             newest = points.pop()
             points[-1] = newest

@@ -24,7 +24,8 @@ _AUTH_HEADER = re.compile(
 )
 # A credential after the scheme word; a plain word there ("a bearer token") is our own prose,
 # and no token is one lowercase word, so that one shape is left alone.
-_BEARER = re.compile(r"\b((?i:bearer|basic))\s+(?![A-Za-z][a-z]*\b(?![._~+/=-]))[A-Za-z0-9._~+/=-]+")
+_BEARER = re.compile(
+    r"\b((?i:bearer|basic))\s+(?![A-Za-z][a-z]*\b(?![._~+/=-]))[A-Za-z0-9._~+/=-]+")
 _SHORTEST = 4  # a "secret" shorter than this would redact ordinary words of every log line
 
 

@@ -1,9 +1,6 @@
-"""The RESULT: one target's window (or the aggregate of many) in AISBench's format plus our
-extras, its JSON both ways, the one aggregate, and the result files' names.
-
-Pure: no I/O, no aiohttp, no pydantic, so the stdlib-only client merges shards' answers with
-the same `aggregate` the exporter uses.
-"""
+"""The RESULT: one target's window (or the aggregate) in AISBench's format plus our extras,
+its JSON both ways, the one aggregate, and the result files' names. Pure and stdlib-only: the
+client merges shards' answers with the same `aggregate`."""
 
 from __future__ import annotations
 
@@ -46,12 +43,9 @@ class Coverage(StrEnum):
 
 
 def result_file_name(label: str, suffix: str = "") -> str:
-    """`spec_decode_` + the label with every character outside [A-Za-z0-9._-] made `_`.
-
-    As AISBench names its files: `10.0.0.1:8080` -> `spec_decode_10.0.0.1_8080.json`,
-    `[::1]:8080` -> `spec_decode____1__8080.json`. A `suffix` is added after `__`; one over
-    64 characters is cut to 55 and `-<crc32 of it>` (a file name has 255 bytes at most).
-    """
+    """`spec_decode_` + the label with every character outside [A-Za-z0-9._-] made `_`, as
+    AISBench names its files; a `suffix` after `__`, one over 64 characters cut to 55 and
+    `-<crc32 of it>` (a file name has 255 bytes at most)."""
     safe = _UNSAFE.sub("_", suffix)
     if len(safe) > 64:
         safe = f"{safe[:55]}-{zlib.crc32(suffix.encode()):08x}"
@@ -59,12 +53,8 @@ def result_file_name(label: str, suffix: str = "") -> str:
 
 
 def result_file_names(results: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
-    """Each target's file name: AISBench's when unique, else with the target name as suffix.
-
-    Two targets on one host:port (different paths) would write the same file; then each of
-    them is `spec_decode_<label>__<target name>.json` (names that still collide once made
-    safe also get `-<crc32 of the name>`), so none overwrites another.
-    """
+    """Each target's file name: AISBench's when unique, else with the target name as suffix
+    (and `-<crc32 of the name>` where that still collides), so none overwrites another."""
     plain = {t: result_file_name(str(r.get("host_port") or t)) for t, r in results.items()}
     counts = Counter(plain.values())
     named = {
@@ -81,13 +71,10 @@ def result_file_names(results: Mapping[str, Mapping[str, Any]]) -> dict[str, str
 def unobserved_span(prev: float, seen: float, restart_at: float | None,
                     downtimes: Iterable[tuple[float, float]] = ()) -> dict[str, Any]:
     """The span of one restart that no scrape saw: from our last scrape before it (`prev`) to
-    the restart, when its counters' `_created` dates it (`restart_at`), else to the scrape
-    that showed it (`seen`).
+    the restart, when `_created` dates it (`restart_at`), else to the scrape that showed it.
 
-    What the old process counted after `prev` died with it, and no counter of the new one
-    tells how much: `_created` dates the new process's start by the server's clock, not the
-    old one's end, so even an empty-looking span is not proven empty. `downtimes`: spans the
-    exporter was down; the last one inside this span is named (why it is that long).
+    What the old process counted after `prev` died with it; the last of `downtimes` (spans
+    the exporter was down) inside this span is named.
     """
     known = restart_at is not None and prev <= restart_at <= seen
     end = restart_at if known and restart_at is not None else seen
@@ -111,23 +98,20 @@ def unobserved_span(prev: float, seen: float, restart_at: float | None,
 
 
 def restart_time(created: Iterable[float], prev: float, at: float) -> float | None:
-    """When a restart between the scrapes at `prev` and `at` happened: the earliest of the
-    restarted engines' `_created` times in that span (a process creates its counters as it
-    starts); one outside it is a skewed clock, and none dates it: None."""
+    """The earliest of the restarted engines' `_created` times between `prev` and `at` (one
+    outside is a skewed clock), or None."""
     return min((c for c in created if prev <= c <= at), default=None)
 
 
 def restart_times(spans: Sequence[tuple[float, float]],
                   times: Sequence[float | None]) -> list[float | None]:
-    """An accumulator's restart times, one per span of `spans` (a state saved before they
-    were kept has none: unknown)."""
+    """An accumulator's restart times, one per span (None where an old state kept none)."""
     return [*times[: len(spans)], *[None] * (len(spans) - len(times))]
 
 
 def unobserved_spans(spans: Sequence[tuple[float, float]], times: Sequence[float | None],
                      downtimes: Iterable[tuple[float, float]] = ()) -> list[dict[str, Any]]:
-    """`unobserved_span` of each restart: `spans` its (last scrape before, scrape after),
-    `times` its restart time where known (an accumulator's `reset_spans`, `restart_times`)."""
+    """`unobserved_span` of each restart (an accumulator's `reset_spans`, `restart_times`)."""
     downs = list(downtimes)
     return [unobserved_span(prev, seen, at, downs)
             for (prev, seen), at in zip(spans, restart_times(spans, times), strict=True)]
@@ -146,8 +130,8 @@ def unobserved_text(spans: Iterable[Mapping[str, Any]]) -> str:
 
 
 def _read_spans(raw: object) -> tuple[dict[str, Any], ...]:
-    """`unobserved` read back (a shard's answer): each span made again from its times, so
-    no text from elsewhere reaches a note; entries without usable times are dropped."""
+    """`unobserved` read back, each span made again from its times (no text from elsewhere
+    reaches a note); entries without usable times are dropped."""
     if not isinstance(raw, list):
         return ()
     spans = []
@@ -155,21 +139,21 @@ def _read_spans(raw: object) -> tuple[dict[str, Any], ...]:
         if not isinstance(entry, Mapping):
             continue
         prev, seen, at = entry.get("from"), entry.get("next_scrape_at"), entry.get("restart_at")
-        if not (_is_time(prev) and _is_time(seen)):
+        if not (is_number(prev) and is_number(seen)):
             continue
         down = entry.get("exporter_down")
         downtimes = [(down[0], down[1])] if (
-            isinstance(down, list) and len(down) == 2 and all(map(_is_time, down))) else []
-        span = unobserved_span(prev, seen, at if _is_time(at) else None, downtimes)
+            isinstance(down, list) and len(down) == 2 and all(map(is_number, down))) else []
+        span = unobserved_span(prev, seen, at if is_number(at) else None, downtimes)
         if isinstance(entry.get("target"), str):
             span["target"] = entry["target"]
         spans.append(span)
     return tuple(spans)
 
 
-def _is_time(value: object) -> TypeGuard[float]:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value))
+def is_number(value: object) -> TypeGuard[float]:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def fetch_error(url: str, reason: str, when: str) -> str:
@@ -179,11 +163,8 @@ def fetch_error(url: str, reason: str, when: str) -> str:
 
 @dataclass(frozen=True)
 class Result:
-    """One RESULT (a target's, or the aggregate when `url` is None and `targets` is set).
-
-    `data` is derived from `increase` (or from `gauge_means` for an estimate); `to_json` is
-    the file and API form, `from_json` reads it back (a shard's answer, an older file).
-    """
+    """One RESULT (a target's, or the aggregate when `targets` is set); `data` is derived
+    from `increase` (or `gauge_means` for an estimate)."""
 
     status: Status
     url: str | None
@@ -209,8 +190,7 @@ class Result:
     first_scrape_at: float | None = None
     last_scrape_at: float | None = None
     increase_until_removed: Counts | None = None
-    # Per restart inside the window, the span no scrape saw (`unobserved_span`); in an
-    # aggregate, every summed target's, each with its `target`.
+    # `unobserved_span` per restart; in an aggregate, every target's, with its `target`.
     unobserved: tuple[Mapping[str, Any], ...] = ()
 
     @property
@@ -238,11 +218,8 @@ class Result:
         return result_data(self.increase or Counts())
 
     def to_json(self, *, iso_times: bool = False) -> dict[str, Any]:
-        """The RESULT as the API answers it and the file holds it: AISBench's keys first.
-
-        `iso_times`: each `..._at` time with its `..._at_iso` beside it, as in a stop answer.
-        """
-        # Keys set one by one, in the file format's order: this runs for every target of a stop.
+        """The RESULT as the API answers it and the file holds it: AISBench's keys first;
+        with `iso_times`, each `..._at` time with its `..._at_iso` beside it."""
         counted = self.ok and self.increase is not None
         body: dict[str, Any] = {
             "status": self.status.value,
@@ -263,8 +240,6 @@ class Result:
         if self.targets is None:
             body["dialect"] = self.dialect
             body["scrapes"] = self.scrapes
-            # With `iso_times`, where `with_iso_times` would put them, without walking the
-            # whole answer after it.
             for key, at in (("first_scrape_at", self.first_scrape_at),
                             ("last_scrape_at", self.last_scrape_at)):
                 body[key] = at
@@ -299,8 +274,7 @@ class Result:
         return body
 
     def _model_part(self, counts: Counts, body: Mapping[str, Any]) -> dict[str, Any]:
-        """One model's `data` and `increase`; the target's own, copied, when it serves one
-        model only (the usual case: the same numbers, not computed twice)."""
+        """One model's `data` and `increase`; the target's own, copied, when they are equal."""
         if (counts is self.increase or counts == self.increase) and self.gauge_means is None:
             data: dict[str, Any] = body["data"]
             return data | {
@@ -368,11 +342,8 @@ _NONE = Counts()  # what a RESULT without counts adds
 
 
 def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
-    """All targets with exact counts summed, then divided (never an average of ratios).
-
-    The one aggregate: the exporter's stop answer and the client's merge of shards' answers
-    both use it. Estimates (SGLang's gauge means) cannot be summed with counts: they stay out.
-    """
+    """All targets with exact counts summed, then divided (never an average of ratios);
+    estimates (gauge means) cannot be summed with counts: they stay out."""
     used = [(name, r) for name, r in results if r.summable]
     total = sum_counts(r.increase or _NONE for _, r in used)
     before = sum_counts(r.before or _NONE for _, r in used)

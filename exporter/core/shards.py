@@ -8,12 +8,11 @@ of the targets the new shard wins, where `crc32 % N` would move almost all of th
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from exporter.core.result import Coverage
+from exporter.core.result import Coverage, is_number
 from exporter.core.results import Result, Status, aggregate
 from exporter.core.snapshot import DRAFTS_PER_POS, Field, integral
 
@@ -108,20 +107,16 @@ def _time(parts: Sequence[ShardPart], key: str, *, earliest: bool) -> float | No
     """The window's `key` time: the earliest start or the latest stop of its shards, a peer's
     counted only near the requested shard's own (a peer cannot move the window's times)."""
     times: list[float] = [t for p in parts if p.answer is not None
-                          if _is_number(t := p.answer.get(key))]
+                          if is_number(t := p.answer.get(key))]
     mine = [p for p in parts if p.local and p.answer is not None]
     if mine:
         own = mine[0].answer.get(key) if mine[0].answer is not None else None
-        if not _is_number(own):
+        if not is_number(own):
             return None
         times = [t for t in times if abs(t - own) <= SAME_WINDOW_SPAN]
     if not times:
         return None
     return min(times) if earliest else max(times)
-
-
-def _is_number(value: object) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def merge_start(parts: Sequence[ShardPart]) -> dict[str, Any]:
@@ -224,7 +219,7 @@ _COVERAGES = frozenset(c.value for c in Coverage)
 
 
 def _is_count(value: object) -> TypeGuard[float]:
-    return _is_number(value) and 0 <= value <= MAX_COUNT
+    return is_number(value) and 0 <= value <= MAX_COUNT
 
 
 def _counts_problem(raw: object, where: str) -> str | None:
@@ -261,7 +256,7 @@ def _fields_problem(value: Mapping[str, Any]) -> str | None:
         if value.get(key) is not None and not _is_count(value[key]):
             return f"{key} is not a count"
     for key in ("first_scrape_at", "last_scrape_at"):
-        if value.get(key) is not None and not _is_number(value[key]):
+        if value.get(key) is not None and not is_number(value[key]):
             return f"{key} is not a time"
     names = value.get("model_names")
     if names is not None and not (isinstance(names, list)
@@ -269,7 +264,7 @@ def _fields_problem(value: Mapping[str, Any]) -> str | None:
         return "model_names is not a list of names"
     means = value.get("gauge_means")
     if value.get("estimate") and not (isinstance(means, Mapping)
-                                      and all(_is_number(m) for m in means.values())):
+                                      and all(is_number(m) for m in means.values())):
         return "gauge_means is not an object of numbers"
     return None
 
@@ -336,7 +331,8 @@ def vet_stop(part: ShardPart, shards: int, fleet: Iterable[str]) -> None:
         if name not in known:
             part.refused[name] = "no such target in the fleet"
         elif result["status"] == Status.OK and (home := owner(name, shards)) != part.index:
-            part.refused[name] = f"counted by shard {part.index}, but the split gives it to shard {home}"
+            part.refused[name] = (f"counted by shard {part.index}, but the split gives it to "
+                                  f"shard {home}")
         else:
             vetted[name] = dict(result) | {"data": Result.from_json(result).data()}
     part.answer = dict(part.answer) | {"results": vetted}
@@ -365,7 +361,7 @@ def vet_open(part: ShardPart, fleet: Iterable[str]) -> None:
         _distrust(part, "its scrapes are not counts")
     elif not (_texts(answer.get("errors")) and _texts(answer.get("start_errors"))):
         _distrust(part, "its errors are not texts")
-    elif not _is_number(answer.get("started_at")):
+    elif not is_number(answer.get("started_at")):
         _distrust(part, "its started_at is not a time")
     else:
         known = set(fleet)
@@ -414,7 +410,7 @@ def _list_counts(figures: Mapping[str, Any]) -> tuple[float, float, float] | Non
     if drafts == 0:
         return 0.0, 0.0, 0.0
     rate, length = figures.get("acceptance_rate"), figures.get("acceptance_length")
-    if not (_is_number(rate) and _is_number(length)) or rate <= 0:
+    if not (is_number(rate) and is_number(length)) or rate <= 0:
         return None
     accepted = float(round((length - 1) * drafts))
     return drafts, float(round(100 * accepted / rate)), accepted
@@ -450,8 +446,8 @@ def merge_list(parts: Sequence[ShardPart], limit: int) -> dict[str, Any]:
     for items in by_id.values():
         first = items[0]
         open_somewhere = any(i["state"] == "open" for i in items)
-        stops: list[float] = [i["stopped_at"] for i in items if _is_number(i.get("stopped_at"))]
-        starts: list[float] = [i["started_at"] for i in items if _is_number(i.get("started_at"))]
+        stops: list[float] = [i["stopped_at"] for i in items if is_number(i.get("stopped_at"))]
+        starts: list[float] = [i["started_at"] for i in items if is_number(i.get("started_at"))]
         windows.append({k: v for k, v in first.items() if not k.endswith("_at_iso")} | {
             "state": "open" if open_somewhere else "stopped",
             "targets": [t for i in items for t in i["targets"]],

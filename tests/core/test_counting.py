@@ -649,7 +649,7 @@ class TestRoundPart:
         assert stored.part is not None
         at = {t for _, t in stored.part["seen"]}
         assert at == {102.0} and len(stored.part["seen"]) == 6  # engine 1's six series
-        assert stored.load().seen == acc.seen
+        assert stored.load().gone == acc.gone
 
     def test_a_round_part_holds_no_time_per_series(self):
         acc, stored = Accumulator(), StoredRows()

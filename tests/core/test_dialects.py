@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.counting import Accumulator
 from exporter.config.model import validate_config
 from exporter.core.console import format_window
-from exporter.fakevllm import FakeServer
+from exporter.core.counting import Accumulator
 from exporter.core.parse import Dialect, detect_dialect, dialect_note, parse_page
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
+from exporter.fakevllm import FakeServer
 
 PAGES = Path(__file__).resolve().parents[1] / "testdata" / "pages"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.fakevllm import FakeServer, page_for_bench
 from exporter.core.parse import Dialect, PageLimitError, PageLimits, parse_page
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
+from exporter.fakevllm import FakeServer, page_for_bench
 
 PAGES = Path(__file__).resolve().parents[1] / "testdata" / "pages"
 DP8 = "vllm-0.10.2dev-pr24049-dp8-query-fragments.txt"

@@ -34,6 +34,7 @@ class TestRedactText:
 
 def test_the_log_filter_keeps_our_message_about_bearer_tokens():
     record = logging.LogRecord("x", logging.INFO, __file__, 1,
-                               "auth on: require a bearer token on every POST (%s)", ("Bearer s3cr3t",), None)
+                               "auth on: require a bearer token on every POST (%s)",
+                               ("Bearer s3cr3t",), None)
     assert RedactingFilter().filter(record)
     assert record.getMessage() == f"auth on: require a bearer token on every POST (Bearer {SECRET})"

@@ -1,4 +1,4 @@
-"""exporter/core/stopped.py: what memory keeps of stopped windows (list items, the last one's gauges)."""
+"""exporter/core/stopped.py: what memory keeps of stopped windows (list items, last gauges)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
-"""exporter/core/window.py: a window's per-scrape series (thinned, kept through the store format), and
-the series as the API endpoint and the landing page's line chart show it."""
+"""exporter/core/window.py: a window's per-scrape series (thinned, kept through the store format),
+and the series as the API endpoint and the landing page's line chart show it."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import Clock
 
-from exporter.scrape.scraper import ScrapeResult
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
 from exporter.core.window import MAX_SERIES_POINTS, TargetRef, Window
+from exporter.scrape.scraper import ScrapeResult
 
 
 class TestSeriesEndpoint:

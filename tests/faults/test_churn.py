@@ -48,7 +48,7 @@ async def churning():
 
 
 def _kept(acc) -> int:
-    return len(acc.last) + len(acc.seen) + len(acc.increase)
+    return len(acc.last) + len(acc.gone) + len(acc.increase)
 
 
 class TestChurn:
