@@ -20,13 +20,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from exporter.config.documents import DocumentError, parse_yaml, read_text
-from exporter.config.values import (
-    MAX_DURATION,
-    MAX_RETENTION,
-    parse_duration,
-    parse_matcher,
-    parse_retention,
-)
+from exporter.config.values import parse_duration, parse_matcher, parse_retention
 from exporter.core.dialects import Dialect, default_path
 from exporter.core.errors import ConfigError
 from exporter.core.parse import PageLimits
@@ -49,6 +43,25 @@ class _KeyError(ValueError):
     def __init__(self, key: str, message: str):
         self.key = key
         super().__init__(message)
+
+
+def _check_url(value: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or not parts.hostname:
+        kinds = " or ".join(f"{scheme}://" for scheme in schemes)
+        raise ValueError(f"must be an {kinds} URL with a host, not {value!r}")
+    try:
+        _ = parts.port  # urlsplit checks the port only when asked
+    except ValueError as exc:
+        raise ValueError(f"has a bad port: {value!r}") from exc
+    return value
+
+
+def _over_interval(value: float | None, interval: float | None) -> str | None:
+    """Why a duration longer than scrape_interval is refused (it would stretch every round)."""
+    if value is None or interval is None or value <= interval:
+        return None
+    return f"must not be longer than scrape_interval ({value:g}s > {interval:g}s)"
 
 
 def _check_host_port(value: str) -> str:
@@ -135,30 +148,12 @@ class TargetConfig(_Strict):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
-        if not value:
-            return value
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"must be an http:// or https:// URL with a host, not {value!r}")
-        try:
-            _ = parts.port  # urlsplit checks the port only when asked
-        except ValueError as exc:
-            raise ValueError(f"has a bad port: {value!r}") from exc
-        return value
+        return _check_url(value) if value else value
 
     @field_validator("proxy_url")
     @classmethod
     def _proxy_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        parts = urlsplit(value)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"must be an http:// URL with a host, not {value!r}")
-        try:
-            _ = parts.port
-        except ValueError as exc:
-            raise ValueError(f"has a bad port: {value!r}") from exc
-        return value
+        return None if value is None else _check_url(value, ("http",))
 
     @field_validator("labels")
     @classmethod
@@ -279,8 +274,7 @@ class Config(_Strict):
     window_scrape_interval: Duration | None = None
     output_dir: str = "outputs"
     state_db: str | None = None  # default: <output_dir>/state.sqlite
-    # Accepted so that configs written for older versions still load; ignored: what changed is
-    # saved after every round now, which costs under 5% of a round (docs/performance.md).
+    # Accepted, and ignored, so that configs written for older versions still load.
     state_save_interval: Duration | None = None
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     scrape_concurrency: int = Field(default=64, ge=1, le=10000)
@@ -313,26 +307,12 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
-        if self.scrape_timeout > self.scrape_interval:
-            raise _KeyError(
-                "scrape_timeout",
-                f"must not be longer than scrape_interval "
-                f"({self.scrape_timeout:g}s > {self.scrape_interval:g}s)",
-            )
-        if (self.window_scrape_interval or 0.0) > self.scrape_interval:
-            raise _KeyError(
-                "window_scrape_interval",
-                f"must not be longer than scrape_interval "
-                f"({self.window_scrape_interval:g}s > {self.scrape_interval:g}s)",
-            )
-        for index, target in enumerate(self.targets):
-            # A target slower than the interval would stretch every round past its beat.
-            if target.timeout is not None and target.timeout > self.scrape_interval:
-                raise _KeyError(
-                    f"targets.{index}.timeout",
-                    f"must not be longer than scrape_interval "
-                    f"({target.timeout:g}s > {self.scrape_interval:g}s)",
-                )
+        durations = [("scrape_timeout", self.scrape_timeout),
+                     ("window_scrape_interval", self.window_scrape_interval)]
+        durations += [(f"targets.{i}.timeout", t.timeout) for i, t in enumerate(self.targets)]
+        for key, value in durations:
+            if problem := _over_interval(value, self.scrape_interval):
+                raise _KeyError(key, problem)
         if self.shard_index >= self.shards:
             raise _KeyError("shard_index", f"must be below shards ({self.shards})")
         if self.peers and len(self.peers) != self.shards:
@@ -342,8 +322,7 @@ class Config(_Strict):
 
     @property
     def window_interval(self) -> float:
-        """How often an open window's targets are scraped: the key, else 1s within the
-        scrape interval."""
+        """How often an open window's targets are scraped: the key, else 1s within the interval."""
         return self.window_scrape_interval or min(1.0, self.scrape_interval)
 
     @property
@@ -351,15 +330,6 @@ class Config(_Strict):
         """Where the durable window state lives."""
         return Path(self.state_db) if self.state_db else Path(self.output_dir) / "state.sqlite"
 
-    def target(self, name: str) -> TargetConfig | None:
-        """The target called `name` (or with that host:port), if configured."""
-        for target in self.targets:
-            if target.name == name:
-                return target
-        for target in self.targets:
-            if target.host_port == name:
-                return target
-        return None
 
 
 def _location(error: ErrorDetails) -> str:
@@ -430,13 +400,10 @@ def _cross_field_problems(data: dict[str, Any]) -> list[str]:
     problems = []
     interval = _try_duration(data.get("scrape_interval"), 5.0)
     timeout = _try_duration(data.get("scrape_timeout"), 3.0)
-    if interval is not None and timeout is not None and timeout > interval:
-        problems.append(f"scrape_timeout: must not be longer than scrape_interval "
-                        f"({timeout:g}s > {interval:g}s)")
     window = _try_duration(data.get("window_scrape_interval"), 0.0)
-    if interval is not None and window is not None and window > interval:
-        problems.append(f"window_scrape_interval: must not be longer than scrape_interval "
-                        f"({window:g}s > {interval:g}s)")
+    for key, value in (("scrape_timeout", timeout), ("window_scrape_interval", window)):
+        if problem := _over_interval(value, interval):
+            problems.append(f"{key}: {problem}")
     shards, index = data.get("shards", 1), data.get("shard_index", 0)
     if type(shards) is int and type(index) is int and 0 <= index and index >= shards >= 1:
         problems.append(f"shard_index: must be below shards ({shards})")
@@ -447,9 +414,8 @@ def _cross_field_problems(data: dict[str, Any]) -> list[str]:
             target = TargetConfig.model_validate(raw)
         except ValidationError:
             continue  # its own problems are listed already
-        if interval is not None and target.timeout is not None and target.timeout > interval:
-            problems.append(f"targets.{position}.timeout: must not be longer than "
-                            f"scrape_interval ({target.timeout:g}s > {interval:g}s)")
+        if problem := _over_interval(target.timeout, interval):
+            problems.append(f"targets.{position}.timeout: {problem}")
         if target.name in seen:
             problems.append(f'targets.{position}.name: duplicate target name "{target.name}"'
                             f" (also targets.{seen[target.name]})")

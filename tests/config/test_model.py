@@ -214,12 +214,6 @@ class TestTarget:
 
 
 class TestConfig:
-    def test_lookup_by_name_or_host_port(self):
-        config = validate_config({"targets": [{"name": "a", "url": "http://h:1/metrics"}]})
-        assert config.target("a") is config.targets[0]
-        assert config.target("h:1") is config.targets[0]
-        assert config.target("b") is None
-
     def test_default_names_collide(self):
         with pytest.raises(ConfigError) as caught:
             validate_config({"targets": [{"host": "h", "port": 1}, {"url": "http://h:1/x"}]})
