@@ -64,7 +64,7 @@ async def _after_rounds(service, writer: MetricsWriter, fleet: NginxFleet,
     times = []
     for _ in range(repeats):
         await asyncio.to_thread(fleet.advance, 20)
-        await service.scrape_round()
+        await service.scheduler.round()
         # The round's garbage collected first: the collection it leaves falls on whatever
         # allocates next, here the render; it is the round's cost (the lag phases count it).
         gc.collect()
@@ -108,10 +108,10 @@ async def _measure(fleet: NginxFleet, n: int, workdir: Path, *, repeats: int,
     try:
         service, writer = app[SERVICE], app[WRITER]
         started = time.perf_counter()
-        await service.scrape_round()
+        await service.scheduler.round()
         first_round = time.perf_counter() - started
         fleet.advance()  # counters grow, so the live ratio gauges exist
-        await service.scrape_round()
+        await service.scheduler.round()
         body = writer.render()
         samples = samples_in(body)
         # From nothing: a fresh writer (the first render, or one after a reload of every label).

@@ -40,13 +40,13 @@ async def _measure(fleet: NginxFleet, n: int, workdir: Path, repeats: int) -> di
     try:
         service = app[SERVICE]
         book = service.book
-        await service.scrape_round()  # connections warm
+        await service.scheduler.round()  # connections warm
         await service.start_window("bench-save")
         rounds, saves, rows = [], [], []
         for _ in range(repeats):
             await asyncio.to_thread(fleet.advance)
             started = time.process_time()
-            await service.scrape_round()  # its own save included
+            await service.scheduler.round()  # its own save included
             rounds.append(time.process_time() - started)
             # The same save again, alone: every accumulator marked changed, as the round left it.
             for window in book.open_windows():

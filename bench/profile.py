@@ -46,10 +46,10 @@ async def _run(fleet: NginxFleet, n: int, workdir: Path) -> None:
     await runner.setup()
     service, writer = app[SERVICE], app[WRITER]
     try:
-        await service.scrape_round()  # warm connections
+        await service.scheduler.round()  # warm connections
         fleet.advance()
         for title, make in (
-            ("scrape round", service.scrape_round),
+            ("scrape round", service.scheduler.round),
             ("window start", lambda: service.start_window("prof")),
         ):
             profile = cProfile.Profile()
@@ -78,7 +78,7 @@ async def _run(fleet: NginxFleet, n: int, workdir: Path) -> None:
         loop.slow_callback_duration = 0.05
         loop.set_debug(True)
         print("\n===== callbacks over 50 ms during one scrape round =====", flush=True)
-        await service.scrape_round()
+        await service.scheduler.round()
         loop.set_debug(False)
     finally:
         await runner.cleanup()

@@ -101,7 +101,7 @@ class ExporterUnderTest:
     service: ExporterService
 
     async def round(self) -> None:
-        await self.service.scrape_round()
+        await self.service.scheduler.round()
 
     async def start(self, **body) -> dict:
         """POST a window start; its answer (201 or 200)."""

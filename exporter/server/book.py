@@ -1,9 +1,7 @@
-"""The window book: start, stop, restore, persist and forget benchmark windows.
+"""The window book: start, stop, restore, persist and forget windows (`serve` and `measure`).
 
-One place holds the window protocol, for `serve` and `measure` alike. A window is durable from
-the moment its start is acknowledged and not before; what a window has counted is saved every
-round (only accumulators that changed), and at once when a scrape shows a server restart, since
-the increase counted before a restart exists nowhere else.
+A window is durable once its start is acknowledged; what it counted is saved every round, and
+at once when a scrape shows a server restart (the increase before it exists nowhere else).
 """
 
 from __future__ import annotations
@@ -57,10 +55,8 @@ def _stop_error(window_id: str, exc: BaseException) -> BaseException:
 class WindowBook:
     """Open windows and the recent stopped ones, backed by a `StateStore`.
 
-    A stopped window's answer lives in the store (and its result files), not in memory: over
-    1000 targets it is ~20 MB of Python objects, and 50 of them were a gigabyte. Memory keeps
-    what lists show (`StoppedWindow`), what the last-window gauges read (`LastWindow`), and the
-    one stopped window read whole most recently (a page view reads it once, not per request).
+    A stopped window's answer is too big to keep in memory: only what lists show, what the
+    last-window gauges read, and the stopped window read whole most recently stay.
     """
 
     def __init__(self, store: StateStore, clock: Callable[[], float],
@@ -77,21 +73,18 @@ class WindowBook:
         # The stopped window last read whole from the store, and whether with its series.
         self._read: tuple[Window, bool] | None = None
         self.result_errors = 0  # stops whose result files could not be written
-        # The last stop's answer as encoded for the state database, until its HTTP answer
-        # takes it (5 MB at 1000 targets: not kept after; a second stop reads the store).
+        # The last stop's answer text, until its HTTP answer takes it (not kept after).
         self._answer_text: tuple[str, bytes] | None = None
         # Windows being stopped -> the child making the answer, and its codec (`stop`).
         self._stopping: dict[str, tuple[Child, ResultCodec]] = {}
 
     @property
     def state_errors(self) -> int:
-        """Failed state writes and damage found, since we started."""
         return self.store.errors_total
 
     # -- reading ------------------------------------------------------------------------
 
     def open_windows(self) -> list[Window]:
-        """Acknowledged windows not stopped yet."""
         return [w for w in self._windows.values() if w.is_open]
 
     def get(self, window_id: str) -> Window:
@@ -103,8 +96,7 @@ class WindowBook:
         return self._windows.get(window_id) or self._read_whole(window_id, series=True)
 
     def _read_whole(self, window_id: str, *, series: bool) -> Window:
-        # The last one read is kept: the landing page shows the newest window's series on
-        # every refresh, and a window's page reads it once per view.
+        # The last one read is kept: pages read the newest window on every refresh.
         if self._read is None or self._read[0].id != window_id or (series and not self._read[1]):
             window = self._load(window_id, series=series)
             if window is None:
@@ -122,7 +114,6 @@ class WindowBook:
         return None
 
     def in_flight(self, window_id: str) -> bool:
-        """A start or stop of that id is under way."""
         return window_id in self._pending
 
     def recent(self) -> list[Window | StoppedWindow]:
@@ -135,12 +126,11 @@ class WindowBook:
         listed: list[Window | StoppedWindow] = [*self._windows.values(), *self._stopped.values()]
         return sorted(listed, key=lambda w: w.started_at, reverse=True)
 
-    def _load(self, window_id: str, *, series: bool = True) -> Window | None:
+    def _load(self, window_id: str, *, series: bool) -> Window | None:
         doc = self.store.load(window_id, series=series)
         return window_from(doc) if doc is not None else None
 
     def _newest_stopped(self) -> LastWindow | None:
-        """The last-window gauges' part of the most recently started stopped window."""
         for doc in self.store.recent_closed(1, series=False):  # unreadable ones logged there
             try:
                 return LastWindow.of(doc["answer"]) if doc["answer"] is not None else None
@@ -153,10 +143,8 @@ class WindowBook:
 
     def restore(self, known_targets: Iterable[str],
                 gone: Callable[[str], str] = lambda name: "not in the config") -> None:
-        """Open windows from the store; the time we were away is a downtime of each.
-
-        `gone(name)` says why a window's target is not ours any more (moved to another shard).
-        """
+        """Open windows from the store; the time we were away is a downtime of each. `gone(name)`
+        says why a target is not ours any more."""
         known = set(known_targets)
         for doc in self.store.load_open():
             try:
@@ -214,8 +202,7 @@ class WindowBook:
         self._save_rows(rows, [w.to_dict(accumulators=False) for w in windows])
 
     def _save_all(self) -> None:
-        # The database went away under us: what memory holds is all there is; write it back,
-        # the recent stopped windows from their result files (memory keeps no answers).
+        # The database went away under us: memory, and the stopped windows' files, write it back.
         self._save_all_open()
         self.store.save([doc for w in self._stopped.values()
                          if (doc := doc_from_files(self.results_dir(w.id), w)) is not None])
@@ -239,8 +226,7 @@ class WindowBook:
             self.version += 1
 
     def move_store(self, path: Path) -> None:
-        """The state database moves (a reload changed `output_dir` or `state_db`): its rows are
-        copied to the new file before the old one goes, so the next start finds every window.
+        """The state database moves (a reload): rows copied before the old file goes;
         `StoreError` (the reload is refused) if the new file cannot take them."""
         old = self.store
         with contextlib.suppress(OSError):
@@ -280,17 +266,15 @@ class WindowBook:
 
     async def stop(self, window_id: str, scrape: ScrapeFn, *, answer: bool = True) -> Window:
         """Close a window (its targets scraped at once); a second stop gives the same answer.
-        `answer=False`: without its answer, whose text `take_answer_text` has (the HTTP answer
-        sends that: memory need not hold the dicts)."""
+        `answer=False`: without its answer (`take_answer_text` has its text)."""
         await self._settled(window_id)
         window = self.get(window_id)
         if not window.is_open:
             return window
         async with self._in_flight(window_id):
             stop_errors = dict(window.stop_errors)
-            # A forked child makes the answer (its short-lived objects leave with it): forked
-            # now with a core to spare, fed the scrapes as they come; else after them (it would
-            # compete with them, and copy each page they write), from a window that took them.
+            # A forked child makes the answer: forked now with a core to spare, fed the scrapes
+            # as they come; else after them (it would compete with them).
             work = stop_work(window, self.results_dir(window.id))
             child, codec, early = Child(work), ResultCodec(), forks_early()
 
@@ -326,8 +310,7 @@ class WindowBook:
                 raise error from exc
             finally:
                 await child.close()
-        # The state row made from the answer's text (megabytes, freed by now) goes back to
-        # the system; the answer's objects were the child's.
+        # The state row made from the answer's text (megabytes, freed by now) goes back.
         give_back_free_memory()
         log.info("window stopped id=%s", window_id)
         return self.get(window_id) if answer else window.as_answer_only()
@@ -347,8 +330,6 @@ class WindowBook:
                      answer_text: bytes) -> None:
         """The stop's answer saved; else `StoreError` (the window is reopened by `stop`)."""
         self.store.save(stopped=[(window.id, window.started_at, row)], sync=True)
-        # A stopped window's answer is in the store: memory keeps what lists and gauges read,
-        # and the text of the last one stopped (its HTTP answer).
         self._windows.pop(window.id, None)
         self._stopped[window.id] = StoppedWindow.of(kept)
         self.last_window = LastWindow.of_kept(kept)
@@ -374,9 +355,8 @@ class WindowBook:
     # -- recorded elsewhere -------------------------------------------------------------
 
     def record_stopped(self, window: Window) -> None:
-        """A window made elsewhere and stopped already (from a store's history): its files
-        written and its row saved, then listed and read like one stopped here; 409 when its id
-        is taken."""
+        """A window stopped elsewhere (a store's history), written and listed like one stopped
+        here; 409 when its id is taken."""
         assert window.answer is not None and window.stopped_at is not None
         if (window.id in self._windows or window.id in self._pending
                 or self._load(window.id, series=False) is not None):
@@ -399,13 +379,7 @@ class WindowBook:
         window = self.get(window_id)
         if window.is_open:
             raise RequestError(f'window "{window_id}" is open: stop it first', status=409)
-        self.store.delete([window_id])
-        self._stopped.pop(window_id, None)
-        self._read = None
-        self._forget_text([window_id])
-        if self.last_window is not None and self.last_window.id == window_id:
-            self.last_window = self._newest_stopped()
-        self.version += 1
+        self._forget([window_id])
         log.info("window deleted id=%s", window_id)
 
     def expire(self, retention: float) -> int:
@@ -413,20 +387,20 @@ class WindowBook:
         old = self.store.stopped_before(self.clock() - retention)
         if not old:
             return 0
-        self.store.delete(old)
-        self._read = None
-        self._forget_text(old)
-        for window_id in old:
-            self._stopped.pop(window_id, None)
-        if self.last_window is not None and self.last_window.id in old:
-            self.last_window = self._newest_stopped()
-        self.version += 1
+        self._forget(old)
         log.info("stopped windows past retention forgotten count=%d", len(old))
         return len(old)
 
-    def _forget_text(self, window_ids: list[str]) -> None:
+    def _forget(self, window_ids: list[str]) -> None:
+        self.store.delete(window_ids)
+        self._read = None
         if self._answer_text is not None and self._answer_text[0] in window_ids:
             self._answer_text = None
+        for window_id in window_ids:
+            self._stopped.pop(window_id, None)
+        if self.last_window is not None and self.last_window.id in window_ids:
+            self.last_window = self._newest_stopped()
+        self.version += 1
 
     def _forget_old(self) -> None:
         closed = sorted(self._stopped.values(), key=lambda w: w.started_at)
@@ -438,8 +412,7 @@ class WindowBook:
         try:
             self._save_all_open()
         except StoreError as exc:
-            # Saved every round and at every restart seen: what is lost is the last round's
-            # progress, which the next start's scrapes make up from the servers' counters.
+            # Lost: the last round's progress, which the next start makes up from the counters.
             log.error("open windows not saved at shutdown error=%s", exc)
         finally:
             self.store.close()

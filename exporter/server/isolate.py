@@ -1,22 +1,11 @@
-"""Short-lived bulk work in a forked child, so that its memory leaves with the child.
+"""Short-lived bulk work in a forked child, so that its memory leaves with the child (freed
+in the parent, long-lived objects made meanwhile pin Python's arenas). Without `fork`, with
+`SPECDEC_STOP_IN_CHILD=0`, or when the child dies unanswered, the caller runs it in a thread.
 
-A stop over a large fleet builds tens of megabytes of short-lived objects (the answer's dicts,
-its JSON texts) while the loop goes on scraping. Freed, that memory mostly stayed: Python's
-small-object arenas return to the system only when wholly empty, and the scrapes' long-lived
-objects made meanwhile pin them, so RSS grew with every stop. A forked
-child sees the parent's memory as it was at the fork (copy-on-write), does the work on the
-other core, hands back bytes through a socket and exits: its memory goes with it, and the
-parent's event loop no longer shares the GIL with the encoding either.
-
-Where there is no `fork` (Windows), `SPECDEC_STOP_IN_CHILD=0` is set, or the child dies
-without an answer, the same function runs in a thread of this process instead.
-
-Both ways carry length-prefixed frames (an 8-byte size, then the bytes): the parent's messages
-(pickled) into the child, and one answer frame back (a kind byte, then the work's bytes).
-Fork safety is structural: the child closes every descriptor but its two (the parent's SQLite
-file, sockets and log files among them), turns logging off before any code of the work runs
-(a handler's stream lock may be a thread's at the fork), uses no executor, and leaves by
-`os._exit` (no atexit handler, no flush of a shared buffer).
+Frames are length-prefixed (8-byte size): pickled messages in, one answer frame back (a kind
+byte, then the work's bytes). Fork safety: the child closes every descriptor but its two,
+turns logging off before the work runs (a handler's lock may be a thread's at the fork), uses
+no executor, and leaves by `os._exit` (no atexit handler, no flush of a shared buffer).
 """
 
 from __future__ import annotations
@@ -99,32 +88,19 @@ def forking() -> bool:
     return hasattr(os, "fork") and os.environ.get(ENV, "1") != "0"
 
 
-async def run_isolated(work: Callable[[], bytes], *, timeout: float = 300.0) -> bytes:
-    """`work()` in a forked child (else in a thread); its bytes, or `ChildError` if it raised.
-
-    `work` must not take locks other threads may hold at the fork (logging, the import lock):
-    it computes from the objects it was given and writes files.
-    """
-    async with Child(lambda _inbox: work()) as child:
-        data = await child.result(timeout=timeout)
-    return data if data is not None else await in_thread(work)
-
-
 class Child:
-    """`work(inbox)` in a forked child, fed the messages `send` is given while it runs (the
-    inbox yields them, in order, until `result` is asked for); then its bytes.
+    """`work(inbox)` in a forked child, its inbox yielding what `send` is given, in order.
 
-    Without a child (no fork here, or turned off) `send` drops its messages, and `result` is
-    None, as when the child dies without an answer: the caller then does the work itself
-    (`in_thread`) from what it holds. Use as `async with`: leaving it ends a child still there.
+    `work` must take no lock another thread may hold at the fork. Without a child `send`
+    drops its messages and `result` is None (as when the child dies): the caller then works
+    `in_thread`. Leaving `async with` ends a child still there.
     """
 
     def __init__(self, work: Callable[[Iterator[Any]], bytes]):
         self._work = work
         self._pid: int | None = None
         self._to_child: int | None = None  # non-blocking: `send` never waits on the child
-        # A socket, not a pipe: `recv(size, MSG_WAITALL)` reads a part of megabytes into the
-        # bytes it is kept as, where a pipe's reads came in 64 KB pieces to join.
+        # A socket, not a pipe: `recv(size, MSG_WAITALL)` reads megabytes in one piece.
         self._from_child: socket.socket | None = None
         self._pending = bytearray()  # sent, not yet taken by the pipe
         self._drained: asyncio.Future[None] | None = None
@@ -138,12 +114,10 @@ class Child:
         await self.close()
 
     def start(self) -> None:
-        """Fork the child now (where there is a fork, and it is not turned off)."""
         if forking() and self._pid is None:
             self._fork()
 
     async def close(self) -> None:
-        """End a child whose result was not read (cancelled, or the caller failed)."""
         if self._pid is not None:
             os.kill(self._pid, signal.SIGKILL)
             self._close_input()
@@ -158,9 +132,7 @@ class Child:
         answer_r, answer_w = socket.socketpair()
         try:
             with warnings.catch_warnings():
-                # Python 3.12+ warns of a fork in a process with threads (the loop's executor):
-                # a lock another thread holds stays locked in the child. The child reaches
-                # none of them (the module's docstring says how): the warning is not ours.
+                # 3.12+ warns of a fork with threads: the child takes none of their locks.
                 warnings.simplefilter("ignore", DeprecationWarning)
                 parent = os.getpid()
                 pid = os.fork()
@@ -188,8 +160,7 @@ class Child:
             return
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         if not self._pending:
-            # Written once this turn of the loop is over, with whatever else is sent in it:
-            # a write per message woke the child (and the scheduler) a thousand times a stop.
+            # One write per turn of the loop, not one per message (each wakes the child).
             self._loop.call_soon(self._flush)
         self._pending += len(data).to_bytes(_SIZE, "big") + data
 
@@ -235,8 +206,7 @@ class Child:
         return frame[1:]
 
     async def _answer_frame(self, timeout: float) -> bytes | None:
-        """The child's answer frame (None: it ended without one, or took longer than `timeout`
-        seconds and is killed). The child is let go after it (reaped as it goes)."""
+        """The child's answer frame; None if it ended without one or is killed past `timeout`."""
         assert self._pid is not None and self._from_child is not None
         pid, channel = self._pid, self._from_child
         self._close_input()  # the inbox ends: the child finishes its work
@@ -249,9 +219,7 @@ class Child:
         finally:
             if not reader.done():  # past its time, or this stop cancelled: the child goes
                 os.kill(pid, signal.SIGKILL)
-            # The reading thread sees the end once the child closed it or is gone; the socket
-            # is closed only then (closed under it, the number could be another file's by its
-            # next read).
+            # Closed only once the reader is done: closed under it, the number could be reused.
             await asyncio.wait([reader])
             channel.close()
             self._pid = self._from_child = None
@@ -265,8 +233,7 @@ class Child:
 
 
 def _reap_later(pid: int) -> None:
-    """Wait for the child `pid` in a thread of its own (never leaving a zombie, whatever
-    becomes of the loop), unless it is gone already."""
+    """Reap `pid` in a thread of its own (no zombie, whatever becomes of the loop)."""
     with contextlib.suppress(ChildProcessError):
         if not os.waitpid(pid, os.WNOHANG)[0]:
             threading.Thread(target=_wait_quietly, args=(pid,), daemon=True,
@@ -298,7 +265,7 @@ async def in_thread(work: Callable[[], _T]) -> _T:
     """`work()` in a thread, raising as a child's work would (`ChildError`)."""
     try:
         return await asyncio.to_thread(work)
-    except Exception as exc:  # the same contract as the child's
+    except Exception as exc:
         raise ChildError(type(exc).__name__, str(exc)) from exc
 
 
@@ -307,17 +274,13 @@ _in_child = False
 
 
 def leave_to_exit(*objects: Any) -> None:
-    """In a forked child, hold `objects` until it exits, which frees them all at once.
-
-    A stop's answer is millions of objects: freed one by one as its work returned, they would
-    delay its answer to the parent in a process about to be gone. Where the work runs in a
-    thread (no child), nothing is held.
-    """
+    """In a forked child, hold `objects` until it exits: freeing millions of them one by one
+    would delay its answer. In a thread, nothing is held."""
     if _in_child:
         _LEFT_TO_EXIT.append(objects)
 
 
-def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
+def _child(work: Callable[[], bytes], fd: int, inbox: int
            ) -> None:  # pragma: no cover  (runs in the child)
     global _in_child
     _in_child = True
@@ -330,7 +293,7 @@ def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
             signal.signal(number, signal.SIG_DFL)
         # No socket, database or file of the parent held open: a server restarted while the
         # child still works must find its port free, and no write reaches the parent's files.
-        kept = sorted({fd, inbox} - {-1})
+        kept = sorted({fd, inbox})
         for low, high in zip([2, *kept], [*kept, _MAX_FD], strict=True):
             os.closerange(low + 1, high)
         # No record reaches a handler: its lock, or its stream's, may be a thread's.
@@ -342,8 +305,7 @@ def _child(work: Callable[[], bytes], fd: int, inbox: int = -1
             _send_frame(fd, _OK + work())
         except Exception as exc:  # no traceback printed: stderr's lock may be another thread's
             _send_frame(fd, _RAISED + f"{type(exc).__name__}\n{exc}".encode(errors="replace"))
-        # The parent reads to its end: the socket closed now, not when this process is gone
-        # (exit frees its memory first, which the parent's stop would wait for).
+        # Closed now: exit frees the memory first, which the parent would wait for.
         os.close(fd)
     except BaseException:
         code = 1
@@ -372,8 +334,7 @@ def _read_frame(channel: socket.socket) -> bytes | None:
 
 
 def _receive(channel: socket.socket, size: int) -> bytes | None:
-    """`size` bytes, received into the bytes object they are kept as (one copy, where reads
-    of a pipe's 64 KB and a join made two); None at the end before them."""
+    """`size` bytes, received into the bytes object they are kept as; None at an early end."""
     data = channel.recv(size, socket.MSG_WAITALL) if size else b""
     if len(data) == size:
         return data

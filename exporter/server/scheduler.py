@@ -18,10 +18,13 @@ log = logging.getLogger(__name__)
 
 EXPIRY_EVERY = 3600.0  # seconds between retention passes: retention is counted in days
 # A round's targets start in this many groups spread over the interval, not one by one: a
-# scrape that wakes an idle loop (and nginx) costs about twice the CPU of one among a group
-# (0.38-0.47 ms against 0.25 with 8 groups, 0.18 in one burst; 500 targets, same run), and
-# 1000/8 answers per group (64 at a time) still hold the loop for short turns only.
+# scrape that wakes an idle loop costs more CPU than one among a group.
 SPREAD_SLOTS = 8
+
+
+def _delay(name: str, span: float) -> float:
+    """The target's fixed share of `span` (by a hash of its name, as Prometheus offsets)."""
+    return span * (zlib.crc32(name.encode()) % SPREAD_SLOTS) / SPREAD_SLOTS
 
 
 class Scheduler:
@@ -38,12 +41,8 @@ class Scheduler:
         self._next_expiry = 0.0  # retention is applied at the first round, then hourly
 
     async def round(self, spread: float = 0.0) -> None:
-        """Scrape every target once, concurrently (bounded by the scraper).
-
-        With `spread`, each target waits a fixed share of it (by a hash of its name, as
-        Prometheus offsets its scrapes) before its scrape: answers then arrive over the
-        spread instead of all in one burst that holds the event loop.
-        """
+        """Scrape every target once, concurrently, each after its share of `spread` (`_delay`):
+        answers then arrive over it, not in one burst that holds the event loop."""
         config = self.targets.config
         if (config.file_sd or config.http_sd or config.prometheus_sd) and (
             await self.targets.refresh_discovery()
@@ -52,8 +51,7 @@ class Scheduler:
 
         async def scrape(name: str) -> None:
             if spread > 0:
-                slot = zlib.crc32(name.encode()) % SPREAD_SLOTS
-                await asyncio.sleep(spread * slot / SPREAD_SLOTS)
+                await asyncio.sleep(_delay(name, spread))
             await self._scrape(name)
 
         await asyncio.gather(*(scrape(n) for n in list(self.targets.states)))
@@ -101,10 +99,8 @@ class Scheduler:
                     for name in self.window_due(interval):
                         if any(t.get_name() == name for t in running):
                             continue
-                        # Spread like a round's: 1000 answers in one burst hold the loop.
-                        slot = zlib.crc32(name.encode()) % SPREAD_SLOTS
-                        task = asyncio.create_task(
-                            scrape(name, 0.5 * interval * slot / SPREAD_SLOTS), name=name)
+                        task = asyncio.create_task(scrape(name, _delay(name, interval / 2)),
+                                                   name=name)
                         running.add(task)
                         task.add_done_callback(running.discard)
                 await asyncio.sleep(interval)
@@ -126,10 +122,8 @@ class Scheduler:
                 await windows
 
     async def _rounds(self) -> None:
-        # What exists as the loop starts (modules, config, the app) lives as long as we do too:
-        # out of the collector's sight at once, the first round's full collections do not walk
-        # it (1000 targets: 85-180 ms pauses, one in the first round, with the objects an
-        # embedding program made before starting the loop).
+        # What exists as the loop starts (modules, config, the app) lives as long as we do:
+        # frozen out of the collector's sight, full collections do not walk it.
         gc.freeze()
         first = True
         while True:
@@ -139,9 +133,7 @@ class Scheduler:
             spread = 0.9 * max(0.0, config.scrape_interval - config.scrape_timeout)
             await self.round(spread)
             if first:
-                # What exists after the first round (config, caches, state of every target)
-                # lives as long as we do: moved out of the collector's sight, a full
-                # collection stays short (measured at 1000 targets: 143 ms -> 58 ms pauses).
+                # So does what the first round made (caches, every target's state).
                 gc.freeze()
                 first = False
             elapsed = time.monotonic() - started

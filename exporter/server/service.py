@@ -42,7 +42,6 @@ class ExporterService:
         clock: Callable[[], float] = time.time,
         state_connect: Callable[[Path], sqlite3.Connection] = connect_state,
     ):
-        """`state_connect` opens the state database's connection (see `StateStore`)."""
         self.config_path = config_path
         self.overrides = overrides or {}  # from the environment: every reload keeps them
         self.clock = clock
@@ -54,8 +53,7 @@ class ExporterService:
                                lambda window_id: Path(self.config.output_dir) / window_id)
         self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
                                    lambda: self._close_removed_targets("no longer discovered"))
-        # (window id, target) -> the window takes no scrape of it now (web/edges.py: idle
-        # after a traffic-edged window's last response).
+        # (window id, target) -> the window takes no scrape of it now (web/edges.py).
         self.holds: Callable[[str, str], bool] = lambda window_id, target: False
         # Called with each state a scrape leaves (`on_scraped`).
         self._scraped: list[Callable[[str, TargetState, LiveTrack, float], None]] = []
@@ -98,8 +96,7 @@ class ExporterService:
 
     @property
     def config(self) -> Config:
-        """The config in force (frozen; a reload replaces it): for the handlers and the fan-out
-        that act on it. What the state shows, readers take from `view()`."""
+        """The config in force (frozen; a reload replaces it); readers take `view()` instead."""
         return self._targets.config
 
     def discovered_targets(self) -> list[TargetConfig]:
@@ -128,8 +125,7 @@ class ExporterService:
             if config is None:
                 config = load_config(self.config_path, self.overrides)
             check_reload(self.config, config, str(self.config_path))
-            # Where the window state lives follows output_dir (or state_db): moved now, so a
-            # restart on the new config finds every open and recent window.
+            # The state follows output_dir (or state_db): moved now, for the next restart.
             self.book.move_store(config.state_path)
         except Exception as exc:
             self.reload_refused(getattr(exc, "problems", None) or [str(exc)])
@@ -185,10 +181,6 @@ class ExporterService:
                 listener(name, state, track, now)
             except Exception:
                 log.exception("scrape listener failed target=%s", name)
-
-    async def scrape_round(self, spread: float = 0.0) -> None:
-        """One round of every target (the scheduler's; tests and the bench drive it)."""
-        await self.scheduler.round(spread)
 
     async def run(self) -> None:
         """The scrape loop, until cancelled."""
@@ -246,11 +238,7 @@ class ExporterService:
                                      self.config.max_open_windows)
 
     async def stop_window(self, window_id: str, *, answer: bool = True) -> Window:
-        """Close a window (scraping its targets at once); a second stop gives the same answer.
-
-        `answer=False`: without the answer of a window this call stopped (`take_answer_text`
-        has its text).
-        """
+        """Close a window (`WindowBook.stop`)."""
         return await self.book.stop(window_id, self._scrape_for_window, answer=answer)
 
     def close(self) -> None:

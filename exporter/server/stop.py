@@ -1,12 +1,9 @@
 """A stop's answer, made by one work function (`stop_work`) while or after its scrapes come in.
 
-A stop over a fleet scrapes every target, then makes its answer (the RESULTs, their advice,
-the texts and files: about as long again). Where the server has a core to spare, a child
-forked as the stop begins is sent each target's stop scrape as it arrives (`Child.send`) and
-makes that target's RESULT and file on that core meanwhile; once the last scrape is in, only
-the aggregate and the answer's texts are left. With no core to spare the child is forked after
-the scrapes (it would compete with them), and with no fork the same work runs in a thread.
-The server's own window takes every stop scrape too: if the stop fails it is reopened as it is.
+With a core to spare, a child forked as the stop begins is sent each stop scrape as it arrives
+and makes that target's RESULT and file meanwhile; else it is forked after the scrapes, and
+with no fork the same work runs in a thread. The server's window takes every stop scrape too:
+a failed stop reopens it as it is.
 """
 
 from __future__ import annotations
@@ -58,9 +55,8 @@ _Shape = tuple[tuple[SeriesKey, ...], int]  # a page's keys in order, and their 
 
 class ResultCodec:
     """Scrape results as plain tuples for a pipe: a page's values and `_created` times as
-    packed doubles, against its keys in order (its shape), sent once by number. The parent
-    packs on its event loop while the stop's scrapes come in: pickling each `SeriesKey` (a
-    named tuple with an enum) would cost the scrapes more than the packing does."""
+    packed doubles, against its keys in order (its shape), sent once then by number (pickling
+    each `SeriesKey` would cost the loop more)."""
 
     def __init__(self) -> None:
         self._ids: dict[tuple[SeriesKey, ...], int] = {}  # the packer's shapes
@@ -69,8 +65,7 @@ class ResultCodec:
         self._shapes: list[tuple[SeriesKey, ...]] = []  # the unpacker's, by number
 
     def pack(self, result: ScrapeResult) -> _Packed:
-        """`result` as tuples of strings, numbers and bytes (`unpack` on the other side, in
-        order)."""
+        """`result` as tuples of strings, numbers and bytes (`unpack`s, in order)."""
         snapshot = result.snapshot
         if snapshot is None:
             return (result.target, result.at, result.duration, result.error, result.size, None)
@@ -82,8 +77,7 @@ class ResultCodec:
 
     def _shape(self, last: dict[str, _Shape], target: str, mapping: Mapping[SeriesKey, float]
                ) -> int | list[tuple[Any, ...]]:
-        """The number of `mapping`'s shape; the first time, its keys' fields (numbered in
-        the order they are sent)."""
+        """The number of `mapping`'s shape; the first time, its keys' fields."""
         keys = tuple(mapping)
         held = last.get(target)
         if held is not None and held[0] == keys:  # the usual case: compared, not hashed
@@ -98,7 +92,6 @@ class ResultCodec:
         return known
 
     def unpack(self, packed: _Packed) -> ScrapeResult:
-        """The result `pack` was given."""
         target, at, duration, error, size, page = packed
         if page is None:
             return ScrapeResult(target, at, duration, None, error, size)
@@ -121,15 +114,9 @@ class ResultCodec:
 
 
 def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], bytes]:
-    """A stop's one work (`Child(work)`, or `in_thread`): `work(inbox)` takes what `window` has
-    not taken yet of the stop (the stop's scrapes, `FINAL`; scrapes taken meanwhile, `FEED`;
-    its end, `END`), making each target's RESULT and file as its scrape comes in; then the
-    aggregate, the answer's texts and window.json. Its bytes: what memory keeps of the answer,
-    the window's state row and where the answer's compact text lies in it (`read_stop`).
-
-    Forked early, `window` is the child's copy as it was at the fork, and the inbox brings every
-    message; forked after the scrapes or in a thread, the window took them all, and the inbox
-    brings only the end. `StoreError` if the files cannot be written (none are, then).
+    """A stop's work (`Child(work)`, or `in_thread`): `work(inbox)` takes what `window` has not
+    taken of the stop (`FINAL`, `FEED`, `END`), writing each RESULT's file as it comes, then
+    the answer; its bytes are for `read_stop`. `StoreError` if the files cannot be written.
     """
 
     def work(inbox: Iterator[Any]) -> bytes:
@@ -152,9 +139,8 @@ def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], byte
                     _, window.stopped_at, window.removed = message
                     ended = True
             if not ended:
-                # The inbox ended without the stop's end: the server died under the stop
-                # (kill -9). Its window is still open in the state database, and it will be
-                # stopped again; no half-made answer goes to the files meanwhile.
+                # The server died under the stop (kill -9): its window stays open in the state
+                # database, and no half-made answer goes to the files.
                 raise RuntimeError("the stop was cut short: no end of it came")
             answer = parts.answer()
             encoded = AnswerTexts(
@@ -185,8 +171,7 @@ def _file_text(texts: dict[str, tuple[Mapping[str, Any], bytes]], name: str,
 
 def read_stop(data: bytes) -> tuple[dict[str, Any], bytes, bytes]:
     """`stop_work`'s bytes as what memory keeps, the state row and the answer's compact text."""
-    # Pickled: the parent then makes only what it keeps (packed increases, not every target's
-    # increase as JSON's dicts). The bytes come from our own forked child, or our own thread.
+    # Pickled, so the parent makes only what it keeps; the bytes are our own child's.
     kept, row, start, stop = pickle.loads(data)
     return kept, row, row[start:stop]
 
@@ -195,9 +180,8 @@ STREAMED_ENV = "SPECDEC_STOP_STREAMED"
 
 
 def forks_early() -> bool:
-    """Whether a stop's child is forked as the stop begins, fed its scrapes as they come (a
-    core to spare for it), or after them; `SPECDEC_STOP_STREAMED=1` or `0` says which (tests,
-    the bench)."""
+    """Whether a stop's child is forked as the stop begins (a core to spare), or after its
+    scrapes; `SPECDEC_STOP_STREAMED=1` or `0` says which."""
     said = os.environ.get(STREAMED_ENV)
     if said in ("0", "1"):
         return said == "1"

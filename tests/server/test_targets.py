@@ -36,23 +36,23 @@ async def test_a_targets_scrapes_take_turns_and_leave_no_lock_behind(fake_vllm):
     fake = await fake_vllm(k=2)
     targets = Targets(validate_config({"targets": [{"name": "a", "url": fake.url}]}),
                       clock=time.time)
-    seen: list[tuple[float, int]] = []
+    seen: list[tuple[float, bool]] = []
 
     def then(result) -> None:
         assert result.ok
-        seen.append((result.at, targets.turns_held()))
+        seen.append((result.at, targets.busy("a")))
 
     async with make_session(4) as session:
         targets.scraper = Scraper(session, max_bytes=1 << 20, concurrency=4)
         try:
             await asyncio.gather(*(targets.scrape("a", then) for _ in range(3)))
-            assert targets.turns_held() == 0  # idle: its lock went with the last scrape
+            assert not targets.busy("a")  # idle: its lock went with the last scrape
             await targets.scrape("a", then)  # and a new one serves the next
         finally:
             await targets.scraper.close()
-    assert [held for _, held in seen] == [1, 1, 1, 1]
+    assert [held for _, held in seen] == [True] * 4
     assert [at for at, _ in seen] == sorted(at for at, _ in seen)  # recorded in turn
-    assert targets.turns_held() == 0
+    assert not targets.busy("a")
 
 
 @pytest.mark.parametrize("value,kept", [
