@@ -19,6 +19,7 @@ from exporter.core.empties import NO_ITEMS, shared_engines, writable
 from exporter.core.result import restart_time, restart_times
 from exporter.core.snapshot import (
     Counts,
+    Engine,
     PackedCounts,
     SeriesKey,
     Snapshot,
@@ -33,9 +34,6 @@ from exporter.core.snapshot import (
 MAX_ABSENT_SERIES = 4096
 # The model name under which retired series' increases are kept (no real name has brackets).
 RETIRED_MODEL = "(series no longer on the page)"
-
-# What restarts as one: model name, engine, extra labels (see `_engine_of`).
-Engine = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
 def counter_increase(

@@ -1,9 +1,7 @@
 """Every server kind we read, in one place: names, default path, parse spec, policy, notes.
 
-Adding a dialect is one entry in `DIALECTS` (how its page names the counters), one in
-`REPORTING` (whether its numbers are exact and what results must say about them), and one
-page renderer in `exporter.fakevllm.pages`. `config` (names, default path), `parse` (the
-spec), `results` (policy and notes) and the simulator (names, path) all read this module.
+Adding a dialect is one entry in `DIALECTS`, one in `REPORTING` and one page renderer in
+`exporter.fakevllm.pages`.
 """
 
 from __future__ import annotations
@@ -14,9 +12,8 @@ from enum import StrEnum
 from exporter.core.snapshot import Field, SeriesKey
 
 Labels = tuple[tuple[str, str], ...]  # a gauge series' sorted label pairs
-# What a line's text before its value resolves to: (name, kind, key, longest, position), the
-# key a `SeriesKey` for counters and the sorted labels for gauges (kind GAUGE); then what
-# `PageLimits` checks of it, worked out once: its longest label value and its position (-1).
+# What a line's text before its value resolves to: (name, kind, key, longest label value,
+# position); the key a `SeriesKey` for counters, the sorted labels for gauges.
 Head = tuple[str, "SampleKind", SeriesKey | Labels, int, int]
 
 
@@ -57,14 +54,12 @@ class DialectSpec:
     # counts no drafts, but every draft proposes a token at position 0.
     first_position: dict[str, Field] = field(default_factory=dict)
     position_label: str = "position"
-    # A gauge whose value 0 means "nothing measured yet" (SGLang sets its spec gauges to 0
-    # until a decode batch is logged, and always when spec decoding is off): a series whose
-    # gate is not above 0 contributes no gauge.
+    # A gauge whose value 0 means "nothing measured yet" (SGLang's): a series whose gate is
+    # not above 0 contributes no gauge.
     gauge_gate: str | None = None
     path: str = "/metrics"  # where the server serves Prometheus text by default
     names: dict[bytes, tuple[Field | None, SampleKind]] = field(init=False, default_factory=dict)
-    # Line text before the value -> what it resolves to: the same few dozen series come back
-    # on every scrape, so their labels are parsed once, not once per scrape.
+    # Line text before the value -> what it resolves to, parsed once, not once per scrape.
     heads: dict[bytes, Head | None] = field(init=False, default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,14 +125,11 @@ DIALECTS: dict[Dialect, DialectSpec] = {
 }
 
 
-
 @dataclass(frozen=True)
 class Reporting:
     """What results built from one reported dialect say about their numbers."""
 
-    # Exact dialects count drafts and tokens; an estimate is derived from gauges and is kept
-    # out of the aggregate (a sum of exact counts and an estimate is neither).
-    estimate: bool = False
+    estimate: bool = False  # derived from gauges: kept out of the aggregate
     note: str | None = None  # the caveat results carry as `dialect_note`
 
 
@@ -184,8 +176,3 @@ def default_path(dialect: Dialect | str) -> str:
         dialect = Dialect.VLLM
     spec = DIALECTS.get(Dialect(dialect))
     return spec.path if spec is not None else "/metrics"
-
-
-def spec_name(dialect: Dialect | str) -> str:
-    """The dialect's name as results report it."""
-    return Dialect(dialect).value

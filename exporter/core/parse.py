@@ -1,9 +1,6 @@
-"""Bytes of a /metrics page -> `Snapshot` of the spec-decode families, without parsing the rest.
-
-vLLM pages are 0.1-5 MB, nearly all histograms we do not need. Instead of a full exposition
-parser (prometheus_client reads ~4 MB/s) we jump from one line starting with the dialect's
-prefix to the next with a substring search (`bytes.find` near, the C library's `memmem` far),
-which runs at memory speed, and parse only those lines.
+"""Bytes of a /metrics page -> `Snapshot` of the spec-decode families, without parsing the rest:
+pages are mostly histograms we do not need, so we jump from one line starting with the
+dialect's prefix to the next by substring search and parse only those lines.
 """
 
 from __future__ import annotations
@@ -19,26 +16,19 @@ from typing import Final, cast
 
 from exporter.core.dialects import (
     DIALECTS,
-    SGLANG_LENGTH,
-    SGLANG_RATE,
     Dialect,
     DialectSpec,
     Head,
     Labels,
     SampleKind,
-    default_path,
     dialect_note,
-    spec_name,
 )
 from exporter.core.errors import ExporterError
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
 
 # Re-exported: callers that parse pages name dialects through this module too.
-__all__ = [
-    "DIALECTS", "SGLANG_LENGTH", "SGLANG_RATE", "Dialect", "DialectSpec", "Head", "Labels",
-    "default_path", "detect_dialect", "dialect_note", "parse_labels", "parse_line",
-    "parse_page", "spec_name",
-]
+__all__ = ["DIALECTS", "Dialect", "detect_dialect", "dialect_note", "parse_labels", "parse_line",
+           "parse_page"]
 
 
 # The detection probe: every dialect's prefix holds `spec_`, preceded by its namespace.
@@ -49,11 +39,8 @@ _NAMESPACES = tuple(
 
 
 def detect_dialect(page: bytes) -> tuple[Dialect | None, int]:
-    """The dialect of the first spec-decode name on the page and the start of its line.
-
-    One `bytes.find` pass that stops at the first hit, so detection adds no pass over the page:
-    the parser starts from the returned line, above which no spec-decode series can be.
-    """
+    """The dialect of the first spec-decode name on the page and the start of its line (the
+    parser starts there: no spec-decode series can be above it)."""
     at = page.find(_PROBE)
     while at >= 0:
         for namespace, dialect, spec in _NAMESPACES:
@@ -69,8 +56,7 @@ def detect_dialect(page: bytes) -> tuple[Dialect | None, int]:
 
 
 # name="value" pairs; values may hold escaped quotes, backslashes, commas, spaces and `/`.
-# The value pattern is the unrolled form of `(?:[^"\\\n]|\\.)*`: runs of plain characters are
-# taken in one step, not one alternation per character (100k-character values stay cheap).
+# The value pattern is unrolled, so that 100k-character values stay cheap.
 _LABEL = re.compile(
     rb'[ \t]*([A-Za-z_][A-Za-z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*'
 )
@@ -129,11 +115,8 @@ def parse_line(
         if parsed is None:
             return None
         labels, rest_at = parsed
-    parts = line[rest_at:].split()
-    if not parts or len(parts) > 2:  # value and an optional timestamp
-        return None
-    value = _number(parts[0])
-    if value is None or (len(parts) == 2 and _number(parts[1]) is None):
+    value = _sample_value(line[rest_at:])
+    if value is None:
         return None
     return name.decode(), entry[0], entry[1], labels, value
 
@@ -167,8 +150,7 @@ def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
 
 
 def _label_values(key: SeriesKey | Labels) -> tuple[str, ...]:
-    """The label values of a series (model, engine, extra labels) or of a gauge's labels: what
-    `label_value_length` bounds."""
+    """The label values of a series or of a gauge's labels (what `label_value_length` bounds)."""
     if isinstance(key, SeriesKey):
         return (key.model_name, key.engine, *(v for _, v in key.extra))
     return tuple(v for _, v in key)
@@ -201,11 +183,8 @@ class PageLimitError(ExporterError):
 
 @dataclass(frozen=True, slots=True)
 class PageLimits:
-    """Per-target bounds on a page, as Prometheus's `sample_limit`/`label_value_length_limit`.
-
-    A hostile or broken server (a new model name every scrape, 181,000 per-position series)
-    must not cost us more than a real one: the parse stops at the first breach.
-    """
+    """Per-target bounds on a page, as Prometheus's `sample_limit`/`label_value_length_limit`:
+    a hostile or broken server must not cost more than a real one."""
 
     series: int  # spec-decode series (counters and gauges) on one page
     label_value_length: int  # characters in any label value of a spec-decode series
@@ -226,12 +205,9 @@ class PageLimits:
 def parse_page(
     page: bytes, dialect: Dialect | str = Dialect.VLLM, limits: PageLimits | None = None
 ) -> Snapshot:
-    """The spec-decode series of a page; counters keyed per engine, model and position.
-
-    Gauges are averaged over their series (ranks, models): a sum of ratios means nothing.
-    With `limits`, a page over one raises `PageLimitError`.
+    """The spec-decode series of a page; counters keyed per engine, model and position,
+    gauges averaged over their series. With `limits`, a page over one raises `PageLimitError`.
     """
-    # A target's dialect is a `Dialect` already: an enum call per scrape is skipped.
     dialect = dialect if isinstance(dialect, Dialect) else Dialect(dialect)
     frm = 0
     if dialect is Dialect.AUTO:
@@ -264,12 +240,8 @@ class _Lines:
         self.is_v0 = False
 
     def read(self, page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None) -> None:
-        """Every line from `frm` on that starts with the dialect's prefix.
-
-        This loop runs for every spec-decode line of every scrape: it calls no function of
-        ours but `_next_line` on a line whose head is cached, with a plain value, within the
-        limits.
-        """
+        """Every line from `frm` on that starts with the dialect's prefix (a hot loop: no call
+        of ours but `_next_line` for a cached head with a plain value)."""
         values, created, gauge_series = self.values, self.created, self.gauge_series
         heads, v0_markers, needle = spec.heads, spec.v0_markers, b"\n" + spec.prefix
         bounds = _NO_LIMITS if limits is None else limits
@@ -292,9 +264,8 @@ class _Lines:
                 resolved = _remember_head(head, spec)
             if resolved is None:
                 continue
-            # Nearly always " <number>": float() reads it whole (it strips the same ASCII
-            # whitespace `split` splits on). An underscore or a timestamp takes the careful way
-            # (an int is looked for by memchr, where `b"_" in` builds a buffer first).
+            # Nearly always " <number>": float() reads it whole; an underscore or a timestamp
+            # takes the careful way.
             try:
                 value = _sample_value(rest) if _UNDERSCORE in rest else float(rest)
             except ValueError:
@@ -315,8 +286,7 @@ class _Lines:
             if key in target:
                 self.duplicates += 1
                 continue
-            # Not a gauge, so `_resolve_head` made the key a SeriesKey; an isinstance check
-            # here would cost on every line of every scrape.
+            # Not a gauge, so `_resolve_head` made the key a SeriesKey.
             target[key] = value  # type: ignore[index]
 
 
@@ -366,11 +336,9 @@ def _gauge_means(
     return {name: total / count for name, (total, count) in sums.items()}
 
 
-# `bytes.find` over a long haystack runs CPython's two-way search, which crosses exposition
-# text at about a third of the speed of the C library's `memmem`; a call through ctypes costs
-# more than a short `find`. So the next spec-decode line is looked for near the last one by
-# `find` (a family's lines come together, the next family's HELP and TYPE between them), and
-# past that (to the page's end, after its last one) by `memmem`.
+# A long `bytes.find` is slower than the C library's `memmem`, a short one cheaper than a ctypes
+# call: the next spec-decode line is looked for near the last one by `find`, past that by
+# `memmem`.
 _NEAR = 1024
 
 
@@ -401,8 +369,7 @@ def _find_far(page: bytes, needle: bytes, frm: int) -> int:
     """`page.find(needle, frm)`, by `memmem` where there is one."""
     if _MEMMEM is None or frm >= len(page):
         return page.find(needle, frm)
-    # The address of the bytes' own buffer (no copy), alive as long as `page` is; ctypes takes
-    # bytes as a pointer to their buffer, which typeshed does not say.
+    # The bytes' own buffer (no copy), alive as long as `page` is (typeshed does not know it).
     base = ctypes.cast(page, ctypes.c_void_p).value or 0  # type: ignore[arg-type]
     hit = _MEMMEM(base + frm, len(page) - frm, needle, len(needle))
     return -1 if hit is None else hit - base

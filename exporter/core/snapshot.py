@@ -35,9 +35,8 @@ class SeriesKey(NamedTuple):
 class Counts:
     """Counter totals summed over engines: what the derived figures are computed from.
 
-    Position i's rate is over the drafts of the parts (engines, targets) that draft position i,
-    those with a series for it: a sum of a k=3 and a k=5 part has position 4 over the k=5
-    part's drafts only. `position_drafts` holds those drafts where they differ from `drafts`.
+    Position i's rate is over the drafts of the parts (engines, targets) with a series for it;
+    `position_drafts` holds those drafts where they differ from `drafts`.
     """
 
     drafts: float = 0.0
@@ -81,12 +80,8 @@ class Counts:
         )
 
     def as_raw(self) -> dict[str, Any]:
-        """The counters as AISBench's `raw` dump names them, positions in numeric order.
-
-        Integral values are ints, as AISBench writes them; `num_drafts_per_pos` appears only
-        where positions have different drafts behind them (parts of different k).
-        """
-        # Names bound once: a stop over 1000 targets writes four of these per target.
+        """The counters as AISBench's `raw` dump names them (integral values as ints),
+        positions in numeric order; `num_drafts_per_pos` only where `position_drafts` is set."""
         raw: dict[str, Any] = {
             _DRAFTS_NAME: integral(self.drafts),
             _DRAFT_TOKENS_NAME: integral(self.draft_tokens),
@@ -112,13 +107,8 @@ class Counts:
 
 
 def sum_counts(parts: Iterable[Counts]) -> Counts:
-    """`Counts()` + each part in turn: the same value, summed without a `Counts` per addition.
-
-    An aggregate adds three per target of a stop (increase, before, after). Where every part
-    has the same positions and no `position_drafts` (every target of the usual fleet), each
-    addition's `position_drafts` is empty, so the sum is the fields added in the same order;
-    otherwise it is the additions themselves.
-    """
+    """`Counts()` + each part in turn: the same value, without a `Counts` per addition where
+    every part has the same positions and no `position_drafts` (the fields added in order)."""
     parts = list(parts)
     if not parts:
         return Counts()
@@ -192,21 +182,18 @@ def _uneven(
     return uneven
 
 
-_Engine = tuple[str, str, tuple[tuple[str, str], ...]]  # model name, engine, extra labels
+# What restarts as one: model name, engine, extra labels.
+Engine = tuple[str, str, tuple[tuple[str, str], ...]]
 
-# Enum member look-ups cost a descriptor call each; this loop runs for every series of every
-# scrape, so the members are bound once.
+# Bound once: `sum_series` runs for every series of every scrape.
 _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (
     Field.DRAFTS, Field.DRAFT_TOKENS, Field.ACCEPTED, Field.PER_POS
 )
 
 
 def sum_series(values: Collection[tuple[SeriesKey, float]]) -> Counts:
-    """Sum series values into one `Counts` (over engines, models and extra labels).
-
-    A position's drafts are those of the engines with a series for that position, so engines
-    of different k (two models on one server, say) each weigh only where they draft.
-    `values` is a collection (not a generator): that case iterates it twice.
+    """Sum series values into one `Counts` (over engines, models and extra labels); a
+    position's drafts are those of the engines with a series for it. `values` may be read twice.
     """
     drafts = draft_tokens = accepted = 0.0
     per_pos: dict[int, float] = {}
@@ -223,8 +210,7 @@ def sum_series(values: Collection[tuple[SeriesKey, float]]) -> Counts:
             draft_tokens += value
         elif f is _ACCEPTED:
             accepted += value
-    # This runs every scrape: the engines are matched only when positions can differ, i.e.
-    # with two drafts series or more and not every position having one series per engine.
+    # Engines are matched only when positions can differ.
     uneven: dict[int, float] = {}
     if drafts_series > 1 and _positions_uneven(values, drafts_series):
         uneven = _uneven_engines(values)
@@ -242,8 +228,8 @@ def _positions_uneven(values: Iterable[tuple[SeriesKey, float]], engines: int) -
 
 def _uneven_engines(values: Iterable[tuple[SeriesKey, float]]) -> dict[int, float]:
     """Per position, the drafts of the engines with a series for it, where not all have one."""
-    engine_drafts: dict[_Engine, float] = {}
-    position_engines: dict[int, set[_Engine]] = {}
+    engine_drafts: dict[Engine, float] = {}
+    position_engines: dict[int, set[Engine]] = {}
     for key, value in values:
         if key.field is _DRAFTS:
             engine = (key.model_name, key.engine, key.extra)
@@ -292,10 +278,6 @@ class Snapshot:
         """All series summed over engines and models."""
         return sum_series(self.values.items())
 
-    def by_model(self) -> dict[str, Counts]:
-        """Series summed over engines, per model name."""
-        return counts_by_model(self.values)
-
     @property
     def engines(self) -> int:
         """How many engines (data-parallel ranks) the page shows; 1 when it has no engine label."""
@@ -325,9 +307,8 @@ class ScrapeResult:
 
 
 # A `Counts` as kept where many are kept long (`pack_counts`): the counters and positions'
-# values as little-endian doubles, the positions (a tuple the caller may share between many),
-# and the positions' own drafts where they differ (None, nearly always). ~0.2 KB, where a
-# `Counts` with its two dicts is ~0.76 KB at 8 positions and a dozen objects.
+# values as little-endian doubles, the positions (a tuple callers may share), and
+# `position_drafts` or None.
 PackedCounts = tuple[bytes, tuple[int, ...], Mapping[int, float] | None]
 
 

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.core.parse import Dialect, PageLimitError, PageLimits, parse_page
-from exporter.core.snapshot import Field, SeriesKey, Snapshot
+from exporter.core.snapshot import Field, SeriesKey, Snapshot, counts_by_model
 from exporter.fakevllm import FakeServer, page_for_bench
 
 PAGES = Path(__file__).resolve().parents[1] / "testdata" / "pages"
@@ -110,7 +110,7 @@ def assert_same(ours: Snapshot, ref: Snapshot) -> None:
     assert comparable(ours.created) == comparable(ref.created)
     assert ours.gauges == pytest.approx(ref.gauges)
     assert ours.duplicates == ref.duplicates
-    assert ours.by_model().keys() == ref.by_model().keys()
+    assert counts_by_model(ours.values).keys() == counts_by_model(ref.values).keys()
 
 
 class TestFixturePages:
@@ -170,7 +170,7 @@ class TestDataParallelFragments:
         assert snap.engines == 8
         model = "/home/models/Qwen3-0.6B"
         assert snap.model_names == [model]
-        counts = snap.by_model()[model]
+        counts = counts_by_model(snap.values)[model]
         assert counts.drafts == 22 + 15 + 29 + 20 + 25 + 24 + 27 + 26
         # Position 3: only engines 6 and 7 are complete rows; position 4: engines 0 to 5.
         assert dict(counts.per_position) == {0: 7, 3: 24 + 6, 4: 2 + 4 + 13 + 6 + 22 + 17}
