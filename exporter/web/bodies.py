@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from aiohttp import web
@@ -15,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from exporter.core.errors import RequestError
+from exporter.core.errors import RequestError, UnknownTargetError
 from exporter.core.text import TextError, clean_tree
 from exporter.core.window import check_window_id
 
@@ -84,3 +85,16 @@ async def window_request(request: web.Request) -> WindowRequest:
         return WindowRequest.model_validate(await json_body(request))
     except ValidationError as exc:
         raise RequestError(validation_message(exc)) from None
+
+
+def resolve_targets(asked: list[str], host_ports: Mapping[str, str], window_id: str) -> list[str]:
+    """The names a start's `targets` mean (each a name of `host_ports` or its host:port), each
+    once, in order; `UnknownTargetError` for one that is neither."""
+    by_host_port = {host_port: name for name, host_port in host_ports.items()}
+    chosen: dict[str, None] = {}
+    for name in asked:
+        found = name if name in host_ports else by_host_port.get(name)
+        if found is None:
+            raise UnknownTargetError(name, window_id, sorted(host_ports))
+        chosen[found] = None
+    return list(chosen)

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.core.errors import RequestError, UnknownTargetError
+from exporter.core.errors import RequestError
 from exporter.core.isotime import iso_utc
 from exporter.core.snapshot import ScrapeResult
 from exporter.core.window import Window, new_window_id
 from exporter.server.service import ExporterService
+from exporter.web.bodies import resolve_targets
 
 log = logging.getLogger(__name__)
 KEEP_FINISHED = 100  # stopped traffic windows whose `edges` block a GET still shows
@@ -121,15 +122,8 @@ class TrafficEdges:
         states = self.service.view().targets
         if names is None:
             return sorted(states)
-        by_host_port = {s.config.host_port: n for n, s in states.items()}
-        chosen: list[str] = []
-        for asked in names:
-            name = asked if asked in states else by_host_port.get(asked)
-            if name is None:
-                raise UnknownTargetError(asked, window_id, sorted(states))
-            if name not in chosen:
-                chosen.append(name)
-        return chosen
+        host_ports = {n: s.config.host_port for n, s in states.items()}
+        return resolve_targets(names, host_ports, window_id)
 
     # -- the proxy's side -------------------------------------------------------------
 

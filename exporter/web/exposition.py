@@ -1,20 +1,14 @@
 """The exporter's own /metrics, written straight from the latest state as text format 0.0.4
-(or OpenMetrics 1.0: the same samples, counter families named without `_total`, `# EOF`).
+or OpenMetrics 1.0 (prometheus_client's generic path is too slow per sample for the event loop).
 
-prometheus_client's generic path (Collector -> Metric families -> generate_latest) is too slow
-per sample to run for every target on the event loop. We write the same text directly, from a
-block of lines per target: its lines of each family for the figures of its last scrape (valid
-while its state object lives: a scrape replaces it) and its live gauges (valid while its live
-span's end points do). A render builds the blocks whose state changed (`prepare` does that in
-chunks, so the handler lets the loop in between) and joins them family by family. The families
-and the text format's spelling are families.py's. Process and GC metrics still come from
-prometheus_client.
+Each target keeps a block of lines per family, valid while its state object (and its live
+span's end points) live; a render builds the stale blocks and joins them family by family.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.gc_collector import GCCollector
@@ -72,8 +66,7 @@ _Point = tuple[float, Counts]
 
 
 class _ModelPrefixes:
-    """A model's drafts, draft tokens and accepted prefixes; its per-position ones by the
-    positions present."""
+    """A model's sample prefixes; its per-position `template`s by the positions present."""
 
     __slots__ = ("drafts", "tokens", "accepted", "positions")
 
@@ -107,13 +100,11 @@ class _Labels:
         self.live_positions: dict[tuple[int, ...], str] = {}  # `template`s
 
     def errors_line(self, count: int) -> str:
-        """The scrape errors line for `count`."""
         if self.errors[0] != count:
             self.errors = (count, f"{self.fixed[ERRORS]}{number(count)}\n")
         return self.errors[1]
 
     def model(self, model: str) -> _ModelPrefixes:
-        """The prefixes of a model's lines."""
         found = self.models.get(model)
         if found is None:
             found = self.models[model] = _ModelPrefixes(
@@ -175,9 +166,8 @@ class _Sums:
 
 
 def _model_sums(values: Mapping[SeriesKey, float]) -> tuple[dict[str, _Sums], bool]:
-    """Per model name, what `Snapshot.by_model` gives the lines (the same floats: added in the
-    same order), and whether the series show several engines; in one pass over the series,
-    a third of `by_model`'s time (it builds a `Counts` a model and checks uneven engines)."""
+    """Per model name, what `Snapshot.by_model` gives (the same floats, added in the same
+    order), and whether the series show several engines; in one pass over the series."""
     sums: dict[str, _Sums] = {}
     first: str | None = None
     several = False
@@ -230,7 +220,6 @@ def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
 
 
 def _model_lines(labels: _Labels, model: str, counts: _Sums) -> tuple[str, str, str, str]:
-    """A model's drafts, draft tokens, accepted and per-position lines."""
     prefixes = labels.model(model)
     drafts, tokens, accepted = counts.drafts, counts.tokens, counts.accepted
     total = drafts + tokens + accepted
@@ -344,15 +333,10 @@ class MetricsWriter:
         live_tracks = view.live
         live = [e.live_lines(live_tracks[e.state.config.name], now) for e in targets]
         # Each family's lines together, as the format wants: the per-target blocks transposed.
-        columns = (list(zip(*[e.lines for e in targets], strict=True))
-                   or [()] * len(TARGET_FAMILIES))
-        for family, column in zip(TARGET_FAMILIES, columns, strict=True):
-            out.append(header(family))
-            out += column
-        columns = list(zip(*live, strict=True)) or [()] * len(LIVE_FAMILIES)
-        for family, column in zip(LIVE_FAMILIES, columns, strict=True):
-            out.append(header(family))
-            out += column
+        for families, blocks in ((TARGET_FAMILIES, [e.lines for e in targets]),
+                                 (LIVE_FAMILIES, live)):
+            columns = list(zip(*blocks, strict=True)) or [()] * len(families)
+            _extend(out, dict(zip(families, columns, strict=True)), header)
         _extend(out, self._last_window(view), header)
         out += [
             header(WINDOWS_OPEN), line(WINDOWS_OPEN.name, "", float(view.open_windows)),
@@ -403,7 +387,7 @@ class MetricsWriter:
         return out
 
 
-def _extend(out: list[str], families: dict[Family, list[str]],
+def _extend(out: list[str], families: Mapping[Family, Sequence[str]],
             header: Callable[[Family], str]) -> None:
     for family, lines in families.items():
         out.append(header(family))

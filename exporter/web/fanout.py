@@ -1,11 +1,9 @@
 """Transparent shards: a window call sent to any shard covers every shard's targets.
 
-The route table (routes.py) names which calls these are. The shard that takes the request calls
-its own service directly and every peer over HTTP (peers.py: with the token, and a marker
-header so the peer acts locally and does not fan out again), vets each peer's answer against
-the schema and the split (`exporter.core.shards`), then answers one merged body. A peer that
-cannot be reached, answers late or answers garbage makes its targets N/A with the reason; a
-start is idempotent per id on every shard.
+The shard that takes the request calls its own service directly and every peer over HTTP
+(peers.py), vets each peer's answer (`exporter.core.shards`), then answers one merged body. A
+peer that cannot be reached, answers late or answers garbage makes its targets N/A with the
+reason.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from aiohttp import web
 
 from exporter.analysis.advise import window_advice
 from exporter.config.model import Config, TargetConfig
-from exporter.core.errors import RequestError, StoreError, UnknownTargetError, UnknownWindowError
+from exporter.core.errors import RequestError, StoreError, UnknownWindowError
 from exporter.core.isotime import with_iso_times
 from exporter.core.results import window_series
 from exporter.core.shards import (
@@ -39,21 +37,13 @@ from exporter.core.shards import (
 from exporter.core.window import check_window_id, new_window_id
 from exporter.server.service import ExporterService
 from exporter.state.answertext import compact
-from exporter.web.bodies import window_request
-from exporter.web.handlers import MAX_LIST, list_query, local_list
-from exporter.web.pages.compare import render_compare, render_picker
+from exporter.web.bodies import resolve_targets, window_request
+from exporter.web.handlers import MAX_LIST, compare_response, list_query, local_list
 from exporter.web.pages.window import render_window_page
 from exporter.web.peers import PEER_HEADER, Peers
 
 Local = Callable[[], Awaitable[dict[str, Any]]]
-
-
-def fleet_targets(config: Config, discovered: list[TargetConfig]) -> dict[str, TargetConfig]:
-    """Every target of the fleet, before the split: static ones first, as each shard merges."""
-    merged = {t.name: t for t in config.targets}
-    for target in discovered:
-        merged.setdefault(target.name, target)
-    return merged
+Fleet = dict[str, TargetConfig]
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -69,7 +59,6 @@ class Fanout:
 
     @property
     def config(self) -> Config:
-        """The service's current config (peers can change on reload)."""
         return self.service.config
 
     def sharded(self) -> bool:
@@ -81,22 +70,12 @@ class Fanout:
         return self.sharded() and PEER_HEADER not in request.headers
 
     def _fleet(self) -> dict[str, TargetConfig]:
-        return fleet_targets(self.config, self.service.discovered_targets())
-
-    def _expected(self, names: list[str] | None) -> dict[int, list[str]]:
-        fleet = self._fleet()
-        return split(fleet if names is None else names, self.config.shards)
-
-    def _resolve(self, names: list[str], window_id: str) -> list[str]:
-        fleet = self._fleet()
-        by_host_port = {t.host_port: t.name for t in fleet.values()}
-        chosen: dict[str, None] = {}
-        for name in names:
-            found = name if name in fleet else by_host_port.get(name)
-            if found is None:
-                raise UnknownTargetError(name, window_id, sorted(fleet))
-            chosen[found] = None
-        return list(chosen)
+        """Every target of the fleet, before the split: static ones first, as each shard
+        merges."""
+        merged = {t.name: t for t in self.config.targets}
+        for target in self.service.discovered_targets():
+            merged.setdefault(target.name, target)
+        return merged
 
     async def _local(self, call: Local,
                      refusals: tuple[type[RequestError], ...] = (UnknownWindowError,)
@@ -121,10 +100,18 @@ class Fanout:
                  for i in range(len(self.config.peers))]
         return list(await asyncio.gather(*calls))
 
-    def _with_expected(self, parts: list[ShardPart], expected: dict[int, list[str]]) -> None:
-        urls = {n: (t.url, t.host_port) for n, t in self._fleet().items()}
+    def _vetted(self, parts: list[ShardPart], vet: Callable[[ShardPart, Fleet], None],
+                expected: dict[int, list[str]] | None = None) -> None:
+        """Each peer's part vetted; every part told the targets it should have (by default
+        its share of the whole fleet)."""
+        fleet = self._fleet()
         for part in parts:
-            part.expected = expected.get(part.index, [])
+            if not part.local:
+                vet(part, fleet)
+        shares = split(fleet, self.config.shards) if expected is None else expected
+        urls = {n: (t.url, t.host_port) for n, t in fleet.items()}
+        for part in parts:
+            part.expected = shares.get(part.index, [])
             part.urls = urls
 
     @staticmethod
@@ -142,8 +129,12 @@ class Fanout:
         if body.edges == "traffic":  # its proxy and its start live on one shard (edges.py)
             raise RequestError('"edges": "traffic" needs one exporter, not a fleet of shards')
         window_id = body.id or new_window_id(self.service.clock())
-        names = self._resolve(body.targets, window_id) if body.targets is not None else None
-        shares = self._expected(names)
+        fleet = self._fleet()
+        names = None
+        if body.targets is not None:
+            host_ports = {n: t.host_port for n, t in fleet.items()}
+            names = resolve_targets(body.targets, host_ports, window_id)
+        shares = split(fleet if names is None else names, self.config.shards)
         created: list[bool] = []
 
         async def local() -> dict[str, Any]:
@@ -166,21 +157,13 @@ class Fanout:
         others = [self.peers.call(i, "POST", "/api/v1/windows", peer_body(i))
                   for i in range(len(self.config.peers)) if i != self.config.shard_index]
         parts = sorted([mine, *await asyncio.gather(*others)], key=lambda p: p.index)
-        fleet = self._fleet()
-        for part in parts:
-            if not part.local:
-                vet_open(part, fleet)
-        self._with_expected(parts, shares)
+        self._vetted(parts, vet_open, shares)
         self._refuse_if_retry_needed(parts, window_id)
         created += [p.status == 201 for p in parts if not p.local and p.answer is not None]
         return _json(merge_start(parts), status=201 if any(created) else 200)
 
     def _stopped(self, parts: list[ShardPart]) -> dict[str, Any]:
-        fleet = self._fleet()
-        for part in parts:
-            if not part.local:
-                vet_stop(part, self.config.shards, fleet)
-        self._with_expected(parts, self._expected(None))
+        self._vetted(parts, lambda part, fleet: vet_stop(part, self.config.shards, fleet))
         body = merge_stop(parts)
         # Each shard's advice covers its own targets only: advise again over the merged whole.
         return body | {"advice": window_advice(body)}
@@ -210,11 +193,7 @@ class Fanout:
         answered = [p.answer for p in parts if p.answer is not None]
         if all("results" in a for a in answered):
             return self._stopped(parts)
-        fleet = self._fleet()
-        for part in parts:
-            if not part.local:
-                vet_open(part, fleet)
-        self._with_expected(parts, self._expected(None))
+        self._vetted(parts, vet_open)
         return merge_open(parts)
 
     async def get(self, request: web.Request) -> web.Response:
@@ -275,24 +254,14 @@ class Fanout:
         return web.Response(text=text, content_type="text/html")
 
     async def compare_page(self, request: web.Request) -> web.Response:
-        """`GET /compare`: two windows over every shard; without `a` and `b`, the picker."""
-        a_id, b_id = request.query.get("a"), request.query.get("b")
+        """`GET /compare` over every shard."""
+
+        async def answer(window_id: str) -> dict[str, Any] | None:
+            found = await self.window(window_id)
+            return found if "results" in found else None
+
         windows = (await self.windows(MAX_LIST, None))["windows"]
-        if not a_id and not b_id:
-            return web.Response(text=render_picker(windows), content_type="text/html")
-        if not a_id or not b_id:
-            raise RequestError("give both windows: /compare?a=ID&b=ID")
-        answers = []
-        for window_id in (a_id, b_id):
-            answer = await self.window(check_window_id(window_id))
-            if "results" not in answer:
-                raise RequestError(f'window "{window_id}" is still open; stop it first',
-                                   status=409)
-            answers.append(answer)
-        text = render_compare(answers[0], answers[1], windows)
-        return web.Response(text=text, content_type="text/html")
+        return await compare_response(request, windows, answer)
 
 
 FANOUT = web.AppKey("fanout", Fanout)
-
-__all__ = ["FANOUT", "Fanout", "PEER_HEADER", "fleet_targets"]

@@ -1,12 +1,8 @@
-"""Connections that hold the server hostage: slow request heads, too many sockets, few fds.
+"""Connections that hold the server hostage: slow request heads (slowloris), too many sockets.
 
-aiohttp waits for a request head as long as a client cares to trickle it (slowloris), and
-accepts sockets until the process runs out of file descriptors; then `/metrics`, the API and
-even our scrapes fail. The guard wraps aiohttp's protocol factory: a connection whose request
-head is not complete within `header_timeout` is closed, and at `max_connections` the oldest
-connection still waiting for its head makes room for the new one (an attacker's idle sockets
-go first, a client whose request is being answered is never cut). Keep-alive connections
-between requests are bounded by aiohttp's `keepalive_timeout`, set to the same timeout.
+aiohttp's protocol factory, wrapped: a connection whose request head is not complete within
+`header_timeout` is closed, and at `max_connections` the oldest connection still waiting for its
+head makes room for the new one (a client whose request is being answered is never cut).
 """
 
 from __future__ import annotations
@@ -68,7 +64,6 @@ class _Guarded(asyncio.Protocol):
 
     def _too_slow(self) -> None:
         if not self.head_done and self.transport is not None:
-            self.guard.timed_out += 1
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
@@ -110,7 +105,6 @@ class ConnectionGuard:
         self.header_timeout = header_timeout
         self.max_connections = max_connections
         self.open: dict[_Guarded, None] = {}  # insertion order: oldest first
-        self.timed_out = 0
         self.evicted = 0
 
     def __call__(self) -> asyncio.Protocol:

@@ -1,7 +1,4 @@
-"""HTTP handlers: validate -> call the service -> json_response. No math, no parsing here.
-
-Which of them fan out across shards, and how, is the route table's (routes.py).
-"""
+"""HTTP handlers: validate -> call the service -> json_response. No math, no parsing here."""
 
 from __future__ import annotations
 
@@ -12,7 +9,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +17,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from exporter.config.model import Config, load_config
-from exporter.core.errors import ConfigError, ExporterError, RequestError, StoreError
+from exporter.core.errors import ConfigError, RequestError, StoreError
 from exporter.core.isotime import with_iso_times
 from exporter.core.results import window_series as series_view
 from exporter.core.window import Window, check_window_id
@@ -74,12 +71,8 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(exc.status, exc.reason if exc.text is None else _text(exc))
-
-
-def _text(exc: web.HTTPException) -> str:
-    text = exc.text or exc.reason
-    return text.removeprefix(f"{exc.status}: ")
+        # aiohttp leaves `text` None only for bodiless statuses, all below 400.
+        return error_response(exc.status, (exc.text or exc.reason).removeprefix(f"{exc.status}: "))
 
 
 @web.middleware
@@ -138,8 +131,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _metrics_body(request: web.Request, kind: Format, packed: bool) -> bytes:
-    """The body from the cache while fresh; else the stale targets' lines built a chunk per
-    loop turn, then rendered, and gzipped in a thread (zlib lets go of the GIL)."""
+    """Cached while fresh; else built a chunk per loop turn, and gzipped in a thread (zlib lets
+    go of the GIL)."""
     key = f"metrics:{kind}:gzip" if packed else f"metrics:{kind}"
     if (hit := _fresh(request, key)) is not None:
         return hit[1]
@@ -158,13 +151,11 @@ async def _metrics_body(request: web.Request, kind: Format, packed: bool) -> byt
 
 
 def _cached(request: web.Request, key: str, render: Callable[[], bytes]) -> bytes:
-    """`render()`'s bytes, again only when the state changed or the last one is too old."""
     hit = _fresh(request, key)
     return hit[1] if hit is not None else _keep(request, key, render())[1]
 
 
 def _fresh(request: web.Request, key: str) -> tuple[int, bytes] | None:
-    """(generation, bytes) cached under `key`, if the state has not changed and not too old."""
     entry = request.app[METRICS_CACHE].get(key)
     if (entry is None or entry[0] != request.app[SERVICE].version
             or time.monotonic() - entry[1] > METRICS_MAX_AGE):
@@ -174,7 +165,6 @@ def _fresh(request: web.Request, key: str) -> tuple[int, bytes] | None:
 
 def _keep(request: web.Request, key: str, body: bytes,
           generation: int | None = None) -> tuple[int, bytes]:
-    """Cache `body`, made from the state at `generation` (now if None)."""
     if generation is None:
         generation = request.app[SERVICE].version
     request.app[METRICS_CACHE][key] = (generation, time.monotonic(), body)
@@ -193,7 +183,6 @@ async def landing(request: web.Request) -> web.Response:
 
 
 async def window_page(request: web.Request) -> web.Response:
-    """One window as an HTML page."""
     view = request.app[SERVICE].view()
     window = view.with_series(check_window_id(request.match_info["id"]))
     series = series_view(window) | {"now": view.now}
@@ -203,43 +192,48 @@ async def window_page(request: web.Request) -> web.Response:
 
 
 async def compare_page(request: web.Request) -> web.Response:
-    """Two stopped windows side by side; without `a` and `b`, a form to pick them."""
     service = request.app[SERVICE]
+
+    async def answer(window_id: str) -> dict[str, Any] | None:
+        return service.get_window(window_id).answer
+
+    return await compare_response(request, [w.state() for w in service.list_windows()], answer)
+
+
+async def compare_response(
+    request: web.Request, windows: Sequence[Mapping[str, Any]],
+    answer: Callable[[str], Awaitable[Mapping[str, Any] | None]],
+) -> web.Response:
+    """Two stopped windows' answers (`answer`: None while open) side by side; without `a` and
+    `b`, a form to pick them from `windows`."""
     a_id, b_id = request.query.get("a"), request.query.get("b")
     if not a_id and not b_id:
-        windows = [w.state() for w in service.list_windows()]
         return web.Response(text=render_picker(windows), content_type="text/html")
     if not a_id or not b_id:
         raise RequestError("give both windows: /compare?a=ID&b=ID")
     answers = []
     for window_id in (a_id, b_id):
-        window = service.get_window(check_window_id(window_id))
-        if window.answer is None:
-            raise RequestError(f'window "{window.id}" is still open; stop it first', status=409)
-        answers.append(window.answer)
-    windows = [w.state() for w in service.list_windows()]
+        found = await answer(check_window_id(window_id))
+        if found is None:
+            raise RequestError(f'window "{window_id}" is still open; stop it first', status=409)
+        answers.append(found)
     text = render_compare(answers[0], answers[1], windows)
     return web.Response(text=text, content_type="text/html")
 
 
 async def healthy(request: web.Request) -> web.Response:
-    """Alive."""
     return web.Response(text="OK\n")
 
 
 async def ready(request: web.Request) -> web.Response:
-    """Config loaded and the first scrape round done."""
     if not request.app[SERVICE].view().ready:
         return web.Response(status=503, text="first scrape round not done\n")
     return web.Response(text="OK\n")
 
 
 async def reload_config(service: ExporterService) -> Config:
-    """`POST /-/reload` and SIGHUP: read and check the file off the loop, then swap it in.
-
-    Reading and validating a big config is seconds of pure Python; on the loop, /metrics
-    and every window call would wait for it.
-    """
+    """`POST /-/reload` and SIGHUP: read and check the file off the loop (seconds of pure
+    Python for a big config, that /metrics and every window call would wait for)."""
     if service.config_path is None:
         return service.reload()  # says why there is nothing to reload
     try:
@@ -312,15 +306,10 @@ BIG_BODY = 1 << 20
 
 
 class SentResponse(web.Response):
-    """A response that lets go of its body once sent. aiohttp's connection handler keeps the
-    last response of a kept-alive connection until its next request comes: a client that
-    stopped a large window would hold its answer in our memory until it asked again.
-
-    After a big one, freed heap pages go back to the system (`memory.give_back_free_memory`):
-    the stop trims before its answer is sent, and what sending it freed would otherwise stay."""
+    """A response that lets go of its body once sent (aiohttp keeps a kept-alive connection's
+    last response until its next request), then after a big one gives freed heap pages back."""
 
     async def write_eof(self, data: bytes = b"") -> None:
-        """Send the rest, then drop the body (its length stays known for the access log)."""
         await super().write_eof(data)
         big = isinstance(self.body, bytes) and len(self.body) >= BIG_BODY
         self.body = None
@@ -333,7 +322,7 @@ def _results_dir(service: ExporterService, window: Window) -> str:
 
 
 def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any]:
-    """state() of a window; a stopped one's says where its files are (stop and GET alike)."""
+    """state() of a window; a stopped one's says where its files are."""
     state: dict[str, Any] = window.state()
     if window.is_open:
         return state
@@ -413,7 +402,6 @@ async def get_window(request: web.Request) -> web.Response:
 
 
 async def window_series(request: web.Request) -> web.Response:
-    """A window's per-scrape acceptance ratio and length, per target."""
     service = request.app[SERVICE]
     window = service.window_with_series(check_window_id(request.match_info["id"]))
     return _json(series_view(window))
@@ -427,7 +415,6 @@ async def delete_window(request: web.Request) -> web.Response:
 
 
 async def list_targets(request: web.Request) -> web.Response:
-    """Every target's state as JSON (what the landing page shows)."""
     service = request.app[SERVICE]
 
     def render() -> bytes:
@@ -438,7 +425,4 @@ async def list_targets(request: web.Request) -> web.Response:
     return web.Response(body=_cached(request, "targets", render), content_type="application/json")
 
 
-__all__ = [
-    "ExporterError", "METRICS_CACHE", "SERVICE", "WRITER", "auth_middleware",
-    "body_limit_middleware", "browser_middleware", "errors_middleware", "reload_config",
-]
+__all__ = ["METRICS_CACHE", "SERVICE", "WRITER"]

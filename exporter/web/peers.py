@@ -58,11 +58,10 @@ async def read_whole(response: aiohttp.ClientResponse, limit: int) -> bytes | No
 class Peers:
     """The peers of one shard, called over one session with the token and the peer marker."""
 
-    def __init__(self, config: Callable[[], Config], *, timeout: float = PEER_TIMEOUT,
-                 max_answer: int = MAX_PEER_ANSWER):
+    def __init__(self, config: Callable[[], Config]):
         self.config = config
-        self.timeout = timeout
-        self.max_answer = max_answer
+        self.timeout = PEER_TIMEOUT
+        self.max_answer = MAX_PEER_ANSWER
         self.session: aiohttp.ClientSession | None = None
 
     def _headers(self) -> dict[str, str]:
@@ -73,7 +72,7 @@ class Peers:
 
     async def call(self, index: int, method: str, path: str,
                    body: dict[str, Any] | None) -> ShardPart:
-        """Peer `index`'s answer to `method path` as a part: its JSON object, or why none."""
+        """Peer `index`'s answer as a part: its JSON object, or why none."""
         url = self.config().peers[index]
         part = ShardPart(index, url)
         assert self.session is not None, "the session starts with the app"

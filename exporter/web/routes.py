@@ -94,9 +94,9 @@ async def _say_scope(request: web.Request, response: web.StreamResponse) -> None
             f"shard {config.shard_index} of {config.shards}: this shard's targets only")
 
 
-def add_routes(app: web.Application, routes: tuple[Route, ...] = ROUTES) -> None:
+def add_routes(app: web.Application) -> None:
     """Every route of the table, each through its fleet dispatch."""
-    for route in routes:
+    for route in ROUTES:
         if route.method == "GET":  # and HEAD, as aiohttp's add_get gives
             app.router.add_get(route.path, _dispatch(route))
         else:

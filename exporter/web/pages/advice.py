@@ -89,16 +89,19 @@ def advice_section(name: str, advice: Mapping[str, Any] | None) -> str:
     )
 
 
+def advice_sections(answer: Mapping[str, Any]) -> str:
+    """A stopped window's advice: each target's section, then the aggregate's for several."""
+    # Windows stopped before answers carried advice get it computed here.
+    advice = answer.get("advice") or window_advice(answer)
+    results = advice.get("results") or {}
+    parts = [advice_section(name, item) for name, item in results.items()]
+    if len(results) >= 2:
+        parts.append(advice_section("all", advice.get("aggregate")))
+    return "".join(parts)
+
+
 def window_advice_html(answer: Mapping[str, Any]) -> str:
     """The advice part of a stopped window's page (empty for an open window)."""
     if answer.get("results") is None:
         return ""
-    # Windows stopped before answers carried advice get it computed here.
-    advice = answer.get("advice") or window_advice(answer)
-    parts = ["<h2>Which k: the speculation advisor</h2>"]
-    results = advice.get("results") or {}
-    for name, item in results.items():
-        parts.append(advice_section(name, item))
-    if len(results) >= 2:
-        parts.append(advice_section("all", advice.get("aggregate")))
-    return "".join(parts)
+    return "<h2>Which k: the speculation advisor</h2>" + advice_sections(answer)

@@ -6,16 +6,14 @@ intervals drawn on one scale, B - A and the verdict; then both windows' advice s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
 from exporter.web.pages.advice import STYLE as ADVICE_STYLE
-from exporter.web.pages.advice import advice_section
-from exporter.analysis.advise import window_advice
+from exporter.web.pages.advice import advice_sections
 from exporter.analysis.compare import compare_answers
-from exporter.web.pages.html import page
+from exporter.web.pages.html import page, utc
 from exporter.analysis.stats import ASSUMPTION
 
 _STYLE = """
@@ -25,10 +23,6 @@ _STYLE = """
 _FORMATS = {"acceptance_rate": ".2f", "acceptance_length": ".3f"}
 _NAMES = {"acceptance_rate": "acceptance rate %", "acceptance_length": "acceptance length"}
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "no significant difference": "same"}
-
-
-def _when(ts: float | None) -> str:
-    return "–" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
 def _estimate(e: Mapping[str, Any], spec: str, signed: bool = False) -> str:
@@ -95,19 +89,12 @@ def _window_head(side: str, answer: Mapping[str, Any]) -> str:
     wid = str(answer.get("id", ""))
     return (f'<div><h2>{side}: <a href="/windows/{escape(wid, quote=True)}">{escape(wid)}</a>'
             f"</h2><p>{escape(str(answer.get('name') or ''))}<br><small>"
-            f"{_when(answer.get('started_at'))} to {_when(answer.get('stopped_at'))}"
+            f"{utc(answer.get('started_at'))} to {utc(answer.get('stopped_at'))}"
             "</small></p></div>")
 
 
 def _advice_column(side: str, answer: Mapping[str, Any]) -> str:
-    advice = answer.get("advice") or window_advice(answer)
-    results = advice.get("results") or {}
-    parts = [f"<div><h2>{side}: which k</h2>"]
-    for name, item in results.items():
-        parts.append(advice_section(name, item))
-    if len(results) >= 2:
-        parts.append(advice_section("all", advice.get("aggregate")))
-    return "".join(parts) + "</div>"
+    return f"<div><h2>{side}: which k</h2>{advice_sections(answer)}</div>"
 
 
 def render_compare(

@@ -103,22 +103,15 @@ def _ticks(span: float, count: int = 5) -> list[float]:
     return [i * step for i in range(int(span / step) + 1)]
 
 
-def line_chart(
-    lines: Mapping[str, Sequence[tuple[float, float]]],
-    *,
-    start: float,
-    end: float,
-    aggregate: Sequence[tuple[float, float]] = (),
-    x_label: str = "time since window start (s)",
-    y_label: str = "acceptance rate (%)",
-    width: int = 720,
-    height: int = 260,
-) -> str:
+def line_chart(lines: Mapping[str, Sequence[tuple[float, float]]], *, start: float, end: float,
+               aggregate: Sequence[tuple[float, float]] = ()) -> str:
     """An inline SVG line chart of 0..100 values over time: labelled axes, one line per
     target, a thicker aggregate line, and a legend below (the legend is HTML, so it wraps)."""
     drawn = {name: points for name, points in lines.items() if points}
     if not drawn and not aggregate:
         return ""
+    x_label, y_label = "time since window start (s)", "acceptance rate (%)"
+    width, height = 720, 260
     left, right, top, bottom = 48, 12, 10, height - 40
     span = max(end - start, 1e-9)
 

@@ -1,8 +1,5 @@
-"""`GET /windows/{id}`: one window as a page, built from its JSON state and its time series.
-
-The page is a list of sections, each a small function of (state, series) -> HTML, so another
-view (the advisor's table, a distribution) is one more function in `SECTIONS`.
-"""
+"""`GET /windows/{id}`: one window as a page of `SECTIONS`, each a function of its JSON state
+and its time series to HTML."""
 
 from __future__ import annotations
 
@@ -36,11 +33,9 @@ _NOTE_KEYS = ("coverage_note", "reset_note", "anomaly_note", "dialect_note")
 def acceptance_lines(series: Mapping[str, Any]) -> tuple[dict[str, list[Point]], list[Point]]:
     """Cumulative acceptance rate (%) since the window's start, per target and summed.
 
-    Each point is what the window's result would say if it had stopped then. The aggregate
-    sums every target's counts at each moment (never an average of ratios); a target's scrape
-    lands at another moment than the others', so between two of its samples its counts are
-    interpolated: summing the latest sample of each instead drew our scrape phase, a sawtooth.
-    The aggregate runs from when every target has a sample until one has no later one.
+    The aggregate sums every target's counts at each moment (never an average of ratios),
+    interpolated between a target's samples (their latest would draw our scrape phase), from
+    when every target has a sample until one has no later one.
     """
     lines: dict[str, list[Point]] = {}
     cumulative: list[list[tuple[float, float, float]]] = []
@@ -57,11 +52,8 @@ def acceptance_lines(series: Mapping[str, Any]) -> tuple[dict[str, list[Point]],
 
 def _summed_line(targets: Sequence[Sequence[tuple[float, float, float]]]) -> list[Point]:
     """100 x the sum of accepted over the sum of draft tokens, each target's (time, tokens,
-    accepted) samples joined by straight lines, at every sample time where all are defined.
-
-    One sweep (a sum of piecewise-linear functions changes slope only at their samples), so a
-    window of 1000 targets is not evaluated target by target at every target's times.
-    """
+    accepted) samples joined by straight lines, at every sample time where all are defined:
+    one sweep, as a sum of piecewise-linear functions changes slope only at their samples."""
     if not targets:
         return []
     first, last = max(s[0][0] for s in targets), min(s[-1][0] for s in targets)
@@ -96,8 +88,7 @@ def _summed_line(targets: Sequence[Sequence[tuple[float, float, float]]]) -> lis
 
 
 def _slopes(samples: Sequence[tuple[float, float, float]], i: int) -> tuple[float, float]:
-    """Tokens' and accepted's growth per second from sample i to the next (none after the
-    last)."""
+    """Tokens' and accepted's growth per second from sample i to the next."""
     if i + 1 >= len(samples):
         return 0.0, 0.0
     (t0, x0, y0), (t1, x1, y1) = samples[i], samples[i + 1]
@@ -111,7 +102,6 @@ def _duration(seconds: float) -> str:
 
 
 def header_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
-    """Name, id, state, times (UTC, ISO 8601), duration and targets."""
     started, stopped = state.get("started_at"), state.get("stopped_at")
     end = stopped if stopped is not None else series.get("now")
     rows = [
@@ -132,7 +122,6 @@ def header_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
 
 
 def console_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
-    """The console blocks, as `window stop` prints them."""
     if not state.get("results"):
         return "<h2>Console</h2><p>Results appear here when the window is stopped.</p>"
     return f"<h2>Console</h2><pre>{escape(format_window(state))}</pre>"
@@ -202,7 +191,6 @@ def unobserved_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> s
 
 
 def positions_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
-    """Per-position acceptance bars, per target and for the aggregate."""
     results: Mapping[str, Any] = state.get("results") or {}
     entries = list(results.items())
     if state.get("aggregate") and len(results) >= 2:
@@ -219,7 +207,6 @@ def positions_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> st
 
 
 def chart_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
-    """The acceptance rate through the window, per target and aggregate."""
     lines, aggregate = acceptance_lines(series)
     start = state.get("started_at") or 0.0
     ends = [p[-1][0] for p in lines.values() if p] + [p[0] for p in aggregate[-1:]]
@@ -234,7 +221,6 @@ def chart_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
 
 
 def advisor_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
-    """Which k: the distribution of accepted tokens per draft as bars, the advisor's table."""
     return window_advice_html(state)
 
 
@@ -243,11 +229,8 @@ SECTIONS: list[Section] = [header_section, console_section, results_section,
                            advisor_section, chart_section]
 
 
-def render_window_page(
-    state: Mapping[str, Any], series: Mapping[str, Any],
-    sections: Sequence[Section] | None = None, style: str = "",
-) -> str:
+def render_window_page(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
     """The whole page of one window: its state (GET /api/v1/windows/{id}) and series."""
-    body = "\n".join(section(state, series) for section in (sections or SECTIONS))
+    body = "\n".join(section(state, series) for section in SECTIONS)
     name = state.get("name") or state["id"]
-    return page(f"window {name} · specdec-exporter", body, style=ADVICE_STYLE + style)
+    return page(f"window {name} · specdec-exporter", body, style=ADVICE_STYLE)
