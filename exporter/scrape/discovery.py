@@ -15,9 +15,7 @@ import glob
 import logging
 import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import aiohttp
 from pydantic import ValidationError
 from yarl import URL
 
+from exporter.config.documents import DocumentError, parse_json, parse_yaml, read_text
 from exporter.config.model import (
     _RESERVED_LABELS,
     Config,
@@ -32,12 +31,11 @@ from exporter.config.model import (
     PrometheusSDConfig,
     TargetConfig,
 )
-from exporter.config.documents import DocumentError, parse_json, parse_yaml, read_text
 from exporter.config.values import parse_matcher
 from exporter.core.errors import ExporterError
 from exporter.core.redact import redact_text, redact_url
-from exporter.scrape.scraper import proxy_for
 from exporter.core.text import TextError, clean_tree
+from exporter.scrape.scraper import proxy_for
 
 log = logging.getLogger(__name__)
 
@@ -154,21 +152,6 @@ def targets_from_prometheus(data: Any, source: str, sd: PrometheusSDConfig) -> l
     return found
 
 
-def prometheus_sd_source(sd: PrometheusSDConfig) -> str:
-    """The name of a prometheus_sd source: the API URL it reads, with its job."""
-    url = sd.url.rstrip("/") + "/api/v1/targets?state=active"
-    return url + (f"&job={sd.job}" if sd.job else "")
-
-
-def _http_sd_targets(url: str, data: Any, refused: list[str]) -> list[TargetConfig]:
-    return targets_from_document(data, url, refused)
-
-
-def _prometheus_sd_targets(sd: PrometheusSDConfig, name: str, data: Any,
-                           refused: list[str]) -> list[TargetConfig]:
-    return targets_from_prometheus(data, name, sd)
-
-
 @dataclass
 class _Source:
     targets: list[TargetConfig] = field(default_factory=list)
@@ -200,33 +183,24 @@ class Discovery:
         """Re-read changed files and due URLs; whether the target list changed."""
         before = self.targets()
         live: set[str] = set()
-        for sd in self.config.file_sd:
-            for pattern in sd.files:
+        for file_sd in self.config.file_sd:
+            for pattern in file_sd.files:
                 for name in sorted(glob.glob(pattern)):
                     live.add(name)
                     await self._refresh_file(Path(name))
-        for http_sd in self.config.http_sd:
-            live.add(http_sd.url)
-            source = self.sources.setdefault(http_sd.url, _Source())
-            stamp = source.stamp
-            due = (stamp is None or isinstance(stamp, tuple)
-                   or now - stamp >= http_sd.refresh_interval)
-            if due and session is not None:
-                source.stamp = now
-                await self._poll(session, http_sd, source, http_sd.url, http_sd.url,
-                                 partial(_http_sd_targets, http_sd.url))
+        polled: list[tuple[HttpSDConfig | PrometheusSDConfig, str, str]] = [
+            (sd, sd.url, sd.url) for sd in self.config.http_sd]
         for prom_sd in self.config.prometheus_sd:
-            name = prometheus_sd_source(prom_sd)
+            api = prom_sd.url.rstrip("/") + "/api/v1/targets?state=active"
+            polled.append((prom_sd, api + (f"&job={prom_sd.job}" if prom_sd.job else ""), api))
+        for sd, name, url in polled:
             live.add(name)
             source = self.sources.setdefault(name, _Source())
             stamp = source.stamp
-            due = (stamp is None or isinstance(stamp, tuple)
-                   or now - stamp >= prom_sd.refresh_interval)
+            due = stamp is None or isinstance(stamp, tuple) or now - stamp >= sd.refresh_interval
             if due and session is not None:
                 source.stamp = now
-                api = prom_sd.url.rstrip("/") + "/api/v1/targets?state=active"
-                await self._poll(session, prom_sd, source, name, api,
-                                 partial(_prometheus_sd_targets, prom_sd, name))
+                await self._poll(session, sd, source, name, url)
         for gone in set(self.sources) - live:  # a deleted file takes its targets with it
             del self.sources[gone]
         return self.targets() != before
@@ -267,9 +241,8 @@ class Discovery:
         source: _Source,
         name: str,
         url: str,
-        parse: Callable[[Any, list[str]], list[TargetConfig]],
     ) -> None:
-        """GET `url` as JSON and `parse` it into the source's targets; a failure keeps them."""
+        """GET `url` as JSON and parse it into the source's targets; a failure keeps them."""
         headers = dict(sd.headers)
         if sd.token_env and (token := os.environ.get(sd.token_env)):
             headers["Authorization"] = f"Bearer {token}"
@@ -283,7 +256,7 @@ class Discovery:
                     raise DiscoveryError(f"{name}: HTTP {response.status}")
                 body = await _read_whole(response, name)
             refused: list[str] = []
-            found = await asyncio.to_thread(_parsed, body, name, parse, refused)
+            found = await asyncio.to_thread(_parsed, body, name, sd, refused)
             source.targets = self._bounded(found, name)
             source.error = "; ".join(refused) or None
         except DiscoveryError as exc:
@@ -312,11 +285,13 @@ async def _read_whole(response: aiohttp.ClientResponse, name: str) -> bytes:
     return b"".join(chunks)
 
 
-def _parsed(body: bytes, name: str, parse: Callable[[Any, list[str]], list[TargetConfig]],
+def _parsed(body: bytes, name: str, sd: HttpSDConfig | PrometheusSDConfig,
             refused: list[str]) -> list[TargetConfig]:
     """An answer's targets (run in a thread: a large answer is CPU the loop cannot lend)."""
     try:
         data = parse_json(body)
     except DocumentError as exc:
         raise DiscoveryError(f"{name}: {exc}") from None
-    return parse(data, refused)
+    if isinstance(sd, PrometheusSDConfig):
+        return targets_from_prometheus(data, name, sd)
+    return targets_from_document(data, name, refused)
