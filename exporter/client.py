@@ -46,36 +46,23 @@ class WindowAnswer:
 
     body: dict[str, Any]
 
-    @property
-    def id(self) -> str:
-        """The window id."""
-        window_id: str = self.body["id"]
-        return window_id
-
     def console(self) -> str:
         """Every target's console block, then `all` when there are two or more; then the
         per-request sections when requests went through the recording proxy."""
         return format_window(self.body) + format_per_request(self.body)
 
 
-def is_loopback(url: str) -> bool:
-    """Whether the URL's host is this machine (localhost, 127.0.0.0/8, ::1)."""
-    host = urlsplit(url).hostname or ""
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def opener_for(url: str) -> urllib.request.OpenerDirector:
-    """urllib's opener; straight to a loopback exporter, whatever HTTP_PROXY says.
-
-    A proxy cannot reach this machine's loopback, and a harness set up for a corporate proxy
-    rarely lists 127.0.0.1 in NO_PROXY.
+    """urllib's opener; straight to a loopback exporter (localhost, 127.0.0.0/8, ::1), whatever
+    HTTP_PROXY says: a proxy cannot reach this machine's loopback, and a harness set up for a
+    corporate proxy rarely lists 127.0.0.1 in NO_PROXY.
     """
-    if is_loopback(url):
+    host = urlsplit(url).hostname or ""
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost" or host.endswith(".localhost")
+    if loopback:
         return urllib.request.build_opener(urllib.request.ProxyHandler({}))
     return urllib.request.build_opener()
 
@@ -153,14 +140,8 @@ class ExporterClient:
             body["edges"] = edges
             if skip_requests is not None:
                 body["skip_requests"] = skip_requests
-        if window_id:
-            body["id"] = window_id
-        if name:
-            body["name"] = name
-        if targets:
-            body["targets"] = list(targets)
-        if labels:
-            body["labels"] = labels
+        given = {"id": window_id, "name": name, "targets": list(targets or ()), "labels": labels}
+        body |= {key: value for key, value in given.items() if value}
         answer = self._call("POST", "/api/v1/windows", body)
         return answer | {"created": self.status == 201}
 
@@ -200,22 +181,13 @@ class FleetClient:
             raise ClientError("; ".join(errors.values()))
         return answers, errors
 
-    def start(
-        self,
-        window_id: str | None = None,
-        name: str | None = None,
-        targets: Sequence[str] | None = None,
-        labels: dict[str, str] | None = None,
-        *, edges: str | None = None, skip_requests: int | None = None,
-    ) -> dict[str, Any]:
-        """Open the window on every exporter under one id."""
+    def start(self, window_id: str | None = None, *args: Any, **options: Any) -> dict[str, Any]:
+        """Open the window on every exporter under one id; the arguments are
+        `ExporterClient.start`'s."""
         if len(self.clients) == 1:
-            return self.clients[0].start(window_id, name, targets, labels, edges=edges,
-                                         skip_requests=skip_requests)
+            return self.clients[0].start(window_id, *args, **options)
         window_id = window_id or new_window_id(time.time())
-        answers, errors = self._each(lambda c: c.start(window_id, name, targets, labels,
-                                                       edges=edges,
-                                                       skip_requests=skip_requests))
+        answers, errors = self._each(lambda c: c.start(window_id, *args, **options))
         merged = answers[0] | {
             "targets": [t for a in answers for t in a["targets"]],
             "created": any(a.get("created") for a in answers),
