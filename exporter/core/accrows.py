@@ -1,6 +1,5 @@
 """An accumulator's row in the state database: its whole state as JSON, or only what a round
-changed (its round part), and back. The store writes a row per open window's target every
-round, so the common case (a round part) is made without building the whole row."""
+changed (its round part), and back; a round part is made without building the whole row."""
 
 from __future__ import annotations
 
@@ -39,7 +38,7 @@ class Encoded:
 
 
 class AccumulatorRows:
-    """The row codec of `counting.Accumulator` (its base): what it reads of the accumulator."""
+    """The row codec of `counting.Accumulator` (its base)."""
 
     last: Mapping[SeriesKey, float]
     created: Mapping[SeriesKey, float]
@@ -88,21 +87,15 @@ class AccumulatorRows:
         return self.anomalies_before, self.anomalies_inside, self.anomalies_after
 
     def to_json(self) -> str:
-        """The whole state as JSON text (`to_dict`'s content), written directly: each series'
-        key and its four numbers (value, created, increase, seen), the keys' text cached per
-        key, the numbers as one flat list through the C encoder."""
+        """The whole state as JSON text: each series' key and its four numbers (value, created,
+        increase, seen) as one flat list."""
         return self._whole_json(self._keys())
 
     def encode(self, *, whole: bool = False) -> Encoded:
         """This accumulator's row for the store: its round part (`_round_json`) when its whole
-        row as last committed (`saved`) differs only there, else (or if `whole`) the whole.
-
-        A round changes the series' values, increases and seen times, the scrape count and
-        time and the gauges' sums; keys, created times, restarts, the baseline, engines and
-        anomalies change rarely, and a whole row is several times the bytes and the work."""
+        row as last committed (`saved`) differs only there, else (or if `whole`) the whole."""
         keys = self._keys()
-        # Every series with a value and an increase (so, always but for series retired or from
-        # an old state): what a round part holds.
+        # Every series with a value and an increase: what a round part holds.
         aligned = len(keys) == len(self.last) + len(self.gone) == len(self.increase)
         last = self.last
         values: Sequence[float | None]
@@ -127,8 +120,7 @@ class AccumulatorRows:
             self._saved = ((shared_keys(keys), *rest), encoded.scrapes)
 
     def _keys(self) -> list[SeriesKey]:
-        # The order of a row's series: the increases' (every series fed has one), then any
-        # series with a value but no increase (none, unless a state was edited by hand).
+        # The increases' order, then any series with a value but no increase (an edited state).
         keys = list(self.increase)
         if len(keys) < len(self.last) + len(self.gone):
             keys += [k for k in (*self.last, *self.gone) if k not in self.increase]
@@ -137,7 +129,7 @@ class AccumulatorRows:
     def _series(self, keys: Sequence[SeriesKey] | None = None,
                 ) -> Iterator[tuple[SeriesKey, float | None, float | None, float | None]]:
         """(key, last value, `_created`, when last read) of each series (default: those with
-        a value), None where a series has none (a retired series has an increase only)."""
+        a value), None where a series has none."""
         last, created, gone, at = self.last, self.created, self.gone, self.last_at
         if keys is None:
             keys = [*last, *gone]
@@ -151,10 +143,8 @@ class AccumulatorRows:
 
     def _shape(self, keys: list[SeriesKey], created: tuple[float | None, ...]) -> Shape:
         """Everything a whole row holds that its round part does not: equal shapes, equal
-        whole rows but for the round part. Engines and restart spans are only ever added, and
-        a tally changes with its count: their sizes and counts tell a change. (A NaN created
-        time never equals itself: such a series' row is written whole every round, correct
-        if slower.)"""
+        whole rows but for the round part (engines and restart spans are only ever added, a
+        tally changes with its count, so sizes and counts tell a change)."""
         return (
             tuple(keys), created, self.resets, len(self.reset_spans),
             self.first_at, len(self.engines), self.dialect, self.packed_before,
@@ -183,11 +173,9 @@ class AccumulatorRows:
 
     def _round_json(self, keys: list[SeriesKey], values: Sequence[float | None],
                     base: int) -> str:
-        """What a round changes, for the whole row of `base` scrapes and its `keys` (every
-        series with a value, in the increases' order): the `values` and increases as
-        little-endian doubles in base64 (the C encoder spends a microsecond per float,
-        `struct` nanoseconds), and a seen time only where it is not the last scrape's (a
-        series on the page is seen at every scrape: one time for all, not a Unix time each)."""
+        """What a round changes, for the whole row of `base` scrapes and its `keys`: `values`
+        and increases as little-endian doubles in base64, and a seen time only where it is not
+        the last scrape's."""
         at, gone = self.last_at, self.gone
         numbers = doubles(len(keys) * 2).pack(*values, *self.increase.values())
         if not gone:
@@ -210,8 +198,7 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
         values = data["values"]
         rows = [(_key_from(k), *values[4 * i:4 * i + 4]) for i, k in enumerate(data["keys"])]
         part = data.get("round")
-        # A round part goes with the whole row it was written against (the store replaces
-        # both in one transaction; a part of another is stale).
+        # A round part of another whole row is stale.
         if part is not None and part["base"] == data["scrapes"]:
             rows = _with_round(rows, part)
             data = dict(data) | {k: part[k] for k in _ROUND_FIELDS}

@@ -56,11 +56,8 @@ def find_anomaly(snapshot: Snapshot, at: float) -> Anomaly | None:
 
 @dataclass(frozen=True, slots=True)
 class AnomalyTally:
-    """Anomalous scrapes of one stretch: the first and the last, and how many (bounded state).
-
-    Immutable: most accumulators never see one, and all of those share `NO_ANOMALIES` (three
-    tallies an accumulator, ~0.2 KB at each of 1000 targets of a window and of the live tracks).
-    """
+    """Anomalous scrapes of one stretch: the first and the last, and how many. Immutable:
+    accumulators that never see one share `NO_ANOMALIES`."""
 
     count: int = 0
     first: Anomaly | None = None

@@ -1,8 +1,5 @@
-"""AISBench's console block, byte for byte: an empty line, rules, title, 46-column labels.
-
-The shape is that of AISBench's code (`spec_decode/reporter.py`), which is what its users see:
-each block starts with an empty line and its rules are two `=` shorter than the title.
-"""
+"""AISBench's console block, byte for byte (`spec_decode/reporter.py`): an empty line, rules
+two `=` shorter than the title, the title, 46-column labels."""
 
 from __future__ import annotations
 
@@ -48,13 +45,8 @@ def format_block(label: str, result: Mapping[str, Any]) -> str:
 
 
 def format_caveats(result: Mapping[str, Any]) -> str:
-    """One `Note:` line per thing the block cannot carry; nothing for a clean full result.
-
-    Partial coverage (with its UTC times and why, each restart's unobserved span among them,
-    on one line), restarts, scrapes skipped for unusable values, an estimate or a dialect's
-    caveat: a person reading the console cannot miss that these numbers are not a plain full
-    window.
-    """
+    """One `Note:` line per thing the block cannot carry (partial coverage, restarts, unusable
+    scrapes, an estimate, a dialect's caveat); nothing for a clean full result."""
     if result.get("status") != "ok":
         return ""  # the block's Reason says it all
     notes = []
@@ -79,16 +71,13 @@ def format_caveats(result: Mapping[str, Any]) -> str:
 
 
 def format_window(answer: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
-    """Every target's block of a stopped window, then `all` when it covers two or more.
-
-    Each block is followed by its caveat lines (`format_caveats`), if any.
-    """
+    """Every target's block of a stopped window and its caveat lines, then `all` when it
+    covers two or more."""
     results: Mapping[str, Any] = answer.get("results") or {}
     blocks = []
     for name, result in results.items():
         label = (labels or {}).get(name) or result.get("host_port") or name
-        # The block's title is host:port, as AISBench prints it; the config's name for the
-        # target, where it differs, follows on a line of its own.
+        # The title is host:port, as AISBench prints it; a differing target name follows.
         named = f"Target: {name}\n" if name != label else ""
         blocks.append(format_block(label, result) + named + format_caveats(result))
     if len(results) >= 2 and answer.get("aggregate"):

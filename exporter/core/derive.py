@@ -22,11 +22,7 @@ def acceptance_length(counts: Counts) -> float | None:
 
 
 def position_ratios(counts: Counts) -> dict[int, float]:
-    """Per position, accepted at it / the drafts behind it, in numeric position order.
-
-    The drafts behind position i are those of the parts that draft position i (see `Counts`):
-    a k=3 target does not dilute position 4 of a k=5 one.
-    """
+    """Per position, accepted at it / the drafts behind it (see `Counts`), in numeric order."""
     if not counts.position_drafts:  # the usual case: every position over all the drafts
         drafts = counts.drafts
         per_position = counts.per_position
@@ -43,13 +39,8 @@ def position_ratios(counts: Counts) -> dict[int, float]:
 
 def span_figures(start: Counts, end: Counts) -> tuple[float | None, float | None,
                                                      dict[int, float]]:
-    """`acceptance_ratio`, `acceptance_length` and `position_ratios` of `end - start`: the
-    live gauges of a target, computed for each of its scrapes while /metrics is read.
-
-    The usual case (every position over all the drafts on both sides, no position new at the
-    end) skips building the difference's `Counts`, with the same float operations: the same
-    figures, in a third of the time.
-    """
+    """`acceptance_ratio`, `acceptance_length` and `position_ratios` of `end - start`; the
+    usual case skips building the difference's `Counts`, with the same float operations."""
     before, after = start.per_position, end.per_position
     if start.position_drafts or end.position_drafts or not after.keys() <= before.keys():
         counts = end - start
@@ -66,17 +57,13 @@ def span_figures(start: Counts, end: Counts) -> tuple[float | None, float | None
 
 
 def result_data(counts: Counts) -> dict[str, Any]:
-    """The `data` part of an AISBench RESULT, in full precision as AISBench's code writes it.
-
-    Only displays round (AISBench's tools print these with `:.2f`; rounding here first would
-    print the wrong second decimal for a share of windows).
-    """
+    """The `data` part of an AISBench RESULT, in full precision (rounding here first would
+    make displays print the wrong second decimal)."""
     ratio = acceptance_ratio(counts)
     length = acceptance_length(counts)
     drafts, per_position = counts.drafts, counts.per_position
     if not counts.position_drafts and drafts > 0:
-        # The usual case of `position_ratios`, keyed for JSON in the same pass (a stop over
-        # 1000 targets writes two of these per target).
+        # The usual case of `position_ratios`, keyed for JSON in the same pass.
         rates = {str(pos): per_position[pos] / drafts for pos in sorted(per_position)}
     else:
         rates = {str(pos): rate for pos, rate in position_ratios(counts).items()}

@@ -8,8 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-# Whole seconds' `2026-12-02T18:00:05`, as datetime writes them: a stop over 1000 targets
-# writes two times per target, within a few seconds of each other. Bounded: cleared when full.
+# Whole seconds' `2026-12-02T18:00:05`, as datetime writes them; cleared when full.
 _SECONDS: dict[int, str] = {}
 _MAX_SECONDS = 4096
 _YEAR_10000 = 253402300800.0
@@ -41,11 +40,8 @@ def _iso_datetime(at: float) -> str:
 
 
 def with_iso_times(value: Any) -> Any:
-    """`value` with an ISO string beside every epoch time: `started_at` gets `started_at_iso`.
-
-    JSON answers keep the Unix seconds scripts compute with, and add what a person reads;
-    keys ending in `_at` with a number are times, at any depth.
-    """
+    """`value` with an ISO string beside every epoch time (keys ending in `_at`, at any
+    depth): `started_at` gets `started_at_iso`."""
     if isinstance(value, list):
         return [with_iso_times(item) for item in value]
     if not isinstance(value, dict):

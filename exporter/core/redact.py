@@ -1,9 +1,5 @@
-"""Credentials kept out of everything we show or write: URLs, error texts and log records.
-
-A target's URL may carry `user:password@`, its `headers` and `token_env` hold secrets: the
-request needs them, nobody reading a page, a result file or a log line does. Like Prometheus we
-write `<secret>` in their place.
-"""
+"""Credentials kept out of everything we show or write (URLs, error texts, log records): like
+Prometheus we write `<secret>` in their place."""
 
 from __future__ import annotations
 
@@ -69,12 +65,8 @@ def config_secrets(config: Any) -> frozenset[str]:
 
 
 class RedactingFilter(logging.Filter):
-    """Rewrites each record (message and traceback) without credentials, at every level.
-
-    On the handler, not a logger: aiohttp's own loggers (malformed requests quote their
-    header lines) pass through it too. `config` returns the running config; its secrets are
-    worked out again only when it is replaced.
-    """
+    """Rewrites each record (message and traceback) without credentials. On the handler, not
+    a logger, so aiohttp's loggers pass through it too; `config` returns the running config."""
 
     def __init__(self, config: Callable[[], Any] | None = None):
         super().__init__()

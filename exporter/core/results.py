@@ -1,8 +1,5 @@
-"""A stopped window's RESULTs (`result.Result`): per target and aggregate, made from its
-accumulators, errors and removals; its whole stop answer and its per-scrape series.
-
-Pure: no I/O. The answer's advice is the caller's (`Advisor`): it is analysis, above this.
-"""
+"""A stopped window's RESULTs (per target and aggregate), its whole stop answer and its
+per-scrape series. Pure; the answer's advice is the caller's (`Advisor`)."""
 
 from __future__ import annotations
 
@@ -31,15 +28,14 @@ from exporter.core.result import (
 from exporter.core.snapshot import Counts
 from exporter.core.window import TargetRef, Window
 
-# Read here by modules written before `result` was split off.
+# Re-exported: other modules read these here.
 __all__ = ["NO_ACTIVITY", "AnswerParts", "Advisor", "Result", "Status", "aggregate",
            "result_file_name", "result_file_names", "target_result", "window_answer",
            "window_series"]
 
 
 class Advisor(Protocol):
-    """Advice for a stop answer (`analysis.advise`): a RESULT's, and the whole answer's from
-    the RESULTs' made already."""
+    """Advice for a stop answer (`analysis.advise`): a RESULT's, and the whole answer's."""
 
     def result(self, body: Mapping[str, Any]) -> dict[str, Any] | None: ...
 
@@ -58,8 +54,7 @@ def target_result(window: Window, name: str) -> Result:
         notes.append(fetch_error(ref.url, stop_error, "stop"))
     if name in window.late_baselines:
         notes.append(window.late_baselines[name])
-    # Everything known of the target, which each outcome below completes; the Result is made
-    # once, with all its fields (a stop over 1000 targets makes 1000 of them).
+    # Everything known of the target, which each outcome below completes.
     base = _described(ref, acc, started=name not in window.start_errors)
     if name in window.removed:
         # The target left the window before its stop: N/A, with what was seen until then.
@@ -93,12 +88,11 @@ def target_result(window: Window, name: str) -> Result:
 
 
 def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> dict[str, Any]:
-    """The fields of a target's RESULT known whatever its outcome: what the others build on."""
+    """The fields of a target's RESULT known whatever its outcome."""
+    named = {"url": ref.url, "target": ref.name, "host_port": ref.host_port}
     if acc is None:
-        return {"url": ref.url, "target": ref.name, "host_port": ref.host_port, "scrapes": 0,
-                "before": None, "after": None}
-    return {
-        "url": ref.url, "target": ref.name, "host_port": ref.host_port,
+        return named | {"scrapes": 0, "before": None, "after": None}
+    return named | {
         "model_names": tuple(acc.model_names),
         "engines": len(acc.engines),
         "dialect": acc.dialect or None,
@@ -112,8 +106,8 @@ def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> dic
 
 
 def _raw_pair(acc: Accumulator, started: bool) -> dict[str, Any]:
-    """AISBench's before/after: the first and last usable scrape; None where there is none."""
-    # No spec-decode series ever read: no snapshot, as AISBench writes it (null, not zeros).
+    """AISBench's before/after: the first and last usable scrape; None (not zeros) where
+    there is none."""
     if acc.scrapes == 0 or is_estimate(acc.dialect) or not acc.has_series:
         return {"before": None, "after": None}
     before = acc.before or Counts()
@@ -137,8 +131,7 @@ def _estimate_result(
 
 
 def _coverage(window: Window, acc: Accumulator, notes: list[str]) -> dict[str, Any]:
-    # A restart inside the window is never full: what the server counted between our last
-    # scrape and its restart died with the old process (`result.unobserved_span`).
+    # A restart inside the window is never full (`result.unobserved_span`).
     unobserved = tuple(unobserved_spans(acc.reset_spans, acc.restart_times, window.downtimes))
     if not notes and not acc.resets:
         return {"coverage": Coverage.FULL, "coverage_note": None}
@@ -180,12 +173,16 @@ def _reset_note(window: Window, acc: Accumulator) -> str | None:
     return note
 
 
+def _what(tally: AnomalyTally) -> str | None:
+    first = tally.first
+    return None if first is None else f"{first.series} was {first.value} at {iso_utc(first.at)}"
+
+
 def _anomaly_text(tally: AnomalyTally) -> str | None:
     """`<series> was NaN at <time> (scrape not used)`, and how many more scrapes alike."""
-    first = tally.first
-    if first is None:
+    first, text = tally.first, _what(tally)
+    if first is None or text is None:
         return None
-    text = f"{first.series} was {first.value} at {iso_utc(first.at)}"
     if first.others:
         text += f" ({first.others} more unusable value(s) in that scrape)"
     if tally.count > 1 and tally.last is not None:
@@ -208,10 +205,9 @@ def _no_usable_span(anomalies: list[str], notes: list[str]) -> str:
 
 
 def _anomaly_inside_note(tally: AnomalyTally) -> str | None:
-    first = tally.first
-    if first is None:
+    what = _what(tally)
+    if what is None:
         return None
-    what = f"{first.series} was {first.value} at {iso_utc(first.at)}"
     scrapes = "1 scrape" if tally.count == 1 else f"{tally.count} scrapes"
     first_of = "" if tally.count == 1 else "first: "
     return (
@@ -230,13 +226,9 @@ _Made = tuple[tuple[Any, ...], float | None, Result, dict[str, Any], dict[str, A
 
 class AnswerParts:
     """A stop answer made target by target: each RESULT (with its advice) as soon as its stop
-    scrape is in, the rest once the window is stopped.
-
-    Over 1000 targets the RESULTs are nine tenths of an answer's work: a stop makes them while
-    its scrapes still come in (on the other core, `book`), and only the aggregate is left after
-    the last one. A RESULT is made again when anything it is made of changed since: its
-    accumulator fed again, the target removed, an error noted, or the stop time, which a
-    partial RESULT's coverage note names. The answer is the same as made in one go.
+    scrape is in, the rest once the window is stopped. A RESULT is made again when anything
+    it is made of changed since (for a partial one, the stop time too): the answer is the same
+    as made in one go.
     """
 
     def __init__(self, window: Window, advisor: Advisor | None = None):
@@ -269,8 +261,7 @@ class AnswerParts:
         """The whole stop answer (`window_answer`), from the RESULTs made so far and the rest."""
         window = self.window
         made = {name: self.target(name) for name in window.targets}
-        # Unix seconds for scripts, ISO 8601 UTC beside each for people: in the API and the
-        # files. Only the head is walked for them; each RESULT adds its own.
+        # ISO 8601 UTC beside each Unix time; only the head is walked, each RESULT adds its own.
         head = with_iso_times(window.summary() | {"stopped_at": window.stopped_at})
         answer: dict[str, Any] = head | {
             "results": {name: m[1] for name, m in made.items()},

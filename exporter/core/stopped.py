@@ -1,10 +1,5 @@
-"""What memory keeps of a stopped window: a list item, and the last one's gauge counts.
-
-A stop answer over 1000 targets is ~20 MB of Python objects (its advice rows most of it), and
-the window book lists 50 stopped windows: kept whole, they grew the exporter by ~1 GB. Memory
-keeps only what the lists and the last-window gauges read; the answer itself stays in the
-state database (and the window's result files), read back when one window is asked for.
-"""
+"""What memory keeps of a stopped window: a list item, and the last one's gauge counts; the
+answer itself stays in the state database, read back when one window is asked for."""
 
 from __future__ import annotations
 
@@ -51,8 +46,7 @@ class StoppedWindow:
         only what `brief_aggregate` keeps)."""
         return cls(
             id=fields["id"], name=fields["name"],
-            # Interned, and the tuple shared: 50 windows over the same 1000 targets share one
-            # copy of each name and one tuple of them (8 KB a window otherwise).
+            # Interned, and the tuple shared between windows over the same targets.
             targets=_shared_targets(tuple(sys.intern(name) for name in fields["targets"])),
             labels=dict(fields["labels"]), started_at=fields["started_at"],
             stopped_at=fields["stopped_at"], aggregate=brief_aggregate(fields.get("aggregate")),
@@ -108,9 +102,7 @@ def kept_of(answer: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class PackedIncreases(Mapping[str, Counts]):
-    """Per target `Counts`, kept packed (~0.2 KB a target where a `Counts` is ~0.76 KB), each
-    made again when read: kept from one stop to the next, read when /metrics renders them
-    (its lines are cached until the next stop)."""
+    """Per target `Counts`, kept packed, each made again when read."""
 
     def __init__(self, items: Iterable[tuple[str, Counts]]):
         shared: dict[tuple[int, ...], tuple[int, ...]] = {}  # one positions tuple for all alike
@@ -127,8 +119,7 @@ class PackedIncreases(Mapping[str, Counts]):
                    if result["status"] == "ok" and result.get("increase"))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # Unpickled in the parent from a stop's child: each name one copy with the window
-        # list's (`StoppedWindow.of` interns them).
+        # Unpickled from a stop's child: each name one copy with the window list's.
         self._packed = {sys.intern(name): packed for name, packed in state["_packed"].items()}
 
     def __getitem__(self, name: str) -> Counts:

@@ -1,10 +1,8 @@
 """Text at the boundary: surrogate pairs joined, lone UTF-16 surrogates refused with their place.
 
-JSON and YAML may spell a character as `\\ud83d\\ude00` (`json.dumps` does for every emoji);
-JSON parsers join such a pair into one character, PyYAML does not, and either lets a lone
-`\\ud800` through as a `str` that no UTF-8 encoder accepts. Such a string accepted at the
-boundary breaks later, far from its cause (a page that answers 500, a window that cannot be
-stopped), so every client text, config document and discovery entry passes through here first.
+PyYAML does not join `\\ud83d\\ude00` pairs, and JSON and YAML both let a lone `\\ud800`
+through, which no UTF-8 encoder accepts later: every client text, config document and
+discovery entry passes through here first.
 """
 
 from __future__ import annotations

@@ -60,11 +60,8 @@ Row = tuple[str, str, str]  # (window id, target, JSON)
 
 @dataclass
 class AccumulatorRows:
-    """Accumulator rows for one transaction: whole rows and round parts (`Accumulator.encode`).
-
-    Once the store has committed them, `committed` tells each accumulator (its next round part
-    is written against the whole row just saved) and its window (not dirty any more).
-    """
+    """Accumulator rows for one transaction: whole rows and round parts (`Accumulator.encode`);
+    `committed` tells each accumulator and its window once the store holds them."""
 
     whole: list[Row] = field(default_factory=list)
     rounds: list[Row] = field(default_factory=list)
@@ -143,8 +140,7 @@ class Window:
         acc = self.accumulators.setdefault(result.target, Accumulator())
         reset = acc.feed(result.snapshot, result.at)
         self.dirty.add(result.target)
-        # Not kept (`cached=False`): a `Counts` a target, held while the window is open, was
-        # ~0.5 MB at 1000 targets; the stop's answer sums the increases once more.
+        # Not kept: a `Counts` a target held while the window is open.
         totals = acc.totals(cached=False)
         points = self.series.setdefault(result.target, [])
         points.append((result.at, totals.drafts, totals.draft_tokens, totals.accepted))
@@ -246,8 +242,7 @@ class Window:
             "labels": self.labels,
             "started_at": self.started_at,
             "stopped_at": self.stopped_at,
-            # A stopped window is its answer: the per-series state is not needed again, and
-            # leaving it out halves what a stop over 1000 targets writes on the event loop.
+            # A stopped window is its answer: the per-series state is not needed again.
             "accumulators": {t: a.to_dict() for t, a in self.accumulators.items()}
             if self.answer is None and accumulators else {},
             "start_errors": self.start_errors,
