@@ -34,8 +34,7 @@ __all__ = ["StartRequest", "WindowBook"]
 log = logging.getLogger(__name__)
 
 
-# Scrapes the named targets now, handing each result to the given other windows too, and to
-# the callback, if any, as it comes in (in turn with the target's other scrapes).
+# Scrapes the named targets now, handing each result to the given other windows and callback.
 ScrapeFn = Callable[[list[str], list[Window], Callable[[ScrapeResult], None] | None],
                     Awaitable[list[ScrapeResult]]]
 
@@ -70,8 +69,7 @@ class WindowBook:
         self._stopped: dict[str, StoppedWindow] = {}  # the recent stopped ones
         self._pending: dict[str, asyncio.Future[None]] = {}  # id -> its start or stop in flight
         self._closed_loaded = False
-        # The stopped window last read whole from the store, and whether with its series.
-        self._read: tuple[Window, bool] | None = None
+        self._read: tuple[Window, bool] | None = None  # the last read whole; with its series?
         self.result_errors = 0  # stops whose result files could not be written
         # The last stop's answer text, until its HTTP answer takes it (not kept after).
         self._answer_text: tuple[str, bytes] | None = None
@@ -131,7 +129,7 @@ class WindowBook:
         return window_from(doc) if doc is not None else None
 
     def _newest_stopped(self) -> LastWindow | None:
-        for doc in self.store.recent_closed(1, series=False):  # unreadable ones logged there
+        for doc in self.store.recent_closed(1):  # unreadable ones logged there
             try:
                 return LastWindow.of(doc["answer"]) if doc["answer"] is not None else None
             except (KeyError, TypeError, AttributeError) as exc:
@@ -141,8 +139,7 @@ class WindowBook:
 
     # -- restore, feed, save ------------------------------------------------------------
 
-    def restore(self, known_targets: Iterable[str],
-                gone: Callable[[str], str] = lambda name: "not in the config") -> None:
+    def restore(self, known_targets: Iterable[str], gone: Callable[[str], str]) -> None:
         """Open windows from the store; the time we were away is a downtime of each. `gone(name)`
         says why a target is not ours any more."""
         known = set(known_targets)

@@ -335,11 +335,9 @@ def _read_frame(channel: socket.socket) -> bytes | None:
 
 def _receive(channel: socket.socket, size: int) -> bytes | None:
     """`size` bytes, received into the bytes object they are kept as; None at an early end."""
-    data = channel.recv(size, socket.MSG_WAITALL) if size else b""
-    if len(data) == size:
-        return data
-    chunks, got = [data], len(data)
-    while got < size:  # a signal cut the wait short, or the child is gone
+    chunks: list[bytes] = []
+    got = 0
+    while got < size:  # more than once if a signal cut the wait short
         chunk = channel.recv(size - got, socket.MSG_WAITALL)
         if not chunk:
             return None

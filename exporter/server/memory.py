@@ -1,10 +1,6 @@
-"""Free heap memory given back to the system after a bulk of short-lived allocations.
-
-A stop over 1000 targets builds its answer in a child process (`isolate`), but the server
-still holds its 5 MB text, the state row made from it and the stop's scrape round for a moment.
-glibc keeps freed heap pages until `malloc_trim` asks it to give them back, and keeps big
-blocks on the heap once a big one was freed (`keep_big_blocks_apart`). Elsewhere (musl,
-macOS) both are no-ops.
+"""Free heap memory given back to the system after a bulk of short-lived allocations (a
+stop's answer text and state row): glibc keeps freed heap pages until `malloc_trim`, and big
+blocks on the heap once a big one was freed. Elsewhere (musl, macOS) both are no-ops.
 """
 
 from __future__ import annotations
@@ -35,14 +31,10 @@ def keep_big_blocks_apart() -> bool:
     """Blocks of 256 KiB and more in their own mappings, which go back to the system when
     freed; False where the C library cannot.
 
-    glibc maps big blocks apart at first, but raises that threshold up to the biggest block
-    freed (up to 32 MB): after the first stop, its 5 MB texts came from the heap, where the
-    objects the loop allocated meanwhile kept them from going back. A fixed threshold kept
-    RSS ~14 MB lower over 15 stopped 1000-target windows (bench markers, same run). Fixing it
-    also fixes glibc's trim threshold, which then would trim the heap's top at every 256 KiB
-    free and grow it again on the next scrape (~20% more CPU a round, in-process A/B): the
-    trim threshold is set high instead, and a stop gives the heap back itself
-    (`give_back_free_memory`).
+    glibc raises that threshold up to the biggest block freed, after which big texts come
+    from the heap, pinned there by the loop's objects. Fixing it also fixes the trim
+    threshold, which would trim and regrow the heap's top every scrape: that is set high
+    instead, and a stop gives the heap back itself (`give_back_free_memory`).
     """
     mallopt = libc_function("mallopt")
     if mallopt is None:

@@ -21,11 +21,9 @@ from exporter.scrape.scraper import Scraper
 from exporter.core.snapshot import ScrapeResult
 from exporter.core.stopped import StoppedWindow
 from exporter.state.store import StateStore, connect_state
-from exporter.server.targets import Targets, TargetState, owns
+from exporter.server.targets import Targets, TargetState
 from exporter.server.stateview import StateView
 from exporter.core.window import TargetRef, Window
-
-__all__ = ["ExporterService", "TargetState", "owns"]
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +98,10 @@ class ExporterService:
         return self._targets.config
 
     def discovered_targets(self) -> list[TargetConfig]:
-        """Every discovered target, before the split into shards (the fan-out's fleet)."""
+        """Every discovered target, before the split into shards."""
         return self._targets.discovery.targets()
 
     def use_scraper(self, scraper: Scraper) -> None:
-        """The scraper of the app's session (none until the app starts)."""
         self._targets.scraper = scraper
 
     # -- config ---------------------------------------------------------------------------
@@ -183,37 +180,29 @@ class ExporterService:
                 log.exception("scrape listener failed target=%s", name)
 
     async def run(self) -> None:
-        """The scrape loop, until cancelled."""
         await self.scheduler.run()
 
-    # -- windows --------------------------------------------------------------------------
+    # -- windows: the book's -----------------------------------------------------------
 
     def open_windows(self) -> list[Window]:
-        """Windows not stopped yet."""
         return self.book.open_windows()
 
     def window_with_series(self, window_id: str) -> Window:
-        """A window with its per-scrape series (a stopped one's is read from the store)."""
         return self.book.with_series(window_id)
 
     def record_stopped(self, window: Window) -> None:
-        """Keep a window made elsewhere (a store's history) as a stopped one."""
         self.book.record_stopped(window)
 
     def delete_window(self, window_id: str) -> None:
-        """Forget a stopped window (its files stay); 409 while open, 404 if unknown."""
         self.book.delete(window_id)
 
     def get_window(self, window_id: str) -> Window:
-        """An open or closed window by id, from memory or the store."""
         return self.book.get(window_id)
 
     def take_answer_text(self, window_id: str) -> bytes | None:
-        """The stopped window's answer as JSON text, when it is at hand already encoded."""
         return self.book.take_answer_text(window_id)
 
     def list_windows(self) -> list[Window | StoppedWindow]:
-        """Open windows and the recent closed ones, newest first."""
         return self.book.recent()
 
     async def _scrape_for_window(self, names: list[str], others: list[Window],
@@ -242,5 +231,4 @@ class ExporterService:
         return await self.book.stop(window_id, self._scrape_for_window, answer=answer)
 
     def close(self) -> None:
-        """Save open windows and close the store (SIGTERM, app shutdown)."""
         self.book.close()

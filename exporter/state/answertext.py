@@ -1,11 +1,8 @@
 """A stop answer's texts, each encoded once: the result files, window.json, the API's JSON.
 
-orjson encodes them: the stdlib's indented encoder is Python generators before 3.14, too slow
-for the megabytes of a stop over a fleet (docs/performance.md). The layout is
-`json.dumps(indent=2, ensure_ascii=False)`'s, values bit for bit; only a float under 1e-4 or
-from 1e16 is spelt differently (`0.00002151407774822478`, `1e16`: the same double, as any JSON
-reader reads it). A value orjson refuses (an integer beyond 64 bits, which a hostile page can
-send) takes the stdlib's way instead: slower, never wrong. Pure: no I/O.
+orjson encodes them, in `json.dumps(indent=2, ensure_ascii=False)`'s layout (only a float
+under 1e-4 or from 1e16 is spelt differently: the same double). A value orjson refuses (an
+integer beyond 64 bits, which a hostile page can send) takes the stdlib's way. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -56,11 +53,8 @@ def compact(value: Any) -> bytes:
 
 
 def with_key(text: bytes, key: str, value: Any) -> bytes:
-    """The text of `answer | {key: value}` from `text`, the compact text of `answer`; `key` new.
-
-    The stop answer adds `results_dir` (where this exporter wrote the files) to the text
-    encoded once at the stop, instead of encoding megabytes again.
-    """
+    """The text of `answer | {key: value}` from `text`, the compact text of `answer`; `key` new
+    (not encoding megabytes again)."""
     if not text.startswith(b"{") or not text.endswith(b"}"):
         raise ValueError("not the text of a JSON object")
     tail = compact({key: value})[1:]
@@ -68,9 +62,8 @@ def with_key(text: bytes, key: str, value: Any) -> bytes:
 
 
 def stopped_row(doc: Mapping[str, Any], answer: bytes) -> tuple[bytes, slice]:
-    """A stopped window's state row (`json.dumps` of `doc`, NaN as NaN, as the stdlib writes
-    it) with `answer`, its compact text, put in as is (megabytes, not encoded again) as the
-    last member; and where in the row that text lies."""
+    """A stopped window's state row (`json.dumps` of `doc`) with `answer`, its compact text,
+    put in as is as the last member; and where in the row that text lies."""
     head = json.dumps({k: v for k, v in doc.items() if k != "answer"}).encode()
     key = b', "answer": ' if head != b"{}" else b'"answer": '
     start = len(head) - 1 + len(key)

@@ -27,11 +27,9 @@ LOST_FILES_SPAN = 300.0
 
 
 def write_lost_results(store: StateStore, results_dir: Callable[[str], Path]) -> None:
-    """Result files of the latest stops written again from the state database where
-    window.json is missing or empty: a stop syncs only the database (which holds the same
-    answer), so a power cut right after it can lose the files. Only stops within
-    `LOST_FILES_SPAN` of the newest are looked at: older ones were on the disk long before,
-    and a folder removed by hand stays removed."""
+    """Result files written again from the state database where window.json is missing or
+    empty (a stop syncs only the database), for stops within `LOST_FILES_SPAN` of the newest:
+    older ones were on the disk long before, and a folder removed by hand stays removed."""
     recent = store.recent_stopped_fields(RECENT_WINDOWS)
     newest = max((w["stopped_at"] for w in recent), default=0.0)
     for fields in recent:
@@ -44,7 +42,7 @@ def write_lost_results(store: StateStore, results_dir: Callable[[str], Path]) ->
         try:
             if doc is None or not isinstance(doc.get("answer"), dict):
                 raise TypeError("no answer in the state database")
-            write_results(directory, AnswerTexts.of(doc["answer"]), sync=True)
+            write_results(directory, AnswerTexts.of(doc["answer"]))
         except (StoreError, KeyError, TypeError, AttributeError) as exc:
             log.error("result files not written again id=%s error=%r", fields["id"], exc)
             continue
@@ -54,14 +52,13 @@ def write_lost_results(store: StateStore, results_dir: Callable[[str], Path]) ->
 
 def doc_from_files(directory: Path, window: StoppedWindow) -> dict[str, Any] | None:
     """A stopped window's state as its `window.json` holds it (its answer), or None."""
-    path = directory
     try:
-        answer = json.loads((path / "window.json").read_bytes())
+        answer = json.loads((directory / "window.json").read_bytes())
         targets = {name: TargetRef(name, r["url"], r["host_port"])
                    for name, r in answer["results"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.error("stopped window not written back id=%s error=cannot read %s: %r",
-                  window.id, path / "window.json", exc)
+                  window.id, directory / "window.json", exc)
         return None
     return Window(id=window.id, name=window.name, targets=targets, labels=dict(window.labels),
                   started_at=window.started_at, stopped_at=window.stopped_at,

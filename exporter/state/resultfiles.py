@@ -1,9 +1,5 @@
-"""Result files written atomically: a window's folder of `performances/` files and its
-`window.json`.
-
-A stop's files are written one by one as its targets' RESULTs are made (`ResultFolder`), into
-a hidden folder beside `performances/`, which then takes its place whole: a reader sees every
-file of a stop or none of them."""
+"""Result files written atomically: a window's `performances/` files, written one by one
+into a hidden folder that then takes its place whole, and its `window.json`."""
 
 from __future__ import annotations
 
@@ -18,12 +14,8 @@ from exporter.state.answertext import AnswerTexts
 
 
 def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
-    """Write via a temporary file in the same directory and rename: never a half file.
-
-    `sync` also forces the bytes to disk before the rename (durable across a power cut);
-    atomicity for readers does not need it. Plain `os` calls, not `tempfile.mkstemp` and a file
-    object: a stop writes a file per target, and those wrappers cost most of a file's time.
-    """
+    """Write via a temporary file in the same directory and rename: never a half file. `sync`
+    forces the bytes to disk first (a power cut). Plain `os` calls: a file per target."""
     folder = os.fspath(path.parent)
     for attempt in range(_ATTEMPTS):
         # A name of our own (O_EXCL): another writer's, or a killed one's leftover, is not ours.
@@ -80,8 +72,7 @@ class ResultFolder:
         self._written: dict[str, bytes] = {}  # file name -> the text object it holds
 
     def write(self, name: str, text: bytes) -> None:
-        """One file written now (again if it was already, with another text); `StoreError`
-        if it cannot be."""
+        """One file written now (again with another text); `StoreError` if it cannot be."""
         try:
             self._write(name, text)
         except OSError as exc:
@@ -101,11 +92,9 @@ class ResultFolder:
             os.close(fd)
         self._written[name] = text
 
-    def finish(self, texts: AnswerTexts, *, sync: bool = True) -> list[Path]:
-        """Every file of `texts` in `performances/` (those written already as they are) and
-        `window.json`; `StoreError` if they cannot be. `sync`: forced to disk (a stop leaves
-        that to the state database, which holds the same answer and is synced right after:
-        `WindowBook.restore` writes lost files again from it)."""
+    def finish(self, texts: AnswerTexts, *, sync: bool = True) -> None:
+        """Every file of `texts` in `performances/` and `window.json`; `StoreError` if they
+        cannot be. Without `sync` a restart writes lost files again from the state database."""
         folder = self.directory / "performances"
         try:
             for name, text in texts.files.items():
@@ -121,7 +110,6 @@ class ResultFolder:
         except OSError as exc:
             self.discard()
             raise self._error(exc) from exc
-        return [*(folder / name for name in texts.files), self.directory / "window.json"]
 
     def _put_in_place(self, folder: Path) -> None:
         if not self._written:
@@ -141,7 +129,6 @@ class ResultFolder:
         return StoreError(f"cannot write results to {self.directory}: {exc.strerror or exc}")
 
     def discard(self) -> None:
-        """The files written so far leave."""
         self._close()
         self._written.clear()
         shutil.rmtree(self._tmp, ignore_errors=True)
@@ -152,14 +139,10 @@ class ResultFolder:
             self._at = None
 
 
-def write_results(directory: Path, texts: AnswerTexts, *, sync: bool = True) -> list[Path]:
-    """`performances/spec_decode_<host>_<port>.json` per target and `window.json` with it all.
-
-    File names as `results.result_file_names` gives them (AISBench's, unless two collide).
-    One fsync for window.json (which holds every result) and one per directory, not one per
-    target file: a stop over 1000 targets would otherwise spend a second in fsyncs.
-    """
-    return ResultFolder(directory).finish(texts, sync=sync)
+def write_results(directory: Path, texts: AnswerTexts) -> None:
+    """`performances/` (`results.result_file_names`) and `window.json`, synced: one fsync for
+    window.json, which holds every result, and one per directory, not one per target file."""
+    ResultFolder(directory).finish(texts)
 
 
 _REWRITE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)

@@ -1,10 +1,8 @@
 """The state database's schema version (SQLite's `user_version`), and the one migration to it.
 
-Version 1 is the form this code reads and writes: a window's row holds no accumulators (they
-have rows of their own, written whole by the current codec), and every key is present. A
-database made before versions existed (version 0) may hold the earlier forms: accumulators
-inside an open window's row, an accumulator as a row per series, keys added since left out.
-The migration rewrites such rows once, in one transaction, so that no reader knows them.
+Version 1: a window's row holds no accumulators (they have rows of their own, written whole
+by the current codec), and every key is present. Version 0's earlier forms are rewritten
+once, in one transaction, so that no reader knows them.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
-# Keys a window's or an accumulator's row has had since version 0 began, as they were when
-# absent.
+# Keys added to a window's or an accumulator's row during version 0, as they were when absent.
 _WINDOW_DEFAULTS: Mapping[str, Any] = {
     "accumulators": {}, "downtimes": [], "series": {}, "late_baselines": {}}
 _ACCUMULATOR_DEFAULTS: Mapping[str, Any] = {

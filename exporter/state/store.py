@@ -1,4 +1,4 @@
-"""Durable window state in SQLite, and result files written atomically."""
+"""Durable window state in SQLite."""
 
 from __future__ import annotations
 
@@ -27,24 +27,16 @@ CREATE TABLE IF NOT EXISTS windows (
     doc TEXT NOT NULL
 )
 """
+# A per window x target table: `accumulators`, and `accumulator_rounds` (the round part of an
+# accumulator's row, which it completes, so that a round rewrites only these few hundred bytes;
+# WITHOUT ROWID: one B-tree to update per row, not a table and its key's index).
 _ACC_SCHEMA = """
-CREATE TABLE IF NOT EXISTS accumulators (
+CREATE TABLE IF NOT EXISTS {} (
     window_id TEXT NOT NULL,
     target TEXT NOT NULL,
     doc TEXT NOT NULL,
     PRIMARY KEY (window_id, target)
-)
-"""
-# Per window x target, the round part (`Accumulator.encode`) written after its `accumulators`
-# row, which it completes; a row of its own so that a round rewrites only these few hundred
-# bytes. WITHOUT ROWID: one B-tree to update per row, not a table and its key's index.
-_ROUND_SCHEMA = """
-CREATE TABLE IF NOT EXISTS accumulator_rounds (
-    window_id TEXT NOT NULL,
-    target TEXT NOT NULL,
-    doc TEXT NOT NULL,
-    PRIMARY KEY (window_id, target)
-) WITHOUT ROWID
+){}
 """
 _TABLES = {
     "windows": {"id", "open", "started_at", "doc"},
@@ -53,22 +45,17 @@ _TABLES = {
 }
 
 
-# The state database's page cache, KiB: what is read and written round after round (the open
-# windows' accumulator rows, the tables' inner pages) fits, and a stopped window's big answer
-# (written once, rarely read back) is not kept cached; other pages come from the file cache.
+# The page cache, KiB: what every round reads and writes fits; a stopped window's big answer
+# is not kept cached.
 STATE_CACHE_KIB = 384
-# Pages of 8 KiB (SQLite's default is 4): a stop's answer is stored as one row, a chain of
-# overflow pages, each its own write to the WAL (docs/performance.md has the sizes tried). A
-# database made with other pages keeps them (WAL mode fixes the size).
+# A stop's answer is one row, a chain of overflow pages, each its own write to the WAL: fewer
+# at 8 KiB. A database made with other pages keeps them (WAL mode fixes the size).
 STATE_PAGE_SIZE = 8192
 
 
 def connect_state(path: Path) -> sqlite3.Connection:
-    """The state database's connection, without a statement cache: SQLite keeps a prepared
-    statement's last bound values until it runs again, so the cached window upsert held a
-    copy of the last stop's answer (~5 MB at 1000 targets) until the next window row was
-    written. Preparing a save's few statements again costs microseconds. Its page cache is
-    `STATE_CACHE_KIB`."""
+    """The state database's connection, without a statement cache: a cached statement keeps
+    its last bound values (the last stop's megabytes of answer) until it runs again."""
     db = sqlite3.connect(path, cached_statements=0)
     db.execute(f"PRAGMA cache_size=-{STATE_CACHE_KIB}")
     return db
@@ -77,16 +64,9 @@ def connect_state(path: Path) -> sqlite3.Connection:
 class StateStore:
     """Open and recent windows in one SQLite file; a corrupt file is moved aside, not lost.
 
-    A window's own row (`windows`) changes at its start, its stop and a few rare events; its
-    per-target accumulators (`accumulators`, one row per window x target) change with every
-    scrape and are written only when they did: whole when more than a round's part of them
-    changed, else only that part (`accumulator_rounds`, read over the whole row). In WAL mode
-    with `synchronous=NORMAL` a commit survives the death of our process (not a power cut);
-    `sync=True` (a start, a stop) makes one survive a power cut too.
-
-    `connect` opens the SQLite connection (every time the file is opened or reopened):
-    `connect_state` by default; a test passes one that keeps the connection, to give it
-    SQLite's own faults (a full database, one that refuses writes).
+    In WAL mode with `synchronous=NORMAL` a commit survives the death of our process, not a
+    power cut; `sync=True` (a start, a stop) makes one survive that too. `connect` opens the
+    connection each time the file is opened or reopened.
     """
 
     def __init__(self, path: Path, *,
@@ -177,8 +157,8 @@ class StateStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute(_SCHEMA)
-            db.execute(_ACC_SCHEMA)
-            db.execute(_ROUND_SCHEMA)
+            db.execute(_ACC_SCHEMA.format("accumulators", ""))
+            db.execute(_ACC_SCHEMA.format("accumulator_rounds", " WITHOUT ROWID"))
             # Every row must be readable, not just the page structure.
             db.execute("SELECT id, open, started_at, length(doc) FROM windows").fetchall()
             db.execute("SELECT window_id, target, length(doc) FROM accumulators").fetchall()
@@ -200,8 +180,8 @@ class StateStore:
         return ident(self.path), ident(self.path.with_name(self.path.name + "-wal"))
 
     def reopened(self) -> bool:
-        """True (logged, counted) when our files were deleted or replaced under us: a fresh
-        database is open at the path, and the caller must write back what it holds."""
+        """True (logged, counted) when our files were replaced under us: a fresh database is
+        open, and the caller must write back what it holds."""
         now = self._files()
         db_gone = now[0] != self._identity[0]
         # Our WAL exists while we hold the database open; one gone or replaced loses commits.
@@ -227,12 +207,9 @@ class StateStore:
         sync: bool = False,
         stopped: Iterable[tuple[str, float, bytes]] = (),
     ) -> None:
-        """Upsert window rows (`to_dict` form, accumulators left out), whole accumulator rows
-        and round parts (each window id, target, JSON) in one transaction; `sync` forces it
-        to disk. A whole row replaces its round part: the two always belong together.
-
-        `stopped`: rows of stopped windows encoded already (id, started_at, the document's
-        JSON: `answertext.stopped_row`), whose megabytes of answer are not encoded again.
+        """Upsert window rows (`to_dict` form, no accumulators), whole accumulator rows and
+        round parts (window id, target, JSON) in one transaction; `sync` forces it to disk.
+        `stopped`: stopped windows' rows encoded already (`answertext.stopped_row`).
         """
         rows: list[tuple[str, int, float, str | bytes]] = [
             (d["id"], int(d["stopped_at"] is None), d["started_at"], json.dumps(d)) for d in docs]
@@ -328,11 +305,7 @@ class StateStore:
 
     def load(self, window_id: str, *, series: bool = True) -> dict[str, Any] | None:
         """One window by id, open or closed; `StoreError` if its row is unreadable.
-
-        `series=False` leaves a stopped window's per-scrape series out (an answer is a few MB
-        at 1000 targets; an hour of series is ten times that), as SQLite's JSON functions can
-        drop it before Python parses a byte of it.
-        """
+        `series=False` leaves the per-scrape series out (SQLite drops it, unparsed)."""
         row = self._query(f"SELECT {_doc_column(series)} FROM windows WHERE id=?", (window_id,))
         if not row:
             return None
@@ -361,22 +334,22 @@ class StateStore:
             doc["accumulators"] = accs
         return doc
 
-    def recent_closed(self, limit: int, *, series: bool = True) -> list[dict[str, Any]]:
-        """The most recently started closed windows, newest first (unreadable rows skipped)."""
+    def recent_closed(self, limit: int) -> list[dict[str, Any]]:
+        """The most recently started closed windows, newest first, without their series
+        (unreadable rows skipped)."""
         rows = self._query(
-            f"SELECT id, {_doc_column(series)} FROM windows WHERE open=0 "
+            f"SELECT id, {_doc_column(False)} FROM windows WHERE open=0 "
             "ORDER BY started_at DESC LIMIT ?", (limit,)
         )
         docs = [doc for window_id, raw in rows if (doc := _readable(window_id, raw)) is not None]
-        for doc in docs if not series else ():
+        for doc in docs:
             doc.pop("series", None)
         return docs
 
     def recent_stopped_fields(self, limit: int) -> list[dict[str, Any]]:
-        """Of the most recently started closed windows, newest first, only what a list of them
-        shows: id, name, targets, labels, started_at, stopped_at and `aggregate` (the answer's,
-        its status and data only, or None). SQLite picks them out: Python never parses the
-        answers. Unreadable rows are logged and skipped."""
+        """Of the most recently started closed windows, newest first, only what a list shows
+        (`_LIST_FIELDS`; `aggregate` its status and data, or None), picked out by SQLite.
+        Unreadable rows are logged and skipped."""
         paths = ", ".join(f"'$.{path}'" for path in _LIST_FIELDS.values())
         rows = self._query(
             f"SELECT id, CASE WHEN {_JSON_TEXT} THEN json_extract(doc, {paths}) END "
