@@ -1,10 +1,8 @@
 """A lean HTTP/1.1 GET client for plain-HTTP `/metrics`: one kept-alive connection per host.
 
-aiohttp's client spends ~0.5 ms of CPU per request on machinery a scrape does not need
-(middlewares, cookie jar, tracing, a stream reader fed chunk by chunk, timers); this client
-writes a request prebuilt once per target and lets llhttp (`httptools`, the parser behind
-uvicorn) call back with the body, which is joined once. It serves only `http://` without a
-proxy; TLS and proxies stay with aiohttp (see `scrape.py`).
+It writes a request prebuilt once per target and lets llhttp (`httptools`) call back with the
+body, without aiohttp's per-request machinery. It serves only `http://` without a proxy; TLS
+and proxies stay with aiohttp (see `scraper.py`).
 """
 
 from __future__ import annotations
@@ -188,7 +186,6 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        """Open, idle and not told to close."""
         return (
             self.open and self._keep_alive
             and self.transport is not None and not self.transport.is_closing()
@@ -209,6 +206,9 @@ def _parser_reason(exc: Exception) -> str:
     return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
+_IDLE_PER_HOST = 2
+
+
 class Pool:
     """Idle connections by (host, port): a scrape takes one, or opens one, and puts it back.
 
@@ -216,10 +216,9 @@ class Pool:
     (a host reached once, by a redirect, is never asked again to close its socket).
     """
 
-    def __init__(self, idle_per_host: int = 2, idle_timeout: float = 60.0):
+    def __init__(self) -> None:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
-        self._idle_per_host = idle_per_host
-        self.idle_timeout = idle_timeout
+        self.idle_timeout = 60.0
         self._swept = time.monotonic()
 
     def _expire(self) -> None:
@@ -271,7 +270,7 @@ class Pool:
         if not connection.reusable:
             return
         idle = self._idle.setdefault(key, [])
-        if len(idle) < self._idle_per_host:
+        if len(idle) < _IDLE_PER_HOST:
             connection.idle_since = time.monotonic()
             idle.append(connection)
         else:

@@ -1,9 +1,5 @@
-"""gzip/deflate bodies inflated with the fastest zlib-compatible backend installed, capped.
-
-`isal` (Intel ISA-L) inflates a vLLM page about twice as fast as the stdlib's zlib
-(`python -m bench --only floor` measures both); `zlib-ng` measured the same within noise. It
-is a dependency on Linux: elsewhere the stdlib's zlib does the same job slower.
-"""
+"""gzip/deflate bodies inflated, capped, with `isal` (Intel ISA-L) where installed (a
+dependency on Linux), else the stdlib's slower zlib."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ try:
 
     _fastest = isal_zlib
     # isal's stub declares it an instance of Exception; it is the class.
-    _ISAL_ERROR: type[Exception] = getattr(igzip_lib, "IsalError")
+    _ISAL_ERROR: type[Exception] = getattr(igzip_lib, "IsalError")  # noqa: B009
 except ImportError:  # pragma: no cover - depends on what is installed
     _fastest = None
 
@@ -56,12 +52,8 @@ def inflate(body: bytes, cap: int, *, gzip: bool = True, backend: str = BACKEND)
 
 
 def _inflate_isal(body: bytes, cap: int, gzip: bool) -> bytes:
-    """`inflate` by ISA-L's decompressor, which fills one buffer of the size asked for, where a
-    `decompressobj` grows its output in blocks and copies them together at the end.
-
-    The size asked for first is the one the gzip trailer states (ISIZE): a wrong one costs only
-    more steps, and never more than the cap.
-    """
+    """`inflate` by ISA-L's decompressor, which fills one buffer of the size asked for (first
+    the gzip trailer's ISIZE: a wrong one costs only more steps, never more than the cap)."""
     flag = igzip_lib.DECOMP_GZIP if gzip else igzip_lib.DECOMP_ZLIB
     inflater = igzip_lib.IgzipDecompressor(flag=flag)
     stated = int.from_bytes(body[-4:], "little") + 1 if gzip and len(body) >= 18 else _STEP
