@@ -23,18 +23,18 @@ class DocumentError(ValueError):
     """A document that cannot be used; the message says why (without where: the caller's)."""
 
 
-def check_bounds(data: Any, *, max_depth: int = MAX_DEPTH, max_values: int = MAX_VALUES) -> None:
-    """`DocumentError` when `data` nests deeper than `max_depth` or holds more values than
-    `max_values` once aliases are expanded; walked without recursion, stopping at the limit."""
+def check_bounds(data: Any) -> None:
+    """`DocumentError` when `data` nests deeper than `MAX_DEPTH` or holds more values than
+    `MAX_VALUES` once aliases are expanded; walked without recursion, stopping at the limit."""
     stack: list[tuple[Any, int]] = [(data, 1)]
     values = 0
     while stack:
         value, depth = stack.pop()
         values += 1
-        if values > max_values:
-            raise DocumentError(f"over {max_values} values (YAML aliases count at each use)")
-        if depth > max_depth:
-            raise DocumentError(f"nested over {max_depth} levels deep")
+        if values > MAX_VALUES:
+            raise DocumentError(f"over {MAX_VALUES} values (YAML aliases count at each use)")
+        if depth > MAX_DEPTH:
+            raise DocumentError(f"nested over {MAX_DEPTH} levels deep")
         if isinstance(value, dict):
             stack.extend((item, depth + 1) for item in value.values())
         elif isinstance(value, list):
