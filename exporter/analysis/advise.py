@@ -41,26 +41,13 @@ class Best(TypedDict):
     estimate: bool
 
 
-def expected_length(rates: Sequence[float], k: int) -> float:
-    """L(k) = 1 + sum of the first k rates (tokens per target forward pass)."""
-    if k < 0 or k > len(rates):
-        raise ValueError(f"k={k} outside 0..{len(rates)}")
-    return 1.0 + sum(rates[:k])
-
-
-def speedup(length: float, cost: float, k: int) -> float:
-    """S = L / (1 + c k): tokens per unit of time relative to plain decoding."""
-    return length / (1.0 + cost * k)
-
-
 def tail_ratio(rates: Sequence[float]) -> float | None:
     """The ratio r of a geometric fit p_i ~ a r^i; None without any positive rate.
 
     One positive rate alone (k = 1) gives r = p_0: drafts accepted token by token at the same
     odds, the model of Leviathan et al.
     """
-    # Looped in C with map (the fit runs for each of 1000 targets at a stop): the same float
-    # operations, the sums adding the same terms in the same order.
+    # Looped in C with map: the same float operations, summed in the same order.
     xs = [i for i, p in enumerate(rates) if p > 0]
     if not xs:
         return None
@@ -106,9 +93,7 @@ def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict[s
     if k == 0:
         return {"k": 0, "error": "no per-position rates: the advisor needs them"}
     rates, ratio = extended_rates(dist.rates, 2 * k)
-    # A stop over 1000 targets advises each one: the loops run in C (accumulate, map, zip)
-    # over the lengths and each cost's column of speed-ups, with the same float operations in
-    # the same order as the definitions (L summed as it goes, S = L / (1 + c k')).
+    # Looped in C, with the float operations of the definitions in their order.
     keys, denominators = _cost_table(tuple(costs), 2 * k)
     lengths = list(accumulate(rates, initial=1.0))[1:]
     columns = [list(map(truediv, lengths, column)) for column in denominators]
@@ -130,8 +115,7 @@ def _rows(
     """Per k' = 1..2k: k', L, whether it is past the measured k, and S per cost key."""
     counts = range(1, len(lengths) + 1)
     if len(keys) == 4:
-        # The default costs: S per cost as a dict display (a third of dict(zip(...)), made 16
-        # times per target).
+        # The default costs: S per cost as a dict display, faster than dict(zip(...)).
         k0, k1, k2, k3 = keys
         return [
             {"k": kk, "length": length, "estimate": kk > k,
@@ -196,8 +180,7 @@ def window_advice(
 ) -> dict[str, Any]:
     """`advice` of a stop answer: per target (None without rates) and for the aggregate.
 
-    `made`: targets' `result_advice` with these costs, made already (a stop makes each as its
-    target's RESULT is made: `results.AnswerParts`); the others are made here.
+    `made`: targets' `result_advice` with these costs, made already; the others are made here.
     """
     made = made or {}
     results = {name: made[name] if name in made else result_advice(r, costs)

@@ -16,9 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from exporter.analysis.distribution import distribution, rates_from_mapping
-from exporter.core.errors import ExporterError
-from exporter.core.results import Result, Status, aggregate
-from exporter.core.snapshot import Counts
 from exporter.analysis.stats import (
     ASSUMPTION,
     CONFIDENCE,
@@ -31,6 +28,9 @@ from exporter.analysis.stats import (
     verdict,
     wilson,
 )
+from exporter.core.errors import ExporterError
+from exporter.core.results import Result, Status, aggregate
+from exporter.core.snapshot import Counts
 
 RATE = "acceptance_rate"
 LENGTH = "acceptance_length"
@@ -282,10 +282,8 @@ def apply_gates(comparison: dict[str, Any], gates: list[Gate]) -> dict[str, Any]
 def summed_result(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
     """The aggregate of several RESULTs (counts summed, then divided), in AISBench's shape.
 
-    For result folders without our window.json, e.g. AISBench's own: each file's numbers
-    become counts (a position's accepted count is its rate x drafts) and go through the
-    exporter's own `results.aggregate`, so position i is over the drafts of the targets that
-    draft it here too. Estimates (no counts) stay out, as they do in the exporter's aggregate.
+    Each file's numbers become counts (position i's accepted count is its rate x drafts) for
+    `results.aggregate`; estimates (no counts) stay out, as in the exporter's aggregate.
     """
     counted = []
     for name, result in results.items():

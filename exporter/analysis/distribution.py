@@ -24,33 +24,26 @@ _TOLERANCE = 1e-12
 MAX_POSITIONS = 10_000
 
 
-def isotonic_non_increasing(
-    values: Sequence[float], weights: Sequence[float] | None = None
-) -> list[float]:
-    """The non-increasing sequence closest to `values` in weighted least squares (PAV)."""
-    if weights is None:
-        weights = [1.0] * len(values)
-    if len(weights) != len(values):
-        raise ValueError("values and weights differ in length")
-    # Each block: [mean, weight, count]; a block that rises above its left neighbour is pooled.
+def isotonic_non_increasing(values: Sequence[float]) -> list[float]:
+    """The non-increasing sequence closest to `values` in least squares (PAV)."""
+    # Each block: [mean, count]; a block that rises above its left neighbour is pooled.
     blocks: list[list[float]] = []
-    for value, weight in zip(values, weights, strict=True):
-        blocks.append([float(value), float(weight), 1])
+    for value in values:
+        blocks.append([float(value), 1])
         while len(blocks) > 1 and blocks[-2][0] < blocks[-1][0] - _TOLERANCE:
-            mean2, weight2, count2 = blocks.pop()
-            mean1, weight1, count1 = blocks[-1]
-            total = weight1 + weight2
-            mean = (mean1 * weight1 + mean2 * weight2) / total if total > 0 else (mean1 + mean2) / 2
-            blocks[-1] = [mean, total, count1 + count2]
+            mean2, count2 = blocks.pop()
+            mean1, count1 = blocks[-1]
+            count = count1 + count2
+            blocks[-1] = [(mean1 * count1 + mean2 * count2) / count, count]
     fitted: list[float] = []
-    for mean, _, count in blocks:
+    for mean, count in blocks:
         fitted.extend([mean] * int(count))
     return fitted
 
 
 def is_non_increasing(values: Sequence[float]) -> bool:
     """Whether every value is at most its predecessor (up to float rounding)."""
-    # b <= a + tolerance for each neighbouring pair, looped in C (1000 targets at a stop).
+    # b <= a + tolerance for each neighbouring pair, looped in C.
     return all(map(le, values[1:], map(add, values, repeat(_TOLERANCE))))
 
 
@@ -68,28 +61,14 @@ class Distribution:
         return len(self.rates)
 
     @property
-    def probabilities(self) -> tuple[float, ...]:
-        """P(X = j) for j = 0..k."""
-        survival = (1.0, *self.rates, 0.0)
-        return tuple(survival[j] - survival[j + 1] for j in range(self.k + 1))
-
-    @property
-    def mean(self) -> float:
-        """E[X] = sum of p_i (the acceptance length minus one)."""
-        return sum(self.rates)
-
-    @property
     def variance(self) -> float:
-        """Var[X]: E[X^2] = sum_i (2i + 1) p_i for a survival function p."""
-        # (2i + 1) p_i summed in order, as a generator would, without one (1000 targets advised
-        # at each stop).
+        """Var[X]: E[X^2] = sum_i (2i + 1) p_i for a survival function p, E[X] = sum_i p_i."""
         second: float = sum(map(mul, range(1, 2 * len(self.rates), 2), self.rates))
-        return max(second - self.mean**2, 0.0)
+        return max(second - sum(self.rates)**2, 0.0)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON shape: measured and used rates, P(X = j), mean, variance, the monotone flag."""
-        # The properties' arithmetic inlined, the mean summed once: a stop over 1000 targets
-        # writes one of these per target.
+        """JSON shape: measured and used rates, P(X = j) = p_{j-1} - p_j, mean, variance."""
+        # `variance` inlined, the mean summed once: a stop writes one of these per target.
         rates = self.rates
         survival = (1.0, *rates, 0.0)
         mean = sum(rates)
@@ -110,19 +89,16 @@ class Distribution:
         }
 
 
-def distribution(
-    rates: Sequence[float], weights: Sequence[float] | None = None
-) -> Distribution:
+def distribution(rates: Sequence[float]) -> Distribution:
     """The distribution of X from the per-position rates p_0..p_{k-1}.
 
-    Rates outside 0..1 are clamped (a survival function cannot leave that range). The fit
-    weights default to equal, which is right when every rate comes from the same drafts.
+    Rates outside 0..1 are clamped (a survival function cannot leave that range).
     """
-    # min(1.0, max(0.0, p)) for each rate, looped in C (1000 targets advised at a stop).
+    # min(1.0, max(0.0, p)) for each rate, looped in C.
     measured = tuple(map(min, repeat(1.0), map(max, repeat(0.0), map(float, rates))))
     if is_non_increasing(measured):
         return Distribution(measured, measured, True)
-    fitted = tuple(isotonic_non_increasing(measured, weights))
+    fitted = tuple(isotonic_non_increasing(measured))
     return Distribution(measured, fitted, False)
 
 

@@ -46,11 +46,12 @@ class Estimate:
         return {"value": self.value, "low": self.low, "high": self.high}
 
 
-def wilson(successes: float, trials: float, z: float = Z) -> Estimate | None:
+def wilson(successes: float, trials: float) -> Estimate | None:
     """Wilson score interval of a proportion; None without trials."""
     if trials <= 0:
         return None
     p = min(1.0, max(0.0, successes / trials))
+    z = Z
     denominator = 1 + z * z / trials
     centre = (p + z * z / (2 * trials)) / denominator
     half = z / denominator * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
@@ -60,21 +61,21 @@ def wilson(successes: float, trials: float, z: float = Z) -> Estimate | None:
     return Estimate(p, low, high)
 
 
-def mean_interval(mean: float, variance: float, n: float, z: float = Z) -> Estimate | None:
+def mean_interval(mean: float, variance: float, n: float) -> Estimate | None:
     """Normal interval of a mean of n independent draws with this variance; None if n <= 0."""
     if n <= 0:
         return None
     se = math.sqrt(max(variance, 0.0) / n)
-    return Estimate(mean, mean - z * se, mean + z * se, se)
+    return Estimate(mean, mean - Z * se, mean + Z * se, se)
 
 
-def normal_difference(a: Estimate, b: Estimate, z: float = Z) -> Estimate:
+def normal_difference(a: Estimate, b: Estimate) -> Estimate:
     """B - A for two independent normal estimates."""
     diff = b.value - a.value
     if a.se is None or b.se is None:
         return Estimate(diff)
     se = math.hypot(a.se, b.se)
-    return Estimate(diff, diff - z * se, diff + z * se, se)
+    return Estimate(diff, diff - Z * se, diff + Z * se, se)
 
 
 def newcombe_difference(a: Estimate, b: Estimate) -> Estimate:

@@ -9,35 +9,15 @@ import pytest
 from exporter.analysis.advise import (
     advice,
     cost_key,
-    expected_length,
     extended_rates,
     result_advice,
-    speedup,
     tail_ratio,
     window_advice,
 )
-from exporter.client import merge_answers
 from exporter.analysis.distribution import distribution
+from exporter.client import merge_answers
 
 RATES = [0.8, 0.5, 0.2]
-
-
-class TestLengthAndSpeedup:
-    @pytest.mark.parametrize(("k", "length"), [(0, 1.0), (1, 1.8), (2, 2.3), (3, 2.5)])
-    def test_length(self, k, length):
-        assert expected_length(RATES, k) == pytest.approx(length)
-
-    def test_length_past_k_refused(self):
-        with pytest.raises(ValueError):
-            expected_length(RATES, 4)
-
-    @pytest.mark.parametrize(
-        ("length", "cost", "k", "expected"),
-        [(1.8, 0.25, 1, 1.44), (2.3, 0.25, 2, 2.3 / 1.5), (2.5, 0.1, 3, 2.5 / 1.3),
-         (2.5, 0.0, 3, 2.5)],
-    )
-    def test_speedup(self, length, cost, k, expected):
-        assert speedup(length, cost, k) == pytest.approx(expected)
 
 
 class TestTail:
@@ -117,7 +97,7 @@ class TestAdvice:
             assert row["k"] == kk and row["estimate"] is (kk > 3)
             assert list(row["speedup"]) == keys
             for cost, key in zip(costs, keys, strict=True):
-                assert row["speedup"][key] == speedup(row["length"], cost, kk)
+                assert row["speedup"][key] == row["length"] / (1.0 + cost * kk)
 
     def test_a_rise_within_rounding_does_not_win(self):
         # Each step's speed-up beats the previous by less than 1e-12: k' = 1 stays the best

@@ -36,10 +36,12 @@ class TestDistribution:
     def test_table(self, rates, probabilities, mean, variance):
         dist = distribution(rates)
         assert dist.monotone
-        assert dist.probabilities == pytest.approx(probabilities, abs=1e-12)
-        assert sum(dist.probabilities) == pytest.approx(1.0)
-        assert dist.mean == pytest.approx(mean)
+        body = dist.as_dict()
+        assert list(body["probabilities"].values()) == pytest.approx(probabilities, abs=1e-12)
+        assert sum(body["probabilities"].values()) == pytest.approx(1.0)
+        assert body["mean"] == pytest.approx(mean)
         assert dist.variance == pytest.approx(variance, abs=1e-12)
+        assert body["variance"] == pytest.approx(variance, abs=1e-12)
 
     def test_non_monotone_input_is_flagged_and_fitted(self):
         dist = distribution([0.9, 0.5, 0.7, 0.3])
@@ -47,37 +49,32 @@ class TestDistribution:
         assert dist.measured == (0.9, 0.5, 0.7, 0.3)
         # 0.5 and 0.7 pool to their mean 0.6.
         assert dist.rates == pytest.approx((0.9, 0.6, 0.6, 0.3))
-        assert dist.probabilities == pytest.approx((0.1, 0.3, 0.0, 0.3, 0.3))
         body = dist.as_dict()
+        assert list(body["probabilities"].values()) == pytest.approx([0.1, 0.3, 0.0, 0.3, 0.3])
         assert body["monotone"] is False and "isotonic" in body["note"]
         assert list(body["probabilities"]) == ["0", "1", "2", "3", "4"]
 
     def test_rates_outside_0_1_are_clamped(self):
         dist = distribution([1.2, -0.1])
         assert dist.rates == (1.0, 0.0)
-        assert dist.probabilities == (0.0, 1.0, 0.0)
+        assert list(dist.as_dict()["probabilities"].values()) == [0.0, 1.0, 0.0]
 
 
 class TestIsotonic:
     @pytest.mark.parametrize(
-        ("values", "weights", "fitted"),
+        ("values", "fitted"),
         [
-            ([0.9, 0.6, 0.3], None, [0.9, 0.6, 0.3]),  # already monotone: unchanged
-            ([0.5, 0.6, 0.7], None, [0.6, 0.6, 0.6]),  # rising throughout: one block
+            ([0.9, 0.6, 0.3], [0.9, 0.6, 0.3]),  # already monotone: unchanged
+            ([0.5, 0.6, 0.7], [0.6, 0.6, 0.6]),  # rising throughout: one block
             # 0.4, 0.5 pool to 0.45; 0.9 rises above it: (0.4 + 0.5 + 0.9) / 3 = 0.6.
-            ([0.4, 0.5, 0.9, 0.1], None, [0.6, 0.6, 0.6, 0.1]),
-            ([0.5, 0.7], [3, 1], [0.55, 0.55]),  # (3*0.5 + 0.7) / 4
-            ([], None, []),
+            ([0.4, 0.5, 0.9, 0.1], [0.6, 0.6, 0.6, 0.1]),
+            ([], []),
         ],
     )
-    def test_pool_adjacent_violators(self, values, weights, fitted):
-        result = isotonic_non_increasing(values, weights)
+    def test_pool_adjacent_violators(self, values, fitted):
+        result = isotonic_non_increasing(values)
         assert result == pytest.approx(fitted)
         assert is_non_increasing(result)
-
-    def test_weights_must_match(self):
-        with pytest.raises(ValueError):
-            isotonic_non_increasing([0.1, 0.2], [1.0])
 
     def test_float_noise_is_not_a_violation(self):
         assert is_non_increasing([0.3, 0.3 + 1e-15])
