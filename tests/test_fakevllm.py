@@ -420,13 +420,22 @@ class TestPageForBench:
         assert {labels["model_name"] for labels, _ in found[V1_DRAFTS]} == {"fake/llama-3-8b"}
 
 
+def generate(server, tokens):
+    """Decode one request of `tokens` output tokens on one engine, as the OpenAI face does."""
+    engine = server.pick_engine()
+    steps = server.plan_steps(tokens)
+    for proposed, accepted in steps:
+        server.count_step(engine, proposed, accepted)
+    return steps
+
+
 class TestCounterModel:
     @pytest.mark.parametrize(("k", "acceptance", "ngram", "tokens"),
                              [(3, 0.8, False, 1), (3, 0.8, False, 257), (5, 1.0, False, 64),
                               (4, 0.0, False, 9), (4, 0.6, True, 500)])
     def test_generate_emits_exactly_drafts_plus_accepted(self, k, acceptance, ngram, tokens):
         server = FakeServer(k=k, acceptance=acceptance, ngram=ngram, engines=2, seed=k)
-        steps = server.generate(tokens)
+        steps = generate(server, tokens)
         totals = server.totals()
         assert sum(1 + accepted for _, accepted in steps) == tokens
         assert totals["num_drafts"] == len(steps)
@@ -437,7 +446,7 @@ class TestCounterModel:
 
     def test_without_spec_decode_nothing_is_counted(self):
         server = FakeServer(spec_decode=False)
-        server.generate(40)
+        generate(server, 40)
         assert server.totals()["num_drafts"] == 0
 
 

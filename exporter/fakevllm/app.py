@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -60,7 +61,6 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _models(request: web.Request) -> web.Response:
-    """OpenAI `GET /v1/models`."""
     return web.json_response(models(request.app[FAKE_SERVER]))
 
 
@@ -75,12 +75,10 @@ async def _iteration_stats(request: web.Request) -> web.Response:
 
 
 async def _totals(request: web.Request) -> web.Response:
-    """Answer the summed counters."""
     return web.json_response(_totals_json(request.app[FAKE_SERVER]))
 
 
 async def _restart(request: web.Request) -> web.Response:
-    """Restart the simulated server."""
     server = request.app[FAKE_SERVER]
     server.restart()
     return web.json_response(_totals_json(server))
@@ -152,10 +150,8 @@ def make_fake_app(
         task = asyncio.create_task(run())
         yield
         task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-        except asyncio.CancelledError:
-            pass
 
     if drafts_per_second > 0:
         app.cleanup_ctx.append(traffic)

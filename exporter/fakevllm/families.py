@@ -28,30 +28,22 @@ _SEQUENCES_PER_STEP = 8
 
 def _gc_families(work: int) -> list[Metric]:
     """Build the python_gc_* families, their counts grown with `work` (drafts so far)."""
-    gc_collected = CounterMetricFamily(
-        "python_gc_objects_collected", "Objects collected during gc", labels=["generation"]
-    )
-    gc_uncollectable = CounterMetricFamily(
-        "python_gc_objects_uncollectable",
-        "Uncollectable objects found during GC",
-        labels=["generation"],
-    )
-    gc_collections = CounterMetricFamily(
-        "python_gc_collections",
-        "Number of times this generation was collected",
-        labels=["generation"],
-    )
-    for generation, (collected, collections) in enumerate(
-        (
-            (18210 + work // 3, 3102 + work // 50),
-            (4571 + work // 40, 281 + work // 600),
-            (1302, 17),
+    collected, uncollectable, collections = (
+        CounterMetricFamily(name, help_text, labels=["generation"])
+        for name, help_text in (
+            ("python_gc_objects_collected", "Objects collected during gc"),
+            ("python_gc_objects_uncollectable", "Uncollectable objects found during GC"),
+            ("python_gc_collections", "Number of times this generation was collected"),
         )
+    )
+    for generation, (objects, times) in enumerate(
+        ((18210 + work // 3, 3102 + work // 50), (4571 + work // 40, 281 + work // 600),
+         (1302, 17))
     ):
-        gc_collected.add_metric([str(generation)], float(collected))
-        gc_uncollectable.add_metric([str(generation)], 0.0)
-        gc_collections.add_metric([str(generation)], float(collections))
-    return [gc_collected, gc_uncollectable, gc_collections]
+        collected.add_metric([str(generation)], float(objects))
+        uncollectable.add_metric([str(generation)], 0.0)
+        collections.add_metric([str(generation)], float(times))
+    return [collected, uncollectable, collections]
 
 
 def process_families(server: ServerModel) -> list[Metric]:
@@ -65,31 +57,21 @@ def process_families(server: ServerModel) -> list[Metric]:
     )
     info.add_metric(["CPython", "3", "12", "9", "3.12.9"], 1.0)
     families.append(info)
-    for name, help_text, value in (
-        ("process_virtual_memory_bytes", "Virtual memory size in bytes.", 3.4412224512e10),
-        ("process_resident_memory_bytes", "Resident memory size in bytes.", 2.197557248e09),
-        (
-            "process_start_time_seconds",
-            "Start time of the process since unix epoch in seconds.",
-            round(server.created - 42.0, 2),
-        ),
+    kind: type[GaugeMetricFamily | CounterMetricFamily]
+    for kind, name, help_text, value in (
+        (GaugeMetricFamily, "process_virtual_memory_bytes", "Virtual memory size in bytes.",
+         3.4412224512e10),
+        (GaugeMetricFamily, "process_resident_memory_bytes", "Resident memory size in bytes.",
+         2.197557248e09),
+        (GaugeMetricFamily, "process_start_time_seconds",
+         "Start time of the process since unix epoch in seconds.", round(server.created - 42.0, 2)),
+        (CounterMetricFamily, "process_cpu_seconds",
+         "Total user and system CPU time spent in seconds.", 61.93 + work * 0.0004),
+        (GaugeMetricFamily, "process_open_fds", "Number of open file descriptors.", 45.0),
+        (GaugeMetricFamily, "process_max_fds", "Maximum number of open file descriptors.",
+         1048576.0),
     ):
-        families.append(GaugeMetricFamily(name, help_text, value=value))
-    families.append(
-        CounterMetricFamily(
-            "process_cpu_seconds",
-            "Total user and system CPU time spent in seconds.",
-            value=61.93 + work * 0.0004,
-        )
-    )
-    families.append(
-        GaugeMetricFamily("process_open_fds", "Number of open file descriptors.", value=45.0)
-    )
-    families.append(
-        GaugeMetricFamily(
-            "process_max_fds", "Maximum number of open file descriptors.", value=1048576.0
-        )
-    )
+        families.append(kind(name, help_text, value=value))
     return families
 
 
@@ -126,7 +108,10 @@ def rest_families(server: ServerModel) -> list[Metric]:
             label_values = [model, rank] if v1 else [model]
             series.append((label_values, traffic, rng))
     created = server.created_or_none()
-    families = scalar_families(server, labels, series, v1)
+    # Each series draws from its own rng: the gauges' numbers first, then the counters', then
+    # the histograms'.
+    families = [*_load_gauges(labels, series, v1), *_token_counters(labels, series, v1, created),
+                _cache_info(series, v1)]
     if server.histograms:
         for spec in HISTOGRAMS:
             if spec.v1_only and not v1:
@@ -146,26 +131,15 @@ def _load_gauges(labels: list[str], series: list[Any], v1: bool) -> list[Metric]
 
     V0 pages have no vllm:kv_cache_usage_perc, but its series draw the same numbers.
     """
-    running = GaugeMetricFamily(
-        "vllm:num_requests_running",
-        "Number of requests in model execution batches.",
-        labels=labels,
-    )
-    waiting = GaugeMetricFamily(
-        "vllm:num_requests_waiting",
-        "Number of requests waiting to be processed.",
-        labels=labels,
-    )
-    gpu_cache = GaugeMetricFamily(
-        "vllm:gpu_cache_usage_perc",
-        "GPU KV-cache usage. 1 means 100 percent usage."
-        + ("DEPRECATED: Use vllm:kv_cache_usage_perc instead." if v1 else ""),
-        labels=labels,
-    )
-    kv_cache = GaugeMetricFamily(
-        "vllm:kv_cache_usage_perc",
-        "KV-cache usage. 1 means 100 percent usage.",
-        labels=labels,
+    running, waiting, gpu_cache, kv_cache = (
+        GaugeMetricFamily(name, help_text, labels=labels)
+        for name, help_text in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches."),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+            ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage."
+             + ("DEPRECATED: Use vllm:kv_cache_usage_perc instead." if v1 else "")),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+        )
     )
     for label_values, traffic, rng in series:
         busy = traffic["tokens"] > 0
@@ -184,24 +158,17 @@ def _token_counters(
     counters = {
         name: CounterMetricFamily(name, help_text, labels=labels)
         for name, help_text in (
-            (
-                "vllm:prefix_cache_queries",
-                "Prefix cache queries, in terms of number of queried tokens.",
-            ),
-            (
-                "vllm:prefix_cache_hits",
-                "Prefix cache hits, in terms of number of cached tokens.",
-            ),
+            ("vllm:prefix_cache_queries",
+             "Prefix cache queries, in terms of number of queried tokens."),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine."),
             ("vllm:prompt_tokens", "Number of prefill tokens processed."),
             ("vllm:generation_tokens", "Number of generation tokens processed."),
         )
     }
-    success = CounterMetricFamily(
-        "vllm:request_success",
-        "Count of successfully processed requests.",
-        labels=[*labels, "finished_reason"],
-    )
+    success = CounterMetricFamily("vllm:request_success",
+                                  "Count of successfully processed requests.",
+                                  labels=[*labels, "finished_reason"])
     for label_values, traffic, rng in series:
         requests, tokens = traffic["requests"], traffic["tokens"]
         prompt = requests * rng.randint(400, 900)
@@ -216,11 +183,8 @@ def _token_counters(
             counters[name].add_metric(label_values, float(value), created=created)
         length = requests // 7
         abort = requests // 100
-        for reason, count in (
-            ("stop", requests - length - abort),
-            ("length", length),
-            ("abort", abort),
-        ):
+        for reason, count in (("stop", requests - length - abort), ("length", length),
+                              ("abort", abort)):
             success.add_metric([*label_values, reason], float(count), created=created)
     families: list[Metric] = list(counters.values())
     if not v1:
@@ -234,26 +198,13 @@ def _cache_info(series: list[Any], v1: bool) -> Metric:
     cache_info_labels = ["block_size", "cache_dtype", "enable_prefix_caching"]
     cache_info_labels += ["engine"] if v1 else []
     cache_info_labels += ["gpu_memory_utilization", "num_cpu_blocks", "num_gpu_blocks"]
-    cache_info = GaugeMetricFamily(
-        "vllm:cache_config_info",
-        "Information of the LLMEngine CacheConfig",
-        labels=cache_info_labels,
-    )
+    cache_info = GaugeMetricFamily("vllm:cache_config_info",
+                                   "Information of the LLMEngine CacheConfig",
+                                   labels=cache_info_labels)
     for rank in sorted({values[1] for values, _, _ in series} if v1 else {""}):
         engine = [rank] if v1 else []
         cache_info.add_metric(["16", "auto", "True", *engine, "0.9", "0", "27495"], 1.0)
     return cache_info
-
-
-def scalar_families(
-    server: ServerModel, labels: list[str], series: list[Any], v1: bool
-) -> list[Metric]:
-    """Build vLLM's gauges and counters per model and engine."""
-    # Each series draws from its own rng: the gauges' numbers first, then the counters', as
-    # the histograms of rest_families draw theirs after both.
-    gauges = _load_gauges(labels, series, v1)
-    counters = _token_counters(labels, series, v1, server.created_or_none())
-    return [*gauges, *counters, _cache_info(series, v1)]
 
 
 def http_families(server: ServerModel, series: list[Any]) -> list[Metric]:
@@ -269,46 +220,34 @@ def http_families(server: ServerModel, series: list[Any]) -> list[Metric]:
         ("/health", "GET", scrapes // 2, 0.001),
         ("/v1/models", "GET", 3, 0.002),
     )
-    total = CounterMetricFamily(
-        "http_requests",
-        "Total number of requests by method, status and handler.",
-        labels=["handler", "method", "status"],
-    )
-    request_size = SummaryMetricFamily(
-        "http_request_size_bytes",
-        "Content length of incoming requests by handler. Only value of header is respected. "
-        "Otherwise ignored. No percentile calculated. ",
-        labels=["handler"],
-    )
-    response_size = SummaryMetricFamily(
-        "http_response_size_bytes",
-        "Content length of outgoing responses by handler. Only value of header is respected. "
-        "Otherwise ignored. No percentile calculated. ",
-        labels=["handler"],
+    total = CounterMetricFamily("http_requests",
+                                "Total number of requests by method, status and handler.",
+                                labels=["handler", "method", "status"])
+    request_size, response_size = (
+        SummaryMetricFamily(f"http_{kind}_size_bytes",
+                            f"Content length of {what} by handler. Only value of header is "
+                            "respected. Otherwise ignored. No percentile calculated. ",
+                            labels=["handler"])
+        for kind, what in (("request", "incoming requests"), ("response", "outgoing responses"))
     )
     duration = HistogramMetricFamily(
         "http_request_duration_seconds",
         "Latency with only few buckets by handler. Made to be only used if aggregation by "
-        "handler is important. ",
-        labels=["handler", "method"],
-    )
+        "handler is important. ", labels=["handler", "method"])
     for handler, method, count, seconds in handlers:
         total.add_metric([handler, method, "2xx"], float(count), created=created)
         request_size.add_metric([handler], count, float(count * 1800))
         response_size.add_metric([handler], count, float(count * 2600))
         spec = HistSpec(duration.name, "", [0.1, 0.5, 1.0], "requests", math.log(seconds), 0.6)
-        add_histogram(
-            duration, ["handler", "method"], [handler, method], spec, count, rng, created
-        )
+        add_histogram(duration, ["handler", "method"], [handler, method], spec, count, rng,
+                      created)
         if created is not None:
             for summary in (request_size, response_size):
                 summary.add_sample(summary.name + "_created", {"handler": handler}, created)
     highr = HistogramMetricFamily(
         "http_request_duration_highr_seconds",
         "Latency with many buckets but no API specific labels. Made for more accurate "
-        "percentile calculations. ",
-        labels=[],
-    )
+        "percentile calculations. ", labels=[])
     calls = sum(count for _, _, count, _ in handlers)
     spec = HistSpec(highr.name, "", HTTP_HIGHR_BUCKETS, "requests", -1.0, 2.0)
     add_histogram(highr, [], [], spec, calls, rng, created)

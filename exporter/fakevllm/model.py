@@ -3,7 +3,7 @@
 vLLM counts per decode step of a request: one draft (`num_drafts`), the k tokens it proposed
 (`num_draft_tokens`), the prefix of them the target model accepted (`num_accepted_tokens`, and
 per position), and emits 1 + accepted tokens. So when every step drafts, the output tokens of
-all requests equal drafts + accepted tokens: `generate` keeps that exact.
+all requests equal drafts + accepted tokens: `plan_steps` and `count_step` keep that exact.
 """
 
 from __future__ import annotations
@@ -177,14 +177,6 @@ class ServerModel:
     def pick_engine(self) -> int:
         """The data-parallel rank a new request lands on."""
         return self._rng.randrange(self.engines)
-
-    def generate(self, tokens: int) -> list[tuple[int, int]]:
-        """Decode one request of `tokens` output tokens on one engine; returns its steps."""
-        engine = self.pick_engine()
-        steps = self.plan_steps(tokens)
-        for proposed, accepted in steps:
-            self.count_step(engine, proposed, accepted)
-        return steps
 
     @property
     def metrics_path(self) -> str:

@@ -18,11 +18,12 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # rendered again only after a restart, a change of variants, or this many seconds.
 REST_REFRESH_SECONDS = 10.0
 
-# V1 families of vllm/v1/spec_decode/metrics.py: (name without _total, HELP, totals() key).
-_SPEC_V1 = (
-    ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", "num_drafts"),
-    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", "num_draft_tokens"),
-    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", "num_accepted_tokens"),
+# V1 families of vllm/v1/spec_decode/metrics.py: (name without _total, HELP, engine's count).
+_SPEC_V1: tuple[tuple[str, str, Callable[[EngineCounters], int]], ...] = (
+    ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", lambda e: e.drafts),
+    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", lambda e: e.draft_tokens),
+    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+     lambda e: sum(e.accepted_per_pos)),
 )
 _SPEC_V1_PER_POS = (
     "vllm:spec_decode_num_accepted_tokens_per_pos",
@@ -37,17 +38,7 @@ class _Families:
         self._families = list(families)
 
     def collect(self) -> list[Metric]:
-        """Return the families."""
         return self._families
-
-
-def _engine_value(state: EngineCounters, key: str) -> int:
-    """Return one engine's counter named by a totals() key."""
-    if key == "num_drafts":
-        return state.drafts
-    if key == "num_draft_tokens":
-        return state.draft_tokens
-    return sum(state.accepted_per_pos)
 
 
 def spec_families(server: ServerModel) -> list[Metric]:
@@ -57,22 +48,19 @@ def spec_families(server: ServerModel) -> list[Metric]:
     created = server.created_or_none()
     labels = ["engine", "model_name"]
     families: list[Metric] = []
-    for name, help_text, key in _SPEC_V1:
+    for name, help_text, count in _SPEC_V1:
         family = CounterMetricFamily(name, help_text, labels=labels)
         for index, state in enumerate(server.engine_counters):
-            value = _engine_value(state, key)
-            family.add_metric([str(index), server.model_name], float(value), created=created)
+            family.add_metric([str(index), server.model_name], float(count(state)),
+                              created=created)
         families.append(family)
     per_pos = CounterMetricFamily(*_SPEC_V1_PER_POS, labels=[*labels, "position"])
     # A real data-parallel page (vLLM PR 24049) lists these position-major: every engine
     # of position 0, then of position 1, and so on.
     for pos in range(server.k):
         for index, state in enumerate(server.engine_counters):
-            per_pos.add_metric(
-                [str(index), server.model_name, str(pos)],
-                float(state.accepted_per_pos[pos]),
-                created=created,
-            )
+            per_pos.add_metric([str(index), server.model_name, str(pos)],
+                               float(state.accepted_per_pos[pos]), created=created)
     families.append(per_pos)
     return families
 
@@ -85,15 +73,12 @@ def spec_families_v0(server: ServerModel) -> list[Metric]:
     # Every V0 verification step emits the accepted tokens plus one token of the target model.
     emitted = accepted + drafts
     labels = [server.model_name]
-    rate = GaugeMetricFamily(
-        "vllm:spec_decode_draft_acceptance_rate",
-        "Speulative token acceptance rate.",
-        labels=["model_name"],
-    )
-    efficiency = GaugeMetricFamily(
-        "vllm:spec_decode_efficiency",
-        "Speculative decoding system efficiency.",
-        labels=["model_name"],
+    rate, efficiency = (
+        GaugeMetricFamily(name, help_text, labels=["model_name"])
+        for name, help_text in (
+            ("vllm:spec_decode_draft_acceptance_rate", "Speulative token acceptance rate."),
+            ("vllm:spec_decode_efficiency", "Speculative decoding system efficiency."),
+        )
     )
     if drafts:
         rate.add_metric(labels, accepted / tokens if tokens else 0.0)
@@ -186,33 +171,26 @@ def _render_sglang(server: ServerModel) -> bytes:
     label_names = ["model_name", "engine_type", "tp_rank", "pp_rank"]
     if server.engines > 1:
         label_names.append("dp_rank")
-    length = GaugeMetricFamily(
-        "sglang:spec_accept_length",
-        "The average acceptance length of speculative decoding.",
-        labels=label_names,
+    length, rate, running, throughput = (
+        GaugeMetricFamily(name, help_text, labels=label_names)
+        for name, help_text in (
+            ("sglang:spec_accept_length", "The average acceptance length of speculative decoding."),
+            ("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding "
+             "(`accepted tokens / total draft tokens` in batch)."),
+            ("sglang:num_running_reqs", "The number of running requests."),
+            ("sglang:gen_throughput", "The generation throughput (token/s)."),
+        )
     )
-    rate = GaugeMetricFamily(
-        "sglang:spec_accept_rate",
-        "The average acceptance rate of speculative decoding (`accepted tokens / total draft "
-        "tokens` in batch).",
-        labels=label_names,
-    )
-    running = GaugeMetricFamily(
-        "sglang:num_running_reqs", "The number of running requests.", labels=label_names
-    )
-    throughput = GaugeMetricFamily(
-        "sglang:gen_throughput", "The generation throughput (token/s).", labels=label_names
-    )
-    prompt = CounterMetricFamily(
-        "sglang:prompt_tokens", "Number of prefill tokens processed.", labels=label_names
-    )
-    generation = CounterMetricFamily(
-        "sglang:generation_tokens", "Number of generation tokens processed.", labels=label_names
+    prompt, generation = (
+        CounterMetricFamily(name, help_text, labels=label_names)
+        for name, help_text in (
+            ("sglang:prompt_tokens", "Number of prefill tokens processed."),
+            ("sglang:generation_tokens", "Number of generation tokens processed."),
+        )
     )
     for index, state in enumerate(server.engine_counters):
         values = [server.model_name, "unified", "0", "0"] + (
-            [str(index)] if server.engines > 1 else []
-        )
+            [str(index)] if server.engines > 1 else [])
         drafts, tokens, accepted = state.last
         if server.spec_decode and drafts:
             # Over the last logging interval: length counts the bonus token of each forward.
@@ -250,24 +228,17 @@ def _trtllm_spec_families(
         families.append(family)
     last = [e.last for e in server.engine_counters]
     last_drafts = sum(d for d, _, _ in last)
-    length = GaugeMetricFamily(
-        "trtllm_spec_decode_acceptance_length",
-        "Acceptance length in speculative decoding",
-        labels=labels,
-    )
+    length = GaugeMetricFamily("trtllm_spec_decode_acceptance_length",
+                               "Acceptance length in speculative decoding", labels=labels)
     if last_drafts:
         length.add_metric(values, 1.0 + sum(a for _, _, a in last) / last_drafts)
     families.append(length)
     pos_labels = [*labels, "token_position"]
-    drafted = CounterMetricFamily(
-        "trtllm_spec_decode_drafted_tokens",
-        "Total drafted tokens per speculative decoding position.",
-        labels=pos_labels,
-    )
-    accepted_pos = CounterMetricFamily(
-        "trtllm_spec_decode_accepted_tokens",
-        "Total accepted tokens per speculative decoding position.",
-        labels=pos_labels,
+    drafted, accepted_pos = (
+        CounterMetricFamily(f"trtllm_spec_decode_{kind}_tokens",
+                            f"Total {kind} tokens per speculative decoding position.",
+                            labels=pos_labels)
+        for kind in ("drafted", "accepted")
     )
     for pos in range(server.k):
         n_drafted = sum(e.drafted_per_pos[pos] for e in server.engine_counters)
@@ -287,19 +258,14 @@ def _render_trtllm(server: ServerModel) -> bytes:
     totals = server.totals()
     drafts, tokens = totals["num_drafts"], totals["num_draft_tokens"]
     accepted = totals["num_accepted_tokens"]
-    families: list[Metric] = []
-    running = GaugeMetricFamily(
-        "trtllm_num_requests_running", "Number of active requests", labels=labels
-    )
+    running = GaugeMetricFamily("trtllm_num_requests_running", "Number of active requests",
+                                labels=labels)
     running.add_metric(values, 4.0 if drafts else 0.0)
-    families.append(running)
-    generation = CounterMetricFamily(
-        "trtllm_generation_tokens",
-        "Cumulative number of generation (output) tokens produced.",
-        labels=labels,
-    )
+    generation = CounterMetricFamily("trtllm_generation_tokens",
+                                     "Cumulative number of generation (output) tokens produced.",
+                                     labels=labels)
     generation.add_metric(values, float(accepted + drafts))
-    families.append(generation)
+    families: list[Metric] = [running, generation]
     if server.spec_decode and tokens:
         # Counters are created on the first inc() of a label set: absent until spec activity.
         families += _trtllm_spec_families(server, labels, values)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from aiohttp import web
-from clitools import fake_vllm, http
 from aiohttp.test_utils import TestClient
+from clitools import fake_vllm, http
 
 from exporter.fakevllm import FakeServer, make_fake_app
 from exporter.fakevllm.openai import spec_decode_object
