@@ -8,37 +8,28 @@ import shutil
 import socket
 import tempfile
 import time
-from dataclasses import dataclass
 
 from aiohttp import web
 
-from exporter.web.handlers import SERVICE
-from exporter.web.app import make_app
 from exporter.config.model import Config, TargetConfig
 from exporter.core.console import format_window
 from exporter.core.errors import ListenError
 from exporter.fakevllm import FakeServer, make_fake_app
 from exporter.server.targets import TargetState
+from exporter.web.app import make_app
+from exporter.web.handlers import SERVICE
 
 
-@dataclass(frozen=True)
-class DemoServer:
-    """One simulated server of the demo fleet."""
-
-    name: str
-    server: FakeServer
-    drafts_per_second: float
-
-
-def demo_fleet() -> list[DemoServer]:
-    """Different k, one with two engines, one ngram-like, one without spec decode."""
+def demo_fleet() -> list[tuple[str, FakeServer, float]]:
+    """(name, server, drafts per second): different k, one with two engines, one ngram-like,
+    one without spec decode."""
     return [
-        DemoServer("llama-eagle-k3", FakeServer(k=3, acceptance=0.85, seed=1), 40.0),
-        DemoServer("qwen-mtp-k5-dp2", FakeServer(k=5, acceptance=0.75, engines=2,
-                                                 model_name="Qwen/Qwen3-8B", seed=2), 60.0),
-        DemoServer("ngram-k4", FakeServer(k=4, acceptance=0.6, ngram=True,
-                                          model_name="meta-llama/Llama-3.1-8B", seed=3), 30.0),
-        DemoServer("no-spec-decode", FakeServer(spec_decode=False, seed=4), 0.0),
+        ("llama-eagle-k3", FakeServer(k=3, acceptance=0.85, seed=1), 40.0),
+        ("qwen-mtp-k5-dp2", FakeServer(k=5, acceptance=0.75, engines=2,
+                                       model_name="Qwen/Qwen3-8B", seed=2), 60.0),
+        ("ngram-k4", FakeServer(k=4, acceptance=0.6, ngram=True,
+                                model_name="meta-llama/Llama-3.1-8B", seed=3), 30.0),
+        ("no-spec-decode", FakeServer(spec_decode=False, seed=4), 0.0),
     ]
 
 
@@ -80,16 +71,14 @@ async def run_demo(port: int, duration: float | None, output_dir: str | None) ->
     fleet = demo_fleet()
     runners = []
     targets = []
-    for member in fleet:
-        runner = web.AppRunner(
-            make_fake_app(member.server, drafts_per_second=member.drafts_per_second),
-            access_log=None,
-        )
+    for name, server, drafts_per_second in fleet:
+        runner = web.AppRunner(make_fake_app(server, drafts_per_second=drafts_per_second),
+                               access_log=None)
         await runner.setup()
         member_port = _free_port()
         await web.TCPSite(runner, "127.0.0.1", member_port).start()
         runners.append(runner)
-        targets.append(TargetConfig(name=member.name, url=f"http://127.0.0.1:{member_port}/metrics",
+        targets.append(TargetConfig(name=name, url=f"http://127.0.0.1:{member_port}/metrics",
                                     labels={"demo": "true"}))
     # Without --output-dir the results go to a temporary folder that leaves with the demo.
     out = output_dir or tempfile.mkdtemp(prefix="specdec-demo-")

@@ -11,6 +11,7 @@ from exporter.cli.common import EXIT_FAILED, EXIT_OK, one_line, say
 from exporter.core.errors import ExporterError
 from exporter.core.isotime import parse_time
 
+
 def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
     """The `history` sub-command's arguments."""
     p = command("history", "a window over a past range, from the raw samples in Prometheus",

@@ -21,13 +21,13 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from exporter.server.book import StartRequest, WindowBook
 from exporter.config.model import TargetConfig
 from exporter.core.errors import ExporterError
-from exporter.scrape.scraper import Scraper, make_session
 from exporter.core.snapshot import ScrapeResult
-from exporter.state.store import StateStore
 from exporter.core.window import TargetRef, Window
+from exporter.scrape.scraper import Scraper, make_session
+from exporter.server.book import StartRequest, WindowBook
+from exporter.state.store import StateStore
 
 _AISBENCH_KEYS = ("host_ip", "host_port", "url", "enable_ssl")
 

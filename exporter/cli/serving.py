@@ -97,12 +97,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve(config: Config, path: str, overrides: dict[str, Any], host: str, port: str) -> int:
-    from exporter.web.handlers import SERVICE
-    from exporter.web.app import make_app
-    from exporter.server.eventloop import new_event_loop
-    from exporter.web.guard import run_guarded
-    from exporter.server.memory import keep_big_blocks_apart
     from exporter.core.redact import redact_logs
+    from exporter.server.eventloop import new_event_loop
+    from exporter.server.memory import keep_big_blocks_apart
+    from exporter.web.app import make_app
+    from exporter.web.guard import run_guarded
+    from exporter.web.handlers import SERVICE
 
     app = make_app(config, config_path=path, overrides=overrides)
     redact_logs(lambda: app[SERVICE].config)  # before the first line that could quote one

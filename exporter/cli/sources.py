@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exporter.client import ClientError, ExporterClient
 from exporter.analysis.compare import summed_result
+from exporter.client import ClientError, ExporterClient
 from exporter.core.errors import ExporterError
 
 MAX_FILE_BYTES = 16 * 1024 * 1024

@@ -11,8 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from exporter.cli.common import (
-    EXIT_FAILED, EXIT_NO_RESULT, EXIT_OK, EXIT_USAGE, benchmark_command, exporter_urls,
-    fleet_client, one_line, say, window_labels,
+    EXIT_FAILED,
+    EXIT_NO_RESULT,
+    EXIT_OK,
+    EXIT_USAGE,
+    benchmark_command,
+    exporter_urls,
+    fleet_client,
+    one_line,
+    say,
+    window_labels,
 )
 from exporter.core.errors import ExporterError
 
@@ -39,12 +47,6 @@ def _say_stop_failures(answer: dict[str, Any]) -> bool:
     return not any(r.get("status") == "ok" for r in results.values())
 
 
-def _say_written(answer: dict[str, Any]) -> None:
-    where = answer.get("results_dir")
-    if where:
-        print(f"results written to {where}", file=sys.stderr, flush=True)
-
-
 def _edges(args: argparse.Namespace) -> dict[str, Any]:
     """The start's edges options; --skip-requests without --edges traffic is a usage error."""
     problem = None
@@ -65,7 +67,10 @@ def _say_waiting(started: dict[str, Any]) -> None:
             "proxy (--edges traffic): point the benchmark at the target's proxy port")
 
 
-def _say_edges(answer: dict[str, Any]) -> None:
+def _say_written(answer: dict[str, Any]) -> None:
+    """Where the results were written, and the window's edges when the traffic set them."""
+    if where := answer.get("results_dir"):
+        print(f"results written to {where}", file=sys.stderr, flush=True)
     edges = answer.get("edges")
     if isinstance(edges, dict):
         say(f"window edges: the traffic, {edges.get('skipped')} request(s) skipped, "
@@ -105,7 +110,6 @@ def cmd_window_stop(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     print(json.dumps(answer.body, indent=2) if args.json else answer.console(), end="")
     _say_written(answer.body)
-    _say_edges(answer.body)
     if _say_stop_failures(answer.body) and not args.allow_na:
         say(f"window {args.id} has no result for any target (--allow-na to accept that)")
         return EXIT_NO_RESULT
@@ -113,9 +117,9 @@ def cmd_window_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from exporter.cli.measure import run_command
     from exporter.client import ClientError, unreachable_answer
     from exporter.core.console import format_window
-    from exporter.cli.measure import run_command
 
     cmd = benchmark_command(args)
     if shutil.which(cmd[0]) is None:
@@ -147,7 +151,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         else:
             print(answer.console(), end="", flush=True)
             _say_written(answer.body)
-            _say_edges(answer.body)
             if _say_stop_failures(answer.body):
                 say(f"window {window_id} has no result")
             return code
@@ -158,10 +161,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    from exporter.core.console import format_window
     from exporter.cli.measure import (
-        clear_earlier_results, measure, target_from_spec, targets_from_model_config,
+        clear_earlier_results,
+        measure,
+        target_from_spec,
+        targets_from_model_config,
     )
+    from exporter.core.console import format_window
 
     cmd = benchmark_command(args)
     try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -13,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from exporter.core.isotime import parse_time
 from exporter.cli.main import main
+from exporter.core.isotime import parse_time
 
 
 def test_times_in_every_accepted_form() -> None:

@@ -459,7 +459,8 @@ class TestProductionPath:
             "from exporter.cli.main import build_parser, cmd_serve\n"
             "from exporter.web.app import make_app\n"
             "from exporter.config.model import load_config\n"
-            "import exporter.web.handlers, exporter.web.pages.landing, exporter.web.exposition, exporter.core.results\n"
+            "import exporter.web.handlers, exporter.web.pages.landing, exporter.web.exposition, "
+            "exporter.core.results\n"
             f"make_app(load_config({str(ROOT / 'config' / 'exporter.yaml')!r}))\n"
             "print(sorted(m for m in sys.modules if m.startswith('exporter.')))\n"
         )

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from exporter.config.model import TargetConfig
-from exporter.core.errors import ExporterError
 from exporter.cli.measure import (
     distinct_names,
     measure,
     target_from_spec,
     targets_from_model_config,
 )
+from exporter.config.model import TargetConfig
+from exporter.core.errors import ExporterError
 
 # Shaped like AISBench's shipped configs: the base imports AISBench's classes (not installed
 # here, as on a machine where only the config files are), the user's config inherits it
