@@ -1,16 +1,10 @@
 """A browser is not a client: cross-site requests and DNS rebinding cannot change our state.
 
-With no token configured (the default), any web page a user opens could POST to the exporter on
-localhost or the cluster network: a form or `fetch(..., {mode: "no-cors"})` sends the request
-even though the page cannot read the answer (cross-site), and a name the attacker rebinds to our
-address makes it same-origin (DNS rebinding). A state-changing request is refused when
-- it has a body that is not `application/json`, or a form's or `text/plain` content type (a
-  browser sends any other type cross-site only after a CORS preflight, which we never answer);
-- its `Origin` is not our own (the scheme and Host it was sent to);
-- its `Host` is a name we do not know (a rebound attacker's domain is the Host it sends).
-IP literals are always fine (rebinding needs a name), so are single-label names (a public domain
-has a dot), `localhost`, Kubernetes service names (`*.svc`, `*.svc.cluster.local`), the listen
-host, this machine's and pod's names, and the config's `allowed_hosts`.
+With no token configured, any web page could POST to the exporter (a form or a no-cors fetch),
+or reach it same-origin through a name rebound to our address. A state-changing request is
+refused when its body is not `application/json` (a browser sends other types cross-site only
+after a CORS preflight, never answered), its `Origin` is not its Host, or its Host is a name we
+do not know: IP literals and single-label names are fine (rebinding needs a public domain).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Windows bounded by the traffic itself (`"edges": "traffic"`): opened when the first measured
 request reaches the recording proxy, closed on what the servers counted right after the last
-response, not when the benchmark command starts and exits.
+response.
 
-A window start with these edges waits, unknown to the book (so no scrape feeds it), until the
-proxy is about to forward request `skip_requests + 1`: that request waits until the skipped ones
-have completed, the book starts the window (its baseline scraped then), and it goes on. Each time
-a target's proxied requests have all completed, the window is held from that target's scrapes
-and the target is scraped at once; the next request lets go of the hold and voids that scrape.
-A stop of a window whose targets are all held takes those scrapes as its stop scrapes: periodic
-scrapes in between are never the window's, so what a server counted after the last response
-(other clients, a benchmark's wind-down) stays out, exactly.
+The window starts (baseline scraped) before request `skip_requests + 1` is forwarded. When a
+target's proxied requests have all completed it is scraped at once and held from later scrapes
+(the next request voids that scrape); a stop takes those scrapes, so what a server counted
+after the last response stays out.
 """
 
 from __future__ import annotations
@@ -80,8 +76,6 @@ class TrafficEdges:
         self._windows: dict[str, TrafficWindow] = {}
         self._finished: dict[str, dict[str, Any]] = {}
 
-    # -- start ------------------------------------------------------------------------
-
     def expect(self, window_id: str | None, name: str | None, targets: list[str] | None,
                labels: dict[str, str], skip: int) -> tuple[bool, dict[str, Any]]:
         """Register a window that opens with the traffic; (created, start answer)."""
@@ -124,8 +118,6 @@ class TrafficEdges:
             return sorted(states)
         host_ports = {n: s.config.host_port for n, s in states.items()}
         return resolve_targets(names, host_ports, window_id)
-
-    # -- the proxy's side -------------------------------------------------------------
 
     async def arrive(self, target: str) -> list[Ticket]:
         """A request for `target` is about to be forwarded: returns once every window it
@@ -191,8 +183,6 @@ class TrafficEdges:
         """Whether a scrape of `target` must not feed that window (it is idle there)."""
         w = self._windows.get(window_id)
         return w is not None and target in w.held
-
-    # -- stop -------------------------------------------------------------------------
 
     def knows(self, window_id: str) -> bool:
         """A traffic-edged window not stopped yet."""

@@ -134,8 +134,7 @@ def ratio_lines(labels: str, counts: Counts, out: dict[Family, list[str]],
 
 def template(prefixes: list[str]) -> str:
     """The `%` format of the lines `prefix value` for `prefixes`: one `%r` a value (a label
-    value's own `%` doubled), so a run of samples is one C-level format of a tuple. Kept
-    instead of the prefixes (a template per run of a target: the prefixes' memory, not twice)."""
+    value's own `%` doubled), so a run of samples is one C-level format of a tuple."""
     return "".join([f"{prefix.replace('%', '%%')}%r\n" for prefix in prefixes])
 
 

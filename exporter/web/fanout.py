@@ -69,9 +69,8 @@ class Fanout:
         """Whether this request fans out: peers configured and not itself a peer's call."""
         return self.sharded() and PEER_HEADER not in request.headers
 
-    def _fleet(self) -> dict[str, TargetConfig]:
-        """Every target of the fleet, before the split: static ones first, as each shard
-        merges."""
+    def _fleet(self) -> Fleet:
+        """Every target of the fleet, before the split: static ones first, as shards merge."""
         merged = {t.name: t for t in self.config.targets}
         for target in self.service.discovered_targets():
             merged.setdefault(target.name, target)
@@ -197,7 +196,6 @@ class Fanout:
         return merge_open(parts)
 
     async def get(self, request: web.Request) -> web.Response:
-        """`GET /api/v1/windows/{id}` over every shard."""
         return _json(await self.window(check_window_id(request.match_info["id"])))
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -229,7 +227,6 @@ class Fanout:
         return answer
 
     async def list(self, request: web.Request) -> web.Response:
-        """`GET /api/v1/windows` over every shard."""
         return _json(await self.windows(*list_query(request)))
 
     async def series(self, window_id: str) -> dict[str, Any]:
@@ -243,18 +240,15 @@ class Fanout:
         return merge_series(parts, self.config.shards)
 
     async def series_answer(self, request: web.Request) -> web.Response:
-        """`GET /api/v1/windows/{id}/series` over every shard."""
         return _json(await self.series(check_window_id(request.match_info["id"])))
 
     async def window_page(self, request: web.Request) -> web.Response:
-        """`GET /windows/{id}`: the page of the window over every shard."""
         window_id = check_window_id(request.match_info["id"])
         state, series = await asyncio.gather(self.window(window_id), self.series(window_id))
         text = render_window_page(state, series | {"now": self.service.clock()})
         return web.Response(text=text, content_type="text/html")
 
     async def compare_page(self, request: web.Request) -> web.Response:
-        """`GET /compare` over every shard."""
 
         async def answer(window_id: str) -> dict[str, Any] | None:
             found = await self.window(window_id)

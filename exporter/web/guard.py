@@ -17,7 +17,6 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-HEADER_TIMEOUT = 10.0  # seconds for a request head; real clients send theirs in one packet
 # File descriptors kept for what is not a client connection: scrapes (scrape_concurrency),
 # the state database, result files, discovery, the log.
 FD_RESERVE = 128
@@ -129,17 +128,15 @@ class ConnectionGuard:
 
 
 class GuardedSite(web.TCPSite):
-    """`TCPSite` whose connections go through a `ConnectionGuard`."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
-                 header_timeout: float = HEADER_TIMEOUT, max_connections: int = MAX_CONNECTIONS,
+                 header_timeout: float, max_connections: int = MAX_CONNECTIONS,
                  **kwargs: Any) -> None:
         super().__init__(runner, host, port, **kwargs)
         self.guard: ConnectionGuard | None = None
         self._guard_args = (header_timeout, max_connections)
 
     async def start(self) -> None:
-        """Listen, with the guard in front of aiohttp's protocol."""
         await web.BaseSite.start(self)
         server = self._runner.server
         assert server is not None
@@ -152,7 +149,7 @@ class GuardedSite(web.TCPSite):
 
 def run_guarded(app: web.Application, host: str, port: int, *,
                 loop: asyncio.AbstractEventLoop, scrape_concurrency: int,
-                header_timeout: float = HEADER_TIMEOUT, **runner_kwargs: Any) -> None:
+                header_timeout: float, **runner_kwargs: Any) -> None:
     """`web.run_app` with the guard: serve until SIGTERM/SIGINT, then clean up the same way."""
     fd_limit = raise_fd_limit()
     cap = connection_cap(fd_limit, scrape_concurrency)

@@ -292,7 +292,7 @@ async def stop_window(request: web.Request) -> web.Response:
 
 def _json(value: Any, status: int = 200) -> web.Response:
     """A window's JSON as a stop encodes it (orjson): the stop, a second stop and a GET of a
-    stopped window answer the same bytes, and megabytes of series are encoded in ms."""
+    stopped window answer the same bytes."""
     return _json_text(compact(value), status)
 
 
@@ -331,6 +331,9 @@ def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any
 
 MAX_LIST = 1000
 WINDOW_STATES = ("open", "stopped")
+# A list item's aggregate figures; the counts beside the ratios: a fleet's list sums them.
+SUMMARY_FIGURES = ("acceptance_rate", "acceptance_length", "num_drafts", "draft_tokens",
+                   "accepted_tokens")
 
 
 def window_summary(state: dict[str, Any]) -> dict[str, Any]:
@@ -345,15 +348,9 @@ def window_summary(state: dict[str, Any]) -> dict[str, Any]:
         "labels": state.get("labels") or {},
         "started_at": state.get("started_at"),
         "stopped_at": state.get("stopped_at"),
-        "aggregate": {
-            "status": aggregate.get("status"),
-            "acceptance_rate": data.get("acceptance_rate"),
-            "acceptance_length": data.get("acceptance_length"),
-            "num_drafts": data.get("num_drafts"),
-            # The counts beside the ratios: a fleet's list sums them across shards.
-            "draft_tokens": data.get("draft_tokens"),
-            "accepted_tokens": data.get("accepted_tokens"),
-        } if aggregate else None,
+        "aggregate": ({"status": aggregate.get("status")}
+                      | {figure: data.get(figure) for figure in SUMMARY_FIGURES}
+                      if aggregate else None),
         "href": f"/api/v1/windows/{state['id']}",
         "page": f"/windows/{state['id']}",
     }

@@ -95,7 +95,6 @@ async def _say_scope(request: web.Request, response: web.StreamResponse) -> None
 
 
 def add_routes(app: web.Application) -> None:
-    """Every route of the table, each through its fleet dispatch."""
     for route in ROUTES:
         if route.method == "GET":  # and HEAD, as aiohttp's add_get gives
             app.router.add_get(route.path, _dispatch(route))

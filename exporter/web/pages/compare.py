@@ -34,10 +34,9 @@ def _estimate(e: Mapping[str, Any], spec: str, signed: bool = False) -> str:
             f"{format(e['high'], sign + spec)}]</small>")
 
 
-def interval_svg(
-    a: Mapping[str, Any], b: Mapping[str, Any], width: int = 180, height: int = 30
-) -> str:
+def interval_svg(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     """A and B with their intervals on one scale: do the whiskers overlap?"""
+    width, height = 180, 30
     values: list[float] = [v for e in (a, b) for v in (e["value"], e.get("low"), e.get("high"))
               if v is not None]
     lo, hi = min(values), max(values)
@@ -97,9 +96,8 @@ def _advice_column(side: str, answer: Mapping[str, Any]) -> str:
     return f"<div><h2>{side}: which k</h2>{advice_sections(answer)}</div>"
 
 
-def render_compare(
-    a: Mapping[str, Any], b: Mapping[str, Any], windows: Sequence[Mapping[str, Any]] = ()
-) -> str:
+def render_compare(a: Mapping[str, Any], b: Mapping[str, Any],
+                   windows: Sequence[Mapping[str, Any]] = ()) -> str:
     """The whole compare page of two stopped windows' answers."""
     body = compare_answers(a, b)
     sections = [_entry_table(name, entry) for name, entry in body["targets"].items()]
@@ -124,9 +122,8 @@ def render_compare(
     return page(title, body_html, style=_STYLE)
 
 
-def compare_form(
-    windows: Sequence[Mapping[str, Any]], a: str | None = None, b: str | None = None
-) -> str:
+def compare_form(windows: Sequence[Mapping[str, Any]], a: str | None = None,
+                 b: str | None = None) -> str:
     """A small GET form to pick two stopped windows (newest first); empty with fewer than 2."""
     stopped = [w for w in windows if w.get("stopped_at") is not None]
     if len(stopped) < 2:
