@@ -53,7 +53,6 @@ class ListenError(ExporterError):
     """An address the exporter, the demo or fake-vllm could not listen on; says what to do."""
 
     def __init__(self, address: str, exc: OSError, flag: str):
-        self.address = address
         if exc.errno == errno.EADDRINUSE:
             why = "address already in use"
             todo = f"stop what listens there, or choose another address with {flag}"

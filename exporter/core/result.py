@@ -295,31 +295,25 @@ class Result:
         coverage = body.get("coverage")
         return cls(
             status=Status(body.get("status", Status.NA)),
-            url=body.get("url"),
-            error=body.get("error"),
+            **{key: body.get(key) for key in _AS_READ},
             increase=_counts(body.get("increase")),
             before=_counts(raw.get("before")),
             after=_counts(raw.get("after")),
             per_model=per_model,
             gauge_means=body.get("gauge_means") if body.get("estimate") else None,
             coverage=Coverage(coverage) if coverage else None,
-            coverage_note=body.get("coverage_note"),
-            reset_note=body.get("reset_note"),
-            anomaly_note=body.get("anomaly_note"),
-            target=body.get("target"),
-            host_port=body.get("host_port"),
             targets=tuple(body["targets"]) if "targets" in body else None,
             model_names=tuple(body.get("model_names") or ()),
             engines=body.get("engines") or 0,
-            dialect=body.get("dialect"),
-            dialect_note=body.get("dialect_note"),
             resets=body.get("resets") or 0,
-            scrapes=body.get("scrapes"),
-            first_scrape_at=body.get("first_scrape_at"),
-            last_scrape_at=body.get("last_scrape_at"),
             increase_until_removed=_counts(body.get("increase_until_removed")),
             unobserved=_read_spans(body.get("unobserved")),
         )
+
+
+# The fields `from_json` takes as the body has them (None where it lacks them).
+_AS_READ = ("url", "error", "coverage_note", "reset_note", "anomaly_note", "target", "host_port",
+            "dialect", "dialect_note", "scrapes", "first_scrape_at", "last_scrape_at")
 
 
 def _copy_raw(raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -88,14 +88,11 @@ _HEAD_KEYS = ("id", "name", "labels", "started_at", "started_at_iso", "stopped_a
 def _head(parts: Sequence[ShardPart]) -> dict[str, Any]:
     """The merged answer's own keys: the answer of the shard that took the request; without
     one, the first peer's window keys only (a peer never sets where our files are)."""
-    answered = [p for p in parts if p.answer is not None]
-    for part in answered:
-        if part.local and part.answer is not None:
-            return dict(part.answer)
-    if not answered or answered[0].answer is None:
-        return {}
-    first = answered[0].answer
-    return {k: first[k] for k in _HEAD_KEYS if k in first}
+    answers = [p.answer for p in parts if p.answer is not None]
+    local = [p.answer for p in parts if p.local and p.answer is not None]
+    if local:
+        return dict(local[0])
+    return {k: answers[0][k] for k in _HEAD_KEYS if k in answers[0]} if answers else {}
 
 
 # The shards of one window start it (and stop it) within one round of peer calls of each other:
@@ -108,9 +105,9 @@ def _time(parts: Sequence[ShardPart], key: str, *, earliest: bool) -> float | No
     counted only near the requested shard's own (a peer cannot move the window's times)."""
     times: list[float] = [t for p in parts if p.answer is not None
                           if is_number(t := p.answer.get(key))]
-    mine = [p for p in parts if p.local and p.answer is not None]
+    mine = [p.answer for p in parts if p.local and p.answer is not None]
     if mine:
-        own = mine[0].answer.get(key) if mine[0].answer is not None else None
+        own = mine[0].get(key)
         if not is_number(own):
             return None
         times = [t for t in times if abs(t - own) <= SAME_WINDOW_SPAN]
@@ -121,11 +118,10 @@ def _time(parts: Sequence[ShardPart], key: str, *, earliest: bool) -> float | No
 
 def merge_start(parts: Sequence[ShardPart]) -> dict[str, Any]:
     """One start answer: every shard's targets, the earliest start, and who could not start."""
-    answered = [p for p in parts if p.answer is not None]
     first = _head(parts)
     targets = [t for p in parts for t in (p.answer["targets"] if p.answer else p.expected)]
-    counted = {p.index: list(p.answer["targets"]) for p in answered if p.answer}
-    start_errors = {k: v for p in answered if p.answer
+    counted = {p.index: list(p.answer["targets"]) for p in parts if p.answer}
+    start_errors = {k: v for p in parts if p.answer
                     for k, v in (p.answer.get("start_errors") or {}).items()}
     body = dict(first) | {
         "targets": targets,
@@ -187,7 +183,6 @@ def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
 
 def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
     """One open-window state: every shard's scrapes and errors, unreachable shards named."""
-    answered = [p for p in parts if p.answer is not None]
     first = _head(parts)
     scrapes: dict[str, Any] = {}
     errors: dict[str, Any] = {}
@@ -200,7 +195,7 @@ def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
         targets += part.answer.get("targets", [])
         scrapes |= part.answer.get("scrapes") or {}
         errors |= part.answer.get("errors") or {}
-    counted = {p.index: list(p.answer.get("targets", [])) for p in answered if p.answer}
+    counted = {p.index: list(p.answer.get("targets", [])) for p in parts if p.answer}
     return dict(first) | {
         "targets": targets, "stopped_at": None, "status": "open", "scrapes": scrapes,
         "errors": errors, "shards": _shards(parts, counted),

@@ -17,10 +17,9 @@ _PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
 
 
 class TextError(ExporterError):
-    """A string that is not Unicode text; `where` is its key path, `.`-separated."""
+    """A string that is not Unicode text at `where`, its `.`-separated key path."""
 
     def __init__(self, where: str, message: str):
-        self.where = where
         super().__init__(f"{where or '(top)'}: {message}")
 
 
