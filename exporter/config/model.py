@@ -57,6 +57,11 @@ def _check_url(value: str, schemes: tuple[str, ...] = ("http", "https")) -> str:
     return value
 
 
+# An http(s) URL with a host, or "" (unset); a base URL without its trailing slash.
+_URL = Annotated[str, AfterValidator(lambda v: _check_url(v) if v else v)]
+_BaseURL = Annotated[str, AfterValidator(lambda v: _check_url(v).rstrip("/") if v else v)]
+
+
 def _over_interval(value: float | None, interval: float | None) -> str | None:
     """Why a duration longer than scrape_interval is refused (it would stretch every round)."""
     if value is None or interval is None or value <= interval:
@@ -91,7 +96,7 @@ class TargetConfig(_Strict):
     """One server to scrape: `url`, or `host` + `port` (AISBench's `host_ip`/`host_port` too)."""
 
     name: str = ""
-    url: str = ""
+    url: _URL = ""
     host: str = ""
     port: int | None = Field(default=None, ge=1, le=65535)
     scheme: str = "http"
@@ -114,7 +119,7 @@ class TargetConfig(_Strict):
     dialect: Dialect = Dialect.AUTO
     # A forward proxy for this target alone (http://host:port); unset: HTTP(S)_PROXY/NO_PROXY.
     # Either is resolved once per config load, never per scrape.
-    proxy_url: str | None = None
+    proxy_url: Annotated[str, AfterValidator(lambda v: _check_url(v, ("http",)))] | None = None
     # `none` for loopback/LAN targets: inflating ~100 KB of gzip costs more CPU than the
     # bytes it saves on a fast link.
     compression: Literal["gzip", "none"] = "gzip"
@@ -144,16 +149,6 @@ class TargetConfig(_Strict):
         if value not in ("http", "https"):
             raise ValueError(f"must be http or https, not {value!r}")
         return value
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        return _check_url(value) if value else value
-
-    @field_validator("proxy_url")
-    @classmethod
-    def _proxy_url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_url(value, ("http",))
 
     @field_validator("labels")
     @classmethod
@@ -217,25 +212,21 @@ class FileSDConfig(_Strict):
 class HttpSDConfig(_Strict):
     """Prometheus-style HTTP discovery: a URL answering `[{targets, labels}]` as JSON."""
 
-    url: str
+    url: _URL
     refresh_interval: Duration = 60.0
     headers: dict[str, str] = {}
     token_env: str | None = None
-
-    _check_url = field_validator("url")(classmethod(lambda cls, v: TargetConfig._url(v)))
 
 
 class PrometheusSDConfig(_Strict):
     """Targets from a Prometheus server's active targets (`/api/v1/targets`), by job and labels."""
 
-    url: str  # the Prometheus server's base URL, e.g. http://prometheus:9090
+    url: _URL  # the Prometheus server's base URL, e.g. http://prometheus:9090
     job: str | None = None  # only targets of this scrape job (scrape pool)
     matchers: list[str] = []  # PromQL-style, on the target's labels: namespace="llm"
     refresh_interval: Duration = 60.0
     headers: dict[str, str] = {}
     token_env: str | None = None
-
-    _check_url = field_validator("url")(classmethod(lambda cls, v: TargetConfig._url(v)))
 
     @field_validator("matchers")
     @classmethod
@@ -248,18 +239,13 @@ class PrometheusSDConfig(_Strict):
 class HistoryConfig(_Strict):
     """The Prometheus-compatible store `POST /api/v1/windows/history` reads by default."""
 
-    prometheus: str | None = None  # base URL: Prometheus, Thanos, Mimir, VictoriaMetrics
+    prometheus: _BaseURL | None = None  # Prometheus, Thanos, Mimir, VictoriaMetrics
     token_env: str | None = None  # environment variable holding a bearer token
     username: str | None = None  # basic auth, the password from `password_env`
     password_env: str | None = None
     ca_file: str | None = None
     tenant: str | None = None  # X-Scope-OrgID (Mimir, Cortex)
     timeout: Duration = 30.0
-
-    @field_validator("prometheus")
-    @classmethod
-    def _prometheus(cls, value: str | None) -> str | None:
-        return None if value is None else TargetConfig._url(value).rstrip("/")
 
 
 class Config(_Strict):
@@ -295,7 +281,7 @@ class Config(_Strict):
     shard_index: int = Field(default=0, ge=0)
     # Base URL of every shard in shard_index order, this one included: a window call to any
     # shard then acts on every shard and answers for the whole fleet.
-    peers: list[Annotated[str, AfterValidator(lambda v: TargetConfig._url(v).rstrip("/"))]] = []
+    peers: list[_BaseURL] = []
     auth: AuthConfig = AuthConfig()
     targets: list[TargetConfig] = []
     file_sd: list[FileSDConfig] = []
