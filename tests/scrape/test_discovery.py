@@ -12,13 +12,13 @@ import pytest
 from aiohttp import web
 
 from exporter.config.model import PrometheusSDConfig, validate_config
+from exporter.core.errors import ConfigError
 from exporter.scrape.discovery import (
     Discovery,
     DiscoveryError,
     targets_from_document,
     targets_from_prometheus,
 )
-from exporter.core.errors import ConfigError
 
 
 def _bump(path):
