@@ -108,20 +108,15 @@ class TargetConfig(_Strict):
     ca_file: str | None = None
     labels: dict[str, str] = {}
     # A page over one of these is a failed scrape (up=0, the reason), as Prometheus's
-    # sample_limit and label_value_length_limit. Generous for real servers: 20,000 series is
-    # 16 engines x 8 models x (4 counters + 64 positions) with room to spare; model names are
-    # names or paths, far below 1024 characters; no drafter proposes 64 tokens.
+    # sample_limit and label_value_length_limit; the defaults are generous for real servers.
     series_limit: int = Field(default=20_000, ge=1)
     label_value_length_limit: int = Field(default=1024, ge=1)
     position_limit: int = Field(default=64, ge=1)
-    # `auto` reads the dialect off the page's first spec-decode name (free: the parser looks
-    # for that line anyway); name one to ignore other engines' names on the page.
+    # `auto` reads it off the page's first spec-decode name; name one to ignore other engines'.
     dialect: Dialect = Dialect.AUTO
     # A forward proxy for this target alone (http://host:port); unset: HTTP(S)_PROXY/NO_PROXY.
-    # Either is resolved once per config load, never per scrape.
     proxy_url: Annotated[str, AfterValidator(lambda v: _check_url(v, ("http",)))] | None = None
-    # `none` for loopback/LAN targets: inflating ~100 KB of gzip costs more CPU than the
-    # bytes it saves on a fast link.
+    # `none` for loopback/LAN targets: inflating costs more CPU than a fast link saves.
     compression: Literal["gzip", "none"] = "gzip"
     # The recording proxy: `proxy.listen` forwards to `api_url`, default the metrics URL's origin.
     proxy: ProxyConfig | None = None
@@ -274,8 +269,7 @@ class Config(_Strict):
     # Host names (or `*.example.org`) POSTs may be sent to, beside the listen host, localhost,
     # IP addresses, single-label and Kubernetes service names and our own: DNS rebinding.
     allowed_hosts: list[str] = []
-    # Static plus discovered. Every target costs state, a scrape per interval and lines on
-    # /metrics (~40 us each): past ~10,000 one exporter misses its beat; shard instead.
+    # Static plus discovered: past ~10,000 targets one exporter misses its beat; shard instead.
     max_targets: int = Field(default=DEFAULT_MAX_TARGETS, ge=1)
     shards: int = Field(default=1, ge=1)
     shard_index: int = Field(default=0, ge=0)
@@ -315,7 +309,6 @@ class Config(_Strict):
     def state_path(self) -> Path:
         """Where the durable window state lives."""
         return Path(self.state_db) if self.state_db else Path(self.output_dir) / "state.sqlite"
-
 
 
 def _location(error: ErrorDetails) -> str:
