@@ -124,7 +124,7 @@ class Accumulator(AccumulatorRows):
         self._retire_absent()
         self._feed_gauges(snapshot, at, baseline)
         if baseline:
-            self.before = sum_series(snapshot.values.items())
+            self.packed_before = pack_counts(sum_series(snapshot.values.items()))
         if reset:
             prev = self.last_at or at
             self.resets += 1
@@ -304,10 +304,6 @@ class Accumulator(AccumulatorRows):
     def before(self) -> Counts | None:
         """The baseline scrape's totals (AISBench's `before`); None before a baseline."""
         return None if self.packed_before is None else unpack_counts(self.packed_before)
-
-    @before.setter
-    def before(self, counts: Counts | None) -> None:
-        self.packed_before = None if counts is None else pack_counts(counts)
 
     @property
     def has_series(self) -> bool:

@@ -63,18 +63,13 @@ def target_result(window: Window, name: str) -> Result:
                       increase_until_removed=until)
     anomalies = _anomaly_texts(acc)
     if acc is None or acc.scrapes == 0:
-        if anomalies:
-            return Result(Status.NA, **base, error=_no_usable_span(anomalies, notes))
-        return Result(Status.NA, **base, error="; ".join(notes) or NO_METRICS)
+        return _uncounted(base, anomalies, notes, NO_METRICS)
     if is_estimate(acc.dialect):
         return _estimate_result(window, acc, base, notes)
     if not acc.has_series:
         return Result(Status.NA, **base, error=NO_METRICS)
-    if acc.scrapes < 2:
-        # One usable scrape is a baseline with nothing to compare it to.
-        if anomalies:
-            return Result(Status.NA, **base, error=_no_usable_span(anomalies, notes))
-        return Result(Status.NA, **base, error="; ".join(notes) or NO_ACTIVITY)
+    if acc.scrapes < 2:  # one usable scrape is a baseline with nothing to compare it to
+        return _uncounted(base, anomalies, notes, NO_ACTIVITY)
     counts = acc.totals()
     if not has_activity(counts):
         reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
@@ -200,8 +195,12 @@ def _anomaly_texts(acc: Accumulator | None) -> list[str]:
     return [t for t in texts if t]
 
 
-def _no_usable_span(anomalies: list[str], notes: list[str]) -> str:
-    return f"{NO_USABLE_SPAN}: " + "; ".join(notes + anomalies)
+def _uncounted(base: dict[str, Any], anomalies: list[str], notes: list[str],
+               reason: str) -> Result:
+    """N/A without two usable scrapes: why (unusable scrapes), else the notes or `reason`."""
+    if anomalies:
+        return Result(Status.NA, **base, error=f"{NO_USABLE_SPAN}: " + "; ".join(notes + anomalies))
+    return Result(Status.NA, **base, error="; ".join(notes) or reason)
 
 
 def _anomaly_inside_note(tally: AnomalyTally) -> str | None:
