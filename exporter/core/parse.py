@@ -215,79 +215,69 @@ def parse_page(
         if found is None:
             return Snapshot({}, {}, {}, Dialect.AUTO.value, 0)
         dialect = found
-    spec = DIALECTS[dialect]
-    lines = _Lines()
-    lines.read(page, frm, spec, limits)
-    gauges = _gauge_means(lines.gauge_series, spec.gauge_gate)
-    dialect_name = "vllm-v0" if lines.is_v0 else dialect.value
-    return Snapshot(lines.values, lines.created, gauges, dialect_name, lines.duplicates)
+    return _read(page, frm, DIALECTS[dialect], limits, dialect.value)
 
 
 _UNDERSCORE: Final = ord("_")
 _NO_LIMITS = PageLimits(sys.maxsize, sys.maxsize, sys.maxsize)
 
 
-class _Lines:
-    """What the spec-decode lines of one page hold, read in one pass."""
-
-    __slots__ = ("values", "created", "gauge_series", "duplicates", "is_v0")
-
-    def __init__(self) -> None:
-        self.values: dict[SeriesKey, float] = {}
-        self.created: dict[SeriesKey, float] = {}
-        self.gauge_series: dict[tuple[str, SeriesKey | Labels], float] = {}
-        self.duplicates = 0
-        self.is_v0 = False
-
-    def read(self, page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None) -> None:
-        """Every line from `frm` on that starts with the dialect's prefix (a hot loop: no call
-        of ours but `_next_line` for a cached head with a plain value)."""
-        values, created, gauge_series = self.values, self.created, self.gauge_series
-        heads, v0_markers, needle = spec.heads, spec.v0_markers, b"\n" + spec.prefix
-        bounds = _NO_LIMITS if limits is None else limits
-        max_positions, max_length = bounds.positions, bounds.label_value_length
-        start = frm if page.startswith(spec.prefix, frm) else _next_line(page, needle, frm)
-        while start >= 0:
-            end = page.find(b"\n", start)
-            if end < 0:
-                # Every line of an exposition ends with a line feed; a last line without one
-                # is a cut-off body, whose value may be cut too (`1234` read as `12`): drop it.
-                return
-            close = page.rfind(b"}", start, end)
-            if close >= 0:  # a label value may hold spaces: the head ends at the last brace
-                head, rest = page[start : close + 1], page[close + 1 : end]
-            else:
-                head, rest = _split_bare(page[start:end])
-            start = _next_line(page, needle, end)
-            resolved = heads.get(head, _UNSEEN)
-            if resolved is _UNSEEN:
-                resolved = _remember_head(head, spec)
-            if resolved is None:
-                continue
-            # Nearly always " <number>": float() reads it whole; an underscore or a timestamp
-            # takes the careful way.
-            try:
-                value = _sample_value(rest) if _UNDERSCORE in rest else float(rest)
-            except ValueError:
-                value = _sample_value(rest)
-            if value is None:
-                continue
-            name, kind, key, longest, position = resolved
-            if position >= max_positions or longest > max_length or (
-                    len(values) + len(gauge_series) >= bounds.series):
-                _check_limits(bounds, resolved, values, gauge_series)
-            if name in v0_markers:
-                self.is_v0 = True
-            if kind is _GAUGE:
-                if math.isfinite(value):
-                    gauge_series.setdefault((name, key), value)
-                continue
-            target = created if kind is _CREATED or kind is _FIRST_CREATED else values
-            if key in target:
-                self.duplicates += 1
-                continue
-            # Not a gauge, so `_resolve_head` made the key a SeriesKey.
-            target[key] = value  # type: ignore[index]
+def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
+          dialect: str) -> Snapshot:
+    """The snapshot of every line from `frm` on that starts with the dialect's prefix (a hot
+    loop: no call of ours but `_next_line` for a cached head with a plain value)."""
+    values: dict[SeriesKey, float] = {}
+    created: dict[SeriesKey, float] = {}
+    gauge_series: dict[tuple[str, SeriesKey | Labels], float] = {}
+    duplicates = 0
+    is_v0 = False
+    heads, v0_markers, needle = spec.heads, spec.v0_markers, b"\n" + spec.prefix
+    bounds = _NO_LIMITS if limits is None else limits
+    max_positions, max_length = bounds.positions, bounds.label_value_length
+    start = frm if page.startswith(spec.prefix, frm) else _next_line(page, needle, frm)
+    while start >= 0:
+        end = page.find(b"\n", start)
+        if end < 0:
+            # Every line of an exposition ends with a line feed; a last line without one
+            # is a cut-off body, whose value may be cut too (`1234` read as `12`): drop it.
+            break
+        close = page.rfind(b"}", start, end)
+        if close >= 0:  # a label value may hold spaces: the head ends at the last brace
+            head, rest = page[start : close + 1], page[close + 1 : end]
+        else:
+            head, rest = _split_bare(page[start:end])
+        start = _next_line(page, needle, end)
+        resolved = heads.get(head, _UNSEEN)
+        if resolved is _UNSEEN:
+            resolved = _remember_head(head, spec)
+        if resolved is None:
+            continue
+        # Nearly always " <number>": float() reads it whole; an underscore or a timestamp
+        # takes the careful way.
+        try:
+            value = _sample_value(rest) if _UNDERSCORE in rest else float(rest)
+        except ValueError:
+            value = _sample_value(rest)
+        if value is None:
+            continue
+        name, kind, key, longest, position = resolved
+        if position >= max_positions or longest > max_length or (
+                len(values) + len(gauge_series) >= bounds.series):
+            _check_limits(bounds, resolved, values, gauge_series)
+        if name in v0_markers:
+            is_v0 = True
+        if kind is _GAUGE:
+            if math.isfinite(value):
+                gauge_series.setdefault((name, key), value)
+            continue
+        target = created if kind is _CREATED or kind is _FIRST_CREATED else values
+        if key in target:
+            duplicates += 1
+            continue
+        # Not a gauge, so `_resolve_head` made the key a SeriesKey.
+        target[key] = value  # type: ignore[index]
+    gauges = _gauge_means(gauge_series, spec.gauge_gate)
+    return Snapshot(values, created, gauges, "vllm-v0" if is_v0 else dialect, duplicates)
 
 
 def _split_bare(line: bytes) -> tuple[bytes, bytes]:
