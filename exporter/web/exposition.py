@@ -17,17 +17,20 @@ from prometheus_client.process_collector import ProcessCollector
 from exporter import __version__
 from exporter.core.counting import LiveTrack
 from exporter.core.derive import span_figures
+from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot
+from exporter.core.stopped import LastWindow
+from exporter.server.stateview import StateView
+from exporter.server.targets import TargetState
 from exporter.web.families import (
     ACCEPTED,
     BUILD,
     DISCOVERY_UP,
-    DRAFTS,
     DRAFT_TOKENS,
+    DRAFTS,
     DURATION,
     ENGINE_ACCEPTED,
     ENGINE_TOKENS,
     ERRORS,
-    Family,
     INTERVAL,
     LAST_INFO,
     LAST_LENGTH,
@@ -48,6 +51,7 @@ from exporter.web.families import (
     TARGET_FAMILIES,
     UP,
     WINDOWS_OPEN,
+    Family,
     escape,
     label_text,
     line,
@@ -57,10 +61,6 @@ from exporter.web.families import (
     template,
 )
 from exporter.web.formats import to_openmetrics
-from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot
-from exporter.core.stopped import LastWindow
-from exporter.server.targets import TargetState
-from exporter.server.stateview import StateView
 
 _Point = tuple[float, Counts]
 
@@ -78,11 +78,8 @@ class _ModelPrefixes:
 
 
 class _Labels:
-    """A target's sample prefixes (`name{labels} `), kept while its config object lives.
-
-    A scrape brings new numbers, never new labels (except a new model name or position, added
-    here once): a block of lines is then a few concatenations and one `%` format a run.
-    """
+    """A target's sample prefixes (`name{labels} `), kept while its config object lives: a
+    scrape brings new numbers, rarely new labels (a model name or position, added here once)."""
 
     __slots__ = ("config", "text", "fixed", "up", "present", "errors", "models",
                  "live_positions")
@@ -298,9 +295,8 @@ class MetricsWriter:
         return fresh
 
     def prepare(self, chunk: int) -> Iterator[int]:
-        """Build the lines of the targets scraped (or whose live span moved) since they were
-        last built, yielding after every `chunk` built: run on the event loop, a caller lets
-        other work in at each yield, and the render that follows finds them built."""
+        """Build the lines of the targets scraped (or whose live span moved) since last built,
+        yielding after every `chunk` built so that a caller on the event loop lets others in."""
         view = self.view()
         live = view.live
         built = 0
@@ -320,8 +316,7 @@ class MetricsWriter:
             yield built
 
     def render(self, openmetrics: bool = False) -> bytes:
-        """The whole exposition, in text format 0.0.4 or OpenMetrics 1.0 (formats.py): the same
-        samples, counter families named without `_total`, `# EOF` at the end."""
+        """The whole exposition, in text format 0.0.4 or OpenMetrics 1.0 (formats.py)."""
         view = self.view()
         now = view.now
         header = functools.partial(Family.header, openmetrics=openmetrics)

@@ -49,10 +49,7 @@ def _media_ranges(accept: str) -> list[tuple[str, dict[str, str], float]]:
 
 def negotiate(accept: str | None, asked: str | None = None) -> tuple[Format, str]:
     """(format, Content-Type) for an `Accept` header: OpenMetrics only when preferred to text.
-
-    `asked` (the `format` query parameter) wins: a scrape config's `params` can pick the
-    format where the scraper's `Accept` cannot be changed. `ValueError` for an unknown one.
-    """
+    `asked` (the `format` query parameter, for scrapers whose `Accept` is fixed) wins."""
     if asked is not None:
         try:
             kind = Format(asked)

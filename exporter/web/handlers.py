@@ -278,12 +278,12 @@ async def stop_window(request: web.Request) -> web.Response:
     text = service.take_answer_text(window.id)
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
-        text = with_key(text, "results_dir", _results_dir(service, window))
+        text = with_key(text, "results_dir", results_dir(service, window))
         blocks = stop_blocks(request.app, window.id, text)
         for key, value in blocks.items():
             text = with_key(text, key, value)
         if blocks:  # the files say what the answer says
-            await asyncio.to_thread(add_to_window_file, Path(_results_dir(service, window)),
+            await asyncio.to_thread(add_to_window_file, Path(results_dir(service, window)),
                                     blocks)
         return _json_text(text)
     state = _state_with_files(service, window)
@@ -317,7 +317,7 @@ class SentResponse(web.Response):
             give_back_free_memory()
 
 
-def _results_dir(service: ExporterService, window: Window) -> str:
+def results_dir(service: ExporterService, window: Window) -> str:
     return str(Path(service.config.output_dir).resolve() / window.id)
 
 
@@ -326,7 +326,7 @@ def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any
     state: dict[str, Any] = window.state()
     if window.is_open:
         return state
-    return state | {"results_dir": _results_dir(service, window)}
+    return state | {"results_dir": results_dir(service, window)}
 
 
 MAX_LIST = 1000

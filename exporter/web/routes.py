@@ -1,8 +1,5 @@
-"""The one route table: every route of the HTTP API, and how each answers in a fleet of shards.
-
-A route either covers every shard (`Scope.FLEET`: fanned out to the peers and merged, fanout.py)
-or answers for this shard alone (`Scope.SHARD`); in a fleet, such an answer says so in the
-`X-Specdec-Scope` header. A route that fans out has no other path: nothing else matches paths.
+"""The one route table: every route of the HTTP API, and whether it covers every shard of a
+fleet (`Scope.FLEET`, fanout.py) or this shard alone (`Scope.SHARD`, said in `X-Specdec-Scope`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The compare page (`GET /compare?a=ID&b=ID`) and the landing page's window picker.
-
-Plain server-rendered HTML with inline SVG: per target and overall, A and B with their 95%
-intervals drawn on one scale, B - A and the verdict; then both windows' advice side by side.
+"""The compare page (`GET /compare?a=ID&b=ID`): per target and overall, A and B with their 95%
+intervals, B - A and the verdict, both windows' advice; and the landing page's window picker.
 """
 
 from __future__ import annotations
@@ -10,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
+from exporter.analysis.compare import compare_answers
+from exporter.analysis.stats import ASSUMPTION
 from exporter.web.pages.advice import STYLE as ADVICE_STYLE
 from exporter.web.pages.advice import advice_sections
-from exporter.analysis.compare import compare_answers
 from exporter.web.pages.html import page, utc
-from exporter.analysis.stats import ASSUMPTION
 
 _STYLE = """
 .side{display:flex;gap:2em;flex-wrap:wrap}.side>div{flex:1;min-width:min(320px,100%)}

@@ -1,8 +1,5 @@
-"""What every HTML page shares: the frame, number formats, and the inline SVG charts.
-
-Plain server-rendered HTML with inline SVG and no external assets, readable from 400 px up:
-tables scroll inside their own box, charts scale to the width they get.
-"""
+"""What every HTML page shares: the frame, number formats, and the inline SVG charts (no
+external assets; tables scroll inside their own box, charts scale to the width they get)."""
 
 from __future__ import annotations
 

@@ -6,11 +6,11 @@ from html import escape
 from typing import Any
 
 from exporter import __version__
-from exporter.web.pages.compare import compare_form
-from exporter.web.pages.html import LENGTH, RATE, fmt, line_chart, page, position_bars, table, utc
 from exporter.core.results import window_series
 from exporter.server.stateview import StateView
 from exporter.web.jsonviews import target_view
+from exporter.web.pages.compare import compare_form
+from exporter.web.pages.html import LENGTH, RATE, fmt, line_chart, page, position_bars, table, utc
 from exporter.web.pages.window import acceptance_lines
 
 

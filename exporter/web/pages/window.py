@@ -8,11 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
-from exporter.web.pages.advice import STYLE as ADVICE_STYLE
-from exporter.web.pages.advice import window_advice_html
 from exporter.core.console import format_window
 from exporter.core.isotime import iso_utc
-from exporter.web.pages.requests import per_request_section
+from exporter.web.pages.advice import STYLE as ADVICE_STYLE
+from exporter.web.pages.advice import window_advice_html
 from exporter.web.pages.html import (
     LENGTH,
     RATE,
@@ -22,6 +21,7 @@ from exporter.web.pages.html import (
     position_bars,
     table,
 )
+from exporter.web.pages.requests import per_request_section
 
 Section = Callable[[Mapping[str, Any], Mapping[str, Any]], str]
 Point = tuple[float, float]
