@@ -1,11 +1,9 @@
-"""Targets from Prometheus-style `file_sd` files and `http_sd` URLs, re-read as they change.
+"""Targets from `file_sd` files, `http_sd` URLs and `prometheus_sd`, re-read as they change.
 
-Both speak Prometheus's format: a list of `{"targets": ["host:port", ...], "labels": {...}}`.
-Meta labels pick what a static target would set by key: `__scheme__`, `__metrics_path__`,
-`__specdec_name__`, `__specdec_dialect__`; every other label starting `__` is dropped.
-A source that breaks keeps its last good list, and the error is kept for the API and logs.
-Whatever a source sends is read whole up to its cap and parsed in a thread within the limits
-of `config.documents`: its failure is that source's error, never the scrape loop's.
+file_sd and http_sd speak Prometheus's `[{"targets": ["host:port"], "labels": {...}}]`; the meta
+labels `__scheme__`, `__metrics_path__`, `__specdec_name__`, `__specdec_dialect__` set a static
+target's keys, other `__` labels are dropped. A source that breaks (whatever it sends, read up
+to its cap and parsed in a thread within `config.documents`' limits) keeps its last good list.
 """
 
 from __future__ import annotations
@@ -48,9 +46,7 @@ class DiscoveryError(ExporterError):
     """A discovery source whose content cannot be used; the message says where and why."""
 
 
-def targets_from_document(
-    data: Any, source: str, refused: list[str] | None = None
-) -> list[TargetConfig]:
+def targets_from_document(data: Any, source: str, refused: list[str]) -> list[TargetConfig]:
     """A parsed `[{targets, labels}]` document -> targets, or `DiscoveryError` naming the entry.
 
     A group whose text is not Unicode (a lone surrogate) is left out and its reason added to
@@ -64,8 +60,7 @@ def targets_from_document(
         try:
             group = clean_tree(group, str(index))
         except TextError as exc:
-            if refused is not None:
-                refused.append(f"{source}: {exc}")
+            refused.append(f"{source}: {exc}")
             log.error("discovery entry refused source=%s error=%s", source, exc)
             continue
         if not isinstance(group, dict) or not isinstance(group.get("targets"), list):
@@ -93,7 +88,7 @@ def targets_from_document(
     return found
 
 
-def read_sd_file(path: Path, refused: list[str] | None = None) -> list[TargetConfig]:
+def read_sd_file(path: Path, refused: list[str]) -> list[TargetConfig]:
     """One file_sd file: JSON, or YAML by its `.yml`/`.yaml` name."""
     try:
         text = read_text(path, MAX_SD_BYTES)

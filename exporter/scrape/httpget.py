@@ -226,14 +226,11 @@ class Pool:
         if now - self._swept < self.idle_timeout / 2:
             return
         self._swept = now
-        for key in list(self._idle):
-            kept = []
-            for connection in self._idle[key]:
-                if now - connection.idle_since > self.idle_timeout:
-                    connection.close()
-                else:
-                    kept.append(connection)
-            if kept:
+        for key, connections in list(self._idle.items()):
+            expired = [c for c in connections if now - c.idle_since > self.idle_timeout]
+            for connection in expired:
+                connection.close()
+            if kept := [c for c in connections if c not in expired]:
                 self._idle[key] = kept
             else:
                 del self._idle[key]

@@ -34,7 +34,7 @@ class TestTargetsFromDocument:
             {"targets": ["10.0.0.3:9000"], "labels": {
                 "__scheme__": "https", "__metrics_path__": "/prometheus/metrics",
                 "__specdec_name__": "trt", "__specdec_dialect__": "trtllm", "__ignored": "x"}},
-        ], "sd.json")
+        ], "sd.json", [])
         assert [t.name for t in targets] == ["10.0.0.1:8000", "10.0.0.2:8000", "trt"]
         assert targets[0].labels == {"cluster": "a"}
         assert targets[2].url == "https://10.0.0.3:9000/prometheus/metrics"
@@ -53,7 +53,7 @@ class TestTargetsFromDocument:
     )
     def test_bad_documents_name_the_entry(self, data, message):
         with pytest.raises(DiscoveryError) as info:
-            targets_from_document(data, "sd.json")
+            targets_from_document(data, "sd.json", [])
         assert str(info.value) == message
 
 
