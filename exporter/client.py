@@ -201,16 +201,12 @@ class FleetClient:
         if len(self.clients) == 1:
             return self.clients[0].stop(window_id)
         answers, errors = self._each(lambda c: c.stop(window_id).body)
-        merged = merge_answers(answers)
-        return WindowAnswer(merged | ({"errors": errors} if errors else {}))
+        return WindowAnswer(merge_answers(answers) | ({"errors": errors} if errors else {}))
 
 
 def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One answer from several exporters' (shards') answers for the same window.
-
-    The aggregate is recomputed from every shard's per-target counts with the exporter's own
-    `results.aggregate`, never from the shards' aggregates (ratios do not add).
-    """
+    """One answer from several shards' answers for the same window: the aggregate recomputed
+    from every per-target count, never from the shards' aggregates (ratios do not add)."""
     results: dict[str, Any] = {}
     for answer in answers:
         results.update(answer.get("results", {}))
@@ -218,9 +214,7 @@ def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "targets": [t for a in answers for t in a.get("targets", [])],
         "stopped_at": max(a.get("stopped_at") or 0 for a in answers),
         "results": results,
-        "aggregate": aggregate(
-            (name, Result.from_json(result)) for name, result in results.items()
-        ).to_json(),
+        "aggregate": aggregate((n, Result.from_json(r)) for n, r in results.items()).to_json(),
     }
     # Each shard's advice covers only its own targets: advise again over the merged whole.
     return merged | {"advice": window_advice(merged)}
