@@ -108,24 +108,16 @@ class _Labels:
                 f'{self.text},model_name="{escape(model)}"')
         return found
 
-    def positions(self, model: str, positions: tuple[int, ...]) -> str:
-        """The `template` of the per-position counter lines of `model` at `positions`."""
-        by_positions = self.model(model).positions
-        found = by_positions.get(positions)
+    def positions(self, model: str | None, positions: tuple[int, ...]) -> str:
+        """The `template` of the per-position lines at `positions`: `model`'s counters, or the
+        live ratios (None)."""
+        cache = self.live_positions if model is None else self.model(model).positions
+        found = cache.get(positions)
         if found is None:
-            found = by_positions[positions] = template([
-                f'{PER_POS.name}{{{self.text},model_name="{escape(model)}",position="{pos}"}} '
-                for pos in positions
-            ])
-        return found
-
-    def live_positions_template(self, positions: tuple[int, ...]) -> str:
-        """The `template` of the live per-position ratio lines at `positions`."""
-        found = self.live_positions.get(positions)
-        if found is None:
-            found = self.live_positions[positions] = template([
-                f'{POS_RATIO.name}{{{self.text},position="{pos}"}} ' for pos in positions
-            ])
+            head = (f"{POS_RATIO.name}{{{self.text}" if model is None
+                    else f'{PER_POS.name}{{{self.text},model_name="{escape(model)}"')
+            found = cache[positions] = template([f'{head},position="{pos}"}} '
+                                                 for pos in positions])
         return found
 
 
@@ -258,7 +250,7 @@ class _TargetLines:
             self.live = (
                 f"{fixed[RATIO]}{number(ratio)}\n" if ratio is not None else "",
                 f"{fixed[LENGTH]}{number(length)}\n" if length is not None else "",
-                run_template(self.labels.live_positions_template(tuple(ratios)),
+                run_template(self.labels.positions(None, tuple(ratios)),
                      tuple(ratios.values())),
             )
         return self.live
