@@ -191,7 +191,7 @@ async def measure(
     targets = distinct_names(targets)
     by_name = {t.name: t for t in targets}
     # The same window protocol as `serve`, over a book that keeps its state in memory only.
-    book = WindowBook(StateStore.in_memory(), time.time, lambda window_id: work_dir)
+    book = WindowBook(StateStore(Path(":memory:")), time.time, lambda window_id: work_dir)
     async with make_session(len(targets) + 1) as session:
         scraper = Scraper(session, max_bytes=64 * 1024 * 1024, concurrency=32)
 

@@ -204,11 +204,6 @@ class WindowBook:
         self.store.save([doc for w in self._stopped.values()
                          if (doc := doc_from_files(self.results_dir(w.id), w)) is not None])
 
-    def save_windows(self, windows: Iterable[Window]) -> None:
-        """Save these acknowledged windows' own rows (their targets or errors changed)."""
-        windows = [w for w in windows if w.id in self._windows]
-        self.store.save([w.to_dict(accumulators=False) for w in windows])
-
     def remove_targets(self, present: set[str], why: str) -> None:
         """Targets no longer present leave every open window, which says when and why."""
         now = self.clock()
@@ -219,7 +214,7 @@ class WindowBook:
                     window.removed[name] = f"target {why} at {iso_utc(now)}"
                     changed.append(window)
         if changed:
-            self.save_windows(changed)
+            self.store.save([w.to_dict(accumulators=False) for w in changed])
             self.version += 1
 
     def move_store(self, path: Path) -> None:

@@ -37,16 +37,13 @@ _MAX_FD = 1 << 20  # os.closerange closes them in one call where Linux has close
 ENV = "SPECDEC_STOP_IN_CHILD"
 
 
-def _find_prctl() -> Callable[..., int] | None:
-    """Linux's prctl, looked up now: in the child, dlsym would take the loader's lock, which
-    a thread of the parent may hold at the fork."""
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _find_prctl()
+# Linux's prctl, looked up now: in the child, dlsym would take the loader's lock, which a
+# thread of the parent may hold at the fork.
+_PRCTL: Callable[..., int] | None
+try:
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
 _PR_SET_PDEATHSIG = 1
 
 
@@ -93,7 +90,7 @@ class Child:
 
     `work` must take no lock another thread may hold at the fork. Without a child `send`
     drops its messages and `result` is None (as when the child dies): the caller then works
-    `in_thread`. Leaving `async with` ends a child still there.
+    `in_thread`. `close` ends a child still there.
     """
 
     def __init__(self, work: Callable[[Iterator[Any]], bytes]):
@@ -105,13 +102,6 @@ class Child:
         self._pending = bytearray()  # sent, not yet taken by the pipe
         self._drained: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
-
-    async def __aenter__(self) -> Child:
-        self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     def start(self) -> None:
         if forking() and self._pid is None:
@@ -148,7 +138,7 @@ class Child:
             os.close(inbox_w)
             answer_r.close()
             work = self._work
-            _child(lambda: work(_messages(inbox_r)), answer_w.detach(), inbox_r)
+            _child(lambda: work(_messages(inbox_r)), answer_w, inbox_r)
         os.close(inbox_r)
         answer_w.close()
         os.set_blocking(inbox_w, False)
@@ -280,7 +270,7 @@ def leave_to_exit(*objects: Any) -> None:
         _LEFT_TO_EXIT.append(objects)
 
 
-def _child(work: Callable[[], bytes], fd: int, inbox: int
+def _child(work: Callable[[], bytes], channel: socket.socket, inbox: int
            ) -> None:  # pragma: no cover  (runs in the child)
     global _in_child
     _in_child = True
@@ -293,7 +283,7 @@ def _child(work: Callable[[], bytes], fd: int, inbox: int
             signal.signal(number, signal.SIG_DFL)
         # No socket, database or file of the parent held open: a server restarted while the
         # child still works must find its port free, and no write reaches the parent's files.
-        kept = sorted({fd, inbox})
+        kept = sorted({channel.fileno(), inbox})
         for low, high in zip([2, *kept], [*kept, _MAX_FD], strict=True):
             os.closerange(low + 1, high)
         # No record reaches a handler: its lock, or its stream's, may be a thread's.
@@ -302,29 +292,22 @@ def _child(work: Callable[[], bytes], fd: int, inbox: int
         # lives for a second and frees everything by exiting.
         gc.disable()
         try:
-            _send_frame(fd, _OK + work())
+            _send_frame(channel, _OK + work())
         except Exception as exc:  # no traceback printed: stderr's lock may be another thread's
-            _send_frame(fd, _RAISED + f"{type(exc).__name__}\n{exc}".encode(errors="replace"))
+            _send_frame(channel, _RAISED + f"{type(exc).__name__}\n{exc}".encode(errors="replace"))
         # Closed now: exit frees the memory first, which the parent would wait for.
-        os.close(fd)
+        channel.close()
     except BaseException:
         code = 1
     finally:
         os._exit(code)
 
 
-def _send_frame(fd: int, payload: bytes) -> None:  # pragma: no cover  (runs in the child)
+def _send_frame(channel: socket.socket, payload: bytes
+                ) -> None:  # pragma: no cover  (runs in the child)
     """One frame (`_read_frame`): its size, then the payload as it is (no copy of megabytes)."""
-    views = [memoryview(len(payload).to_bytes(_SIZE, "big")), memoryview(payload)]
-    while views:
-        sent = os.writev(fd, views)
-        while sent and views:  # what was sent leaves the list; a part sent in half keeps its rest
-            size = views[0].nbytes
-            if sent < size:
-                views[0], sent = views[0][sent:], 0
-            else:
-                sent -= size
-                views.pop(0)
+    channel.sendall(len(payload).to_bytes(_SIZE, "big"))
+    channel.sendall(payload)
 
 
 def _read_frame(channel: socket.socket) -> bytes | None:

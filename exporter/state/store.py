@@ -99,11 +99,6 @@ class StateStore:
         self._identity = self._files()
         return db
 
-    @classmethod
-    def in_memory(cls) -> StateStore:
-        """A store that lives as long as the process (`measure` has nothing to restore)."""
-        return cls(Path(":memory:"))
-
     def _check_wal(self) -> None:
         # SQLite replays a write-ahead log up to its first bad frame and drops the rest without
         # a word: committed windows would vanish silently. Say so, and keep a copy.

@@ -1,6 +1,6 @@
-"""exporter/server/book.py through the HTTP API on real fake servers: windows started and stopped with
-exact numbers in every RESULT, their files, the API's answers to bad or racing requests, DELETE,
-retention of stopped windows, and what memory keeps of a stopped window."""
+"""exporter/server/book.py through the HTTP API on real fake servers: windows started and
+stopped with exact numbers in every RESULT, their files, the API's answers to bad or racing
+requests, DELETE, retention of stopped windows, and what memory keeps of a stopped window."""
 
 from __future__ import annotations
 

@@ -27,9 +27,20 @@ from exporter.server.isolate import Child, ChildError, in_thread, leave_to_exit
 PARENT = os.getpid()
 
 
+@contextlib.asynccontextmanager
+async def forked(work):
+    """`Child(work)` started, and closed on the way out, as the book uses one."""
+    child = Child(work)
+    child.start()
+    try:
+        yield child
+    finally:
+        await child.close()
+
+
 async def run_isolated(work, *, timeout: float = 300.0) -> bytes:
     """`work()` as the book runs a stop's: in a child, else in a thread of this process."""
-    async with Child(lambda _inbox: work()) as child:
+    async with forked(lambda _inbox: work()) as child:
         data = await child.result(timeout=timeout)
     return data if data is not None else await in_thread(work)
 
@@ -260,14 +271,14 @@ class TestFedChild:
 
     async def test_every_message_arrives_in_order(self):
         numbers = list(range(3000))  # 3 MB: far more than a pipe holds, sent without waiting
-        async with Child(summed) as child:
+        async with forked(summed) as child:
             for number in numbers:
                 child.send((number, b"x" * 1000))
             pid, rest = (await child.result() or b"").decode().split(" ", 1)
         assert int(pid) != PARENT and rest == expected(numbers)
 
     async def test_messages_sent_while_the_loop_runs_on(self):
-        async with Child(summed) as child:
+        async with forked(summed) as child:
             for number in range(50):
                 child.send((number, b"y" * 1000))
                 await asyncio.sleep(0)
@@ -279,7 +290,7 @@ class TestFedChild:
             os.kill(os.getpid(), signal.SIGKILL)
             return b""
 
-        async with Child(dies) as child:
+        async with forked(dies) as child:
             for number in range(2000):
                 child.send((number, b"z" * 1000))
                 if number % 100 == 0:
@@ -294,7 +305,7 @@ class TestFedChild:
             return b""
 
         before = len(os.listdir("/proc/self/fd"))
-        async with Child(never_reads) as child:
+        async with forked(never_reads) as child:
             for number in range(3000):  # 3 MB: more than the pipe holds
                 child.send((number, b"w" * 1000))
             await asyncio.sleep(0)  # the first write fills the pipe
@@ -304,14 +315,14 @@ class TestFedChild:
 
     async def test_no_child_drops_the_messages_and_gives_no_answer(self, monkeypatch):
         monkeypatch.setenv(isolate.ENV, "0")
-        async with Child(summed) as child:
+        async with forked(summed) as child:
             child.send((1, b"x" * 1000))
             assert await child.result() is None
 
     async def test_leaving_without_the_result_ends_the_child(self):
         before = len(os.listdir("/proc/self/fd"))
         with pytest.raises(RuntimeError, match="the stop failed"):
-            async with Child(summed) as child:
+            async with forked(summed) as child:
                 child.send((1, b"x" * 1000))
                 raise RuntimeError("the stop failed")
         assert len(os.listdir("/proc/self/fd")) == before
@@ -325,7 +336,7 @@ class TestFrame:
     async def test_any_size_comes_back_whole(self, size):
         data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
         before = set(children_of(PARENT))
-        async with Child(lambda _inbox: data) as child:
+        async with forked(lambda _inbox: data) as child:
             (pid,) = set(children_of(PARENT)) - before
             assert await child.result() == data
         assert await zombies_once_reaped(pid) == []
@@ -365,7 +376,7 @@ class TestForkSafety:
         window, finals, stop = open_window(20)
         with held_logging(), busy_sqlite(tmp_path / "busy.db"):
             codec = ResultCodec()
-            async with Child(stop_work(window, tmp_path / "w")) as child:
+            async with forked(stop_work(window, tmp_path / "w")) as child:
                 for result in finals:
                     child.send((FINAL, codec.pack(result)))
                     await asyncio.sleep(0)
