@@ -68,11 +68,8 @@ def opener_for(url: str) -> urllib.request.OpenerDirector:
 
 
 def split_userinfo(url: str) -> tuple[str, str | None]:
-    """(the URL without `user:password@`, its Basic authorization value or None).
-
-    urllib does not take credentials from a URL (it reads `user:pass@host` as the host name),
-    and an exporter behind a reverse proxy with basic auth is reached as `http://u:p@host`.
-    """
+    """(the URL without `user:password@`, its Basic authorization value or None): urllib reads
+    `user:pass@host` as the host name, and a reverse proxy with basic auth needs them."""
     parts = urlsplit(url)
     if "@" not in parts.netloc:
         return url, None
@@ -157,8 +154,6 @@ class ExporterClient:
 class FleetClient:
     """Windows across several exporters (shards of one fleet): one id, merged results.
 
-    Each shard scrapes its own share of the targets; a window is opened on every shard with the
-    same id, and the stop answers are merged into one, aggregate recomputed from the counts.
     Shards configured with `peers` do this themselves (exporter/web/fanout.py): one URL is enough.
     """
 

@@ -47,11 +47,8 @@ class DiscoveryError(ExporterError):
 
 
 def targets_from_document(data: Any, source: str, refused: list[str]) -> list[TargetConfig]:
-    """A parsed `[{targets, labels}]` document -> targets, or `DiscoveryError` naming the entry.
-
-    A group whose text is not Unicode (a lone surrogate) is left out and its reason added to
-    `refused`: the other groups' targets stay.
-    """
+    """A parsed `[{targets, labels}]` document -> targets, or `DiscoveryError` naming the entry;
+    a group whose text is not Unicode (a lone surrogate) is left out, its reason in `refused`."""
     if not isinstance(data, list):
         raise DiscoveryError(f"{source}: must be a list of {{targets, labels}} groups")
     found: list[TargetConfig] = []
@@ -114,11 +111,8 @@ def _matches(labels: dict[str, str], matchers: list[tuple[str, str, str]]) -> bo
 
 
 def targets_from_prometheus(data: Any, source: str, sd: PrometheusSDConfig) -> list[TargetConfig]:
-    """A `/api/v1/targets` answer -> the active targets of `sd.job` matching `sd.matchers`.
-
-    Each keeps its scrape URL and its labels after Prometheus's relabelling (`job`, `instance`
-    and `__` labels aside); a target whose labels we cannot carry is skipped, not the list.
-    """
+    """A `/api/v1/targets` answer -> the active targets of `sd.job` matching `sd.matchers`,
+    each with its scrape URL and its relabelled labels (`job`, `instance` and `__` ones aside)."""
     if not isinstance(data, dict) or data.get("status") != "success":
         raise DiscoveryError(f"{source}: not a successful Prometheus API answer")
     body = data.get("data")

@@ -211,10 +211,8 @@ _IDLE_PER_HOST = 2
 
 class Pool:
     """Idle connections by (host, port): a scrape takes one, or opens one, and puts it back.
-
-    A connection idle longer than `idle_timeout` is closed at the next request to any host
-    (a host reached once, by a redirect, is never asked again to close its socket).
-    """
+    One idle past `idle_timeout` is closed at the next request to any host (a host reached once,
+    by a redirect, is never asked again)."""
 
     def __init__(self) -> None:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
@@ -236,11 +234,8 @@ class Pool:
                 del self._idle[key]
 
     async def get(self, host: str, port: int, request: bytes, cap: int) -> Answer:
-        """One GET over a kept-alive connection if there is one, else over a new one.
-
-        A kept-alive connection the server closed while idle (uvicorn drops them after 5 s)
-        fails before a status line: that is retried once on a new connection, as aiohttp does.
-        """
+        """One GET over a kept-alive connection if there is one, else over a new one; one the
+        server closed while idle fails before a status line and is retried on a new one."""
         self._expire()
         key = (host, port)
         idle = self._idle.get(key)

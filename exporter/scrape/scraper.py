@@ -58,12 +58,9 @@ class _Plan:
 
 
 class Scraper:
-    """Scrapes targets, at most `concurrency` at a time.
-
-    Plain-HTTP targets without a proxy go through the lean client (`httpget.Pool`, one
-    kept-alive connection per target); TLS and proxied targets through the aiohttp `session`.
-    `lean=False` sends everything through aiohttp (the tests run every case both ways).
-    """
+    """Scrapes targets, at most `concurrency` at a time: plain HTTP without a proxy through the
+    lean client (`httpget.Pool`), TLS and proxies through the aiohttp `session` (all of them
+    with `lean=False`, which the tests use to run every case both ways)."""
 
     def __init__(self, session: aiohttp.ClientSession, *, max_bytes: int, concurrency: int,
                  lean: bool = True):
