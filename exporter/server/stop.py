@@ -30,9 +30,8 @@ from exporter.server.isolate import leave_to_exit, spare_cores
 from exporter.state.answertext import AnswerTexts, compact, indented, stopped_row
 from exporter.state.resultfiles import ResultFolder
 
-# Message kinds (`Child.send`): a target's stop scrape, a scrape of the window taken while the
-# stop is under way (before that target's stop scrape), and the stop's end (its time, and the
-# window's removed targets).
+# Message kinds (`Child.send`): a target's stop scrape, a scrape the window took meanwhile, and
+# the stop's end (its time, and the window's removed targets).
 FINAL, FEED, END = "final", "feed", "end"
 
 

@@ -192,8 +192,7 @@ class Targets:
             return False
         _log_state_change(name, state, result)
         if result.snapshot is not None:  # `ok`, spelled out so the type checker narrows
-            # Our counters never show a NaN or negative value; windows and the live track see
-            # the page as it was, and treat such a scrape as an anomaly (accounting).
+            # Windows and the live track see the page as it was (a NaN is their anomaly).
             self.states[name] = state.scraped(result)
             self.live[name].feed(result.snapshot, result.at)
         else:

@@ -21,8 +21,7 @@ log = logging.getLogger(__name__)
 
 # The stopped windows a restart looks at (`write_lost_results`), as many as memory lists.
 RECENT_WINDOWS = 50
-# Stops whose result files a restart checks: within this many seconds of the newest one (the
-# kernel writes files out within ~30 s of their writing).
+# Stops whose result files a restart checks: within this many seconds of the newest one.
 LOST_FILES_SPAN = 300.0
 
 

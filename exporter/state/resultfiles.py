@@ -3,6 +3,7 @@ into a hidden folder that then takes its place whole, and its `window.json`."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -40,10 +41,8 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 

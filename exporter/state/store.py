@@ -43,6 +43,7 @@ _TABLES = {
     "accumulators": {"window_id", "target", "doc"},
     "accumulator_rounds": {"window_id", "target", "doc"},
 }
+_ACC_TABLES = ("accumulators", "accumulator_rounds")  # per-target rows, which go with their window
 
 
 # The page cache, KiB: what every round reads and writes fits; a stopped window's big answer
@@ -382,10 +383,6 @@ class StateStore:
         self._db.close()
 
 
-# The tables of per-target rows, which go with their window.
-_ACC_TABLES = ("accumulators", "accumulator_rounds")
-
-
 _REQUIRED = ("id", "name", "targets", "labels", "started_at", "stopped_at", "accumulators")
 # What a list of stopped windows reads of each (key -> JSON path in its document).
 _LIST_FIELDS = {
@@ -393,7 +390,6 @@ _LIST_FIELDS = {
     "started_at": "started_at", "stopped_at": "stopped_at",
     "aggregate_status": "answer.aggregate.status", "aggregate_data": "answer.aggregate.data",
 }
-# Of the aggregate RESULT, only its status and data: its list of every target stays in SQLite.
 # A document SQLite's JSON functions can read (text: a BLOB or a number is not a window's).
 _JSON_TEXT = "typeof(doc) = 'text' AND json_valid(doc)"
 
