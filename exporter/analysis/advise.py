@@ -89,7 +89,7 @@ def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict[s
 
     k' = 0 (no speculation, S = 1) is a candidate too: with a costly drafter it can win.
     """
-    k = dist.k
+    k = len(dist.rates)
     if k == 0:
         return {"k": 0, "error": "no per-position rates: the advisor needs them"}
     rates, ratio = extended_rates(dist.rates, 2 * k)
@@ -150,8 +150,10 @@ def _cost_table(
     )
 
 
-def result_rates(result: Mapping[str, Any] | None) -> list[float] | None:
-    """Per-position rates of one RESULT (ours or AISBench's); None when it has none."""
+def result_advice(
+    result: Mapping[str, Any] | None, costs: Sequence[float] = DEFAULT_COSTS
+) -> dict[str, Any] | None:
+    """The advisor table of one RESULT (ours or AISBench's); None without per-position rates."""
     if not result or result.get("status") != "ok":
         return None
     increase = result.get("increase")
@@ -163,15 +165,7 @@ def result_rates(result: Mapping[str, Any] | None) -> list[float] | None:
     else:
         rates = rates_from_mapping((result.get("data") or {}).get("per_position_acceptance_rates")
                                    or {})
-    return rates or None
-
-
-def result_advice(
-    result: Mapping[str, Any] | None, costs: Sequence[float] = DEFAULT_COSTS
-) -> dict[str, Any] | None:
-    """The advisor table of one RESULT; None when it has no per-position rates."""
-    rates = result_rates(result)
-    return None if rates is None else advice(distribution(rates), costs)
+    return advice(distribution(rates), costs) if rates else None
 
 
 def window_advice(

@@ -234,11 +234,6 @@ class Gate:
             return None
         return self.drop(row["a"]["value"], row["a"]["value"] + high)
 
-    def trips(self, row: Mapping[str, Any]) -> bool:
-        """Whether this comparison row breaks the gate."""
-        least = self.least_drop(row)
-        return row["verdict"] == Verdict.WORSE and least is not None and least > self.limit
-
 
 def parse_gate(text: str) -> Gate:
     """`acceptance_length=2%` (relative) or `acceptance_rate=1.5` (absolute, metric units)."""
@@ -270,11 +265,13 @@ def apply_gates(comparison: dict[str, Any], gates: list[Gate]) -> dict[str, Any]
         for name, entry in entries:
             for row in entry["metrics"]:
                 if row["metric"] == gate.metric:
+                    least = gate.least_drop(row)
                     checks.append({
                         "gate": str(gate), "target": name,
                         "drop": gate.drop(row["a"]["value"], row["b"]["value"]),
-                        "least_drop": gate.least_drop(row),
-                        "verdict": row["verdict"], "tripped": gate.trips(row),
+                        "least_drop": least, "verdict": row["verdict"],
+                        "tripped": (row["verdict"] == Verdict.WORSE and least is not None
+                                    and least > gate.limit),
                     })
     return comparison | {"gates": checks, "tripped": any(c["tripped"] for c in checks)}
 

@@ -56,11 +56,6 @@ class Distribution:
     monotone: bool  # the measured rates were already non-increasing
 
     @property
-    def k(self) -> int:
-        """Number of positions."""
-        return len(self.rates)
-
-    @property
     def variance(self) -> float:
         """Var[X]: E[X^2] = sum_i (2i + 1) p_i for a survival function p, E[X] = sum_i p_i."""
         second: float = sum(map(mul, range(1, 2 * len(self.rates), 2), self.rates))
