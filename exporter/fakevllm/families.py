@@ -80,18 +80,15 @@ def rest_families(server: ServerModel) -> list[Metric]:
     v1 = server.dialect == "vllm"
     # (engine label, steps, accepted tokens); V0 pages have one series per model, no engine.
     if v1:
-        ranks = [
-            (str(i), e.drafts, sum(e.accepted_per_pos))
-            for i, e in enumerate(server.engine_counters)
-        ]
+        ranks = [(str(i), e.drafts, sum(e.accepted_per_pos))
+                 for i, e in enumerate(server.engine_counters)]
         labels = ["model_name", "engine"]
     else:
         totals = server.totals()
         ranks = [("", totals["num_drafts"], totals["num_accepted_tokens"])]
         labels = ["model_name"]
-    models = [server.model_name] + [
-        f"{server.model_name}-lora-{i}" for i in range(1, server.lora_adapters + 1)
-    ]
+    models = [server.model_name] + [f"{server.model_name}-lora-{i}"
+                                    for i in range(1, server.lora_adapters + 1)]
     series = []
     for variant, model in enumerate(models):
         for rank, steps, accepted in ranks:
@@ -118,9 +115,7 @@ def rest_families(server: ServerModel) -> list[Metric]:
                 continue
             family = HistogramMetricFamily(spec.name, spec.help, labels=labels)
             for label_values, traffic, rng in series:
-                add_histogram(
-                    family, labels, label_values, spec, traffic[spec.per], rng, created
-                )
+                add_histogram(family, labels, label_values, spec, traffic[spec.per], rng, created)
             families.append(family)
     families += http_families(server, series)
     return families

@@ -87,11 +87,8 @@ class ServerModel:
 
     def add(self, engine: int, drafts: int, draft_tokens: int, accepted_per_pos: list[int]) -> None:
         """Add exact increments to one engine; accepted tokens grow by sum(accepted_per_pos)."""
-        if (
-            isinstance(engine, bool)
-            or not isinstance(engine, int)
-            or not 0 <= engine < self.engines
-        ):
+        if (isinstance(engine, bool) or not isinstance(engine, int)
+                or not 0 <= engine < self.engines):
             raise ValueError(f"engine must be within 0..{self.engines - 1}, got {engine!r}")
         check_count("drafts", drafts)
         check_count("draft_tokens", draft_tokens)
@@ -114,20 +111,27 @@ class ServerModel:
         if drafts or draft_tokens:
             state.last = (drafts, draft_tokens, sum(accepted_per_pos))
 
+    def _draft(self, conditional: list[float], most: int) -> tuple[int, int]:
+        """One random draft: (proposed, accepted) with at most `most` tokens accepted."""
+        proposed = self._rng.randint(1, self.k) if self.ngram else self.k
+        accepted = 0
+        while accepted < min(proposed, most) and self._rng.random() < conditional[accepted]:
+            accepted += 1
+        return proposed, accepted
+
+    def _conditional(self) -> list[float]:
+        # Position i is tried only if i-1 was accepted, with conditional probability
+        # acceptance**(i+1): later positions fall off as with real draft models.
+        return [self.acceptance ** (i + 1) for i in range(self.k)]
+
     def simulate(self, drafts: int) -> None:
         """Run `drafts` random drafts spread over the engines, accepting a prefix of each."""
         check_count("drafts", drafts)
-        # Position i is tried only if i-1 was accepted, with conditional probability
-        # acceptance**(i+1): later positions fall off as with real draft models.
-        conditional = [self.acceptance ** (i + 1) for i in range(self.k)]
-        rng = self._rng
+        conditional = self._conditional()
         per_engine = [(0, 0, [0] * (self.k + 1)) for _ in range(self.engines)]
         for _ in range(drafts):
-            engine = rng.randrange(self.engines)
-            proposed = rng.randint(1, self.k) if self.ngram else self.k
-            accepted = 0
-            while accepted < proposed and rng.random() < conditional[accepted]:
-                accepted += 1
+            engine = self._rng.randrange(self.engines)
+            proposed, accepted = self._draft(conditional, self.k)
             n, tokens, by_length = per_engine[engine]
             by_length[accepted] += 1
             per_engine[engine] = (n + 1, tokens + proposed, by_length)
@@ -151,20 +155,15 @@ class ServerModel:
     def plan_steps(self, tokens: int) -> list[tuple[int, int]]:
         """Decode steps that emit exactly `tokens` output tokens: (proposed, accepted) each.
 
-        Each step drafts k tokens (fewer with `ngram`), the target model accepts a random
-        prefix, and the step emits 1 + accepted tokens; the last step's acceptance is cut so
-        that exactly `tokens` come out, as a request that reaches max_tokens stops.
+        The last step's acceptance is cut so that exactly `tokens` come out, as a request that
+        reaches max_tokens stops.
         """
         check_count("tokens", tokens)
-        rng = self._rng
-        conditional = [self.acceptance ** (i + 1) for i in range(self.k)]
+        conditional = self._conditional()
         steps = []
         left = tokens
         while left > 0:
-            proposed = rng.randint(1, self.k) if self.ngram else self.k
-            accepted = 0
-            while accepted < min(proposed, left - 1) and rng.random() < conditional[accepted]:
-                accepted += 1
+            proposed, accepted = self._draft(conditional, left - 1)
             steps.append((proposed, accepted))
             left -= 1 + accepted
         return steps

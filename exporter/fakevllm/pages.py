@@ -110,11 +110,6 @@ def _render_vllm(server: ServerModel) -> bytes:
     return head + spec + rest
 
 
-def _cxx(value: float) -> str:
-    """A double as a C++ stream prints it by default (6 significant digits), as llama.cpp does."""
-    return f"{value:g}"
-
-
 def _render_llamacpp(server: ServerModel) -> bytes:
     """llama.cpp's /metrics: server_task_result_metrics::to_metrics() in server-task.cpp."""
     totals = server.totals()
@@ -152,11 +147,9 @@ def _render_llamacpp(server: ServerModel) -> bytes:
     lines = []
     for kind, items in (("counter", counters), ("gauge", gauges)):
         for name, help_text, value in items:
-            lines += [
-                f"# HELP llamacpp:{name} {help_text}",
-                f"# TYPE llamacpp:{name} {kind}",
-                f"llamacpp:{name} {_cxx(float(value))}",
-            ]
+            # :g is a double as a C++ stream prints it by default (6 significant digits).
+            lines += [f"# HELP llamacpp:{name} {help_text}", f"# TYPE llamacpp:{name} {kind}",
+                      f"llamacpp:{name} {float(value):g}"]
     if server.spec_decode and drafts:
         # Sized to the draft length once a draft was verified; uint64 values print exactly.
         name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
