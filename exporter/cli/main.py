@@ -1,6 +1,5 @@
 """Sub-commands, logging setup and exit codes."""
 
-
 from __future__ import annotations
 
 import json
@@ -32,7 +31,6 @@ def _setup_logging(level: str, fmt: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(
         logging.DEBUG if level == "debug" else logging.WARNING
     )
-
 
 
 def main(argv: list[str] | None = None) -> int:

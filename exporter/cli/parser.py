@@ -27,7 +27,6 @@ def _logging_options(parser: argparse.ArgumentParser, top: bool) -> None:
                         help="plain text lines, or one JSON object per line (default plain)")
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specdec-exporter",
