@@ -146,12 +146,10 @@ class Accumulator(AccumulatorRows):
         values, created = snapshot.values, snapshot.created
         last, last_created, gone = self.last, self.created, self.gone
         last_at = self.last_at or 0.0  # when the series in `last` were read
-        # A restart zeroes every counter of an engine at once, but one whose old value was small
-        # (a late position, say) can be past it again by the next scrape. A series that shows
-        # the restart bounds it from below (it happened after that series was last seen), so
-        # every series of the engine last seen no later than that counts from zero too; a
-        # series seen since (one skipped across the restart shows it a scrape late) keeps its
-        # own evidence and is not counted twice.
+        # A restart zeroes an engine's counters at once, but a small one can be past its old
+        # value by the next scrape: a series that shows the restart bounds it from below, so
+        # every series of the engine last seen no later counts from zero too (one seen since
+        # keeps its own evidence).
         bounds: dict[Engine, float] = {}
         in_last = 0  # of this page's series, those on the last usable scrape's page
         if not gone and created == last_created:
@@ -330,8 +328,6 @@ class Accumulator(AccumulatorRows):
     def current(self) -> Counts:
         """The last counter values seen, summed (AISBench's `after`): those off the last
         usable scrape's page too, as they were last read."""
-        if not self.gone:
-            return sum_series(self.last.items())
         return sum_series([*self.last.items(), *((k, g[0]) for k, g in self.gone.items())])
 
     @property

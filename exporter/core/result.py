@@ -198,11 +198,6 @@ class Result:
         """Numbers to report."""
         return self.status is Status.OK
 
-    @property
-    def summable(self) -> bool:
-        """Exact counts an aggregate can add (an estimate's gauge means cannot be)."""
-        return self.ok and self.increase is not None and self.gauge_means is None
-
     def data(self) -> dict[str, Any] | None:
         """AISBench's `data`: full precision, rounded only where displayed."""
         if not self.ok:
@@ -338,7 +333,8 @@ _NONE = Counts()  # what a RESULT without counts adds
 def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
     """All targets with exact counts summed, then divided (never an average of ratios);
     estimates (gauge means) cannot be summed with counts: they stay out."""
-    used = [(name, r) for name, r in results if r.summable]
+    used = [(name, r) for name, r in results
+            if r.ok and r.increase is not None and r.gauge_means is None]
     total = sum_counts(r.increase or _NONE for _, r in used)
     before = sum_counts(r.before or _NONE for _, r in used)
     after = sum_counts(r.after or _NONE for _, r in used)

@@ -279,14 +279,13 @@ def window_series(window: Window) -> dict[str, Any]:
         rows = []
         previous = None
         for at, drafts, draft_tokens, accepted in points:
+            counts = Counts(drafts, draft_tokens, accepted)
             row = {"at": at, "drafts": drafts, "draft_tokens": draft_tokens, "accepted": accepted,
-                   **_ratio_pair("", Counts(drafts, draft_tokens, accepted))}
+                   **_ratio_pair("", counts)}
             if previous is not None:
-                step = Counts(drafts - previous[1], draft_tokens - previous[2],
-                              accepted - previous[3])
-                row |= _ratio_pair("interval_", step)
+                row |= _ratio_pair("interval_", counts - previous)
             rows.append(row)
-            previous = (at, drafts, draft_tokens, accepted)
+            previous = counts
         targets[name] = rows
     return {"id": window.id, "name": window.name, "started_at": window.started_at,
             "stopped_at": window.stopped_at, "targets": targets}
