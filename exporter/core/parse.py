@@ -27,8 +27,7 @@ from exporter.core.errors import ExporterError
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
 
 # Re-exported: callers that parse pages name dialects through this module too.
-__all__ = ["DIALECTS", "Dialect", "detect_dialect", "dialect_note", "parse_labels", "parse_line",
-           "parse_page"]
+__all__ = ["DIALECTS", "Dialect", "detect_dialect", "dialect_note", "parse_page"]
 
 
 # The detection probe: every dialect's prefix holds `spec_`, preceded by its namespace.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from exporter.core.anomaly import AnomalyTally
+from exporter.core.anomaly import Anomaly, AnomalyTally
 from exporter.core.counting import Accumulator
 from exporter.core.derive import acceptance_length, acceptance_ratio, has_activity
 from exporter.core.dialects import SGLANG_LENGTH, dialect_note, is_estimate
@@ -168,16 +168,16 @@ def _reset_note(window: Window, acc: Accumulator) -> str | None:
     return note
 
 
-def _what(tally: AnomalyTally) -> str | None:
-    first = tally.first
-    return None if first is None else f"{first.series} was {first.value} at {iso_utc(first.at)}"
+def _what(first: Anomaly) -> str:
+    return f"{first.series} was {first.value} at {iso_utc(first.at)}"
 
 
 def _anomaly_text(tally: AnomalyTally) -> str | None:
     """`<series> was NaN at <time> (scrape not used)`, and how many more scrapes alike."""
-    first, text = tally.first, _what(tally)
-    if first is None or text is None:
+    first = tally.first
+    if first is None:
         return None
+    text = _what(first)
     if first.others:
         text += f" ({first.others} more unusable value(s) in that scrape)"
     if tally.count > 1 and tally.last is not None:
@@ -204,9 +204,10 @@ def _uncounted(base: dict[str, Any], anomalies: list[str], notes: list[str],
 
 
 def _anomaly_inside_note(tally: AnomalyTally) -> str | None:
-    what = _what(tally)
-    if what is None:
+    first = tally.first
+    if first is None:
         return None
+    what = _what(first)
     scrapes = "1 scrape" if tally.count == 1 else f"{tally.count} scrapes"
     first_of = "" if tally.count == 1 else "first: "
     return (
