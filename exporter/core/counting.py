@@ -346,14 +346,6 @@ def _engine_of(key: SeriesKey) -> Engine:
     return key.model_name, key.engine, key.extra
 
 
-def _pack(at: float, counts: Counts, positions: tuple[int, ...]) -> Packed:
-    return at, *pack_counts(counts, positions)
-
-
-def _unpack(packed: Packed) -> Point:
-    return packed[0], unpack_counts(packed[1:])
-
-
 @dataclass
 class LiveTrack:
     """A target's cumulative increase at its scrapes, kept for `span` seconds: live gauges.
@@ -386,7 +378,7 @@ class LiveTrack:
         positions = tuple(totals.per_position)
         if points and points[-1][2] == positions:
             positions = points[-1][2]  # one tuple for the track's points while they agree
-        points.append(_pack(at, totals, positions))
+        points.append((at, *pack_counts(totals, positions)))
         self._newest = (at, totals)
         # Keep one point at or before the window's start so the span is fully covered.
         while len(points) > 2 and points[1][0] <= at - self.span:
@@ -413,5 +405,5 @@ class LiveTrack:
             return None
         made = self._start
         if made is None or made[0] is not start:
-            made = self._start = (start, _unpack(start))
+            made = self._start = (start, (start[0], unpack_counts(start[1:])))
         return made[1], self._newest

@@ -244,7 +244,7 @@ def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
         if close >= 0:  # a label value may hold spaces: the head ends at the last brace
             head, rest = page[start : close + 1], page[close + 1 : end]
         else:
-            head, rest = _split_bare(page[start:end])
+            head, _, rest = page[start:end].rstrip().replace(b"\t", b" ").partition(b" ")
         start = _next_line(page, needle, end)
         resolved = heads.get(head, _UNSEEN)
         if resolved is _UNSEEN:
@@ -277,12 +277,6 @@ def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
         target[key] = value  # type: ignore[index]
     gauges = _gauge_means(gauge_series, spec.gauge_gate)
     return Snapshot(values, created, gauges, "vllm-v0" if is_v0 else dialect, duplicates)
-
-
-def _split_bare(line: bytes) -> tuple[bytes, bytes]:
-    """A sample line without labels as its name and the rest (value and timestamp)."""
-    head, _, rest = line.rstrip().replace(b"\t", b" ").partition(b" ")
-    return head, rest
 
 
 def _remember_head(head: bytes, spec: DialectSpec) -> Head | None:

@@ -239,7 +239,7 @@ class Result:
                             ("last_scrape_at", self.last_scrape_at)):
                 body[key] = at
                 if iso_times:
-                    body[f"{key}_iso"] = _iso(at)
+                    body[f"{key}_iso"] = iso_utc(at) if at is not None else None
         body["resets"] = self.resets
         for key, note in (("dialect_note", self.dialect_note), ("reset_note", self.reset_note),
                           ("anomaly_note", self.anomaly_note)):
@@ -313,10 +313,6 @@ _AS_READ = ("url", "error", "coverage_note", "reset_note", "anomaly_note", "targ
 
 def _copy_raw(raw: Mapping[str, Any]) -> dict[str, Any]:
     return {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
-
-
-def _iso(at: float | None) -> str | None:
-    return iso_utc(at) if at is not None else None
 
 
 def _raw(counts: Counts | None) -> dict[str, Any] | None:
