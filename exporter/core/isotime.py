@@ -6,7 +6,7 @@ import math
 import re
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeGuard
 
 # Whole seconds' `2026-12-02T18:00:05`, as datetime writes them; cleared when full.
 _SECONDS: dict[int, str] = {}
@@ -53,9 +53,14 @@ def with_iso_times(value: Any) -> Any:
             continue
         if item is None:
             out[f"{key}_iso"] = None  # not yet (a window still open): the key is always there
-        elif isinstance(item, int | float) and not isinstance(item, bool) and math.isfinite(item):
+        elif is_number(item):
             out[f"{key}_iso"] = iso_utc(item)
     return out
+
+
+def is_number(value: object) -> TypeGuard[float]:
+    """A finite int or float (not a bool): a time, or a count, from JSON."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 _RELATIVE = re.compile(r"^-(\d+(?:\.\d+)?)([smhd])$")

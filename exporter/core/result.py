@@ -4,18 +4,17 @@ client merges shards' answers with the same `aggregate`."""
 
 from __future__ import annotations
 
-import math
 import re
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, TypeGuard
+from typing import Any
 
 from exporter.core.derive import has_activity, result_data
 from exporter.core.dialects import SGLANG_LENGTH, SGLANG_RATE
-from exporter.core.isotime import iso_utc
+from exporter.core.isotime import is_number, iso_utc
 from exporter.core.snapshot import Counts, integral, sum_counts
 
 NO_METRICS = "No spec decode metrics found on server"
@@ -149,11 +148,6 @@ def _read_spans(raw: object) -> tuple[dict[str, Any], ...]:
             span["target"] = entry["target"]
         spans.append(span)
     return tuple(spans)
-
-
-def is_number(value: object) -> TypeGuard[float]:
-    """A finite int or float (not a bool)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def fetch_error(url: str, reason: str, when: str) -> str:

@@ -12,7 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from exporter.core.result import Coverage, is_number
+from exporter.core.isotime import is_number
+from exporter.core.result import Coverage
 from exporter.core.results import Result, Status, aggregate
 from exporter.core.snapshot import DRAFTS_PER_POS, Field, integral
 
