@@ -153,12 +153,10 @@ def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
     A shard that gave no answer makes its targets N/A with the reason; a target two shards
     report (it moved between them during the window) keeps the answer that counted it.
     """
-    answered = [p for p in parts if p.answer is not None]
     results: dict[str, dict[str, Any]] = {}
     counted: dict[int, list[str]] = {}
-    for part in answered:
-        assert part.answer is not None
-        for name, result in part.answer.get("results", {}).items():
+    for part in parts:
+        for name, result in (part.answer or {}).get("results", {}).items():
             if name in results and results[name].get("status") == Status.OK:
                 continue
             results[name] = dict(result) | {"shard": part.index}
