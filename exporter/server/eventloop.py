@@ -1,8 +1,5 @@
 """The event loop the server runs on: uvloop when installed (the `fast` extra), else asyncio's.
-
-uvloop (libuv) runs the same asyncio code with cheaper callbacks and socket I/O; `bench/`
-measures the exporter's CPU per scrape with each. `SPECDEC_EVENT_LOOP=asyncio` opts out.
-"""
+`SPECDEC_EVENT_LOOP=asyncio` opts out."""
 
 from __future__ import annotations
 

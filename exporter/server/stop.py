@@ -82,13 +82,11 @@ class ResultCodec:
         if held is not None and held[0] == keys:  # the usual case: compared, not hashed
             return held[1]
         known = self._ids.get(keys)
-        new = known is None
-        if known is None:
-            known = self._ids[keys] = len(self._ids)
-        last[target] = (keys, known)
-        if new:
-            return [(k.field.value, k.model_name, k.engine, k.position, k.extra) for k in keys]
-        return known
+        if known is not None:
+            last[target] = (keys, known)
+            return known
+        last[target] = (keys, self._ids.setdefault(keys, len(self._ids)))
+        return [(k.field.value, k.model_name, k.engine, k.position, k.extra) for k in keys]
 
     def unpack(self, packed: _Packed) -> ScrapeResult:
         target, at, duration, error, size, page = packed

@@ -65,11 +65,6 @@ def usable_only(result: ScrapeResult) -> ScrapeResult:
     return replace(result, snapshot=replace(snapshot, values=values))
 
 
-def owns(target: TargetConfig, shards: int, index: int) -> bool:
-    """Whether this replica scrapes the target: rendezvous hashing on its name (shards.py)."""
-    return shards <= 1 or owner(target.name, shards) == index
-
-
 def _log_state_change(name: str, state: TargetState, result: ScrapeResult) -> None:
     """Say once when a target goes down (with why) or comes back, not at every failed scrape."""
     if not result.ok and (state.last is None or state.up):
@@ -112,7 +107,8 @@ class Targets:
         merged = {t.name: t for t in config.targets}
         for target in self.discovery.targets():
             merged.setdefault(target.name, target)
-        owned = [t for t in merged.values() if owns(t, config.shards, config.shard_index)]
+        owned = [t for t in merged.values()  # rendezvous hashing on the name (shards.py)
+                 if config.shards <= 1 or owner(t.name, config.shards) == config.shard_index]
         old = self.states
         self.states = {
             t.name: replace(old[t.name], config=t) if t.name in old else TargetState(t)

@@ -1,8 +1,5 @@
-"""One exporter per state directory: an exclusive lock held for the life of the process.
-
-Two exporters on one `state.sqlite` would each restore the same open windows and each write a
-different stop answer into the same folder; the second one is refused at start instead.
-"""
+"""One exporter per state directory: an exclusive lock held for the life of the process (two
+would each restore the same open windows, and write their stop answers into one folder)."""
 
 from __future__ import annotations
 
@@ -21,10 +18,7 @@ class StateDirInUse(ExporterError):
 
 def hold_state_dir(directory: Path) -> int:
     """Lock `directory` for this process; the descriptor returned keeps it (closing frees it).
-
-    The kernel drops the lock when the holder dies, even by SIGKILL, so a crash leaves
-    nothing to clean up; the file holds the holder's pid only to name it in the refusal.
-    """
+    The kernel drops the lock when the holder dies, even by SIGKILL: nothing to clean up."""
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
