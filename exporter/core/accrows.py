@@ -62,26 +62,6 @@ class AccumulatorRows:
     if not TYPE_CHECKING:
         __slots__ = ()  # the fields are the dataclass's, slotted there
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able state."""
-        return {
-            "last": [[_key_list(k), v, c] for k, v, c, _ in self._series()],
-            "increase": [[_key_list(k), v] for k, v in self.increase.items()],
-            "resets": self.resets,
-            "scrapes": self.scrapes,
-            "first_at": self.first_at,
-            "last_at": self.last_at,
-            "engines": sorted(self.engines),
-            "dialect": self.dialect,
-            "before": unpack_counts(packed).as_raw() if (packed := self.packed_before) else None,
-            "reset_spans": [list(span) for span in self.reset_spans],
-            "restart_times": list(self.restart_times),
-            "seen": [[_key_list(k), t] for k, _, _, t in self._series()],
-            "gauge_weighted": dict(self.gauge_weighted),
-            "gauge_seconds": dict(self.gauge_seconds),
-            "anomalies": [t.to_dict() for t in self.tallies()],
-        }
-
     def tallies(self) -> tuple[AnomalyTally, AnomalyTally, AnomalyTally]:
         """Anomalous scrapes before, inside and after the span the counts cover."""
         return self.anomalies_before, self.anomalies_inside, self.anomalies_after
@@ -192,8 +172,8 @@ class AccumulatorRows:
 
 
 def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
-    """An accumulator's fields from `to_dict`'s content or (parsed) `to_json`'s, with the
-    round part `encode` wrote after it as `round` if the store has one."""
+    """An accumulator's fields from (parsed) `to_json`, with the round part `encode` wrote after
+    it as `round` if the store has one, or from the per-field form version 0 wrote."""
     if "keys" in data:
         values = data["values"]
         rows = [(_key_from(k), *values[4 * i:4 * i + 4]) for i, k in enumerate(data["keys"])]
@@ -245,10 +225,6 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
     )
 
 
-def _key_list(key: SeriesKey) -> list[Any]:
-    return [key.field.value, key.model_name, key.engine, key.position, [list(p) for p in key.extra]]
-
-
 # What a round part holds besides its series' numbers (`Accumulator._round_json`).
 _ROUND_FIELDS = ("scrapes", "last_at", "gauge_weighted", "gauge_seconds")
 
@@ -279,7 +255,8 @@ def _tally_json(tally: AnomalyTally) -> str:
 
 @functools.lru_cache(maxsize=65536)
 def _key_json(key: SeriesKey) -> str:
-    return json.dumps(_key_list(key))
+    return json.dumps(
+        [key.field.value, key.model_name, key.engine, key.position, [list(p) for p in key.extra]])
 
 
 def _num(value: float | None) -> str:

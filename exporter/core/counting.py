@@ -337,7 +337,7 @@ class Accumulator(AccumulatorRows):
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Accumulator:
-        """Inverse of `to_dict` and of (parsed) `to_json` (`accrows.fields_of`)."""
+        """Inverse of (parsed) `to_json` (`accrows.fields_of`)."""
         return cls(**fields_of(data))
 
 

@@ -233,7 +233,7 @@ class Window:
             "errors": dict(self.last_errors),
         }
 
-    def to_dict(self, *, accumulators: bool = True) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-able durable state (without the accumulators: the store keeps them in rows)."""
         return {
             "id": self.id,
@@ -242,9 +242,7 @@ class Window:
             "labels": self.labels,
             "started_at": self.started_at,
             "stopped_at": self.stopped_at,
-            # A stopped window is its answer: the per-series state is not needed again.
-            "accumulators": {t: a.to_dict() for t, a in self.accumulators.items()}
-            if self.answer is None and accumulators else {},
+            "accumulators": {},
             "start_errors": self.start_errors,
             "stop_errors": self.stop_errors,
             "last_errors": self.last_errors,

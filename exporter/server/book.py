@@ -196,7 +196,7 @@ class WindowBook:
         rows = AccumulatorRows()
         for window in windows:
             rows.extend(window.accumulator_rows(whole=True))
-        self._save_rows(rows, [w.to_dict(accumulators=False) for w in windows])
+        self._save_rows(rows, [w.to_dict() for w in windows])
 
     def _save_all(self) -> None:
         # The database went away under us: memory, and the stopped windows' files, write it back.
@@ -214,7 +214,7 @@ class WindowBook:
                     window.removed[name] = f"target {why} at {iso_utc(now)}"
                     changed.append(window)
         if changed:
-            self.store.save([w.to_dict(accumulators=False) for w in changed])
+            self.store.save([w.to_dict() for w in changed])
             self.version += 1
 
     def move_store(self, path: Path) -> None:
@@ -311,7 +311,7 @@ class WindowBook:
         try:
             # Durable (to the disk, not only past our death) before it is acknowledged.
             self._save_rows(window.accumulator_rows(whole=True),
-                            [window.to_dict(accumulators=False)], sync=True)
+                            [window.to_dict()], sync=True)
         except StoreError as exc:
             # Not durable, so not started: a retry with the same id starts it afresh.
             raise StoreError(f'window "{window.id}" not started: {exc}') from exc
@@ -355,7 +355,7 @@ class WindowBook:
             raise RequestError(f'window "{window.id}" exists already: give another id',
                                status=409)
         write_results(self.results_dir(window.id), AnswerTexts.of(window.answer))
-        self.store.save([window.to_dict(accumulators=False)], sync=True)
+        self.store.save([window.to_dict()], sync=True)
         self._stopped[window.id] = StoppedWindow.of(window.answer)
         self.last_window = self._newest_stopped()
         self._forget_old()

@@ -149,7 +149,7 @@ def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], byte
         except BaseException:
             folder.discard()
             raise
-        row, at = stopped_row(window.to_dict(accumulators=False), encoded.compact)
+        row, at = stopped_row(window.to_dict(), encoded.compact)
         leave_to_exit(parts, answer, encoded, codec, texts)
         return pickle.dumps((kept_of(answer), row, at.start, at.stop),
                             protocol=pickle.HIGHEST_PROTOCOL)

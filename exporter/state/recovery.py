@@ -61,7 +61,7 @@ def doc_from_files(directory: Path, window: StoppedWindow) -> dict[str, Any] | N
         return None
     return Window(id=window.id, name=window.name, targets=targets, labels=dict(window.labels),
                   started_at=window.started_at, stopped_at=window.stopped_at,
-                  answer=answer).to_dict(accumulators=False)
+                  answer=answer).to_dict()
 
 
 def window_from(doc: dict[str, Any]) -> Window:

@@ -68,7 +68,7 @@ def _migrate_windows(db: sqlite3.Connection) -> int:
                        [(window_id, t, text) for t, text in accumulators.items()
                         if (window_id, t) not in have and window.is_open])
         db.execute("UPDATE windows SET doc=? WHERE id=?",
-                   (json.dumps(window.to_dict(accumulators=False)), window_id))
+                   (json.dumps(window.to_dict()), window_id))
         changed += 1
     return changed
 

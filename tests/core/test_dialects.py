@@ -250,7 +250,7 @@ class TestGaugeAccounting:
         acc = Accumulator()
         for at, value in ((1.0, 2.0), (3.0, 4.0), (7.0, 1.0)):
             acc.feed(Snapshot({}, {}, {"g": value}, "sglang"), at)
-        again = Accumulator.from_dict(json.loads(json.dumps(acc.to_dict())))
+        again = Accumulator.from_dict(json.loads(acc.to_json()))
         assert again.gauge_means() == acc.gauge_means() == pytest.approx({"g": 2.0})
 
 

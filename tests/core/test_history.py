@@ -19,9 +19,9 @@ def _series(name: str, instance: str, samples: list[tuple[float, float]],
 
 def _target(instance: str, drafts: list[float], start: float = 100.0) -> list[RawSeries]:
     times = [start + i for i in range(len(drafts))]
-    return [_series(DRAFTS, instance, list(zip(times, drafts))),
-            _series(TOKENS, instance, [(t, 3 * d) for t, d in zip(times, drafts)]),
-            _series(ACCEPTED, instance, [(t, 2 * d) for t, d in zip(times, drafts)])]
+    return [_series(DRAFTS, instance, list(zip(times, drafts, strict=True))),
+            _series(TOKENS, instance, [(t, 3 * d) for t, d in zip(times, drafts, strict=True)]),
+            _series(ACCEPTED, instance, [(t, 2 * d) for t, d in zip(times, drafts, strict=True)])]
 
 
 def test_every_dialects_families_are_queried() -> None:

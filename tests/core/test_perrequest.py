@@ -7,9 +7,20 @@ import json
 import pytest
 
 from exporter.core.perrequest import (
-    MAX_TIMES, NO_STATS_REASON, PerRequest, RequestStats, coverage, format_block,
-    format_per_request, from_json, from_sse, in_spans, per_position_accepted, span_totals,
-    summarize)
+    MAX_TIMES,
+    NO_STATS_REASON,
+    PerRequest,
+    RequestStats,
+    coverage,
+    format_block,
+    format_per_request,
+    from_json,
+    from_sse,
+    in_spans,
+    per_position_accepted,
+    span_totals,
+    summarize,
+)
 
 SPEC = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6,
         "num_spec_tokens": 3, "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5,

@@ -99,9 +99,8 @@ class TestAccumulatorSpans:
 
     def test_saved_and_loaded_keeps_the_restart_times(self):
         acc = restarted(T0 + 12.5, old_created=T0 - 100)
-        for data in (json.loads(json.dumps(acc.to_dict())), json.loads(acc.to_json())):
-            back = Accumulator.from_dict(data)
-            assert back == acc and spans_of(back) == spans_of(acc)
+        back = Accumulator.from_dict(json.loads(acc.to_json()))
+        assert back == acc and spans_of(back) == spans_of(acc)
 
 
 class TestResult:

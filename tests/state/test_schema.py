@@ -34,18 +34,28 @@ def counted() -> Accumulator:
     return acc
 
 
+def old_form(acc: Accumulator) -> dict:
+    """An accumulator as version 0 wrote it inside its window row: a list per field."""
+    data = json.loads(acc.to_json())
+    keys, values = data.pop("keys"), data.pop("values")
+    rows = [(k, *values[4 * i:4 * i + 4]) for i, k in enumerate(keys)]
+    return data | {"last": [[k, v, c] for k, v, c, _, _ in rows if v is not None],
+                   "increase": [[k, inc] for k, _, _, inc, _ in rows if inc is not None],
+                   "seen": [[k, t] for k, _, _, _, t in rows if t is not None]}
+
+
 def window_doc(acc: Accumulator | None = None, **drop: bool) -> dict:
     window = Window(id="w", name="w", labels={"run": "r"}, started_at=100.0,
                     targets={"a": TargetRef("a", "http://a:1/metrics", "a:1")})
-    doc = window.to_dict(accumulators=False)
+    doc = window.to_dict()
     if acc is not None:
-        doc["accumulators"] = {"a": acc.to_dict()}
+        doc["accumulators"] = {"a": old_form(acc)}
     return {k: v for k, v in doc.items() if not drop.get(k)}
 
 
 def series_form(acc: Accumulator) -> dict:
     """The row-per-series form of an accumulator: [key, value, created, increase, seen]."""
-    data = acc.to_dict()
+    data = old_form(acc)
     increase = {json.dumps(k): v for k, v in data["increase"]}
     seen = {json.dumps(k): t for k, t in data["seen"]}
     old = {k: v for k, v in data.items() if k not in ("last", "increase", "seen")}
@@ -118,7 +128,7 @@ class TestVersion0:
                                          "reset_spans", "anomalies"])
     def test_accumulator_fields_added_since_load_as_unknown(self, tmp_path, missing):
         acc = counted()
-        data = acc.to_dict()
+        data = old_form(acc)
         del data[missing]
         if missing == "gauge_weighted":
             del data["gauge_seconds"]
@@ -138,7 +148,7 @@ class TestVersion0:
         for at, drafts in enumerate([10, 12, 15]):
             acc.feed(page(drafts), 100.0 + at)
             rows = window.accumulator_rows()
-            store.save([window.to_dict(accumulators=False)], rows.whole, rounds=rows.rounds)
+            store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
             rows.committed()
         store.close()
         with sqlite3.connect(path) as db:

@@ -36,7 +36,7 @@ def open_window(targets: tuple[str, ...] = ("a", "b")) -> Window:
 def save(store: StateStore, window: Window, *, whole: bool = False, **rows_of) -> tuple[int, int]:
     """Save the window's accumulators as the book does; (whole rows, round parts) written."""
     rows = window.accumulator_rows(whole=whole, **rows_of)
-    store.save([window.to_dict(accumulators=False)], rows.whole, rounds=rows.rounds)
+    store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
     rows.committed()
     return len(rows.whole), len(rows.rounds)
 
@@ -109,7 +109,7 @@ class TestRoundParts:
         feed(window, 12, 101.0)
         save(store, window)
         window.stopped_at, window.answer = 102.0, {"results": {}}
-        store.save([window.to_dict(accumulators=False)])
+        store.save([window.to_dict()])
         assert count(path, "accumulators") == count(path, "accumulator_rounds") == 0
         store.close()
 
@@ -167,7 +167,7 @@ class TestWhatSQLiteKeeps:
         store, window = StateStore(tmp_path / "state.sqlite", connect=connect), open_window()
         save(store, window)
         window.stopped_at, window.answer = 102.0, {"results": {}, "note": "x" * 2_000_000}
-        store.save([window.to_dict(accumulators=False)], sync=True)
+        store.save([window.to_dict()], sync=True)
         (held,) = connections[-1].execute(
             "SELECT coalesce(sum(mem), 0) FROM sqlite_stmt").fetchone()
         assert held < 100_000
@@ -196,7 +196,7 @@ class TestWhatSQLiteKeeps:
             store, window = StateStore(tmp_path / name), open_window()
             save(store, window)
             window.stopped_at, window.answer = 102.0, {"results": {}, "note": "x" * 100_000}
-            store.save([window.to_dict(accumulators=False)], sync=True)
+            store.save([window.to_dict()], sync=True)
             assert store.load("w")["answer"]["note"] == "x" * 100_000
             store.close()
             assert page_size(tmp_path / name) == size
@@ -211,7 +211,7 @@ class TestWhatSQLiteKeeps:
         save(store, window)
         before = sqlite_memory()
         window.stopped_at, window.answer = 102.0, {"results": {}, "note": "x" * 5_000_000}
-        store.save([window.to_dict(accumulators=False)], sync=True)
+        store.save([window.to_dict()], sync=True)
         assert store.load("w")["answer"]["note"] == "x" * 5_000_000
         grown = sqlite_memory() - before
         assert grown < (STATE_CACHE_KIB + 256) * 1024, grown
