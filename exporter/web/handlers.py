@@ -32,12 +32,7 @@ from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
 from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
 from exporter.web.pages.window import render_window_page
-from exporter.web.proxy import (
-    add_to_window_file,
-    state_with_per_request,
-    stop_blocks,
-    traffic_edges,
-)
+from exporter.web.proxy import add_to_window_file, proxy_blocks, traffic_edges
 
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
@@ -171,10 +166,6 @@ def _keep(request: web.Request, key: str, body: bytes,
     return generation, body
 
 
-def _json_bytes(value: object) -> bytes:
-    return json.dumps(value).encode()
-
-
 async def landing(request: web.Request) -> web.Response:
     """The HTML landing page; `?refresh=0` turns its self-refresh off."""
     refresh = request.query.get("refresh", "1") not in ("0", "false", "no", "off")
@@ -186,9 +177,9 @@ async def window_page(request: web.Request) -> web.Response:
     view = request.app[SERVICE].view()
     window = view.with_series(check_window_id(request.match_info["id"]))
     series = series_view(window) | {"now": view.now}
-    state = state_with_per_request(request.app, window.id, window.state())
-    return web.Response(text=render_window_page(state, series),
-                        content_type="text/html")
+    state = window.state()
+    state = state | proxy_blocks(request.app, window.id, lambda: state)
+    return web.Response(text=render_window_page(state, series), content_type="text/html")
 
 
 async def compare_page(request: web.Request) -> web.Response:
@@ -279,15 +270,14 @@ async def stop_window(request: web.Request) -> web.Response:
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
         text = with_key(text, "results_dir", results_dir(service, window))
-        blocks = stop_blocks(request.app, window.id, text)
+        blocks = proxy_blocks(request.app, window.id, functools.partial(json.loads, text))
         for key, value in blocks.items():
             text = with_key(text, key, value)
         if blocks:  # the files say what the answer says
             await asyncio.to_thread(add_to_window_file, Path(results_dir(service, window)),
                                     blocks)
         return _json_text(text)
-    state = _state_with_files(service, window)
-    return _json(with_iso_times(state_with_per_request(request.app, window.id, state)))
+    return _window_json(request, window)
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -321,12 +311,13 @@ def results_dir(service: ExporterService, window: Window) -> str:
     return str(Path(service.config.output_dir).resolve() / window.id)
 
 
-def _state_with_files(service: ExporterService, window: Window) -> dict[str, Any]:
-    """state() of a window; a stopped one's says where its files are."""
-    state: dict[str, Any] = window.state()
-    if window.is_open:
-        return state
-    return state | {"results_dir": results_dir(service, window)}
+def _window_json(request: web.Request, window: Window) -> web.Response:
+    """A window's state, with the proxy's blocks; a stopped one's says where its files are."""
+    state: dict[str, Any] = window.state()  # a stopped window's answer itself: not changed
+    if not window.is_open:
+        state = state | {"results_dir": results_dir(request.app[SERVICE], window)}
+    state = state | proxy_blocks(request.app, window.id, lambda: state)
+    return _json(with_iso_times(state))
 
 
 MAX_LIST = 1000
@@ -383,7 +374,7 @@ async def list_windows(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     limit, state = list_query(request)
     body = _cached(request, f"windows?limit={limit}&state={state}",
-                   lambda: _json_bytes(local_list(service, limit, state)))
+                   lambda: json.dumps(local_list(service, limit, state)).encode())
     return web.Response(body=body, content_type="application/json")
 
 
@@ -393,9 +384,7 @@ async def get_window(request: web.Request) -> web.Response:
     window_id = check_window_id(request.match_info["id"])
     if (waiting := traffic_edges(request.app).waiting(window_id)) is not None:
         return _json(waiting)  # not started yet: no request came through the proxy
-    window = service.get_window(window_id)
-    state = _state_with_files(service, window)
-    return _json(with_iso_times(state_with_per_request(request.app, window.id, state)))
+    return _window_json(request, service.get_window(window_id))
 
 
 async def window_series(request: web.Request) -> web.Response:
@@ -417,7 +406,7 @@ async def list_targets(request: web.Request) -> web.Response:
     def render() -> bytes:
         view = service.view()
         views = [target_view(s, view.live[n], view.now) for n, s in view.targets.items()]
-        return _json_bytes(with_iso_times({"targets": views}))
+        return json.dumps(with_iso_times({"targets": views})).encode()
 
     return web.Response(body=_cached(request, "targets", render), content_type="application/json")
 

@@ -1,10 +1,7 @@
-"""The recording proxy: relays a benchmark's OpenAI traffic to a target, unchanged, and records
-each answer's per-request spec-decode figures.
-
-Pass-through comes first: the client sees the upstream's status, headers and bytes as they
-arrive (server-sent events chunk by chunk), and recording never fails a request. What we parse
-is bounded (`parse_limit`); an answer we cannot read is relayed all the same and counted
-unreadable.
+"""The recording proxy: relays a benchmark's OpenAI traffic to a target unchanged (server-sent
+events chunk by chunk) and records each answer's per-request spec-decode figures. Recording
+never fails a request: an answer too big (`PARSE_LIMIT`) or unreadable is relayed all the same
+and counted unreadable.
 """
 
 from __future__ import annotations
@@ -21,12 +18,9 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.config.model import Config
-from exporter.state.answertext import indented, with_key
-from exporter.state.resultfiles import atomic_write
-from exporter.web.guard import GuardedSite
 from exporter.core.perrequest import (
     PerRequest,
     RequestStats,
@@ -35,7 +29,10 @@ from exporter.core.perrequest import (
     in_spans,
     span_totals,
 )
+from exporter.state.answertext import indented
+from exporter.state.resultfiles import atomic_write
 from exporter.web.edges import TrafficEdges
+from exporter.web.guard import GuardedSite
 from exporter.web.requesthist import RequestLengths
 
 log = logging.getLogger(__name__)
@@ -59,9 +56,9 @@ class Upstream:
     edges: TrafficEdges | None = None
 
 
-def _forwarded(headers: CIMultiDict[str] | object) -> CIMultiDict[str]:
+def _forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict()
-    for key, value in getattr(headers, "items")():
+    for key, value in headers.items():
         if key.lower() not in _HOP:
             out.add(key, value)
     return out
@@ -73,73 +70,61 @@ def _recorded(request: web.Request) -> bool:
 
 
 async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: Upstream,
-                path: str, parse_limit: int = PARSE_LIMIT) -> web.StreamResponse:
+                path: str) -> web.StreamResponse:
     """Forward one request to the upstream and relay its answer as it arrives; a window with
     traffic edges opens before the request goes, and sees it done once it is."""
     edges = upstream.edges
     tickets = await edges.arrive(upstream.target) if edges is not None else []
+    url = upstream.origin + path + (f"?{request.query_string}" if request.query_string else "")
+    body: bytes | aiohttp.StreamReader | None = None
     try:
-        return await _relay(request, session, upstream, path, parse_limit)
+        if request.body_exists:
+            # A small body of known length (a prompt) goes whole, with its length: streamed, it
+            # went chunked, in more writes and loop turns of ours and the server's per request.
+            length = request.content_length
+            small = length is not None and length <= SMALL_BODY
+            body = await request.read() if small else request.content
+        try:
+            answer = await session.request(request.method, url, data=body,
+                                           headers=_forwarded(request.headers),
+                                           allow_redirects=False)
+        except (aiohttp.ClientError, OSError) as exc:
+            return web.json_response({"error": f"upstream {upstream.origin} failed: {exc}"},
+                                     status=502)
+        async with answer:
+            response = web.StreamResponse(status=answer.status, reason=answer.reason,
+                                          headers=_forwarded(answer.headers))
+            if answer.content_length is not None:
+                response.content_length = answer.content_length
+            await response.prepare(request)
+            kept: list[bytes] | None = [] if _recorded(request) else None
+            size = 0
+            # A client that goes away makes write() raise, which leaves this block and closes
+            # the upstream connection: the upstream request is cancelled with it.
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+                if kept is not None:
+                    size += len(chunk)
+                    if size > PARSE_LIMIT:
+                        kept = None
+                        upstream.record(upstream.target, None)
+                        continue
+                    kept.append(chunk)
+            await response.write_eof()
+        if kept is not None:
+            whole = b"".join(kept)
+            sse = "text/event-stream" in answer.headers.get("Content-Type", "")
+            upstream.record(upstream.target, from_sse(whole) if sse else from_json(whole))
+        return response
     finally:
-        if tickets:
-            assert edges is not None
+        if edges is not None:
             edges.done(tickets)
 
 
-async def _relay(request: web.Request, session: aiohttp.ClientSession, upstream: Upstream,
-                 path: str, parse_limit: int) -> web.StreamResponse:
-    url = upstream.origin + path + (f"?{request.query_string}" if request.query_string else "")
-    body: bytes | aiohttp.StreamReader | None = None
-    if request.body_exists:
-        # A small body of known length (a prompt) goes whole, with its length: streamed, it
-        # went chunked, in more writes and loop turns of ours and the server's per request.
-        length = request.content_length
-        small = length is not None and length <= SMALL_BODY
-        body = await request.read() if small else request.content
-    try:
-        answer = await session.request(request.method, url, headers=_forwarded(request.headers),
-                                       data=body, allow_redirects=False)
-    except (aiohttp.ClientError, OSError) as exc:
-        return web.json_response({"error": f"upstream {upstream.origin} failed: {exc}"},
-                                 status=502)
-    async with answer:
-        response = web.StreamResponse(status=answer.status, reason=answer.reason,
-                                      headers=_forwarded(answer.headers))
-        if answer.content_length is not None:
-            response.content_length = answer.content_length
-        await response.prepare(request)
-        kept: list[bytes] | None = [] if _recorded(request) else None
-        size = 0
-        # A client that goes away makes write() raise, which leaves this block and closes
-        # the upstream connection: the upstream request is cancelled with it.
-        async for chunk in answer.content.iter_any():
-            await response.write(chunk)
-            if kept is not None:
-                size += len(chunk)
-                if size > parse_limit:
-                    kept = None
-                    upstream.record(upstream.target, None)
-                    continue
-                kept.append(chunk)
-        await response.write_eof()
-    if kept is not None:
-        upstream.record(upstream.target, _read(answer.headers.get("Content-Type", ""),
-                                               b"".join(kept)))
-    return response
-
-
-def _read(content_type: str, body: bytes) -> RequestStats | None:
-    if "text/event-stream" in content_type:
-        return from_sse(body)
-    return from_json(body)
-
-
-def proxy_app(upstream: Upstream, session: aiohttp.ClientSession,
-              parse_limit: int = PARSE_LIMIT) -> web.Application:
+def proxy_app(upstream: Upstream, session: aiohttp.ClientSession) -> web.Application:
     """An app that forwards every path and method to one target (a per-target listen port)."""
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await relay(request, session, upstream, request.raw_path.split("?")[0],
-                           parse_limit)
+        return await relay(request, session, upstream, request.raw_path.split("?")[0])
 
     app = web.Application(client_max_size=0)
     app.router.add_route("*", "/{tail:.*}", handler)
@@ -318,30 +303,17 @@ def traffic_edges(app: web.Application) -> TrafficEdges:
     return proxying.edges
 
 
-def stop_blocks(app: web.Application, window_id: str, text: bytes) -> dict[str, Any]:
-    """What the proxy adds to a stop answer (given as its text): `edges` of a traffic-edged
-    window, `per_request` when the proxy saw requests in it (only then is the answer read
-    again), beside its RESULTs."""
-    proxying = app.get(PROXYING)
-    if proxying is None:
-        return {}
+def proxy_blocks(app: web.Application, window_id: str,
+                 answer: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """What the proxy adds to a window's answer or state: `edges` of a traffic-edged window,
+    `per_request` when the proxy saw requests in it (only then is `answer` called)."""
+    proxying = app[PROXYING]
     blocks: dict[str, Any] = {}
     if proxying.edges is not None and (edges := proxying.edges.block(window_id)) is not None:
         blocks["edges"] = edges
     if proxying.recordings.has(window_id):
-        blocks["per_request"] = proxying.recordings.block(window_id, json.loads(text))
+        blocks["per_request"] = proxying.recordings.block(window_id, answer())
     return blocks
-
-
-def state_with_per_request(app: web.Application, window_id: str,
-                           state: dict[str, Any]) -> dict[str, Any]:
-    """A window's state (open or stopped) with its `per_request` block, when there is one."""
-    proxying = app.get(PROXYING)
-    edges = proxying.edges.block(window_id) if proxying and proxying.edges else None
-    if edges is not None:
-        state = state | {"edges": edges}
-    block = proxying.recordings.block(window_id, state) if proxying is not None else None
-    return state if block is None else state | {"per_request": block}
 
 
 def add_to_window_file(directory: Path, blocks: dict[str, Any]) -> None:

@@ -3,7 +3,6 @@ numbers), and MetricsWriter on its own."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 
@@ -13,9 +12,9 @@ from conftest import Clock
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config.model import validate_config
+from exporter.server.service import ExporterService
 from exporter.web.exposition import MetricsWriter
 from exporter.web.formats import to_openmetrics
-from exporter.server.service import ExporterService
 
 
 async def _metrics_text(exp) -> str:

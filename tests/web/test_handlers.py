@@ -1,4 +1,4 @@
-"""exporter/web/handlers.py: HTTP answers (the window API itself is tested through the book and faults)."""
+"""exporter/web/handlers.py: HTTP answers (the window API is tested through the book and faults)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 
 def _series(name: str, values: tuple[int, int, int], **labels: str) -> dict[str, Any]:
     return {"metric": {"__name__": name, "instance": "a:1", "model_name": "m", **labels},
-            "values": [[at, str(v)] for at, v in zip((100.0, 101.0, 102.0), values)]}
+            "values": [[at, str(v)] for at, v in zip((100.0, 101.0, 102.0), values, strict=True)]}
 
 
 # One k=3 target: 10, 25, then a restart to 4 drafts (the range's samples), the rest in step.

@@ -32,8 +32,7 @@ class Rig:
         return str(server.make_url(path))
 
 
-async def _rig(fake: FakeServer, upstream_app: web.Application,
-               parse_limit: int = 1 << 20) -> AsyncIterator[Rig]:
+async def _rig(fake: FakeServer, upstream_app: web.Application) -> AsyncIterator[Rig]:
     recorded = PerRequest()
 
     def record(target: str, stats: RequestStats | None) -> None:
@@ -44,7 +43,7 @@ async def _rig(fake: FakeServer, upstream_app: web.Application,
     await upstream.start_server()
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         origin = str(upstream.make_url("")).rstrip("/")
-        proxy = TestServer(proxy_app(Upstream("t", origin, record), session, parse_limit))
+        proxy = TestServer(proxy_app(Upstream("t", origin, record), session))
         await proxy.start_server()
         yield Rig(fake, upstream, proxy, recorded)
         await proxy.close()
@@ -142,15 +141,17 @@ class TestRecordingProxy:
         # The refused completion was proxied and is not an OpenAI answer with figures.
         assert rig.recorded.requests == 1 and rig.recorded.answer()["with_stats"] == 0
 
-    async def test_a_huge_answer_is_relayed_whole_and_counted_unreadable(self) -> None:
+    async def test_a_huge_answer_is_relayed_whole_and_counted_unreadable(
+            self, monkeypatch: pytest.MonkeyPatch) -> None:
         huge = b"x" * 300_000
+        monkeypatch.setattr("exporter.web.proxy.PARSE_LIMIT", 100_000)
 
         async def big(request: web.Request) -> web.Response:
             return web.Response(body=huge, content_type="application/json")
 
         app = web.Application()
         app.router.add_post("/v1/completions", big)
-        async for rig in _rig(FakeServer(), app, parse_limit=100_000):
+        async for rig in _rig(FakeServer(), app):
             async with aiohttp.ClientSession() as s:
                 async with s.post(rig.url(rig.proxy, "/v1/completions"), json={}) as r:
                     assert await r.read() == huge

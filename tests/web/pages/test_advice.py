@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from exporter.web.pages.advice import advice_section, distribution_bars, window_advice_html
 from exporter.analysis.advise import advice
 from exporter.analysis.distribution import distribution
+from exporter.web.pages.advice import advice_section, distribution_bars, window_advice_html
 
 
 class TestDistributionBars:
