@@ -1,10 +1,6 @@
-"""Documents from outside (the config file, discovery files and answers) read within limits.
-
-A document is data someone else wrote: a YAML "billion laughs" (aliases of aliases) is 600
-bytes that become a billion values when walked, and JSON nested 100,000 deep overflows any
-recursive walk. Every document is refused over a size, a depth and a count of values (each
-alias counted every time it is reached), before anything walks it.
-"""
+"""Documents from outside (the config file, discovery files and answers) read within limits:
+a size, a depth and a count of values (a YAML "billion laughs" is aliases counted at each use),
+checked before anything walks them."""
 
 from __future__ import annotations
 
@@ -24,8 +20,7 @@ class DocumentError(ValueError):
 
 
 def check_bounds(data: Any) -> None:
-    """`DocumentError` when `data` nests deeper than `MAX_DEPTH` or holds more values than
-    `MAX_VALUES` once aliases are expanded; walked without recursion, stopping at the limit."""
+    """`DocumentError` when `data` is over `MAX_DEPTH` or `MAX_VALUES`; walked without recursion."""
     stack: list[tuple[Any, int]] = [(data, 1)]
     values = 0
     while stack:

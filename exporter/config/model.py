@@ -179,7 +179,6 @@ class TargetConfig(_Strict):
 
     @property
     def page_limits(self) -> PageLimits:
-        """The limits a page of this target must keep."""
         return PageLimits(self.series_limit, self.label_value_length_limit, self.position_limit)
 
     @property
@@ -246,12 +245,11 @@ class HistoryConfig(_Strict):
 class Config(_Strict):
     """The whole exporter configuration; replaced whole on reload."""
 
-    listen: str = "127.0.0.1:9400"
+    listen: Annotated[str, AfterValidator(_check_host_port)] = "127.0.0.1:9400"
     scrape_interval: Duration = 5.0
     scrape_timeout: Duration = 3.0
     live_window: Duration = 60.0
-    # Targets of an open window are scraped this often (default 1s, at most scrape_interval):
-    # what a server counted between our last scrape and its restart is lost to the window.
+    # Open windows' targets are scraped this often: a restart loses what came since the last.
     window_scrape_interval: Duration | None = None
     output_dir: str = "outputs"
     state_db: str | None = None  # default: <output_dir>/state.sqlite
@@ -260,11 +258,9 @@ class Config(_Strict):
     max_response_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     scrape_concurrency: int = Field(default=64, ge=1, le=10000)
     max_open_windows: int = Field(default=1000, ge=1)
-    # Stopped windows leave the state database (their result files stay) this long after
-    # their start; DELETE /api/v1/windows/{id} forgets one sooner.
+    # Stopped windows leave the state database (result files stay) this long after their start.
     window_retention: Annotated[float, BeforeValidator(parse_retention)] = 30 * 86400.0
-    # A client's request head must be complete this long after it connects (or after its last
-    # answer on a kept-alive connection); slower ones are cut (slowloris). Read at start.
+    # A request head slower than this (from connect or last answer) is cut. Read at start.
     header_timeout: Duration = 10.0
     # Host names (or `*.example.org`) POSTs may be sent to, beside the listen host, localhost,
     # IP addresses, single-label and Kubernetes service names and our own: DNS rebinding.
@@ -273,8 +269,7 @@ class Config(_Strict):
     max_targets: int = Field(default=DEFAULT_MAX_TARGETS, ge=1)
     shards: int = Field(default=1, ge=1)
     shard_index: int = Field(default=0, ge=0)
-    # Base URL of every shard in shard_index order, this one included: a window call to any
-    # shard then acts on every shard and answers for the whole fleet.
+    # Every shard's base URL in shard_index order, this one's too: window calls fan out to all.
     peers: list[_BaseURL] = []
     auth: AuthConfig = AuthConfig()
     targets: list[TargetConfig] = []
@@ -282,8 +277,6 @@ class Config(_Strict):
     http_sd: list[HttpSDConfig] = []
     prometheus_sd: list[PrometheusSDConfig] = []
     history: HistoryConfig = HistoryConfig()
-
-    _check_listen = field_validator("listen")(classmethod(lambda cls, v: _check_host_port(v)))
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -307,7 +300,6 @@ class Config(_Strict):
 
     @property
     def state_path(self) -> Path:
-        """Where the durable window state lives."""
         return Path(self.state_db) if self.state_db else Path(self.output_dir) / "state.sqlite"
 
 
@@ -406,11 +398,7 @@ def load_config(
     path: str | Path, overrides: dict[str, Any] | None = None, *, allow_empty: bool = False
 ) -> Config:
     """Read and validate a YAML config file; `overrides` (top-level keys) win over the file's.
-
-    A file with no targets and no discovery is refused unless `allow_empty`: an editor that
-    truncates before it writes, or a ConfigMap caught mid-update, would otherwise drop every
-    target and close every open window as N/A.
-    """
+    No targets and no discovery is refused unless `allow_empty`: it is a file caught mid-write."""
     source = str(path)
     try:
         text = read_text(Path(path), MAX_CONFIG_BYTES)

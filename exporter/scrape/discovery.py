@@ -13,7 +13,9 @@ import glob
 import logging
 import os
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,8 @@ from exporter.config.values import parse_matcher
 from exporter.core.errors import ExporterError
 from exporter.core.redact import redact_text, redact_url
 from exporter.core.text import TextError, clean_tree
-from exporter.scrape.scraper import proxy_for
+from exporter.scrape.httpget import OverCap
+from exporter.scrape.scraper import proxy_for, read_capped
 
 log = logging.getLogger(__name__)
 
@@ -189,7 +192,8 @@ class Discovery:
             due = stamp is None or isinstance(stamp, tuple) or now - stamp >= sd.refresh_interval
             if due and session is not None:
                 source.stamp = now
-                await self._poll(session, sd, source, name, url)
+                await self._load(source, name, "unusable answer",
+                                 partial(self._get, session, sd, name, url))
         for gone in set(self.sources) - live:  # a deleted file takes its targets with it
             del self.sources[gone]
         return self.targets() != before
@@ -211,67 +215,43 @@ class Discovery:
         if stamp == source.stamp:
             return
         source.stamp = stamp
+        await self._load(source, str(path), "unusable",
+                         lambda refused: asyncio.to_thread(read_sd_file, path, refused))
+
+    async def _load(self, source: _Source, name: str, unusable: str,
+                    read: Callable[[list[str]], Awaitable[list[TargetConfig]]]) -> None:
+        """Read a source's targets; whatever it holds or sends, a failure keeps its last list."""
         refused: list[str] = []
         try:
-            found = await asyncio.to_thread(read_sd_file, path, refused)
-            source.targets = self._bounded(found, str(path))
+            source.targets = self._bounded(await read(refused), name)
             source.error = "; ".join(refused) or None
+            return
         except DiscoveryError as exc:
             source.error = str(exc)
-            log.error("discovery failed source=%s error=%s", path, exc)
-        except Exception as exc:  # whatever a file holds, it stops only its own source
-            source.error = f"{path}: unusable: {type(exc).__name__}: {exc}"[:500]
-            log.error("discovery failed source=%s error=%s", path, source.error)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            source.error = f"{name}: {exc or type(exc).__name__}"
+        except Exception as exc:
+            source.error = f"{name}: {unusable}: {type(exc).__name__}: {exc}"[:500]
+        log.error("discovery failed source=%s error=%s", name, source.error)
 
-    async def _poll(
-        self,
-        session: aiohttp.ClientSession,
-        sd: HttpSDConfig | PrometheusSDConfig,
-        source: _Source,
-        name: str,
-        url: str,
-    ) -> None:
-        """GET `url` as JSON and parse it into the source's targets; a failure keeps them."""
+    async def _get(self, session: aiohttp.ClientSession, sd: HttpSDConfig | PrometheusSDConfig,
+                   name: str, url: str, refused: list[str]) -> list[TargetConfig]:
+        """GET `url` as JSON and parse it into targets."""
         headers = dict(sd.headers)
         if sd.token_env and (token := os.environ.get(sd.token_env)):
             headers["Authorization"] = f"Bearer {token}"
-        try:
-            timeout = aiohttp.ClientTimeout(total=min(sd.refresh_interval, 30.0))
-            # The session does not read the proxy environment per request (see make_session).
-            proxy, proxy_headers = proxy_for(URL(url), None)
-            async with session.get(url, headers=headers, timeout=timeout, proxy=proxy,
-                                   proxy_headers=proxy_headers) as response:
-                if response.status != 200:
-                    raise DiscoveryError(f"{name}: HTTP {response.status}")
-                body = await _read_whole(response, name)
-            refused: list[str] = []
-            found = await asyncio.to_thread(_parsed, body, name, sd, refused)
-            source.targets = self._bounded(found, name)
-            source.error = "; ".join(refused) or None
-        except DiscoveryError as exc:
-            source.error = str(exc)
-            log.error("discovery failed source=%s error=%s", name, exc)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            source.error = f"{name}: {exc or type(exc).__name__}"
-            log.error("discovery failed source=%s error=%s", name, source.error)
-        except Exception as exc:  # whatever a source sends, it stops only its own source
-            source.error = f"{name}: unusable answer: {type(exc).__name__}: {exc}"[:500]
-            log.error("discovery failed source=%s error=%s", name, source.error)
-
-
-async def _read_whole(response: aiohttp.ClientResponse, name: str) -> bytes:
-    """The whole body up to `MAX_SD_BYTES`, however the server splits its writes."""
-    declared = response.content_length
-    if declared is not None and declared > MAX_SD_BYTES:
-        raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_chunked(256 * 1024):
-        size += len(chunk)
-        if size > MAX_SD_BYTES:
-            raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        timeout = aiohttp.ClientTimeout(total=min(sd.refresh_interval, 30.0))
+        # The session does not read the proxy environment per request (see make_session).
+        proxy, proxy_headers = proxy_for(URL(url), None)
+        async with session.get(url, headers=headers, timeout=timeout, proxy=proxy,
+                               proxy_headers=proxy_headers) as response:
+            if response.status != 200:
+                raise DiscoveryError(f"{name}: HTTP {response.status}")
+            try:
+                body = await read_capped(response, MAX_SD_BYTES)
+            except OverCap:
+                raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes") from None
+        return await asyncio.to_thread(_parsed, body, name, sd, refused)
 
 
 def _parsed(body: bytes, name: str, sd: HttpSDConfig | PrometheusSDConfig,

@@ -1,9 +1,7 @@
 """Raw samples from a Prometheus-compatible store (Prometheus, Thanos, Mimir, VictoriaMetrics).
 
-Never `rate()` or `increase()`, which extrapolate: range selectors in instant queries return the
-samples themselves. The range is read in chunks so that no answer holds more points per series
-than stores allow (Prometheus refuses 11,000 a series in range queries; 7,200 a chunk is a 1 s
-scrape interval's two hours).
+Range selectors in instant queries, never `rate()`/`increase()` (they extrapolate), read in chunks
+that stay under the stores' points-per-series limit (Prometheus's is 11,000).
 """
 
 from __future__ import annotations
@@ -25,7 +23,7 @@ from exporter.core.errors import ExporterError
 from exporter.core.history import RawSeries, family_names
 from exporter.core.redact import redact_url
 
-CHUNK_SECONDS = 7200.0
+CHUNK_SECONDS = 7200.0  # a 1s scrape interval's two hours
 MAX_SERIES = 10_000
 MAX_BYTES = 256 * 1024 * 1024
 # A `--match` is label matchers only: the metric names are ours to pick.
@@ -72,9 +70,6 @@ class HistoryQuery:
     match: Sequence[str] = ()
     auth: StoreAuth = field(default_factory=StoreAuth)
     timeout: float = 30.0
-    chunk_seconds: float = CHUNK_SECONDS
-    max_series: int = MAX_SERIES
-    max_bytes: int = MAX_BYTES
 
 
 def check_range(frm: float, to: float) -> None:
@@ -115,15 +110,15 @@ def _get(query: HistoryQuery, params: dict[str, str]) -> bytes:
     where = redact_url(query.url)
     try:
         with urllib.request.urlopen(request, timeout=query.timeout, context=context) as answer:
-            body: bytes = answer.read(query.max_bytes + 1)
+            body: bytes = answer.read(MAX_BYTES + 1)
     except urllib.error.HTTPError as exc:
         detail = exc.read(2000).decode(errors="replace")
         raise HistoryError(f"store {where} answered HTTP {exc.code}: {detail}") from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise HistoryError(f"store {where} is not reachable: {reason}") from exc
-    if len(body) > query.max_bytes:
-        raise HistoryError(f"store {where}: answer over {query.max_bytes} bytes; "
+    if len(body) > MAX_BYTES:
+        raise HistoryError(f"store {where}: answer over {MAX_BYTES} bytes; "
                            "narrow --match or the range")
     return body
 
@@ -143,7 +138,7 @@ def fetch_series(query: HistoryQuery) -> list[RawSeries]:
     check_range(query.frm, query.to)
     merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
     for selector in selectors(query.match):
-        for start, end in chunks(query.frm, query.to, query.chunk_seconds):
+        for start, end in chunks(query.frm, query.to, CHUNK_SECONDS):
             # One millisecond more than the chunk: a range selector's left end is open.
             span = f"{round((end - start) * 1000) + 1}ms"
             body = _get(query, {"query": f"{selector}[{span}]", "time": f"{end:.3f}"})
@@ -153,7 +148,7 @@ def fetch_series(query: HistoryQuery) -> list[RawSeries]:
                 for at, value in item["values"]:
                     if start <= float(at) <= end:
                         samples[float(at)] = float(value)
-                if len(merged) > query.max_series:
-                    raise HistoryError(f"over {query.max_series} series; narrow --match")
+                if len(merged) > MAX_SERIES:
+                    raise HistoryError(f"over {MAX_SERIES} series; narrow --match")
     return [RawSeries(dict(key), sorted(samples.items()))
             for key, samples in merged.items() if samples]

@@ -1,9 +1,5 @@
-"""A lean HTTP/1.1 GET client for plain-HTTP `/metrics`: one kept-alive connection per host.
-
-It writes a request prebuilt once per target and lets llhttp (`httptools`) call back with the
-body, without aiohttp's per-request machinery. It serves only `http://` without a proxy; TLS
-and proxies stay with aiohttp (see `scraper.py`).
-"""
+"""A lean HTTP/1.1 GET client for plain-HTTP `/metrics` without a proxy (TLS and proxies stay
+with aiohttp): a request prebuilt once per target, parsed by llhttp (`httptools`)."""
 
 from __future__ import annotations
 
@@ -68,8 +64,6 @@ class _Connection(asyncio.Protocol):
         self._headers_done = False
         self._keep_alive = False
 
-    # -- asyncio.Protocol ----------------------------------------------------------------
-
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A TCP connection's transport has all of `Transport` (uvloop's without subclassing
         # it, so a cast and not an isinstance check).
@@ -103,8 +97,6 @@ class _Connection(asyncio.Protocol):
             ))
         else:  # no length: the close ends the body
             self._finish()
-
-    # -- llhttp callbacks ----------------------------------------------------------------
 
     def on_status(self, status: bytes) -> None:
         self._status_seen = True
@@ -146,8 +138,6 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self._finish()
-
-    # -- requests -------------------------------------------------------------------------
 
     def _finish(self) -> None:
         waiter = self._waiter
@@ -276,10 +266,7 @@ class Pool:
 
     def close(self) -> None:
         """Close every idle connection."""
-        for connections in self._idle.values():
-            for connection in connections:
-                connection.close()
-        self._idle.clear()
+        self.forget(set())
 
 
 async def _connect(host: str, port: int) -> _Connection:

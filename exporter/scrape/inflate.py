@@ -3,6 +3,7 @@ dependency on Linux), else the stdlib's slower zlib."""
 
 from __future__ import annotations
 
+import functools
 import zlib
 from types import ModuleType
 
@@ -77,16 +78,10 @@ def _inflate_isal(body: bytes, cap: int, gzip: bool) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-_installed = False
-
-
+@functools.cache  # once
 def use_fastest_zlib() -> None:
     """Let aiohttp (TLS and proxied scrapes, our gzip'd /metrics) use the same backend."""
-    global _installed
-    if _installed or _fastest is None:
-        return
     import aiohttp
 
-    if hasattr(aiohttp, "set_zlib_backend"):  # aiohttp >= 3.12
+    if _fastest is not None and hasattr(aiohttp, "set_zlib_backend"):  # aiohttp >= 3.12
         aiohttp.set_zlib_backend(_fastest)
-    _installed = True

@@ -18,11 +18,10 @@ from yarl import URL
 
 from exporter import __version__
 from exporter.config.model import TargetConfig
-from exporter.core.errors import ExporterError
 from exporter.core.parse import PageLimitError, parse_page
 from exporter.core.redact import redact_text
 from exporter.core.snapshot import ScrapeResult
-from exporter.scrape.httpget import Answer, CutOff, GetError, Pool
+from exporter.scrape.httpget import Answer, CutOff, GetError, OverCap, Pool
 from exporter.scrape.inflate import InflateError, OverCapError, inflate, use_fastest_zlib
 
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
@@ -34,10 +33,6 @@ _SAMPLE_LINE = re.compile(
 _AIOHTTP_MESSAGE = re.compile(r"message='([^']*)'")
 _AIOHTTP_PREFIX = re.compile(r"^\d{3}, message:\s*")
 _USER_AGENT = f"specdec-exporter/{__version__}"
-
-
-class ScrapeFailure(ExporterError):
-    """Internal: why a scrape produced no page (turned into `ScrapeResult.error`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,9 +53,8 @@ class _Plan:
 
 
 class Scraper:
-    """Scrapes targets, at most `concurrency` at a time: plain HTTP without a proxy through the
-    lean client (`httpget.Pool`), TLS and proxies through the aiohttp `session` (all of them
-    with `lean=False`, which the tests use to run every case both ways)."""
+    """Scrapes targets, at most `concurrency` at a time: plain HTTP without a proxy through
+    `httpget.Pool`, the rest (all of them with `lean=False`) through the aiohttp `session`."""
 
     def __init__(self, session: aiohttp.ClientSession, *, max_bytes: int, concurrency: int,
                  lean: bool = True):
@@ -103,11 +97,11 @@ class Scraper:
                     page = await self._fetch(target)
                 snapshot = parse_page(page, target.dialect, target.page_limits)
                 if not snapshot.has_spec_decode and not _looks_like_exposition(page):
-                    raise ScrapeFailure("response is not Prometheus text format")
+                    raise GetError("response is not Prometheus text format")
                 error = None
             except CutOff as exc:
                 page, snapshot, error = b"", None, f"body cut off or corrupt: {exc}"
-            except (ScrapeFailure, GetError, PageLimitError) as exc:
+            except (GetError, PageLimitError) as exc:
                 page, snapshot, error = b"", None, str(exc)
             except TimeoutError:
                 page, snapshot, error = b"", None, f"timeout after {timeout:g}s"
@@ -158,7 +152,7 @@ class Scraper:
             if answer.status == 200:
                 return _decoded(answer, self.max_bytes)
             if answer.status not in _REDIRECTS or not answer.location:
-                raise ScrapeFailure(f"HTTP {answer.status} {answer.reason}".strip())
+                raise GetError(f"HTTP {answer.status} {answer.reason}".strip())
             if hop == 5:
                 break
             url = url.join(URL(answer.location.decode("latin-1"), encoded=True))
@@ -169,7 +163,7 @@ class Scraper:
                 return await self._fetch_aiohttp(url, plan, 4 - hop, headers)
             host, port = url.host, url.port
             request = _request_bytes(url, headers)
-        raise ScrapeFailure("too many redirects")
+        raise GetError("too many redirects")
 
     async def _fetch_aiohttp(self, url: URL, plan: _Plan, max_redirects: int,
                              headers: dict[str, str]) -> bytes:
@@ -182,7 +176,7 @@ class Scraper:
             url = url.join(location)
             if url.origin() != plan.url.with_user(None).origin():
                 headers = plan.foreign_headers
-        raise ScrapeFailure("too many redirects")
+        raise GetError("too many redirects")
 
     async def _get_aiohttp(self, url: URL, plan: _Plan, headers: dict[str, str]) -> bytes | URL:
         """One GET: the body, or where a redirect points."""
@@ -198,19 +192,8 @@ class Scraper:
             if response.status in _REDIRECTS and response.headers.get("Location"):
                 return URL(response.headers["Location"], encoded=True)
             if response.status != 200:
-                raise ScrapeFailure(f"HTTP {response.status} {response.reason or ''}".strip())
-            declared = response.content_length
-            if declared is not None and declared > self.max_bytes:
-                raise ScrapeFailure(f"response of {declared} bytes is over the {self.max_bytes} "
-                                    "byte cap")
-            chunks = []
-            size = 0
-            async for chunk in response.content.iter_chunked(256 * 1024):
-                size += len(chunk)
-                if size > self.max_bytes:
-                    raise ScrapeFailure(f"response is over the {self.max_bytes} byte cap")
-                chunks.append(chunk)
-            return b"".join(chunks)
+                raise GetError(f"HTTP {response.status} {response.reason or ''}".strip())
+            return await read_capped(response, self.max_bytes)
 
     def _ssl_for(self, target: TargetConfig) -> ssl.SSLContext | bool:
         if not target.url.startswith("https:"):
@@ -242,6 +225,21 @@ def proxy_for(url: URL, proxy_url: str | None) -> tuple[URL | None, dict[str, st
     return proxy, ({"Proxy-Authorization": basic.encode()} if basic is not None else None)
 
 
+async def read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:
+    """The whole body, or `OverCap` when it is (or says it will be) over `cap` bytes."""
+    declared = response.content_length
+    if declared is not None and declared > cap:
+        raise OverCap(f"response of {declared} bytes is over the {cap} byte cap")
+    chunks = []
+    size = 0
+    async for chunk in response.content.iter_chunked(256 * 1024):
+        size += len(chunk)
+        if size > cap:
+            raise OverCap(f"response is over the {cap} byte cap")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def _request_bytes(url: URL, headers: dict[str, str]) -> bytes:
     host = f"[{url.host}]" if ":" in (url.host or "") else url.host
     if not url.is_default_port():
@@ -258,11 +256,11 @@ def _decoded(answer: Answer, cap: int) -> bytes:
         try:
             return inflate(answer.body, cap, gzip=answer.encoding != b"deflate")
         except OverCapError:
-            raise ScrapeFailure(f"response is over the {cap} byte cap") from None
+            raise GetError(f"response is over the {cap} byte cap") from None
         except InflateError:
-            raise ScrapeFailure("body cut off or corrupt: Can not decode content-encoding: "
+            raise GetError("body cut off or corrupt: Can not decode content-encoding: "
                                 + answer.encoding.decode("latin-1")) from None
-    raise ScrapeFailure(f"unsupported Content-Encoding {answer.encoding.decode('latin-1')!r}")
+    raise GetError(f"unsupported Content-Encoding {answer.encoding.decode('latin-1')!r}")
 
 
 def _looks_like_exposition(page: bytes) -> bool:
@@ -303,11 +301,8 @@ def _tidy(text: str) -> str:
 
 
 def make_session(total_connections: int) -> aiohttp.ClientSession:
-    """The client session for TLS and proxied targets, and discovery.
-
-    `trust_env` stays off: with it aiohttp reads the proxy environment and ~/.netrc in a thread
-    on every request; `Scraper` resolves proxies once per target instead.
-    """
+    """The session for TLS and proxied targets and discovery; `trust_env` off, as it reads the
+    proxy environment and ~/.netrc on every request (`proxy_for` does once per target)."""
     use_fastest_zlib()
     connector = aiohttp.TCPConnector(limit=total_connections, ttl_dns_cache=60)
     return aiohttp.ClientSession(

@@ -12,8 +12,15 @@ from typing import Any
 import pytest
 from conftest import free_port
 
+from exporter.scrape import history
 from exporter.scrape.history import (
-    HistoryError, HistoryQuery, StoreAuth, check_range, chunks, fetch_series, selectors,
+    HistoryError,
+    HistoryQuery,
+    StoreAuth,
+    check_range,
+    chunks,
+    fetch_series,
+    selectors,
 )
 
 
@@ -56,10 +63,12 @@ def store() -> Iterator[str]:
     thread.join()
 
 
-def test_chunks_are_merged_and_clipped_to_the_range(store: str) -> None:
+def test_chunks_are_merged_and_clipped_to_the_range(store: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "CHUNK_SECONDS", 10.0)
     _Store.answers = [(200, _matrix([_item("a", [(5.0, "1"), (10.0, "2"), (20.0, "3")])])),
                       (200, _matrix([_item("a", [(20.0, "3"), (25.0, "4"), (31.0, "9")])]))]
-    got = fetch_series(HistoryQuery(store, 10.0, 30.0, chunk_seconds=10.0))
+    got = fetch_series(HistoryQuery(store, 10.0, 30.0))
     assert [s.samples for s in got] == [[(10.0, 2.0), (20.0, 3.0), (25.0, 4.0)]]
     times = [params["time"][0] for params, _ in _Store.seen]
     assert times == ["20.000", "30.000"]
@@ -79,13 +88,15 @@ def test_auth_and_tenant_headers(store: str, monkeypatch: pytest.MonkeyPatch) ->
         StoreAuth(token_env="NOT_SET_VAR").headers()
 
 
-def test_limits_and_errors_are_clear(store: str) -> None:
+def test_limits_and_errors_are_clear(store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(history, "MAX_SERIES", 1)
     _Store.answers = [(200, _matrix([_item("a", [(1.0, "1")]), _item("b", [(1.0, "1")])]))]
     with pytest.raises(HistoryError, match="over 1 series"):
-        fetch_series(HistoryQuery(store, 0.0, 1.0, max_series=1))
+        fetch_series(HistoryQuery(store, 0.0, 1.0))
+    monkeypatch.setattr(history, "MAX_BYTES", 100)
     _Store.answers = [(200, _matrix([_item("a", [(1.0, "1")] * 50)]))]
     with pytest.raises(HistoryError, match="over 100 bytes"):
-        fetch_series(HistoryQuery(store, 0.0, 1.0, max_bytes=100))
+        fetch_series(HistoryQuery(store, 0.0, 1.0))
     _Store.answers = [(400, b'{"status":"error","error":"bad query"}')]
     with pytest.raises(HistoryError, match="HTTP 400.*bad query"):
         fetch_series(HistoryQuery(store, 0.0, 1.0))
