@@ -61,12 +61,8 @@ def host_allowed(name: str, allowed: frozenset[str]) -> bool:
     return any(p.startswith("*.") and name.endswith(p[1:]) for p in allowed)
 
 
-def check_browser_safe(
-    method: str, headers: Mapping[str, str], has_body: bool, allowed: frozenset[str]
-) -> None:
+def check_browser_safe(headers: Mapping[str, str], has_body: bool, allowed: frozenset[str]) -> None:
     """`RequestError` (403 or 415) when a state-changing request could come from a web page."""
-    if method in SAFE_METHODS:
-        return
     host = headers.get("Host", "")
     if not host_allowed(host_name(host), allowed):
         raise RequestError(

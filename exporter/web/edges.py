@@ -1,11 +1,8 @@
-"""Windows bounded by the traffic itself (`"edges": "traffic"`): opened when the first measured
-request reaches the recording proxy, closed on what the servers counted right after the last
-response.
-
-The window starts (baseline scraped) before request `skip_requests + 1` is forwarded. When a
-target's proxied requests have all completed it is scraped at once and held from later scrapes
-(the next request voids that scrape); a stop takes those scrapes, so what a server counted
-after the last response stays out.
+"""Windows bounded by the traffic itself (`"edges": "traffic"`): started (baseline scraped)
+before request `skip_requests + 1` is forwarded; when a target's proxied requests have all
+completed it is scraped at once and held from later scrapes (the next request voids that
+scrape), and a stop takes those scrapes, so what a server counted after the last response stays
+out.
 """
 
 from __future__ import annotations
@@ -80,7 +77,9 @@ class TrafficEdges:
                labels: dict[str, str], skip: int) -> tuple[bool, dict[str, Any]]:
         """Register a window that opens with the traffic; (created, start answer)."""
         window_id = window_id or new_window_id(self.service.clock())
-        chosen = self._resolve(targets, window_id)
+        states = self.service.view().targets
+        chosen = sorted(states) if targets is None else resolve_targets(
+            targets, {n: s.config.host_port for n, s in states.items()}, window_id)
         known = self._windows.get(window_id)
         if known is not None:
             if (known.name, known.targets, known.labels, known.skip) != (
@@ -112,13 +111,6 @@ class TrafficEdges:
             return False
         return True
 
-    def _resolve(self, names: list[str] | None, window_id: str) -> list[str]:
-        states = self.service.view().targets
-        if names is None:
-            return sorted(states)
-        host_ports = {n: s.config.host_port for n, s in states.items()}
-        return resolve_targets(names, host_ports, window_id)
-
     async def arrive(self, target: str) -> list[Ticket]:
         """A request for `target` is about to be forwarded: returns once every window it
         opens has started (its baseline scraped before the request goes)."""
@@ -137,15 +129,12 @@ class TrafficEdges:
                 w.started = asyncio.get_running_loop().create_task(self._start(w))
             await asyncio.shield(w.started)
             if w.failed is None:
-                self._measured(w, target)
+                w.in_flight[target] = w.in_flight.get(target, 0) + 1
+                w.generation[target] = w.generation.get(target, 0) + 1
+                w.held.discard(target)
+                w.ends.pop(target, None)
                 tickets.append((w, target, False))
         return tickets
-
-    def _measured(self, w: TrafficWindow, target: str) -> None:
-        w.in_flight[target] = w.in_flight.get(target, 0) + 1
-        w.generation[target] = w.generation.get(target, 0) + 1
-        w.held.discard(target)
-        w.ends.pop(target, None)
 
     async def _start(self, w: TrafficWindow) -> None:
         await w.skipped_done.wait()  # the N-th response has completed

@@ -16,7 +16,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
 from exporter.core.counting import LiveTrack
-from exporter.core.derive import span_figures
+from exporter.core.derive import acceptance_length, acceptance_ratio, position_ratios, span_figures
 from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot
 from exporter.core.stopped import LastWindow
 from exporter.server.stateview import StateView
@@ -56,7 +56,6 @@ from exporter.web.families import (
     label_text,
     line,
     number,
-    ratio_lines,
     run_template,
     template,
 )
@@ -370,7 +369,14 @@ class MetricsWriter:
         for name, increase in window.increases.items():
             state = view.targets.get(name)
             labels = label_text({"target": name} | (state.config.labels if state else {}))
-            ratio_lines(labels, increase, out, (LAST_RATIO, LAST_LENGTH, LAST_POS_RATIO))
+            # A gauge with no drafts behind it is absent, not 0.
+            if (value := acceptance_ratio(increase)) is not None:
+                out[LAST_RATIO].append(line(LAST_RATIO.name, labels, value))
+            if (value := acceptance_length(increase)) is not None:
+                out[LAST_LENGTH].append(line(LAST_LENGTH.name, labels, value))
+            for pos, value in position_ratios(increase).items():
+                out[LAST_POS_RATIO].append(
+                    line(LAST_POS_RATIO.name, f'{labels},position="{pos}"', value))
         return out
 
 

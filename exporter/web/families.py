@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter.core.derive import acceptance_length, acceptance_ratio, position_ratios
-from exporter.core.snapshot import Counts
-
 INF = float("inf")
 
 LIVE_NOTE = (
@@ -118,18 +115,6 @@ def line(name: str, labels: str, value: float) -> str:
     if not labels:
         return f"{name} {number(value)}\n"
     return f"{name}{{{labels}}} {number(value)}\n"
-
-
-def ratio_lines(labels: str, counts: Counts, out: dict[Family, list[str]],
-                 families: tuple[Family, Family, Family]) -> None:
-    # A gauge with no drafts behind it is absent, not 0.
-    ratio_family, length_family, pos_family = families
-    if (value := acceptance_ratio(counts)) is not None:
-        out[ratio_family].append(line(ratio_family.name, labels, value))
-    if (value := acceptance_length(counts)) is not None:
-        out[length_family].append(line(length_family.name, labels, value))
-    for pos, value in position_ratios(counts).items():
-        out[pos_family].append(line(pos_family.name, f'{labels},position="{pos}"', value))
 
 
 def template(prefixes: list[str]) -> str:

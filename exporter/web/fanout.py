@@ -1,9 +1,6 @@
-"""Transparent shards: a window call sent to any shard covers every shard's targets.
-
-The shard that takes the request calls its own service directly and every peer over HTTP
-(peers.py), vets each peer's answer (`exporter.core.shards`), then answers one merged body. A
-peer that cannot be reached, answers late or answers garbage makes its targets N/A with the
-reason.
+"""Transparent shards: a window call sent to any shard covers every shard's targets, its own
+called directly and every peer's over HTTP, each answer vetted, then merged; a peer that cannot
+be reached, answers late or answers garbage makes its targets N/A with the reason.
 """
 
 from __future__ import annotations
@@ -78,8 +75,7 @@ class Fanout:
     async def _local(self, call: Local,
                      refusals: tuple[type[RequestError], ...] = (UnknownWindowError,)
                      ) -> ShardPart:
-        # `refusals`: what this shard may refuse and the merged answer still report (a start's
-        # own refusal starts nothing anywhere, so it is raised instead).
+        # `refusals`: what this shard may refuse and the merged answer still report.
         index = self.config.shard_index
         part = ShardPart(index, self.config.peers[index], local=True)
         try:

@@ -91,7 +91,7 @@ async def browser_middleware(request: web.Request, handler: Handler) -> web.Stre
         allowed = _allowed_hosts(config.listen, tuple(config.allowed_hosts))
         has_body = bool(request.content_length) or request.headers.get(
             "Transfer-Encoding", "").lower() == "chunked"
-        check_browser_safe(request.method, request.headers, has_body, allowed)
+        check_browser_safe(request.headers, has_body, allowed)
     return await handler(request)
 
 

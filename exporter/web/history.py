@@ -1,9 +1,5 @@
-"""`POST /api/v1/windows/history`: a stopped window made from a store's raw samples.
-
-`{"prometheus", "from", "to", "match", "by", "id", "name"}`, all but `from` and `to` optional
-(the store defaults to the config's `history.prometheus`); the window is counted as the
-`history` command counts it, then kept like one stopped here: listed, paged, compared, advised,
-its files written.
+"""`POST /api/v1/windows/history`: a stopped window counted from a store's raw samples as the
+`history` command counts them, then kept like one stopped here (listed, paged, compared).
 """
 
 from __future__ import annotations

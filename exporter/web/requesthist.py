@@ -1,8 +1,5 @@
-"""The live histogram of per-request acceptance length, per target, from the recording proxy.
-
-Every answer the proxy reads with a spec-decode object counts here, in or out of a window, so
-Prometheus and Grafana see the distribution across requests that one counter ratio hides.
-"""
+"""The live histogram of per-request acceptance length per target: every answer the recording
+proxy reads with a spec-decode object, in or out of a window."""
 
 from __future__ import annotations
 

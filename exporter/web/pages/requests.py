@@ -1,9 +1,5 @@
-"""The window page's per-request section: how acceptance spread across the proxied requests.
-
-One horizontal box per target (and the aggregate): min to max as a line, p5 to p95 as a box,
-the median as a bar and the mean as a dot, on one acceptance-length axis, beside the counters'
-token-weighted figure, which long requests dominate.
-"""
+"""The window page's per-request section: how acceptance spread across the proxied requests,
+one box plot per target on one acceptance-length axis."""
 
 from __future__ import annotations
 
@@ -21,9 +17,8 @@ def _summary(block: object) -> dict[str, float] | None:
     """A block's acceptance-length summary, when every figure is a number (a peer's block is
     not vetted for this)."""
     summary = block.get("acceptance_length") if isinstance(block, Mapping) else None
-    if not isinstance(summary, Mapping):
-        return None
-    if not all(isinstance(summary.get(k), int | float) for k in _KEYS):
+    if not isinstance(summary, Mapping) or not all(
+            isinstance(summary.get(k), int | float) for k in _KEYS):
         return None
     return {k: float(summary[k]) for k in _KEYS}
 
