@@ -50,14 +50,13 @@ def _totals_json(server: FakeServer) -> dict[str, Any]:
     return totals
 
 
-async def _completions(request: web.Request) -> web.StreamResponse:
-    """OpenAI `POST /v1/completions`."""
-    return await completions(request, request.app[FAKE_SERVER], chat=False)
+def _completions(chat: bool) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """OpenAI `POST /v1/completions`, or with `chat` `POST /v1/chat/completions`."""
 
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await completions(request, request.app[FAKE_SERVER], chat)
 
-async def _chat_completions(request: web.Request) -> web.StreamResponse:
-    """OpenAI `POST /v1/chat/completions`."""
-    return await completions(request, request.app[FAKE_SERVER], chat=True)
+    return handler
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -129,8 +128,8 @@ def make_fake_app(
     app.router.add_post("/control/add", _add)
     app.router.add_post("/control/pause", _set_traffic(False))
     app.router.add_post("/control/resume", _set_traffic(True))
-    app.router.add_post("/v1/completions", _completions)
-    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/completions", _completions(chat=False))
+    app.router.add_post("/v1/chat/completions", _completions(chat=True))
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
 
@@ -163,15 +162,14 @@ async def serve_fake_vllm(
     port: int,
     server: FakeServer,
     drafts_per_second: float,
-    on_started: Callable[[], Awaitable[None]] | None = None,
+    on_started: Callable[[], Awaitable[None]],
 ) -> None:
     """Serve a fake vLLM on host:port until cancelled; OSError when it cannot listen there."""
     runner = web.AppRunner(make_fake_app(server, drafts_per_second=drafts_per_second))
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
-        if on_started is not None:
-            await on_started()
+        await on_started()
         await asyncio.Event().wait()
     finally:
         await runner.cleanup()

@@ -1,8 +1,4 @@
-"""The filler of a vLLM page, as data: every family but the spec-decode ones.
-
-Process and Python families as prometheus_client adds them, vLLM's gauges, counters and
-histograms (`histograms`), and the API server's HTTP families, all from the traffic so far.
-"""
+"""Every family of a vLLM page but the spec-decode ones (process, vLLM's, HTTP), from traffic."""
 
 from __future__ import annotations
 
@@ -122,10 +118,7 @@ def rest_families(server: ServerModel) -> list[Metric]:
 
 
 def _load_gauges(labels: list[str], series: list[Any], v1: bool) -> list[Metric]:
-    """Build vLLM's load gauges per model and engine: running, waiting, KV-cache usage.
-
-    V0 pages have no vllm:kv_cache_usage_perc, but its series draw the same numbers.
-    """
+    """vLLM's load gauges; V0 has no kv_cache_usage_perc, but its series draw the same numbers."""
     running, waiting, gpu_cache, kv_cache = (
         GaugeMetricFamily(name, help_text, labels=labels)
         for name, help_text in (
@@ -150,8 +143,8 @@ def _token_counters(
     labels: list[str], series: list[Any], v1: bool, created: float | None
 ) -> list[Metric]:
     """Build vLLM's token and request counters per model and engine (fewer on V0 pages)."""
-    counters = {
-        name: CounterMetricFamily(name, help_text, labels=labels)
+    counters = [
+        CounterMetricFamily(name, help_text, labels=labels)
         for name, help_text in (
             ("vllm:prefix_cache_queries",
              "Prefix cache queries, in terms of number of queried tokens."),
@@ -160,32 +153,24 @@ def _token_counters(
             ("vllm:prompt_tokens", "Number of prefill tokens processed."),
             ("vllm:generation_tokens", "Number of generation tokens processed."),
         )
-    }
+    ]
     success = CounterMetricFamily("vllm:request_success",
                                   "Count of successfully processed requests.",
                                   labels=[*labels, "finished_reason"])
     for label_values, traffic, rng in series:
         requests, tokens = traffic["requests"], traffic["tokens"]
         prompt = requests * rng.randint(400, 900)
-        values = {
-            "vllm:prefix_cache_queries": prompt,
-            "vllm:prefix_cache_hits": int(prompt * rng.uniform(0.1, 0.5)),
-            "vllm:num_preemptions": requests // 500,
-            "vllm:prompt_tokens": prompt,
-            "vllm:generation_tokens": tokens,
-        }
-        for name, value in values.items():
-            counters[name].add_metric(label_values, float(value), created=created)
+        hits = int(prompt * rng.uniform(0.1, 0.5))
+        values = (prompt, hits, requests // 500, prompt, tokens)
+        for family, value in zip(counters, values, strict=True):
+            family.add_metric(label_values, float(value), created=created)
         length = requests // 7
         abort = requests // 100
         for reason, count in (("stop", requests - length - abort), ("length", length),
                               ("abort", abort)):
             success.add_metric([*label_values, reason], float(count), created=created)
-    families: list[Metric] = list(counters.values())
-    if not v1:
-        families = [counters[name] for name in
-                    ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens")]
-    return [*families, success]
+    # V0 pages have no prefix-cache counters.
+    return [*(counters if v1 else counters[2:]), success]
 
 
 def _cache_info(series: list[Any], v1: bool) -> Metric:

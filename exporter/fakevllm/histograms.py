@@ -1,8 +1,4 @@
-"""vLLM's histograms as data (names, HELP, bucket bounds) and their drawing from the traffic.
-
-A real vLLM /metrics page is mostly histograms; the parser must skip them fast and correctly, so
-the simulator draws them as vLLM does, `count` lognormal observations per series.
-"""
+"""vLLM's histograms as data (names, HELP, bounds), drawn as `count` lognormal observations."""
 
 from __future__ import annotations
 
@@ -13,28 +9,15 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-# vLLM builds its token-count buckets with build_1_2_5_buckets(max_model_len); 8192 is typical.
+# The 1-2-5 bounds vLLM's build_1_2_5_buckets(max_model_len) makes of this typical length.
 MAX_MODEL_LEN = 8192
-
-
-def _buckets_1_2_5(max_value: int) -> list[float]:
-    """Return vLLM's 1-2-5 bucket bounds up to max_value."""
-    bounds: list[float] = []
-    exponent = 0
-    while True:
-        for mantissa in (1, 2, 5):
-            value = mantissa * 10**exponent
-            if value > max_value:
-                return bounds
-            bounds.append(float(value))
-        exponent += 1
 
 
 def _bounds(text: str) -> list[float]:
     return [float(bound) for bound in text.split()]
 
 
-_TOKEN_BUCKETS = _buckets_1_2_5(MAX_MODEL_LEN)
+_TOKEN_BUCKETS = _bounds("1 2 5 10 20 50 100 200 500 1000 2000 5000")
 _LATENCY_BUCKETS = _bounds(
     "0.3 0.5 0.8 1 1.5 2 2.5 5 10 15 20 30 40 50 60 120 240 480 960 1920 7680"
 )
@@ -110,12 +93,6 @@ HISTOGRAMS = (
 HIST_SAMPLES = 48
 
 
-def _go_float(value: float) -> str:
-    """A float as Go (and so vLLM's page) prints a bucket bound."""
-    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
-    return text
-
-
 def add_histogram(
     family: HistogramMetricFamily,
     label_names: list[str],
@@ -132,7 +109,9 @@ def add_histogram(
         values = [float(max(1, round(v))) for v in values]
     scale = count / drawn if drawn else 0.0
     buckets = [
-        (_go_float(bound), float(round(sum(v <= bound for v in values) * scale)))
+        # floatToGoString: a bound as Go (and so vLLM's page) prints it.
+        (floatToGoString(bound),  # type: ignore[no-untyped-call]
+         float(round(sum(v <= bound for v in values) * scale)))
         for bound in spec.bounds
     ]
     buckets.append(("+Inf", float(count)))

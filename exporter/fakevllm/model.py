@@ -1,9 +1,7 @@
 """The counter model: spec-decode counters per engine, grown by drafts the way vLLM counts them.
 
-vLLM counts per decode step of a request: one draft (`num_drafts`), the k tokens it proposed
-(`num_draft_tokens`), the prefix of them the target model accepted (`num_accepted_tokens`, and
-per position), and emits 1 + accepted tokens. So when every step drafts, the output tokens of
-all requests equal drafts + accepted tokens: `plan_steps` and `count_step` keep that exact.
+Per decode step vLLM counts one draft, its proposed tokens and their accepted prefix, and emits
+1 + accepted tokens: `plan_steps` and `count_step` keep output = drafts + accepted exact.
 """
 
 from __future__ import annotations
@@ -37,11 +35,7 @@ def check_count(name: str, value: object) -> None:
 
 @dataclass
 class ServerModel:
-    """A simulated server's settings and spec-decode counters per engine, without its page.
-
-    `exporter.fakevllm.server.FakeServer` adds the page, so the renderers (`families`, `pages`)
-    read this model without the model importing them back.
-    """
+    """A simulated server's settings and counters; `server.FakeServer` adds the page."""
 
     k: int = 3
     acceptance: float = 0.8
@@ -153,11 +147,7 @@ class ServerModel:
         }
 
     def plan_steps(self, tokens: int) -> list[tuple[int, int]]:
-        """Decode steps that emit exactly `tokens` output tokens: (proposed, accepted) each.
-
-        The last step's acceptance is cut so that exactly `tokens` come out, as a request that
-        reaches max_tokens stops.
-        """
+        """Decode steps emitting exactly `tokens` tokens (the last one cut, as at max_tokens)."""
         check_count("tokens", tokens)
         conditional = self._conditional()
         steps = []

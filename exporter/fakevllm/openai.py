@@ -1,9 +1,7 @@
 """An OpenAI-compatible face for the simulator: completions and chat completions, streamed too.
 
-Enough of vLLM's OpenAI server for a real benchmark client (AISBench's `vllm_api_*` models,
-`vllm bench serve`, the `openai` package) to drive it. Every request decodes `max_tokens` tokens
-through the counter model, so the spec-decode counters grow exactly as the served tokens say:
-one draft per step, 1 + accepted tokens emitted per step.
+Enough for real benchmark clients (AISBench, `vllm bench serve`, `openai`); each request decodes
+`max_tokens` tokens through the counter model, so the counters match the served tokens.
 """
 
 from __future__ import annotations
@@ -27,14 +25,6 @@ _WORDS = ("speculative", " decoding", " drafts", " tokens", " and", " the", " ta
 
 class BadRequest(ValueError):
     """A request body the OpenAI API would refuse with 400."""
-
-
-def openai_error(status: int, message: str) -> web.Response:
-    """The OpenAI error shape: {"error": {"message", "type", "code"}}."""
-    return web.json_response(
-        {"error": {"message": message, "type": "invalid_request_error", "code": status}},
-        status=status,
-    )
 
 
 def max_tokens(body: dict[str, Any]) -> int:
@@ -83,10 +73,7 @@ def step_texts(steps: list[tuple[int, int]]) -> Iterator[str]:
 
 
 def spec_decode_object(steps: list[tuple[int, int]], k: int, detailed: bool) -> dict[str, Any]:
-    """vLLM's per-request `metrics.speculative_decoding` object for these decode steps.
-
-    `acceptance_histogram[j]` counts the verify steps that accepted exactly j draft tokens.
-    """
+    """vLLM's per-request `metrics.speculative_decoding`; histogram[j]: steps accepting j."""
     histogram = [0] * (k + 1)
     for _, accepted in steps:
         histogram[accepted] += 1
@@ -134,8 +121,10 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
         tokens = max_tokens(body)
         prompt = prompt_tokens(body, chat)
     except (ValueError, UnicodeDecodeError) as exc:
-        return openai_error(400, str(exc) if isinstance(exc, BadRequest) else
-                            f"body is not valid JSON: {exc}")
+        message = str(exc) if isinstance(exc, BadRequest) else f"body is not valid JSON: {exc}"
+        return web.json_response(  # the OpenAI error shape
+            {"error": {"message": message, "type": "invalid_request_error", "code": 400}},
+            status=400)
     engine = server.pick_engine()
     steps = server.plan_steps(tokens)
     head = {
@@ -146,12 +135,10 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
         "model": str(body.get("model") or server.model_name),
     }
     if not body.get("stream"):
-        texts = []
-        for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
+        for proposed, accepted in steps:
             server.count_step(engine, proposed, accepted)
-            texts.append(text)
         return web.json_response(head | {
-            "choices": [_choice(chat, "".join(texts), "length", stream=False)],
+            "choices": [_choice(chat, "".join(step_texts(steps)), "length", stream=False)],
             "usage": _usage(prompt, tokens),
         } | _metrics(server, steps))
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -25,20 +25,13 @@ _SPEC_V1: tuple[tuple[str, str, Callable[[EngineCounters], int]], ...] = (
     ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
      lambda e: sum(e.accepted_per_pos)),
 )
-_SPEC_V1_PER_POS = (
-    "vllm:spec_decode_num_accepted_tokens_per_pos",
-    "Accepted tokens per draft position.",
-)
 
 
-class _Families:
-    """Collector over a fixed list of metric families, for generate_latest."""
-
-    def __init__(self, families: Iterable[Metric]) -> None:
-        self._families = list(families)
+class _Families(list[Metric]):
+    """Metric families as the collector generate_latest wants."""
 
     def collect(self) -> list[Metric]:
-        return self._families
+        return self
 
 
 def spec_families(server: ServerModel) -> list[Metric]:
@@ -54,7 +47,9 @@ def spec_families(server: ServerModel) -> list[Metric]:
             family.add_metric([str(index), server.model_name], float(count(state)),
                               created=created)
         families.append(family)
-    per_pos = CounterMetricFamily(*_SPEC_V1_PER_POS, labels=[*labels, "position"])
+    per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "Accepted tokens per draft position.",
+                                  labels=[*labels, "position"])
     # A real data-parallel page (vLLM PR 24049) lists these position-major: every engine
     # of position 0, then of position 1, and so on.
     for pos in range(server.k):
@@ -273,9 +268,3 @@ RENDERERS: dict[str, Callable[[ServerModel], bytes]] = {
     "sglang": _render_sglang,
     "trtllm": _render_trtllm,
 }
-
-
-def render_page(server: ServerModel) -> bytes:
-    """The /metrics page of `server` in its dialect."""
-    return RENDERERS[server.dialect](server)
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from exporter.fakevllm.model import ServerModel
-from exporter.fakevllm.pages import render_page
+from exporter.fakevllm.pages import RENDERERS
 
 
 class FakeServer(ServerModel):
@@ -13,7 +13,7 @@ class FakeServer(ServerModel):
 
     def render(self) -> bytes:
         """The full /metrics page of this server's dialect, Prometheus text format 0.0.4."""
-        return render_page(self)
+        return RENDERERS[self.dialect](self)
 
 
 def page_for_bench(engines: int, target_bytes: int | None = None, seed: int = 0) -> bytes:
