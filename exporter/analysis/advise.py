@@ -1,12 +1,8 @@
 """Pure math of the speculation advisor: which number of speculative tokens k' to run.
 
-With k' <= k drafted tokens the expected tokens per target forward pass is exactly
-L(k') = 1 + sum_{i<k'} p_i: the first k' positions do not depend on what is drafted after
-them. With c the cost of drafting one token relative to one target forward pass, the expected
-speed-up over no speculation is S(k') = L(k') / (1 + c k') (Leviathan et al., "Fast Inference
-from Transformers via Speculative Decoding", 2023, with measured instead of modelled
-acceptance). Past k the rates are unmeasured: a geometric fit of the measured ones extends
-them to 2k, and every such row is marked as an estimate.
+For k' <= k, L(k') = 1 + sum_{i<k'} p_i exactly (a position does not depend on later ones);
+with draft cost c, S(k') = L(k') / (1 + c k') (Leviathan et al., 2023, with measured
+acceptance). Past k a geometric fit of the measured rates extends them to 2k, as estimates.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from itertools import accumulate, repeat
 from operator import mul, sub, truediv
-from typing import Any, TypedDict
+from typing import Any
 
 from exporter.analysis.distribution import Distribution, distribution, rates_from_mapping
 
@@ -24,29 +20,8 @@ DEFAULT_COSTS = (0.0, 0.05, 0.1, 0.25)
 TAIL_FIT = "least squares of log p_i on i over the measured positions with p_i > 0"
 
 
-class AdviceRow(TypedDict):
-    """One k' of the advisor table: L, and S per draft cost key."""
-
-    k: int
-    length: float
-    estimate: bool  # past the measured k: rates from the tail fit
-    speedup: dict[str, float]
-
-
-class Best(TypedDict):
-    """The best k' for one draft cost."""
-
-    k: int
-    speedup: float
-    estimate: bool
-
-
 def tail_ratio(rates: Sequence[float]) -> float | None:
-    """The ratio r of a geometric fit p_i ~ a r^i; None without any positive rate.
-
-    One positive rate alone (k = 1) gives r = p_0: drafts accepted token by token at the same
-    odds, the model of Leviathan et al.
-    """
+    """The ratio r of a geometric fit p_i ~ a r^i (one positive rate: r = p_0); None without."""
     # Looped in C with map: the same float operations, summed in the same order.
     xs = [i for i, p in enumerate(rates) if p > 0]
     if not xs:
@@ -64,10 +39,7 @@ def tail_ratio(rates: Sequence[float]) -> float | None:
 
 
 def extended_rates(rates: Sequence[float], upto: int) -> tuple[list[float], float | None]:
-    """The measured rates, then p_i = p_{k-1} r^(i-k+1) up to `upto` positions; and r.
-
-    The tail is anchored at the last measured rate so it continues the measured curve.
-    """
+    """The measured rates, then p_i = p_{k-1} r^(i-k+1) up to `upto` positions; and r."""
     ratio = tail_ratio(rates)
     extended = list(rates)
     last = rates[-1] if rates else 0.0
@@ -79,16 +51,8 @@ def extended_rates(rates: Sequence[float], upto: int) -> tuple[list[float], floa
     return extended, ratio
 
 
-def cost_key(cost: float) -> str:
-    """A draft cost as a JSON key: 0, 0.05, 0.1, 0.25."""
-    return format(cost, "g")
-
-
 def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict[str, Any]:
-    """The advisor table: per k' = 1..2k, L and S per cost; the best k' per cost.
-
-    k' = 0 (no speculation, S = 1) is a candidate too: with a costly drafter it can win.
-    """
+    """The advisor table: per k' = 1..2k, L and S per cost; the best k' (0 too) per cost."""
     k = len(dist.rates)
     if k == 0:
         return {"k": 0, "error": "no per-position rates: the advisor needs them"}
@@ -111,7 +75,7 @@ def advice(dist: Distribution, costs: Sequence[float] = DEFAULT_COSTS) -> dict[s
 
 def _rows(
     k: int, keys: Sequence[str], lengths: Sequence[float], columns: Sequence[Sequence[float]]
-) -> list[AdviceRow]:
+) -> list[dict[str, Any]]:
     """Per k' = 1..2k: k', L, whether it is past the measured k, and S per cost key."""
     counts = range(1, len(lengths) + 1)
     if len(keys) == 4:
@@ -130,7 +94,7 @@ def _rows(
     ]
 
 
-def _best(speedups: Sequence[float], k: int) -> Best:
+def _best(speedups: Sequence[float], k: int) -> dict[str, Any]:
     """The first k' whose S beats the best so far by more than rounding; k' = 0 (S = 1) first."""
     top_k, top, beat = 0, 1.0, 1.0 + 1e-12
     for kk, value in enumerate(speedups, 1):
@@ -143,9 +107,9 @@ def _best(speedups: Sequence[float], k: int) -> Best:
 def _cost_table(
     costs: tuple[float, ...], upto: int
 ) -> tuple[tuple[str, ...], tuple[tuple[float, ...], ...]]:
-    """The costs' JSON keys, and per cost the denominators 1 + c k' for k' = 1..upto."""
+    """The costs' JSON keys (0, 0.05), and per cost the denominators 1 + c k', k' = 1..upto."""
     return (
-        tuple(cost_key(c) for c in costs),
+        tuple(format(c, "g") for c in costs),
         tuple(tuple(1.0 + c * kk for kk in range(1, upto + 1)) for c in costs),
     )
 
@@ -172,10 +136,7 @@ def window_advice(
     answer: Mapping[str, Any], costs: Sequence[float] = DEFAULT_COSTS,
     made: Mapping[str, dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """`advice` of a stop answer: per target (None without rates) and for the aggregate.
-
-    `made`: targets' `result_advice` with these costs, made already; the others are made here.
-    """
+    """`advice` per target (None without rates) and aggregate; `made`: targets' advice made."""
     made = made or {}
     results = {name: made[name] if name in made else result_advice(r, costs)
                for name, r in (answer.get("results") or {}).items()}

@@ -1,10 +1,8 @@
 """Pure comparison of two runs' RESULTs: per metric A, B, B - A with 95% intervals, a verdict.
 
-Metrics: `acceptance_rate` (percent), `acceptance_length`, `position_<i>` (0..1). Every one is
-better when higher. A regression gate (`acceptance_length=2%`) trips when B is worse than A by
-more than the limit with 95% confidence: even the interval's end nearest to no change loses
-more than the limit. A difference that is merely significant, or merely large, does not trip
-it: a CI gate that cried wolf on noise would soon be switched off.
+Every metric is better when higher. A gate (`acceptance_length=2%`) trips only when even the
+interval's end nearest to no change loses more than the limit: merely significant or merely
+large differences do not, or a CI gate crying wolf on noise would soon be switched off.
 """
 
 from __future__ import annotations
@@ -93,8 +91,7 @@ def _number(value: object) -> float | None:
 def length_estimate(s: Sample) -> tuple[Estimate | None, str | None]:
     """Acceptance length with a normal interval from the variance of X; a note when bounded.
 
-    Without per-position rates the variance is unknown; the largest one a variable in
-    [0, k] with this mean can have (Bhatia-Davis: m (k - m)) gives a wider, safe interval.
+    Without per-position rates, the Bhatia-Davis bound m (k - m) gives a wider, safe interval.
     """
     if s.acceptance_length is None:
         return None, None
@@ -152,10 +149,8 @@ def compare_samples(a: Sample, b: Sample) -> dict[str, Any]:
     eb, notes_b = metric_estimates(b)
     rows = []
     for metric in _ordered(set(ea) & set(eb)):
-        if metric.startswith("position_"):
-            diff = newcombe_difference(ea[metric], eb[metric])
-        else:
-            diff = normal_difference(ea[metric], eb[metric])
+        difference = newcombe_difference if metric.startswith("position_") else normal_difference
+        diff = difference(ea[metric], eb[metric])
         rows.append({
             "metric": metric,
             "a": ea[metric].as_dict(),
@@ -277,11 +272,7 @@ def apply_gates(comparison: dict[str, Any], gates: list[Gate]) -> dict[str, Any]
 
 
 def summed_result(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The aggregate of several RESULTs (counts summed, then divided), in AISBench's shape.
-
-    Each file's numbers become counts (position i's accepted count is its rate x drafts) for
-    `results.aggregate`; estimates (no counts) stay out, as in the exporter's aggregate.
-    """
+    """The aggregate of several RESULTs (counts summed, then divided); estimates stay out."""
     counted = []
     for name, result in results.items():
         if result.get("status") == Status.OK and isinstance(result.get("increase"), Mapping):

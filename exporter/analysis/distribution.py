@@ -1,10 +1,7 @@
 """Pure math: the distribution of X, the accepted tokens per draft, from per-position rates.
 
-Within one draft, position i+1 is only accepted if position i was (tokens after the first
-rejection are discarded), so the per-position rates are X's survival function:
-P(X >= i+1) = p_i and P(X = j) = p_{j-1} - p_j, with p_{-1} = 1 and p_k = 0. Measured rates
-that are not non-increasing (noise, a restart, a dialect that counts differently) are replaced
-by their isotonic (pool-adjacent-violators) fit, and the distribution says so.
+Position i+1 is accepted only if i was, so the rates are X's survival function: P(X >= i+1) =
+p_i. Rates that rise somewhere (noise, a restart) are replaced by their isotonic fit.
 """
 
 from __future__ import annotations
@@ -85,10 +82,7 @@ class Distribution:
 
 
 def distribution(rates: Sequence[float]) -> Distribution:
-    """The distribution of X from the per-position rates p_0..p_{k-1}.
-
-    Rates outside 0..1 are clamped (a survival function cannot leave that range).
-    """
+    """The distribution of X from the rates p_0..p_{k-1}, clamped to 0..1."""
     # min(1.0, max(0.0, p)) for each rate, looped in C.
     measured = tuple(map(min, repeat(1.0), map(max, repeat(0.0), map(float, rates))))
     if is_non_increasing(measured):
@@ -98,10 +92,7 @@ def distribution(rates: Sequence[float]) -> Distribution:
 
 
 def rates_from_mapping(per_position: Mapping[str, float] | Mapping[int, float]) -> list[float]:
-    """Rates in numeric position order from {"0": p0, "1": p1, ...} (keys str or int).
-
-    A missing position in the middle is a 0 rate: nothing was accepted there.
-    """
+    """Rates in position order from {"0": p0, ...} (str or int keys); a missing one is 0."""
     if not per_position:
         return []
     if in_position_order(per_position):

@@ -1,8 +1,7 @@
 """Pure statistics for comparing two windows: 95% intervals, differences, verdicts.
 
-Every interval treats drafts as independent trials (one draft's outcome does not change the
-next one's odds). Real serving breaks that a little (a hard prompt makes several drafts in a
-row fail), so the intervals are somewhat too narrow when acceptance drifts inside a window.
+Drafts count as independent trials; a hard prompt failing several in a row breaks that a
+little, so the intervals are somewhat too narrow when acceptance drifts inside a window.
 """
 
 from __future__ import annotations

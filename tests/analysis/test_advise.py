@@ -8,7 +8,6 @@ import pytest
 
 from exporter.analysis.advise import (
     advice,
-    cost_key,
     extended_rates,
     result_advice,
     tail_ratio,
@@ -90,7 +89,7 @@ class TestAdvice:
     def test_any_number_of_costs(self, costs):
         # Four costs (the default) take a shortcut for the rows: every count gives one shape.
         body = advice(distribution(RATES), costs)
-        keys = [cost_key(c) for c in costs]
+        keys = [format(c, "g") for c in costs]
         assert len(body["rows"]) == 6 and list(body["best"]) == keys
         for kk, row in enumerate(body["rows"], 1):
             assert list(row) == ["k", "length", "estimate", "speedup"]
