@@ -1,5 +1,5 @@
 """An accumulator's row in the state database: its whole state as JSON, or only what a round
-changed (its round part), and back; a round part is made without building the whole row."""
+changed (its round part, made without building the whole row), and back."""
 
 from __future__ import annotations
 
@@ -67,8 +67,7 @@ class AccumulatorRows:
         return self.anomalies_before, self.anomalies_inside, self.anomalies_after
 
     def to_json(self) -> str:
-        """The whole state as JSON text: each series' key and its four numbers (value, created,
-        increase, seen) as one flat list."""
+        """The whole state as JSON: per series its key, and value, created, increase, seen."""
         return self._whole_json(self._keys())
 
     def encode(self, *, whole: bool = False) -> Encoded:
@@ -106,13 +105,10 @@ class AccumulatorRows:
             keys += [k for k in (*self.last, *self.gone) if k not in self.increase]
         return keys
 
-    def _series(self, keys: Sequence[SeriesKey] | None = None,
+    def _series(self, keys: Sequence[SeriesKey],
                 ) -> Iterator[tuple[SeriesKey, float | None, float | None, float | None]]:
-        """(key, last value, `_created`, when last read) of each series (default: those with
-        a value), None where a series has none."""
+        """(key, last value, `_created`, when last read) of each of `keys`, None if unknown."""
         last, created, gone, at = self.last, self.created, self.gone, self.last_at
-        if keys is None:
-            keys = [*last, *gone]
         for k in keys:
             if k in last:
                 yield k, last[k], created.get(k), at

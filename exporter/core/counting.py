@@ -55,11 +55,8 @@ def _known(created: float | None) -> bool:
 
 @dataclass(slots=True)
 class Accumulator(AccumulatorRows):
-    """Increases of one target's series since a baseline scrape, fed scrape by scrape.
-
-    `last` and `created` are the last usable snapshot's own (never mutated) mappings, shared
-    with the target's other readers; only series off that page are kept apart, in `gone`.
-    """
+    """Increases of one target's series since a baseline scrape, fed scrape by scrape; `last`
+    and `created` are the last usable snapshot's own mappings (shared: never mutated)."""
 
     last: Mapping[SeriesKey, float] = field(default_factory=dict)
     created: Mapping[SeriesKey, float] = field(default_factory=dict)
@@ -71,21 +68,20 @@ class Accumulator(AccumulatorRows):
     engines: frozenset[str] = frozenset()  # one set shared by all alike (`shared_engines`)
     dialect: str = ""
     packed_before: PackedCounts | None = None  # the baseline's totals (read as `before`)
-    # (prev scrape, seen) of each restart. Containers most accumulators leave empty start as
-    # shared empty ones (`NO_ITEMS`, `NO_ANOMALIES`): they must be replaced, not written.
+    # (prev scrape, seen) of each restart. Containers most leave empty start as shared empty
+    # ones (`NO_ITEMS`, `NO_ANOMALIES`): replaced, never written.
     reset_spans: Sequence[tuple[float, float]] = ()
     # When each restart of `reset_spans` happened by its series' `_created` (or None).
     restart_times: Sequence[float | None] = ()
-    # Series off the last usable page: (last value, its `_created`, when last read), what a
-    # series that comes back counts from.
+    # Series off the last usable page: (last value, `_created`, when read), to count on from.
     gone: Mapping[SeriesKey, tuple[float, float | None, float]] = field(
         default_factory=lambda: NO_ITEMS)
     # Interval gauges (SGLang's acceptance, V0's rates), time-weighted: per gauge name,
     # sum(value * dt) and sum(dt) over the intervals between consecutive scrapes.
     gauge_weighted: Mapping[str, float] = field(default_factory=lambda: NO_ITEMS)
     gauge_seconds: Mapping[str, float] = field(default_factory=lambda: NO_ITEMS)
-    # Scrapes with an unusable counter value are not taken: those before the first usable
-    # scrape move the span's start, those after the last its end; those between are bridged.
+    # Scrapes with an unusable counter value, not taken: before the first usable one, bridged
+    # inside, and after the last.
     anomalies_before: AnomalyTally = NO_ANOMALIES
     anomalies_inside: AnomalyTally = NO_ANOMALIES
     anomalies_after: AnomalyTally = NO_ANOMALIES
@@ -97,11 +93,8 @@ class Accumulator(AccumulatorRows):
     feeds: int = field(default=0, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
-        """Take one scrape into account; returns whether it showed a server restart.
-
-        A scrape with a NaN, infinite or negative counter value is only tallied, so that every
-        figure of the result covers the same span.
-        """
+        """Take one scrape; whether it showed a server restart. One with a NaN, infinite or
+        negative counter is only tallied, so every figure covers the same span."""
         self._totals = None
         self.feeds += 1
         anomaly = find_anomaly(snapshot, at)
@@ -147,14 +140,13 @@ class Accumulator(AccumulatorRows):
         last, last_created, gone = self.last, self.created, self.gone
         last_at = self.last_at or 0.0  # when the series in `last` were read
         # A restart zeroes an engine's counters at once, but a small one can be past its old
-        # value by the next scrape: a series that shows the restart bounds it from below, so
-        # every series of the engine last seen no later counts from zero too (one seen since
-        # keeps its own evidence).
+        # value by the next scrape: every series of a restarted engine last seen no later than
+        # the one that shows it counts from zero too.
         bounds: dict[Engine, float] = {}
         in_last = 0  # of this page's series, those on the last usable scrape's page
         if not gone and created == last_created:
-            # The usual scrape: every `_created` as at the last one (NaN ones the same
-            # objects), so only a value gone down shows a restart (`counter_increase`).
+            # Every `_created` as at the last scrape (NaN ones the same objects, so equal): only
+            # a value gone down shows a restart.
             for key, value in values.items():
                 before = last.get(key)
                 if before is not None:
@@ -235,8 +227,7 @@ class Accumulator(AccumulatorRows):
                 seconds[name] = seconds.get(name, 0.0) + dt
 
     def gauge_means(self) -> dict[str, float]:
-        """Each interval gauge's time-weighted mean over the scrapes since the baseline (an
-        estimate: the gauge covers the server's logging interval, not our scrapes')."""
+        """Each interval gauge's time-weighted mean over the scrapes since the baseline."""
         return {
             name: self.gauge_weighted[name] / seconds
             for name, seconds in sorted(self.gauge_seconds.items())
@@ -245,9 +236,7 @@ class Accumulator(AccumulatorRows):
 
     def _carry_relabelled(self, snapshot: Snapshot) -> set[SeriesKey]:
         """A series that gains (or loses) its `engine` label is the same series renamed: its
-        state moves to the new name (into `gone`), so its whole value is not counted as
-        increase. Returns the old names taken from `last` (renamed, not off the page).
-        """
+        state moves to the new name (in `gone`); returns the old names taken from `last`."""
         last, gone, values = self.last, self.gone, snapshot.values
         renamed: set[SeriesKey] = set()
         # Built once per scrape and only if needed: renaming must not cost new x known.
@@ -281,8 +270,8 @@ class Accumulator(AccumulatorRows):
         return renamed
 
     def _retire_absent(self) -> None:
-        """Forget the oldest-seen absent series past MAX_ABSENT_SERIES; their increase moves
-        to one retired key per counter and position, so totals stay exact."""
+        """Forget the oldest absent series past MAX_ABSENT_SERIES; their increase moves to one
+        retired key per counter and position."""
         if len(self.gone) <= MAX_ABSENT_SERIES:
             return
         gone = self._own_gone()
@@ -309,8 +298,7 @@ class Accumulator(AccumulatorRows):
         return bool(self.last) or bool(self.gone)
 
     def totals(self, *, cached: bool = True) -> Counts:
-        """The increase since the baseline, summed over engines and models; kept until the
-        next `feed` unless not `cached` (and not kept already)."""
+        """The increase since the baseline, summed; kept until the next `feed` if `cached`."""
         if self._totals is not None:
             return self._totals
         totals = sum_series(self.increase.items())
@@ -326,8 +314,7 @@ class Accumulator(AccumulatorRows):
         return counts_by_model(self.increase)
 
     def current(self) -> Counts:
-        """The last counter values seen, summed (AISBench's `after`): those off the last
-        usable scrape's page too, as they were last read."""
+        """The last counter values seen (off the last page too), summed: AISBench's `after`."""
         return sum_series([*self.last.items(), *((k, g[0]) for k, g in self.gone.items())])
 
     @property
@@ -348,12 +335,10 @@ def _engine_of(key: SeriesKey) -> Engine:
 
 @dataclass
 class LiveTrack:
-    """A target's cumulative increase at its scrapes, kept for `span` seconds: live gauges.
+    """A target's cumulative increase at its scrapes over `span` seconds (live gauges), packed.
 
-    Scrapes less than `spacing` apart are thinned, so markers between the regular rounds do
-    not grow memory: a track holds fewer than `span / spacing` + 4 points. The newest two are
-    always kept (their gap is the target's last gap between scrapes, which exposition reads).
-    `points` are kept packed (`Packed`; a point's time is its first item).
+    Points less than `spacing` apart are thinned (fewer than `span / spacing` + 4 kept), but
+    the newest two stay: exposition reads their gap as the target's last scrape interval.
     """
 
     span: float
@@ -390,8 +375,8 @@ class LiveTrack:
         return None if ends is None else ends[1][1] - ends[0][1]
 
     def span_ends(self, now: float) -> tuple[Point, Point] | None:
-        """The (time, totals) points `over_span` subtracts; the same objects until one of them
-        changes, so a reader can cache what it derives from them."""
+        """The (time, totals) points `over_span` subtracts: the same objects until one changes,
+        so readers can cache by them."""
         points = self.points
         if len(points) < 2 or self._newest is None:
             return None

@@ -1,9 +1,6 @@
-"""A window from a store's raw samples: the same exact, reset-safe accounting as a live window.
-
-A Prometheus-compatible store keeps every scrape it took of a target, all of its series stamped
-with one timestamp. Each such timestamp is rebuilt as the page the store read, parsed by the
-same parser and fed to the same `counting.Accumulator` as a live scrape, so restarts, `_created`
-changes and anomalies follow the same rules, and the result has the same shape.
+"""A window from a Prometheus store's raw samples: each scrape the store took (its series share
+one timestamp) is rebuilt as the page it read and fed to a `counting.Accumulator` as a live
+scrape is, so the result follows the same rules and has the same shape.
 """
 
 from __future__ import annotations
@@ -42,16 +39,12 @@ def family_names() -> list[str]:
     return sorted(names)
 
 
-def target_name(labels: Mapping[str, str], by: Sequence[str]) -> str:
-    """What target a series belongs to: its `by` labels' values (`instance` by default)."""
-    return ",".join(labels.get(label, "") for label in by or ("instance",))
-
-
 def group_targets(series: Iterable[RawSeries], by: Sequence[str]) -> dict[str, list[RawSeries]]:
-    """Series per target, targets in name order."""
+    """Series per target (named by its `by` labels' values, `instance` by default), in order."""
     groups: dict[str, list[RawSeries]] = {}
     for one in series:
-        groups.setdefault(target_name(one.labels, by), []).append(one)
+        name = ",".join(one.labels.get(label, "") for label in by or ("instance",))
+        groups.setdefault(name, []).append(one)
     return dict(sorted(groups.items()))
 
 
@@ -64,15 +57,6 @@ def _line(labels: Mapping[str, str], value: float) -> str:
                      if k != "__name__")
     text = "NaN" if math.isnan(value) else repr(value).replace("inf", "Inf")
     return f"{labels['__name__']}{{{pairs}}} {text}\n"
-
-
-def pages(series: Sequence[RawSeries]) -> list[tuple[float, bytes]]:
-    """The pages the store read of one target: per sample time, its series' lines."""
-    lines: dict[float, list[str]] = {}
-    for one in series:
-        for at, value in one.samples:
-            lines.setdefault(at, []).append(_line(one.labels, value))
-    return [(at, "".join(lines[at]).encode()) for at in sorted(lines)]
 
 
 def coverage(times: Sequence[float], frm: float, to: float) -> dict[str, Any]:
@@ -95,12 +79,16 @@ def coverage(times: Sequence[float], frm: float, to: float) -> dict[str, Any]:
 
 
 def account(series: Sequence[RawSeries]) -> tuple[Accumulator, list[float]]:
-    """One target's accumulator fed with every page the store read, and those pages' times."""
+    """One target's accumulator fed with every page the store read (per sample time, its
+    series' lines), and those pages' times."""
+    lines: dict[float, list[str]] = {}
+    for one in series:
+        for at, value in one.samples:
+            lines.setdefault(at, []).append(_line(one.labels, value))
     acc = Accumulator()
-    times = []
-    for at, page in pages(series):
-        acc.feed(parse_page(page, Dialect.AUTO), at)
-        times.append(at)
+    times = sorted(lines)
+    for at in times:
+        acc.feed(parse_page("".join(lines[at]).encode(), Dialect.AUTO), at)
     return acc, times
 
 

@@ -1,6 +1,5 @@
-"""Bytes of a /metrics page -> `Snapshot` of the spec-decode families, without parsing the rest:
-pages are mostly histograms we do not need, so we jump from one line starting with the
-dialect's prefix to the next by substring search and parse only those lines.
+"""Bytes of a /metrics page -> `Snapshot` of the spec-decode families: the parser jumps from
+one line starting with the dialect's prefix to the next by substring search, parsing only those.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ _NAMESPACES = tuple(
 
 
 def detect_dialect(page: bytes) -> tuple[Dialect | None, int]:
-    """The dialect of the first spec-decode name on the page and the start of its line (the
-    parser starts there: no spec-decode series can be above it)."""
+    """The dialect of the first spec-decode name on the page and the start of its line."""
     at = page.find(_PROBE)
     while at >= 0:
         for namespace, dialect, spec in _NAMESPACES:
@@ -94,32 +92,6 @@ def parse_labels(line: bytes, start: int) -> tuple[dict[str, str], int] | None:
             return None
 
 
-def parse_line(
-    line: bytes, spec: DialectSpec
-) -> tuple[str, Field | None, SampleKind, dict[str, str], float] | None:
-    """One sample line -> (name, field, kind, labels, value); None when it is not ours or bad."""
-    cut = len(line)
-    for sep in (b"{", b" ", b"\t"):
-        i = line.find(sep)
-        if 0 <= i < cut:
-            cut = i
-    name = line[:cut]
-    entry = spec.names.get(name)
-    if entry is None:
-        return None
-    labels: dict[str, str] = {}
-    rest_at = cut
-    if cut < len(line) and line[cut] == ord("{"):
-        parsed = parse_labels(line, cut)
-        if parsed is None:
-            return None
-        labels, rest_at = parsed
-    value = _sample_value(line[rest_at:])
-    if value is None:
-        return None
-    return name.decode(), entry[0], entry[1], labels, value
-
-
 class _Unseen(Enum):
     """A head not resolved yet (a resolved head that is not ours is None)."""
 
@@ -134,11 +106,25 @@ _MAX_HEAD_BYTES = 1024
 
 
 def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
-    """(name, kind, series key or gauge labels) of a line's text before its value."""
-    parsed = parse_line(head + b" 0", spec)
-    if parsed is None:
+    """What a line's text before its value is (`Head`); None when it is not ours or bad."""
+    cut = len(head)
+    for sep in (b"{", b" ", b"\t"):
+        i = head.find(sep)
+        if 0 <= i < cut:
+            cut = i
+    entry = spec.names.get(head[:cut])
+    if entry is None:
         return None
-    name, fld, kind, labels, _ = parsed
+    labels: dict[str, str] = {}
+    rest_at = cut
+    if cut < len(head) and head[cut] == ord("{"):
+        parsed = parse_labels(head, cut)
+        if parsed is None:
+            return None
+        labels, rest_at = parsed
+    if head[rest_at:].strip():  # `_read` cuts a head at its last brace: nothing may follow
+        return None
+    name, (fld, kind) = head[:cut].decode(), entry
     if kind is SampleKind.GAUGE:
         pairs = tuple(sorted(labels.items()))
         return name, kind, pairs, max(map(len, _label_values(pairs)), default=0), -1
@@ -280,8 +266,7 @@ def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
 
 
 def _remember_head(head: bytes, spec: DialectSpec) -> Head | None:
-    """`_resolve_head`, kept for the next scrape: bounded in count and size, so odd pages
-    cannot grow the cache without end."""
+    """`_resolve_head`, kept for the next scrape (bounded: odd pages cannot grow the cache)."""
     resolved = _resolve_head(head, spec)
     if len(spec.heads) < _MAX_HEADS and len(head) <= _MAX_HEAD_BYTES:
         spec.heads[head] = resolved
@@ -358,10 +343,8 @@ def _find_far(page: bytes, needle: bytes, frm: int) -> int:
     return -1 if hit is None else hit - base
 
 
-def _series_key(
-    fld: Field | None, labels: dict[str, str], spec: DialectSpec,
-    kind: SampleKind = SampleKind.VALUE,
-) -> SeriesKey | None:
+def _series_key(fld: Field | None, labels: dict[str, str], spec: DialectSpec,
+                kind: SampleKind) -> SeriesKey | None:
     assert fld is not None
     model = labels.pop("model_name", "")
     engine = labels.pop("engine", "")

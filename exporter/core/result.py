@@ -1,6 +1,5 @@
-"""The RESULT: one target's window (or the aggregate) in AISBench's format plus our extras,
-its JSON both ways, the one aggregate, and the result files' names. Pure and stdlib-only: the
-client merges shards' answers with the same `aggregate`."""
+"""The RESULT (a target's window, or the aggregate) in AISBench's format plus our extras, its
+JSON both ways, and the result files' names. Stdlib-only: the client's merge uses `aggregate`."""
 
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ class Coverage(StrEnum):
 
 
 def result_file_name(label: str, suffix: str = "") -> str:
-    """`spec_decode_` + the label with every character outside [A-Za-z0-9._-] made `_`, as
-    AISBench names its files; a `suffix` after `__`, one over 64 characters cut to 55 and
-    `-<crc32 of it>` (a file name has 255 bytes at most)."""
+    """AISBench's file name for `label` (`_` for characters outside [A-Za-z0-9._-]), `__suffix`
+    after it: one over 64 characters cut to 55 and `-<crc32>` (names have 255 bytes at most)."""
     safe = _UNSAFE.sub("_", suffix)
     if len(safe) > 64:
         safe = f"{safe[:55]}-{zlib.crc32(suffix.encode()):08x}"
@@ -69,12 +67,9 @@ def result_file_names(results: Mapping[str, Mapping[str, Any]]) -> dict[str, str
 
 def unobserved_span(prev: float, seen: float, restart_at: float | None,
                     downtimes: Iterable[tuple[float, float]] = ()) -> dict[str, Any]:
-    """The span of one restart that no scrape saw: from our last scrape before it (`prev`) to
-    the restart, when `_created` dates it (`restart_at`), else to the scrape that showed it.
-
-    What the old process counted after `prev` died with it; the last of `downtimes` (spans
-    the exporter was down) inside this span is named.
-    """
+    """The span of one restart no scrape saw: from our last scrape before it (`prev`) to the
+    restart (`restart_at`, from `_created`) or else the scrape that showed it; the last of
+    `downtimes` (the exporter down) inside it is named."""
     known = restart_at is not None and prev <= restart_at <= seen
     end = restart_at if known and restart_at is not None else seen
     if known:
@@ -129,8 +124,7 @@ def unobserved_text(spans: Iterable[Mapping[str, Any]]) -> str:
 
 
 def _read_spans(raw: object) -> tuple[dict[str, Any], ...]:
-    """`unobserved` read back, each span made again from its times (no text from elsewhere
-    reaches a note); entries without usable times are dropped."""
+    """`unobserved` made again from its times (no peer's text reaches a note), bad entries out."""
     if not isinstance(raw, list):
         return ()
     spans = []
@@ -157,8 +151,7 @@ def fetch_error(url: str, reason: str, when: str) -> str:
 
 @dataclass(frozen=True)
 class Result:
-    """One RESULT (a target's, or the aggregate when `targets` is set); `data` is derived
-    from `increase` (or `gauge_means` for an estimate)."""
+    """One RESULT (the aggregate when `targets` is set)."""
 
     status: Status
     url: str | None
@@ -207,8 +200,7 @@ class Result:
         return result_data(self.increase or Counts())
 
     def to_json(self, *, iso_times: bool = False) -> dict[str, Any]:
-        """The RESULT as the API answers it and the file holds it: AISBench's keys first;
-        with `iso_times`, each `..._at` time with its `..._at_iso` beside it."""
+        """The RESULT's JSON, AISBench's keys first; `iso_times` adds `..._at_iso` keys."""
         counted = self.ok and self.increase is not None
         body: dict[str, Any] = {
             "status": self.status.value,
@@ -321,8 +313,7 @@ _NONE = Counts()  # what a RESULT without counts adds
 
 
 def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
-    """All targets with exact counts summed, then divided (never an average of ratios);
-    estimates (gauge means) cannot be summed with counts: they stay out."""
+    """Exact counts summed, then divided (never an average of ratios); estimates stay out."""
     used = [(name, r) for name, r in results
             if r.ok and r.increase is not None and r.gauge_means is None]
     total = sum_counts(r.increase or _NONE for _, r in used)

@@ -101,8 +101,7 @@ def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> dic
 
 
 def _raw_pair(acc: Accumulator, started: bool) -> dict[str, Any]:
-    """AISBench's before/after: the first and last usable scrape; None (not zeros) where
-    there is none."""
+    """AISBench's before/after: the first and last usable scrape, None (not zeros) if none."""
     if acc.scrapes == 0 or is_estimate(acc.dialect) or not acc.has_series:
         return {"before": None, "after": None}
     before = acc.before or Counts()
@@ -225,11 +224,8 @@ _Made = tuple[tuple[Any, ...], float | None, Result, dict[str, Any], dict[str, A
 
 
 class AnswerParts:
-    """A stop answer made target by target: each RESULT (with its advice) as soon as its stop
-    scrape is in, the rest once the window is stopped. A RESULT is made again when anything
-    it is made of changed since (for a partial one, the stop time too): the answer is the same
-    as made in one go.
-    """
+    """A stop answer made target by target, each RESULT (and advice) once its stop scrape is in;
+    made again if its inputs (for a partial one, the stop time too) changed since."""
 
     def __init__(self, window: Window, advisor: Advisor | None = None):
         self.window = window
