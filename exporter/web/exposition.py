@@ -351,22 +351,16 @@ class MetricsWriter:
         # Changes only when a window stops or the targets' set or labels change (a reload, a
         # discovery source's new labels): keyed on both.
         window = view.last_window
-        if (self._last_key is None or self._last_key[0] is not window
-                or self._last_key[1] != view.targets_version):
-            self._last_lines = self._last_window_lines(view)
-            self._last_key = (window, view.targets_version)
-        return self._last_lines
-
-    def _last_window_lines(self, view: StateView) -> dict[Family, list[str]]:
+        key = self._last_key
+        if key is not None and key[0] is window and key[1] == view.targets_version:
+            return self._last_lines
         out: dict[Family, list[str]] = {LAST_RATIO: [], LAST_LENGTH: [], LAST_POS_RATIO: [],
                                         LAST_INFO: []}
-        window = view.last_window
-        if window is None:
-            return out
-        out[LAST_INFO].append(line(
-            LAST_INFO.name, label_text({"id": window.id, "name": window.name}),
-            float(window.stopped_at)))
-        for name, increase in window.increases.items():
+        if window is not None:
+            out[LAST_INFO].append(line(
+                LAST_INFO.name, label_text({"id": window.id, "name": window.name}),
+                float(window.stopped_at)))
+        for name, increase in window.increases.items() if window is not None else ():
             state = view.targets.get(name)
             labels = label_text({"target": name} | (state.config.labels if state else {}))
             # A gauge with no drafts behind it is absent, not 0.
@@ -377,6 +371,7 @@ class MetricsWriter:
             for pos, value in position_ratios(increase).items():
                 out[LAST_POS_RATIO].append(
                     line(LAST_POS_RATIO.name, f'{labels},position="{pos}"', value))
+        self._last_key, self._last_lines = (window, view.targets_version), out
         return out
 
 

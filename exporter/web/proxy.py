@@ -38,6 +38,7 @@ from exporter.web.requesthist import RequestLengths
 log = logging.getLogger(__name__)
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
 SMALL_BODY = 64 * 1024  # a request body up to this size (with its length given) is sent whole
+KEEP_RECORDED = 1000  # windows whose per-request figures are kept
 # Headers of one hop (RFC 9110 7.6.1), and Host, which names the proxy, not the upstream.
 _HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
@@ -132,16 +133,12 @@ def proxy_app(upstream: Upstream, session: aiohttp.ClientSession) -> web.Applica
 
 
 class Recordings:
-    """Per-request figures of each window (by id) and target, recorded while the window is open.
-
-    A stopped window keeps its figures (the newest `keep` windows) so that a second stop and a
-    GET answer the same block.
-    """
+    """Per-request figures of each window (by id) and target, recorded while the window is open
+    and kept after its stop (the newest KEEP_RECORDED) for a second stop and a GET."""
 
     def __init__(self, open_windows: Callable[[], list[tuple[str, Iterable[str]]]],
-                 keep: int = 1000, clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time) -> None:
         self._open_windows = open_windows
-        self._keep = keep
         self._clock = clock  # the exporter's, which dates the scrapes around a restart
         self._windows: dict[str, dict[str, PerRequest]] = {}
 
@@ -153,19 +150,16 @@ class Recordings:
                 per_target = self._windows.setdefault(window_id, {})
                 per_target.setdefault(target, PerRequest()).record(stats, at)
                 self._windows[window_id] = self._windows.pop(window_id)  # newest last
-        while len(self._windows) > self._keep:
+        while len(self._windows) > KEEP_RECORDED:
             del self._windows[next(iter(self._windows))]
 
-    def has(self, window_id: str) -> bool:
-        """Whether any request went through the proxy while this window was open."""
-        return window_id in self._windows
-
-    def block(self, window_id: str, answer: dict[str, Any]) -> dict[str, Any] | None:
-        """The `per_request` block of a window: per target and aggregate; with the counters'
-        increase of a stopped window's RESULTs, `covers_all` and the share of drafts."""
+    def block(self, window_id: str, read: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        """The `per_request` block of a window the proxy saw requests in (only then is its
+        answer or state `read`): per target and aggregate, beside the RESULTs' counters."""
         per_target = self._windows.get(window_id)
         if not per_target:
             return None
+        answer = read()
         results = answer.get("results") or {}
         total = PerRequest()
         targets = {}
@@ -311,8 +305,8 @@ def proxy_blocks(app: web.Application, window_id: str,
     blocks: dict[str, Any] = {}
     if proxying.edges is not None and (edges := proxying.edges.block(window_id)) is not None:
         blocks["edges"] = edges
-    if proxying.recordings.has(window_id):
-        blocks["per_request"] = proxying.recordings.block(window_id, answer())
+    if (per_request := proxying.recordings.block(window_id, answer)) is not None:
+        blocks["per_request"] = per_request
     return blocks
 
 
