@@ -47,16 +47,13 @@ class WindowAnswer:
     body: dict[str, Any]
 
     def console(self) -> str:
-        """Every target's console block, then `all` when there are two or more; then the
-        per-request sections when requests went through the recording proxy."""
+        """Every target's console block, `all` for two or more, then any per-request sections."""
         return format_window(self.body) + format_per_request(self.body)
 
 
 def opener_for(url: str) -> urllib.request.OpenerDirector:
-    """urllib's opener; straight to a loopback exporter (localhost, 127.0.0.0/8, ::1), whatever
-    HTTP_PROXY says: a proxy cannot reach this machine's loopback, and a harness set up for a
-    corporate proxy rarely lists 127.0.0.1 in NO_PROXY.
-    """
+    """urllib's opener, straight to a loopback exporter whatever HTTP_PROXY says: a proxy cannot
+    reach our loopback, and a harness behind a proxy rarely lists 127.0.0.1 in NO_PROXY."""
     host = urlsplit(url).hostname or ""
     try:
         loopback = ipaddress.ip_address(host).is_loopback
@@ -127,11 +124,9 @@ class ExporterClient:
         labels: dict[str, str] | None = None,
         *, edges: str | None = None, skip_requests: int | None = None,
     ) -> dict[str, Any]:
-        """Open a window; returns {"id", "name", "targets", "started_at", "created"}.
-
-        `created` is False when the window was open already (an identical retry). With
-        `edges="traffic"` it opens at the first measured request through the exporter's
-        recording proxy (`started_at` null until then), `skip_requests` after that many."""
+        """Open a window; returns {"id", "name", "targets", "started_at", "created"}, `created`
+        False for an identical retry. `edges="traffic"` opens it at the first request through
+        the recording proxy past `skip_requests` of them (`started_at` null until then)."""
         body: dict[str, Any] = {}
         if edges == "traffic":
             body["edges"] = edges
@@ -152,10 +147,8 @@ class ExporterClient:
 
 
 class FleetClient:
-    """Windows across several exporters (shards of one fleet): one id, merged results.
-
-    Shards configured with `peers` do this themselves (exporter/web/fanout.py): one URL is enough.
-    """
+    """Windows across several exporters (shards of one fleet): one id, merged results. Shards
+    configured with `peers` do this themselves: one URL is enough."""
 
     def __init__(self, urls: Sequence[str], token: str | None = None, timeout: float = 60.0):
         if not urls:

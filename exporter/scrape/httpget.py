@@ -75,7 +75,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserCallbackError:
             pass  # a callback already failed the request (over the cap)
         except httptools.HttpParserError as exc:
-            self._fail(GetError(f"invalid HTTP response: {_parser_reason(exc)}"))
+            reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+            self._fail(GetError(f"invalid HTTP response: {reason}"))
 
     def eof_received(self) -> bool:
         return False  # close the transport: connection_lost settles the request
@@ -190,10 +191,6 @@ class _Connection(asyncio.Protocol):
 
 class _Stop(Exception):
     """Raised from `on_body` to make llhttp stop parsing an answer we refused."""
-
-
-def _parser_reason(exc: Exception) -> str:
-    return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
 _IDLE_PER_HOST = 2

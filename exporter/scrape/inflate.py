@@ -7,19 +7,16 @@ import functools
 import zlib
 from types import ModuleType
 
-_fastest: ModuleType | None
+BACKENDS: dict[str, ModuleType] = {"zlib": zlib}
 try:
     from isal import igzip_lib, isal_zlib
 
-    _fastest = isal_zlib
+    BACKENDS["isal"] = isal_zlib
     # isal's stub declares it an instance of Exception; it is the class.
     _ISAL_ERROR: type[Exception] = getattr(igzip_lib, "IsalError")  # noqa: B009
 except ImportError:  # pragma: no cover - depends on what is installed
-    _fastest = None
-
-BACKENDS: dict[str, ModuleType] = {"zlib": zlib}
-if _fastest is not None:
-    BACKENDS["isal"] = _fastest
+    pass
+_fastest = BACKENDS.get("isal")
 BACKEND = "isal" if _fastest is not None else "zlib"
 
 
