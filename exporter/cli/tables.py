@@ -6,13 +6,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.analysis.stats import ASSUMPTION
-
-_FORMATS = {"acceptance_rate": ".2f", "acceptance_length": ".3f"}
-_NAMES = {"acceptance_rate": "acceptance rate %", "acceptance_length": "acceptance length"}
+from exporter.web.pages.compare import FORMATS, NAMES
 
 
 def _spec(metric: str) -> str:
-    return _FORMATS.get(metric, ".4f")
+    return FORMATS.get(metric, ".4f")
 
 
 def _value(estimate: Mapping[str, Any], spec: str, signed: bool = False) -> str:
@@ -36,7 +34,7 @@ def format_entry(name: str, entry: Mapping[str, Any]) -> list[str]:
     for row in entry["metrics"]:
         spec = _spec(row["metric"])
         rows.append((
-            _NAMES.get(row["metric"], row["metric"].replace("_", " ")),
+            NAMES.get(row["metric"], row["metric"].replace("_", " ")),
             _value(row["a"], spec), _value(row["b"], spec),
             _value(row["difference"], spec, signed=True), row["verdict"],
         ))

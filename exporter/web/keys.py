@@ -11,5 +11,3 @@ SERVICE = web.AppKey("service", ExporterService)
 WRITER = web.AppKey("writer", MetricsWriter)
 # key -> (service generation, monotonic time, rendered bytes)
 METRICS_CACHE: web.AppKey[dict[str, tuple[int, float, bytes]]] = web.AppKey("metrics_cache", dict)
-
-__all__ = ["METRICS_CACHE", "SERVICE", "WRITER"]

@@ -98,6 +98,3 @@ def add_routes(app: web.Application) -> None:
         else:
             app.router.add_route(route.method, route.path, _dispatch(route))
     app.on_response_prepare.append(_say_scope)
-
-
-__all__ = ["ROUTES", "Route", "SCOPE_HEADER", "Scope", "add_routes"]

@@ -18,8 +18,8 @@ _STYLE = """
 .side{display:flex;gap:2em;flex-wrap:wrap}.side>div{flex:1;min-width:min(320px,100%)}
 """ + ADVICE_STYLE
 
-_FORMATS = {"acceptance_rate": ".2f", "acceptance_length": ".3f"}
-_NAMES = {"acceptance_rate": "acceptance rate %", "acceptance_length": "acceptance length"}
+FORMATS = {"acceptance_rate": ".2f", "acceptance_length": ".3f"}
+NAMES = {"acceptance_rate": "acceptance rate %", "acceptance_length": "acceptance length"}
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "no significant difference": "same"}
 
 
@@ -63,10 +63,10 @@ def _entry_table(name: str, entry: Mapping[str, Any]) -> str:
                   f"B: {entry.get('b_drafts') or 0:.0f} drafts</small>")
     rows = []
     for row in entry["metrics"]:
-        spec = _FORMATS.get(row["metric"], ".4f")
+        spec = FORMATS.get(row["metric"], ".4f")
         css = _VERDICT_CLASS.get(row["verdict"], "same")
         rows.append(
-            f"<tr><td>{escape(_NAMES.get(row['metric'], row['metric'].replace('_', ' ')))}</td>"
+            f"<tr><td>{escape(NAMES.get(row['metric'], row['metric'].replace('_', ' ')))}</td>"
             f"<td>{_estimate(row['a'], spec)}</td><td>{_estimate(row['b'], spec)}</td>"
             f"<td>{interval_svg(row['a'], row['b'])}</td>"
             f"<td>{_estimate(row['difference'], spec, signed=True)}</td>"
