@@ -1,5 +1,5 @@
-"""A counter value no counter can have, and how a person reads a series: the anomalies a
-window's accumulators tally (they are kept in the state, so they are small and immutable)."""
+"""Counter values no counter can have, as a window's accumulators tally them (kept in the
+state: small and immutable), and how a person reads a series."""
 
 from __future__ import annotations
 
@@ -56,8 +56,7 @@ def find_anomaly(snapshot: Snapshot, at: float) -> Anomaly | None:
 
 @dataclass(frozen=True, slots=True)
 class AnomalyTally:
-    """Anomalous scrapes of one stretch: the first and the last, and how many. Immutable:
-    accumulators that never see one share `NO_ANOMALIES`."""
+    """Anomalous scrapes of one stretch: the first, the last, and how many."""
 
     count: int = 0
     first: Anomaly | None = None

@@ -45,8 +45,7 @@ def format_block(label: str, result: Mapping[str, Any]) -> str:
 
 
 def format_caveats(result: Mapping[str, Any]) -> str:
-    """One `Note:` line per thing the block cannot carry (partial coverage, restarts, unusable
-    scrapes, an estimate, a dialect's caveat); nothing for a clean full result."""
+    """One `Note:` line per thing the block cannot carry; nothing for a clean full result."""
     if result.get("status") != "ok":
         return ""  # the block's Reason says it all
     notes = []
@@ -71,8 +70,7 @@ def format_caveats(result: Mapping[str, Any]) -> str:
 
 
 def format_window(answer: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
-    """Every target's block of a stopped window and its caveat lines, then `all` when it
-    covers two or more."""
+    """Every target's block of a stopped window with its notes, then `all` for two or more."""
     results: Mapping[str, Any] = answer.get("results") or {}
     blocks = []
     for name, result in results.items():

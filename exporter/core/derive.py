@@ -39,8 +39,8 @@ def position_ratios(counts: Counts) -> dict[int, float]:
 
 def span_figures(start: Counts, end: Counts) -> tuple[float | None, float | None,
                                                      dict[int, float]]:
-    """`acceptance_ratio`, `acceptance_length` and `position_ratios` of `end - start`; the
-    usual case skips building the difference's `Counts`, with the same float operations."""
+    """`acceptance_ratio`, `acceptance_length` and `position_ratios` of `end - start`, by the
+    same float operations."""
     before, after = start.per_position, end.per_position
     if start.position_drafts or end.position_drafts or not after.keys() <= before.keys():
         counts = end - start

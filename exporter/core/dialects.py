@@ -1,8 +1,5 @@
-"""Every server kind we read, in one place: names, default path, parse spec, policy, notes.
-
-Adding a dialect is one entry in `DIALECTS`, one in `REPORTING` and one page renderer in
-`exporter.fakevllm.pages`.
-"""
+"""Every server kind we read, in one place: names, default path, parse spec, policy, notes (a
+new dialect: an entry in `DIALECTS` and `REPORTING`, a renderer in `exporter.fakevllm.pages`)."""
 
 from __future__ import annotations
 

@@ -14,15 +14,13 @@ V = TypeVar("V")
 
 
 def writable(mapping: Mapping[K, V]) -> dict[K, V]:
-    """`mapping` itself where it is a dict of its own, else a dict of its items (a shared
-    empty one is never written to)."""
+    """`mapping` itself where it is a dict of its own, else a dict of its items."""
     return mapping if isinstance(mapping, dict) else dict(mapping)
 
 
 class NoItems(Mapping[Any, Any]):
-    """The empty mapping accumulators share until they have something to hold (most never
-    do): read-only, so that a write not made through a dict of the accumulator's own fails
-    loudly; a copy of it is itself."""
+    """The empty mapping accumulators share until they hold something: read-only, so a write
+    not made through a dict of their own fails loudly."""
 
     __slots__ = ()
 
@@ -50,13 +48,11 @@ NO_ITEMS: Mapping[Any, Any] = NoItems()
 
 @functools.lru_cache(maxsize=1024)
 def shared_keys(keys: tuple[SeriesKey, ...]) -> tuple[SeriesKey, ...]:
-    """One tuple for equal tuples of series keys (an open window's targets serving one model
-    have the same series)."""
+    """One tuple for equal tuples of series keys (targets serving one model)."""
     return keys
 
 
 @functools.lru_cache(maxsize=1024)
 def shared_engines(names: frozenset[str]) -> frozenset[str]:
-    """One frozenset for equal sets of engine names: every accumulator of a fleet serving one
-    engine holds the same one."""
+    """One frozenset for equal sets of engine names."""
     return names

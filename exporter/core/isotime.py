@@ -40,8 +40,7 @@ def _iso_datetime(at: float) -> str:
 
 
 def with_iso_times(value: Any) -> Any:
-    """`value` with an ISO string beside every epoch time (keys ending in `_at`, at any
-    depth): `started_at` gets `started_at_iso`."""
+    """`value` with `<key>_iso` beside every `<key>_at` epoch time, at any depth."""
     if isinstance(value, list):
         return [with_iso_times(item) for item in value]
     if not isinstance(value, dict):

@@ -1,9 +1,6 @@
-"""Per-request spec-decode figures: read from one OpenAI answer, summed over a window's requests.
-
-vLLM started with `--per-request-spec-decode-metrics summary|detailed` puts a
-`metrics.speculative_decoding` object in each answer: in the JSON body, or in a chunk of the
-server-sent-event stream. Everything here is pure (bytes in, numbers out) so the proxy, a test
-or a stdlib client can share it.
+"""Per-request spec-decode figures, pure: read from one OpenAI answer (vLLM's
+`metrics.speculative_decoding`, in the JSON body or a chunk of the event stream, with
+`--per-request-spec-decode-metrics`), summed over a window's requests, and printed.
 """
 
 from __future__ import annotations
@@ -155,8 +152,7 @@ class PerRequest:
     accepted: array[int] = field(default_factory=lambda: array("q"))
 
     def record(self, stats: RequestStats | None, at: float | None = None) -> None:
-        """Count one proxied request, finished at `at`; None means its answer could not be
-        read."""
+        """Count one proxied request, finished at `at`; None: its answer could not be read."""
         self.requests += 1
         if stats is None:
             self.unreadable += 1
@@ -224,9 +220,8 @@ class PerRequest:
 
 
 def in_spans(acc: PerRequest, spans: Iterable[object]) -> list[dict[str, Any]]:
-    """Per unobserved span (`from`, `to`: Unix seconds) of a restart, the proxied requests
-    that finished inside it and what they drafted and accepted: the size of the hole the
-    restart left in the counters. Spans that are not (from a peer's answer) are skipped."""
+    """Per unobserved span of a restart (`from`, `to`), the proxied requests that finished in
+    it and what they drafted and accepted; malformed spans (a peer's) are skipped."""
     out = []
     for span in spans:
         start = span.get("from") if isinstance(span, Mapping) else None
@@ -298,8 +293,7 @@ def format_block(name: str, block: dict[str, Any]) -> str:
 
 
 def format_per_request(answer: dict[str, Any]) -> str:
-    """The per-request sections of a window's answer (empty when nothing went through the
-    proxy): each target's, then `all` when there are two or more."""
+    """Each target's per-request section of a window's answer, then `all` for two or more."""
     per_request = answer.get("per_request")
     if not isinstance(per_request, dict):
         return ""

@@ -1,8 +1,7 @@
 """Shards of one fleet, pure: who owns a target, and one answer from every shard's answer.
 
-Ownership is rendezvous (highest-random-weight) hashing on the target name: each shard scores
-every name and the highest score wins, so going from N to N+1 shards moves only the ~1/(N+1)
-of the targets the new shard wins, where `crc32 % N` would move almost all of them.
+Ownership is rendezvous hashing on the target name (the shard with the highest score wins), so
+going from N to N+1 shards moves only the ~1/(N+1) of the targets the new shard wins.
 """
 
 from __future__ import annotations
@@ -80,15 +79,13 @@ def _shards(parts: Sequence[ShardPart], counted: Mapping[int, list[str]]) -> lis
     return shards
 
 
-# What a merged answer takes from its head (`_head`) when the shard that took the request has
-# no answer of its own: the window's own keys, never a peer's `results_dir` or anything else.
+# What a merged answer takes from a peer's head (`_head`): never its `results_dir` or the rest.
 _HEAD_KEYS = ("id", "name", "labels", "started_at", "started_at_iso", "stopped_at",
               "stopped_at_iso", "status")
 
 
 def _head(parts: Sequence[ShardPart]) -> dict[str, Any]:
-    """The merged answer's own keys: the answer of the shard that took the request; without
-    one, the first peer's window keys only (a peer never sets where our files are)."""
+    """The merged answer's own keys: the requested shard's answer, else the first peer's."""
     answers = [p.answer for p in parts if p.answer is not None]
     local = [p.answer for p in parts if p.local and p.answer is not None]
     if local:
@@ -96,14 +93,13 @@ def _head(parts: Sequence[ShardPart]) -> dict[str, Any]:
     return {k: answers[0][k] for k in _HEAD_KEYS if k in answers[0]} if answers else {}
 
 
-# The shards of one window start it (and stop it) within one round of peer calls of each other:
-# a peer's time further than this from our own is not this window's, and is not used.
+# A window's shards start (and stop) it within one round of peer calls: a peer's time further
+# than this from our own is not this window's.
 SAME_WINDOW_SPAN = 60.0
 
 
 def _time(parts: Sequence[ShardPart], key: str, *, earliest: bool) -> float | None:
-    """The window's `key` time: the earliest start or the latest stop of its shards, a peer's
-    counted only near the requested shard's own (a peer cannot move the window's times)."""
+    """The earliest start or latest stop of the shards; a peer's only near our own time."""
     times: list[float] = [t for p in parts if p.answer is not None
                           if is_number(t := p.answer.get(key))]
     mine = [p.answer for p in parts if p.local and p.answer is not None]
@@ -135,9 +131,8 @@ def merge_start(parts: Sequence[ShardPart]) -> dict[str, Any]:
 
 
 def merge_delete(parts: Sequence[ShardPart], window_id: str) -> tuple[int, dict[str, Any]]:
-    """(status, body) of a delete on every shard: 409 naming the shards where the window is
-    still open (the others forgot it); a shard that never had it or forgot it before is fine;
-    one that could not be reached is named under `errors` (it still holds the window)."""
+    """(status, body) of a delete on every shard: 409 naming those where the window is still
+    open; a 404 is fine; an unreachable shard (it still holds the window) is in `errors`."""
     still_open = [p for p in parts if p.status == 409]
     if still_open:
         return 409, {"error": "; ".join(p.reason for p in still_open)}
@@ -148,11 +143,8 @@ def merge_delete(parts: Sequence[ShardPart], window_id: str) -> tuple[int, dict[
 
 
 def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
-    """One stop answer: every target's RESULT, the aggregate recomputed from the counts.
-
-    A shard that gave no answer makes its targets N/A with the reason; a target two shards
-    report (it moved between them during the window) keeps the answer that counted it.
-    """
+    """One stop answer: every target's RESULT, the aggregate recomputed from the counts; a
+    target two shards report (it moved between them) keeps the answer that counted it."""
     results: dict[str, dict[str, Any]] = {}
     counted: dict[int, list[str]] = {}
     for part in parts:
@@ -201,8 +193,7 @@ def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
     }
 
 
-# Past 2**53 a float counter is no longer exact; no real counter of a window gets there, and
-# a sum of such values over any fleet stays finite.
+# Past 2**53 a float counter is no longer exact; a sum of such values over a fleet stays finite.
 MAX_COUNT = float(2**53)
 _COUNT_KEYS = (Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value)
 _PER_POSITION_KEYS = (Field.PER_POS.value, DRAFTS_PER_POS)
@@ -306,10 +297,9 @@ def _distrust(part: ShardPart, why: str) -> None:
 
 
 def vet_stop(part: ShardPart, shards: int, fleet: Iterable[str]) -> None:
-    """Keep of a peer's stop answer only what it may say: RESULTs of the schema, counted only
-    for the targets the split gives it (`owner`), of the fleet only. The others are refused
-    (`part.refused`, said in the merged `shards`); one malformed RESULT and none of the
-    answer is used. Each RESULT's `data` is derived again from its counts."""
+    """Keep of a peer's stop answer the RESULTs of the fleet's targets, counted ones only of
+    those the split gives it (the others go to `part.refused`), `data` derived again; one
+    malformed RESULT and none of the answer is used."""
     if part.answer is None:
         return
     results = part.answer.get("results")
@@ -391,10 +381,8 @@ def vet_list(part: ShardPart) -> None:
 
 
 def _list_counts(figures: Mapping[str, Any]) -> tuple[float, float, float] | None:
-    """(drafts, draft tokens, accepted) of one shard's list figures. A stopped window keeps
-    only drafts, rate and length: accepted = (length - 1) x drafts and draft tokens =
-    100 x accepted / rate give the integral counts back (rounded: exact for counts far below
-    2**53); None when they cannot be known (a rate of 0: no draft tokens to read back)."""
+    """(drafts, draft tokens, accepted) of one shard's list figures, from drafts, rate and
+    length where a stopped window keeps only those (rounded); None if unknown (a rate of 0)."""
     drafts = figures.get("num_drafts")
     if not _is_count(drafts):
         return None
@@ -430,8 +418,8 @@ def _summed_figures(items: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None
 
 
 def merge_list(parts: Sequence[ShardPart], limit: int) -> dict[str, Any]:
-    """One window list: each id's summaries from every shard as one (targets of all, open while
-    open anywhere, figures from the summed counts), newest first, at most `limit`."""
+    """One window list, newest first, at most `limit`: each id's summaries from every shard as
+    one (open while open anywhere, figures from the summed counts)."""
     by_id: dict[str, list[Mapping[str, Any]]] = {}
     for part in parts:
         for item in (part.answer or {}).get("windows", []):

@@ -33,11 +33,8 @@ class SeriesKey(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Counts:
-    """Counter totals summed over engines: what the derived figures are computed from.
-
-    Position i's rate is over the drafts of the parts (engines, targets) with a series for it;
-    `position_drafts` holds those drafts where they differ from `drafts`.
-    """
+    """Counter totals summed over engines; `position_drafts` holds a position's drafts (of the
+    parts with a series for it) where they differ from `drafts`."""
 
     drafts: float = 0.0
     draft_tokens: float = 0.0
@@ -80,8 +77,7 @@ class Counts:
         )
 
     def as_raw(self) -> dict[str, Any]:
-        """The counters as AISBench's `raw` dump names them (integral values as ints),
-        positions in numeric order; `num_drafts_per_pos` only where `position_drafts` is set."""
+        """The counters as AISBench's `raw` dump names them (integral values as ints)."""
         raw: dict[str, Any] = {
             _DRAFTS_NAME: integral(self.drafts),
             _DRAFT_TOKENS_NAME: integral(self.draft_tokens),
@@ -107,8 +103,7 @@ class Counts:
 
 
 def sum_counts(parts: Iterable[Counts]) -> Counts:
-    """`Counts()` + each part in turn: the same value, without a `Counts` per addition where
-    every part has the same positions and no `position_drafts` (the fields added in order)."""
+    """`Counts()` + each part in turn, without a `Counts` per addition where it can."""
     parts = list(parts)
     if not parts:
         return Counts()
@@ -192,9 +187,8 @@ _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (
 
 
 def sum_series(values: Collection[tuple[SeriesKey, float]]) -> Counts:
-    """Sum series values into one `Counts` (over engines, models and extra labels); a
-    position's drafts are those of the engines with a series for it. `values` may be read twice.
-    """
+    """Sum series values into one `Counts` (over engines, models and extra labels); `values`
+    may be read twice."""
     drafts = draft_tokens = accepted = 0.0
     per_pos: dict[int, float] = {}
     drafts_series = 0
@@ -281,7 +275,7 @@ class Snapshot:
     @property
     def engines(self) -> int:
         """How many engines (data-parallel ranks) the page shows; 1 when it has no engine label."""
-        return len({k.engine for k in self.values}) or 0
+        return len({k.engine for k in self.values})
 
     @property
     def model_names(self) -> list[str]:
@@ -306,9 +300,8 @@ class ScrapeResult:
         return self.snapshot is not None
 
 
-# A `Counts` as kept where many are kept long (`pack_counts`): the counters and positions'
-# values as little-endian doubles, the positions (a tuple callers may share), and
-# `position_drafts` or None.
+# A `Counts` packed (`pack_counts`): counters and positions' values as doubles, the positions
+# (a tuple callers may share), and `position_drafts` or None.
 PackedCounts = tuple[bytes, tuple[int, ...], Mapping[int, float] | None]
 
 

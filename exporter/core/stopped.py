@@ -1,5 +1,5 @@
-"""What memory keeps of a stopped window: a list item, and the last one's gauge counts; the
-answer itself stays in the state database, read back when one window is asked for."""
+"""What memory keeps of a stopped window: a list item, and the last one's gauge counts (the
+answer stays in the state database)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,7 @@ class StoppedWindow:
 
     @classmethod
     def of(cls, fields: Mapping[str, Any]) -> StoppedWindow:
-        """From a stop answer, or the same fields of a stored window (its `aggregate` holding
-        only what `brief_aggregate` keeps)."""
+        """From a stop answer, or the same fields of a stored window."""
         return cls(
             id=fields["id"], name=fields["name"],
             # Interned, and the tuple shared between windows over the same targets.
@@ -72,8 +71,7 @@ def brief_aggregate(aggregate: Mapping[str, Any] | None) -> dict[str, Any] | Non
 
 @dataclass(frozen=True)
 class LastWindow:
-    """The most recently stopped window as the `specdec_last_window_*` gauges read it: per
-    target with numbers, the counted increase (packed, `PackedIncreases`)."""
+    """The last stopped window as the `specdec_last_window_*` gauges read it."""
 
     id: str
     name: str
@@ -93,8 +91,7 @@ class LastWindow:
 
 
 def kept_of(answer: Mapping[str, Any]) -> dict[str, Any]:
-    """Of a stop answer, what memory keeps (`StoppedWindow.of`, `LastWindow.of_kept` read it):
-    its head, the aggregate's figures, each ok target's increase, packed."""
+    """Of a stop answer, what memory keeps (`StoppedWindow.of`, `LastWindow.of_kept` read it)."""
     kept = {k: answer[k] for k in ("id", "name", "targets", "labels", "started_at",
                                    "stopped_at")}
     return kept | {"aggregate": brief_aggregate(answer["aggregate"]),

@@ -1,8 +1,5 @@
-"""Text at the boundary: surrogate pairs joined, lone UTF-16 surrogates refused with their place.
-
-PyYAML does not join `\\ud83d\\ude00` pairs, and JSON and YAML both let a lone `\\ud800`
-through, which no UTF-8 encoder accepts later: every client text, config document and
-discovery entry passes through here first.
+"""Text at the boundary: surrogate pairs joined (PyYAML does not), lone UTF-16 surrogates (JSON
+and YAML let them through; no UTF-8 encoder takes them) refused with their place.
 """
 
 from __future__ import annotations

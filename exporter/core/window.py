@@ -60,8 +60,7 @@ Row = tuple[str, str, str]  # (window id, target, JSON)
 
 @dataclass
 class AccumulatorRows:
-    """Accumulator rows for one transaction: whole rows and round parts (`Accumulator.encode`);
-    `committed` tells each accumulator and its window once the store holds them."""
+    """Accumulator rows for one transaction: whole rows and round parts (`Accumulator.encode`)."""
 
     whole: list[Row] = field(default_factory=list)
     rounds: list[Row] = field(default_factory=list)
@@ -102,17 +101,16 @@ class Window:
     last_errors: dict[str, str] = field(default_factory=dict)
     removed: dict[str, str] = field(default_factory=dict)  # target -> why it left the window
     downtimes: list[tuple[float, float]] = field(default_factory=list)  # exporter not running
-    # Per target, (at, drafts, draft tokens, accepted) increased since the baseline, per scrape.
-    # Saved with the closed window only: an open window's is rebuilt from its restore on.
+    # Per target and scrape, (at, drafts, draft tokens, accepted) since the baseline; saved
+    # with the closed window only.
     series: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
     answer: dict[str, Any] | None = None
-    # Targets whose baseline came after the start (a restore found none): their results are
-    # partial and say why.
+    # Targets whose baseline came after the start (a restore found none): partial, saying why.
     late_baselines: dict[str, str] = field(default_factory=dict)
     # Targets whose accumulator changed since it was last saved (not saved itself).
     dirty: set[str] = field(default_factory=set, compare=False, repr=False)
     # Targets whose stop scrape is in, while a stop is under way: a later scrape is not the
-    # window's (fed after the stop's, an older count would look like a server restart).
+    # window's (an older count fed after it would look like a restart).
     finals: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @property
@@ -169,8 +167,7 @@ class Window:
                 self.stop_errors[result.target] = "no spec decode series on the page"
 
     def reopen(self, stop_errors: Mapping[str, str]) -> None:
-        """Open again after a stop that failed, its stop errors as they were before it; the
-        stop scrapes it took stay (scrapes like any other)."""
+        """Open again after a failed stop, its stop errors as before it (its scrapes stay)."""
         self.stopped_at = None
         self.stop_errors = dict(stop_errors)
         self.finals.clear()
@@ -198,8 +195,8 @@ class Window:
 
     def accumulator_rows(self, targets: Iterable[str] | None = None, *,
                          whole: bool = False) -> AccumulatorRows:
-        """The given targets' accumulators (default: all) as rows for the store: each its round
-        part where its saved whole row still holds (`Accumulator.encode`), or `whole`."""
+        """The given targets' accumulators (default: all) as rows for the store
+        (`Accumulator.encode`)."""
         rows = AccumulatorRows()
         for t in self.accumulators if targets is None else targets:
             acc = self.accumulators.get(t)
