@@ -21,8 +21,7 @@ from exporter.web.handlers import SERVICE
 
 
 def demo_fleet() -> list[tuple[str, FakeServer, float]]:
-    """(name, server, drafts per second): different k, one with two engines, one ngram-like,
-    one without spec decode."""
+    """(name, server, drafts per second): k 3 to 5, two engines, ngram, no spec decode."""
     return [
         ("llama-eagle-k3", FakeServer(k=3, acceptance=0.85, seed=1), 40.0),
         ("qwen-mtp-k5-dp2", FakeServer(k=5, acceptance=0.75, engines=2,

@@ -1,8 +1,7 @@
 """`measure`: AISBench's --spec-decode (snapshot, run, snapshot) without an exporter, fixed.
 
-Unlike AISBench it keeps scraping while the command runs, so a server restart mid-run is
-counted on both sides; it accepts https, custom paths and tokens; it says whether the start or
-the stop fetch failed; and it never changes the command's exit code.
+It scrapes while the command runs (a restart mid-run is counted on both sides), says which
+fetch failed, and never changes the command's exit code.
 """
 
 from __future__ import annotations
@@ -46,12 +45,8 @@ def target_from_spec(spec: str) -> TargetConfig:
 
 
 def targets_from_model_config(path: str | Path) -> list[TargetConfig]:
-    """Targets from an AISBench model config: a Python file of `dict(...)`, or YAML/JSON.
-
-    AISBench's configs inherit through mmengine's `read_base()`: where mmengine is installed
-    (it is wherever AISBench is) its own `Config` reads them; else a simple reader takes the
-    literal `dict(...)` entries of the file itself.
-    """
+    """Targets from an AISBench model config: Python (read by mmengine where installed, for
+    its `read_base()` inheritance; else the file's literal `dict(...)` entries), or YAML/JSON."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     if path.suffix != ".py":
@@ -99,10 +94,7 @@ def _entries_from_mmengine(path: Path) -> list[dict[str, Any]] | None:
 
 
 def distinct_names(targets: Sequence[TargetConfig]) -> list[TargetConfig]:
-    """The same target given twice is one; two on one host:port (other paths) keep both.
-
-    Their default names (host:port) would collide, so each is named host:port + its path.
-    """
+    """The same target given twice is one; two on one host:port get host:port + path names."""
     unique = list({t.url: t for t in targets}.values())
     seen = Counter(t.name for t in unique)
     return [
@@ -165,10 +157,9 @@ def _forward(process: asyncio.subprocess.Process, sig: int) -> None:
 
 
 def clear_earlier_results(work_dir: Path) -> list[Path]:
-    """Remove the result files an earlier `measure` left in DIR/performances; the removed.
+    """Remove (and return) an earlier `measure`'s files, which would join this run's aggregate.
 
-    A target of the earlier run would otherwise sit beside this run's files and be counted
-    into its aggregate. Only our own files go (they carry scrape times; AISBench's do not).
+    Only our own files go: they carry scrape times, AISBench's do not.
     """
     removed = []
     for path in sorted((work_dir / "performances").glob("spec_decode_*.json")):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 from exporter import __version__
 from exporter.cli.history import add_history
@@ -43,9 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help_text: str, description: str | None = None,
-                usage: str | None = None) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text, description=description or help_text,
-                           usage=usage)
+                usage: str | None = None, parent: Any = sub) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(
+            name, help=help_text, description=description or help_text, usage=usage)
         _logging_options(p, top=False)
         return p
 
@@ -155,19 +156,15 @@ def _allow_na(p: argparse.ArgumentParser) -> None:
 def _window(command: Command) -> None:
     window = command("window", "start or stop a benchmark window on an exporter")
     wsub = window.add_subparsers(dest="window_command", required=True, metavar="start|stop")
-    start = wsub.add_parser("start", help="open a window; prints its id",
-                            description="open a window; prints its id on stdout, failed "
-                                        "targets on stderr")
-    _logging_options(start, top=False)
+    start = command("start", "open a window; prints its id",
+                    "open a window; prints its id on stdout, failed targets on stderr", parent=wsub)
     _exporter_args(start)
     _window_args(start)
     _allow_na(start)
     start.set_defaults(func=cmd_window_start)
-    stop = wsub.add_parser("stop", help="close a window; prints the console blocks",
-                           description="close a window; prints the console blocks on stdout, "
-                                       "targets without a result and where results were "
-                                       "written on stderr")
-    _logging_options(stop, top=False)
+    stop = command("stop", "close a window; prints the console blocks",
+                   "close a window; prints the console blocks on stdout, targets without a "
+                   "result and where results were written on stderr", parent=wsub)
     _exporter_args(stop)
     stop.add_argument("id", help="the id printed by window start")
     stop.add_argument("--json", action="store_true",

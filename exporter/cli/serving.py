@@ -27,16 +27,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("exporter")
 
 
-def _config_path(arg: str | None) -> str:
-    return arg or os.environ.get("SPECDEC_CONFIG") or "config/exporter.yaml"
-
-
 def env_overrides() -> dict[str, Any]:
-    """Config keys set by the environment, kept across reloads (Helm sets these per replica).
-
-    `SPECDEC_SHARDS`, `SPECDEC_SHARD_INDEX` (or the StatefulSet ordinal at the end of
-    `SPECDEC_POD_NAME`), `SPECDEC_PEERS` (comma-separated shard URLs) and `SPECDEC_LISTEN`.
-    """
+    """Config keys set by the environment, kept across reloads (Helm sets these per replica)."""
     overrides: dict[str, Any] = {}
     index = os.environ.get("SPECDEC_SHARD_INDEX")
     pod = os.environ.get("SPECDEC_POD_NAME")
@@ -70,7 +62,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.config.model import load_config
     from exporter.state.lock import hold_state_dir
 
-    path = _config_path(args.config)
+    path = args.config or os.environ.get("SPECDEC_CONFIG") or "config/exporter.yaml"
     try:
         overrides = env_overrides()
         if args.listen:
@@ -123,7 +115,11 @@ def _serve(config: Config, path: str, overrides: dict[str, Any], host: str, port
     loop = new_event_loop()
     log.info("starting version=%s listen=http://%s:%s/ targets=%d loop=%s", __version__, host,
              port, len(config.targets), type(loop).__module__.split(".")[0])
-    _log_auth(config.auth.token_env)
+    # Read per request, so setting the variable later needs no restart; say how it is now.
+    if os.environ.get(config.auth.token_env):
+        log.info("auth on: every POST needs the token of token_env=%s", config.auth.token_env)
+    else:
+        log.info("auth off: set %s to require a bearer token on every POST", config.auth.token_env)
     # As web.run_app: SIGTERM/SIGINT finish in-flight requests, then the cleanup context
     # saves every open window; in front, the guard against slow and excess connections.
     try:
@@ -147,14 +143,6 @@ def _probe_listen(host: str, port: int, listen: str) -> None:
             probe.bind(address)
     except OSError as exc:
         raise ListenError(listen, exc, "--listen HOST:PORT") from None
-
-
-def _log_auth(token_env: str) -> None:
-    # Read per request, so setting the variable later needs no restart; say how it is now.
-    if os.environ.get(token_env):
-        log.info("auth on: every POST needs the token of token_env=%s", token_env)
-    else:
-        log.info("auth off: set %s to require a bearer token on every POST", token_env)
 
 
 async def _reload_on_signal(service: ExporterService) -> None:

@@ -1,8 +1,7 @@
 """Where `compare` and `advise` read a window from: an exporter's API or a result folder.
 
-A result folder is what a stopped window, `measure` or AISBench itself leaves behind:
-`performances/spec_decode_<host>_<port>.json`, one RESULT per server (our `window.json`
-beside it is not needed). Every problem is a `SourceError` saying which input and why.
+A result folder (of a window, `measure` or AISBench) holds one
+`performances/spec_decode_<host>_<port>.json` RESULT per server.
 """
 
 from __future__ import annotations
@@ -33,22 +32,17 @@ class Source:
     answer: dict[str, Any]  # {"results": {name: RESULT}, "aggregate": RESULT or None, ...}
 
 
-def load_source(spec: str, exporter: str | None, token: str | None = None) -> Source:
-    """A window id on `exporter`, or (without an exporter) a result folder."""
-    if exporter:
-        return load_window(spec, exporter, token)
-    return load_folder(Path(spec))
-
-
-def load_window(window_id: str, exporter: str, token: str | None = None) -> Source:
-    """A stopped window's answer from the exporter's API."""
+def load_source(spec: str, exporter: str | None, token: str | None) -> Source:
+    """A stopped window's answer from `exporter`'s API, or (without one) a result folder."""
+    if not exporter:
+        return load_folder(Path(spec))
     try:
-        state = ExporterClient(exporter, token=token, timeout=30).get(window_id)
+        state = ExporterClient(exporter, token=token, timeout=30).get(spec)
     except ClientError as exc:
-        raise SourceError(f"window {window_id!r}: {exc}") from None
+        raise SourceError(f"window {spec!r}: {exc}") from None
     if state.get("stopped_at") is None or "results" not in state:
-        raise SourceError(f"window {window_id!r} on {exporter} is still open; stop it first")
-    return Source(f"window {window_id} on {exporter}", state)
+        raise SourceError(f"window {spec!r} on {exporter} is still open; stop it first")
+    return Source(f"window {spec} on {exporter}", state)
 
 
 def _label(result: dict[str, Any], path: Path) -> str:
@@ -83,8 +77,7 @@ def load_folder(folder: Path) -> Source:
 
 
 def _one_window(folder: Path, results: dict[str, dict[str, Any]]) -> None:
-    """SourceError when the files come from different windows: one window scrapes every target
-    at its start and at its stop, so their [first, last] scrape spans all overlap."""
+    """SourceError unless the files' [first, last] scrape spans overlap, as one window's do."""
     spans = [(r["first_scrape_at"], r["last_scrape_at"], name) for name, r in results.items()
              if isinstance(r.get("first_scrape_at"), int | float)
              and isinstance(r.get("last_scrape_at"), int | float)]

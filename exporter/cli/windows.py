@@ -49,15 +49,12 @@ def _say_stop_failures(answer: dict[str, Any]) -> bool:
 
 def _edges(args: argparse.Namespace) -> dict[str, Any]:
     """The start's edges options; --skip-requests without --edges traffic is a usage error."""
-    problem = None
-    if args.skip_requests is not None and args.edges != "traffic":
-        problem = "--skip-requests needs --edges traffic"
-    elif args.skip_requests is not None and args.skip_requests < 0:
-        problem = "--skip-requests must be 0 or more"
-    if problem is not None:
-        say(problem)
+    skip = args.skip_requests
+    if skip is not None and (args.edges != "traffic" or skip < 0):
+        say("--skip-requests needs --edges traffic" if args.edges != "traffic"
+            else "--skip-requests must be 0 or more")
         raise SystemExit(EXIT_USAGE)
-    return {"edges": args.edges, "skip_requests": args.skip_requests}
+    return {"edges": args.edges, "skip_requests": skip}
 
 
 def _say_waiting(started: dict[str, Any]) -> None:
