@@ -118,9 +118,8 @@ class AccumulatorRows:
                 yield k, None, None, None
 
     def _shape(self, keys: list[SeriesKey], created: tuple[float | None, ...]) -> Shape:
-        """Everything a whole row holds that its round part does not: equal shapes, equal
-        whole rows but for the round part (engines and restart spans are only ever added, a
-        tally changes with its count, so sizes and counts tell a change)."""
+        """What a whole row holds beyond its round part: engines and restart spans are only
+        added and a tally changes with its count, so sizes and counts tell a change."""
         return (
             tuple(keys), created, self.resets, len(self.reset_spans),
             self.first_at, len(self.engines), self.dialect, self.packed_before,
@@ -149,9 +148,8 @@ class AccumulatorRows:
 
     def _round_json(self, keys: list[SeriesKey], values: Sequence[float | None],
                     base: int) -> str:
-        """What a round changes, for the whole row of `base` scrapes and its `keys`: `values`
-        and increases as little-endian doubles in base64, and a seen time only where it is not
-        the last scrape's."""
+        """What a round changes since the whole row of `base` scrapes: values and increases as
+        doubles in base64, and a seen time only where it is not the last scrape's."""
         at, gone = self.last_at, self.gone
         numbers = doubles(len(keys) * 2).pack(*values, *self.increase.values())
         if not gone:

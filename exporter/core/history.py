@@ -79,8 +79,7 @@ def coverage(times: Sequence[float], frm: float, to: float) -> dict[str, Any]:
 
 
 def account(series: Sequence[RawSeries]) -> tuple[Accumulator, list[float]]:
-    """One target's accumulator fed with every page the store read (per sample time, its
-    series' lines), and those pages' times."""
+    """One target's accumulator fed with every page the store read, and those pages' times."""
     lines: dict[float, list[str]] = {}
     for one in series:
         for at, value in one.samples:

@@ -190,9 +190,8 @@ class PageLimits:
 def parse_page(
     page: bytes, dialect: Dialect | str = Dialect.VLLM, limits: PageLimits | None = None
 ) -> Snapshot:
-    """The spec-decode series of a page; counters keyed per engine, model and position,
-    gauges averaged over their series. With `limits`, a page over one raises `PageLimitError`.
-    """
+    """The spec-decode series of a page, gauges averaged over their series; with `limits`, a
+    page over one raises `PageLimitError`."""
     dialect = dialect if isinstance(dialect, Dialect) else Dialect(dialect)
     frm = 0
     if dialect is Dialect.AUTO:
@@ -325,8 +324,7 @@ _MEMMEM = _load_memmem()
 
 
 def _next_line(page: bytes, needle: bytes, frm: int) -> int:
-    """The start of the first line after `frm` that begins with `needle` (a line feed and the
-    dialect's prefix), or -1."""
+    """Start of the first line after `frm` that `needle` (line feed, prefix) begins, or -1."""
     found = page.find(needle, frm, frm + _NEAR)
     if found < 0:
         found = _find_far(page, needle, frm + _NEAR - len(needle) + 1)

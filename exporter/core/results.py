@@ -61,7 +61,9 @@ def target_result(window: Window, name: str) -> Result:
         until = acc.totals() if acc and acc.scrapes >= 2 and has_activity(acc.totals()) else None
         return Result(Status.NA, **base, error="; ".join([window.removed[name], *notes]),
                       increase_until_removed=until)
-    anomalies = _anomaly_texts(acc)
+    # Why the span the numbers cover starts late or ends early: unusable scrapes at its ends.
+    anomalies = [] if acc is None else [
+        t for t in map(_anomaly_text, (acc.anomalies_before, acc.anomalies_after)) if t]
     if acc is None or acc.scrapes == 0:
         return _uncounted(base, anomalies, notes, NO_METRICS)
     if is_estimate(acc.dialect):
@@ -184,14 +186,6 @@ def _anomaly_text(tally: AnomalyTally) -> str | None:
     else:
         text += " (scrape not used)"
     return text
-
-
-def _anomaly_texts(acc: Accumulator | None) -> list[str]:
-    """Why the span the numbers cover starts late or ends early (unusable scrapes at its ends)."""
-    if acc is None:
-        return []
-    texts = [_anomaly_text(acc.anomalies_before), _anomaly_text(acc.anomalies_after)]
-    return [t for t in texts if t]
 
 
 def _uncounted(base: dict[str, Any], anomalies: list[str], notes: list[str],

@@ -59,13 +59,6 @@ class ShardPart:
         return f"shard {self.index} at {self.url} answered {self.status}: {self.error}"
 
 
-def _na(part: ShardPart, name: str) -> dict[str, Any]:
-    url, host_port = part.urls.get(name, (None, None))
-    result = Result(status=Status.NA, url=url, error=part.reason, target=name,
-                    host_port=host_port)
-    return result.to_json() | {"shard": part.index}
-
-
 def _shards(parts: Sequence[ShardPart], counted: Mapping[int, list[str]]) -> list[dict[str, Any]]:
     shards = []
     for p in parts:
@@ -156,8 +149,10 @@ def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
                 counted.setdefault(part.index, []).append(name)
     for part in parts:
         if part.answer is None:
-            for name in part.expected:
-                results.setdefault(name, _na(part, name))
+            for name in part.expected:  # N/A, saying why
+                url, host_port = part.urls.get(name, (None, None))
+                na = Result(Status.NA, url, part.reason, target=name, host_port=host_port)
+                results.setdefault(name, na.to_json() | {"shard": part.index})
     merged_aggregate = aggregate((n, Result.from_json(r)) for n, r in results.items())
     first = _head(parts)
     # Each shard's advice covers its own targets only: the caller advises over the whole.
@@ -297,9 +292,8 @@ def _distrust(part: ShardPart, why: str) -> None:
 
 
 def vet_stop(part: ShardPart, shards: int, fleet: Iterable[str]) -> None:
-    """Keep of a peer's stop answer the RESULTs of the fleet's targets, counted ones only of
-    those the split gives it (the others go to `part.refused`), `data` derived again; one
-    malformed RESULT and none of the answer is used."""
+    """Keep of a peer's stop answer the RESULTs of the fleet's, counted ones only of its split
+    (the rest: `part.refused`), `data` derived again; one malformed and none is used."""
     if part.answer is None:
         return
     results = part.answer.get("results")

@@ -187,8 +187,7 @@ _DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _PER_POS = (
 
 
 def sum_series(values: Collection[tuple[SeriesKey, float]]) -> Counts:
-    """Sum series values into one `Counts` (over engines, models and extra labels); `values`
-    may be read twice."""
+    """Sum series values into one `Counts` (over engines, models and labels); read twice."""
     drafts = draft_tokens = accepted = 0.0
     per_pos: dict[int, float] = {}
     drafts_series = 0

@@ -195,8 +195,7 @@ class Window:
 
     def accumulator_rows(self, targets: Iterable[str] | None = None, *,
                          whole: bool = False) -> AccumulatorRows:
-        """The given targets' accumulators (default: all) as rows for the store
-        (`Accumulator.encode`)."""
+        """The given targets' accumulators (default: all) as store rows (`Accumulator.encode`)."""
         rows = AccumulatorRows()
         for t in self.accumulators if targets is None else targets:
             acc = self.accumulators.get(t)
