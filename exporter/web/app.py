@@ -44,8 +44,7 @@ def make_app(
     scrape_loop: bool = True,
     state_connect: Callable[[Path], sqlite3.Connection] = connect_state,
 ) -> web.Application:
-    """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds.
-    `state_connect` opens the state database's connection (see `StateStore`)."""
+    """The exporter's aiohttp application; with `scrape_loop=False` tests drive the rounds."""
     app = web.Application(
         client_max_size=MAX_BODY,
         middlewares=[errors_middleware, body_limit_middleware, auth_middleware,

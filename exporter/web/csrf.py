@@ -9,6 +9,7 @@ do not know: IP literals and single-label names are fine (rebinding needs a publ
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import socket
@@ -39,10 +40,8 @@ def default_hosts(listen: str) -> frozenset[str]:
     for name in (socket.gethostname(), os.environ.get("SPECDEC_POD_NAME", "")):
         if name:
             names.add(name.lower())
-    try:
+    with contextlib.suppress(OSError):
         names.add(socket.getfqdn().lower())
-    except OSError:
-        pass
     return frozenset(n.rstrip(".") for n in names if n)
 
 
@@ -51,11 +50,9 @@ def host_allowed(name: str, allowed: frozenset[str]) -> bool:
     name = name.rstrip(".")
     if not name:
         return False
-    try:
+    with contextlib.suppress(ValueError):
         ipaddress.ip_address(name)
         return True
-    except ValueError:
-        pass
     if "." not in name or name in allowed or name.endswith(_LOCAL_SUFFIXES):
         return True
     return any(p.startswith("*.") and name.endswith(p[1:]) for p in allowed)

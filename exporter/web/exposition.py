@@ -77,8 +77,7 @@ class _ModelPrefixes:
 
 
 class _Labels:
-    """A target's sample prefixes (`name{labels} `), kept while its config object lives: a
-    scrape brings new numbers, rarely new labels (a model name or position, added here once)."""
+    """A target's sample prefixes (`name{labels} `), kept while its config object lives."""
 
     __slots__ = ("config", "text", "fixed", "up", "present", "errors", "models",
                  "live_positions")

@@ -1,8 +1,6 @@
 """What `/metrics` answers in: text 0.0.4 or OpenMetrics by `Accept`, gzip by `Accept-Encoding`.
-
-Pure functions on bytes; the exposition renders the text format once, and OpenMetrics is that
-text with counter families named without `_total` and `# EOF` at the end (the only differences
-for the families we expose: no timestamps, exemplars, units or `_created` samples).
+OpenMetrics is the rendered text with counters named without `_total` and `# EOF` at the end:
+for the families we expose (no timestamps, exemplars, units or `_created`) the only differences.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ _META = re.compile(rb"# (HELP|TYPE) ([A-Za-z_:][A-Za-z0-9_:]*) ")
 
 
 class Format(StrEnum):
-
     TEXT = "text"
     OPENMETRICS = "openmetrics"
 

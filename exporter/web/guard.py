@@ -8,6 +8,7 @@ head makes room for the new one (a client whose request is being answered is nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
 from collections.abc import Callable
@@ -171,17 +172,14 @@ def run_guarded(app: web.Application, host: str, port: int, *,
     asyncio.set_event_loop(loop)
     task = loop.create_task(main())
     try:
-        loop.run_until_complete(task)
-    except (web.GracefulExit, KeyboardInterrupt):
-        pass
+        with contextlib.suppress(web.GracefulExit, KeyboardInterrupt):
+            loop.run_until_complete(task)
     finally:
         try:
             if not task.done():
                 task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError, web.GracefulExit):
                     loop.run_until_complete(task)
-                except (asyncio.CancelledError, web.GracefulExit):
-                    pass
         finally:
             for pending in asyncio.all_tasks(loop):
                 pending.cancel()

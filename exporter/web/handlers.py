@@ -38,8 +38,7 @@ MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
 # a cold render of every target must not run once per concurrent request.
 METRICS_MAX_AGE = 1.0
-# Targets whose /metrics lines are built per loop turn: a cold render of a big fleet lets
-# other requests and scrapes in between chunks instead of holding the loop for all of it.
+# Targets whose /metrics lines are built per loop turn: a big fleet's cold render lets others in.
 METRICS_CHUNK = 100
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,7 @@ encoder fell back to it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,18 +24,15 @@ PEER_HEADER = "X-Specdec-Peer"  # set on calls between shards: act locally, do n
 # A peer's stop scrapes its own targets once. The wait is bounded below the CLI client's 60 s,
 # so the stop still answers (that peer's targets N/A, saying why) before the client gives up.
 PEER_TIMEOUT = 25.0
-# What the merge reads of one peer's answer: a stop answer over thousands of targets is a few
-# megabytes; past this it is no answer of ours.
+# A stop answer over thousands of targets is a few megabytes; past this it is no answer of ours.
 MAX_PEER_ANSWER = 64 * 1024 * 1024
 
 
 def decode_answer(raw: bytes) -> object:
     """A peer's JSON text as our own answers are written: orjson, else the stdlib (which wrote
     what orjson refuses to: an integer past 64 bits, a NaN). None when neither reads it."""
-    try:
+    with contextlib.suppress(orjson.JSONDecodeError):
         return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        pass
     try:
         return json.loads(raw)
     except (ValueError, RecursionError):

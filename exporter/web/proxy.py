@@ -191,8 +191,7 @@ def origin_of(url: str) -> str:
 
 @dataclass
 class Proxying:
-    """The proxy's parts on the exporter's app: recordings, the config's targets, the session,
-    and the per-target ports, kept matching the config across reloads."""
+    """The proxy on the exporter's app; its per-target ports follow the config across reloads."""
 
     recordings: Recordings
     config: Callable[[], Config]

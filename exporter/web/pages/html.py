@@ -60,10 +60,10 @@ def utc(ts: float | None) -> str:
     return "–" if ts is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
-def table(headers: Sequence[str], rows: Iterable[str], empty: str = "none") -> str:
+def table(headers: Sequence[str], rows: Iterable[str]) -> str:
     """A table in its own scrolling box, so a narrow screen scrolls it, not the page."""
     head = "".join(f"<th>{h}</th>" for h in headers)
-    body = "".join(rows) or f'<tr><td colspan="{len(headers)}">{escape(empty)}</td></tr>'
+    body = "".join(rows) or f'<tr><td colspan="{len(headers)}">none</td></tr>'
     return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
 
 

@@ -31,12 +31,9 @@ _NOTE_KEYS = ("coverage_note", "reset_note", "anomaly_note", "dialect_note")
 
 
 def acceptance_lines(series: Mapping[str, Any]) -> tuple[dict[str, list[Point]], list[Point]]:
-    """Cumulative acceptance rate (%) since the window's start, per target and summed.
-
-    The aggregate sums every target's counts at each moment (never an average of ratios),
-    interpolated between a target's samples (their latest would draw our scrape phase), from
-    when every target has a sample until one has no later one.
-    """
+    """Cumulative acceptance rate (%) since the window's start, per target and summed: every
+    target's counts at each moment (never an average of ratios), interpolated between its
+    samples (their latest would draw our scrape phase), while every target has samples."""
     lines: dict[str, list[Point]] = {}
     cumulative: list[list[tuple[float, float, float]]] = []
     for name, points in (series.get("targets") or {}).items():
