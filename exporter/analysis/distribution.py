@@ -96,8 +96,7 @@ def rates_from_mapping(per_position: Mapping[str, float] | Mapping[int, float]) 
     if not per_position:
         return []
     if in_position_order(per_position):
-        # Positions 0..k-1 in order, as our answers and AISBench's files write them: the
-        # list is the values (what the general case below builds, without its dict).
+        # Positions 0..k-1 in order, as ours and AISBench's files write them: just the values.
         return [float(rate) for rate in per_position.values()]
     by_pos = {int(pos): float(rate) for pos, rate in per_position.items()}
     if min(by_pos) < 0 or max(by_pos) >= MAX_POSITIONS:

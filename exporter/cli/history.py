@@ -13,7 +13,6 @@ from exporter.core.isotime import parse_time
 
 
 def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
-    """The `history` sub-command's arguments."""
     p = command("history", "a window over a past range, from the raw samples in Prometheus",
                 description="Exact, reset-safe counts over [--from, --to] from the raw samples "
                             "a Prometheus-compatible store holds (never rate()/increase()).")
@@ -36,11 +35,10 @@ def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    import os
-
+    from exporter.config.model import HistoryConfig
     from exporter.core.console import format_window
     from exporter.core.history import history_answer
-    from exporter.scrape.history import HistoryQuery, StoreAuth, fetch_series
+    from exporter.scrape.history import HistoryQuery, fetch_series
     from exporter.state.answertext import AnswerTexts
     from exporter.state.resultfiles import write_results
 
@@ -50,9 +48,9 @@ def cmd_history(args: argparse.Namespace) -> int:
         args.parser.error(f"--from/--to: {exc}")
     if frm >= to:
         args.parser.error("--from must be before --to")
-    auth = StoreAuth(token_env=args.token_env, username=args.username,
-                     password=os.environ.get("SPECDEC_STORE_PASSWORD"), ca_file=args.ca_file,
-                     tenant=args.tenant)
+    auth = HistoryConfig(token_env=args.token_env, username=args.username,
+                         password_env="SPECDEC_STORE_PASSWORD", ca_file=args.ca_file,
+                         tenant=args.tenant)
     query = HistoryQuery(args.prometheus, frm, to, args.match, auth, timeout=args.timeout)
     try:
         answer = history_answer(fetch_series(query), frm, to, query_url=args.prometheus,

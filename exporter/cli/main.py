@@ -34,7 +34,6 @@ def _setup_logging(level: str, fmt: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point."""
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level, args.log_format)
     try:

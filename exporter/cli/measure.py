@@ -66,10 +66,8 @@ def targets_from_model_config(path: str | Path) -> list[TargetConfig]:
             scheme, rest = str(entry["url"]).split("://", 1)
             targets.append(target_from_spec(f"{scheme}://{rest.split('/', 1)[0]}"))
     if not targets:
-        hint = ""
-        if "read_base" in text:
-            hint = (" (the config inherits through read_base(): install mmengine, e.g. "
-                    "pip install 'specdec-exporter[aisbench]', to read it)")
+        hint = (" (the config inherits through read_base(): install mmengine, e.g. pip "
+                "install 'specdec-exporter[aisbench]', to read it)") if "read_base" in text else ""
         raise ExporterError(f"{path}: no model entry with host_ip/host_port or url{hint}")
     return targets
 

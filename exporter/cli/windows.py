@@ -77,14 +77,9 @@ def _say_written(answer: dict[str, Any]) -> None:
 
 
 def cmd_window_start(args: argparse.Namespace) -> int:
-    from exporter.client import ClientError
-
-    try:
-        window = fleet_client(args).start(args.id, args.name, args.target,
-                                          window_labels(args.label), **_edges(args))
-    except ClientError as exc:
-        say(str(exc))
-        return EXIT_FAILED
+    # A ClientError is main's to say (exit 1), as for every sub-command.
+    window = fleet_client(args).start(args.id, args.name, args.target, window_labels(args.label),
+                                      **_edges(args))
     print(window["id"], flush=True)
     _say_waiting(window)
     if not window.get("created", True):
@@ -98,13 +93,7 @@ def cmd_window_start(args: argparse.Namespace) -> int:
 
 
 def cmd_window_stop(args: argparse.Namespace) -> int:
-    from exporter.client import ClientError
-
-    try:
-        answer = fleet_client(args).stop(args.id)
-    except ClientError as exc:
-        say(str(exc))
-        return EXIT_FAILED
+    answer = fleet_client(args).stop(args.id)
     print(json.dumps(answer.body, indent=2) if args.json else answer.console(), end="")
     _say_written(answer.body)
     if _say_stop_failures(answer.body) and not args.allow_na:
@@ -172,8 +161,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         if args.model_config:
             targets += targets_from_model_config(args.model_config)
     except (ExporterError, OSError, ValueError) as exc:
-        # A target we cannot even parse is a mistake in the command line: say so before the
-        # benchmark runs, not after it.
+        # A target we cannot parse is a command-line mistake: said before the benchmark runs.
         args.parser.error(f"--target/--model-config: {one_line(exc)}")
     if not targets:
         args.parser.error("give --target HOST:PORT|URL or --model-config FILE")

@@ -84,7 +84,6 @@ async def _restart(request: web.Request) -> web.Response:
 
 
 async def _add(request: web.Request) -> web.Response:
-    """Add exact increments from a JSON body."""
     server = request.app[FAKE_SERVER]
     try:
         body = await request.json()

@@ -88,8 +88,7 @@ def rest_families(server: ServerModel) -> list[Metric]:
     series = []
     for variant, model in enumerate(models):
         for rank, steps, accepted in ranks:
-            # A string seed keeps every series a pure function of seed and traffic, so a
-            # refresh at any moment renders the same bytes for the same counters.
+            # A string seed: a refresh renders the same bytes for the same seed and counters.
             rng = random.Random(f"{server.seed}:{model}:{rank}:{steps}")
             share = 1.0 if variant == 0 else rng.uniform(0.05, 0.6)
             tokens = int((steps + accepted) * share)
@@ -101,8 +100,7 @@ def rest_families(server: ServerModel) -> list[Metric]:
             label_values = [model, rank] if v1 else [model]
             series.append((label_values, traffic, rng))
     created = server.created_or_none()
-    # Each series draws from its own rng: the gauges' numbers first, then the counters', then
-    # the histograms'.
+    # Each series' own rng draws the gauges' numbers, then the counters', then the histograms'.
     families = [*_load_gauges(labels, series, v1), *_token_counters(labels, series, v1, created),
                 _cache_info(series, v1)]
     if server.histograms:

@@ -95,8 +95,7 @@ class ServerModel:
         state.draft_tokens += draft_tokens
         for pos, count in enumerate(accepted_per_pos):
             state.accepted_per_pos[pos] += count
-        # Every draft proposes position 0; the other draft tokens fill later positions in
-        # order, at most one per draft each, so the per-position counts only ever grow.
+        # Every draft proposes position 0; the other tokens fill later ones, one per draft each.
         remaining = draft_tokens
         for pos in range(self.k):
             take = drafts if pos == 0 else min(drafts, max(remaining, 0))
@@ -114,8 +113,7 @@ class ServerModel:
         return proposed, accepted
 
     def _conditional(self) -> list[float]:
-        # Position i is tried only if i-1 was accepted, with conditional probability
-        # acceptance**(i+1): later positions fall off as with real draft models.
+        # Position i, tried once i-1 is accepted, passes with acceptance**(i+1): later fall off.
         return [self.acceptance ** (i + 1) for i in range(self.k)]
 
     def simulate(self, drafts: int) -> None:

@@ -14,8 +14,7 @@ from exporter.fakevllm.model import EngineCounters, ServerModel
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# The non-spec-decode part of the page costs most of the rendering time on big pages, so it is
-# rendered again only after a restart, a change of variants, or this many seconds.
+# Seconds the non-spec-decode rest (most of a big page's cost) is kept, unless restarted or resized.
 REST_REFRESH_SECONDS = 10.0
 
 # V1 families of vllm/v1/spec_decode/metrics.py: (name without _total, HELP, engine's count).
@@ -35,7 +34,6 @@ class _Families(list[Metric]):
 
 
 def spec_families(server: ServerModel) -> list[Metric]:
-    """Build the spec-decode families of the current counters."""
     if server.dialect == "vllm-v0":
         return spec_families_v0(server)
     created = server.created_or_none()
@@ -50,8 +48,7 @@ def spec_families(server: ServerModel) -> list[Metric]:
     per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                   "Accepted tokens per draft position.",
                                   labels=[*labels, "position"])
-    # A real data-parallel page (vLLM PR 24049) lists these position-major: every engine
-    # of position 0, then of position 1, and so on.
+    # Position-major (every engine of position 0, then of 1), as on vLLM PR 24049's pages.
     for pos in range(server.k):
         for index, state in enumerate(server.engine_counters):
             per_pos.add_metric([str(index), server.model_name, str(pos)],
@@ -185,8 +182,7 @@ def _render_sglang(server: ServerModel) -> bytes:
             length.add_metric(values, 1.0 + accepted / drafts)
             rate.add_metric(values, accepted / tokens if tokens else 0.0)
         else:
-            # Before any decode batch is logged, and always without spec decoding, SGLang
-            # shows both gauges at 0.
+            # SGLang shows both at 0 before its first decode batch, and without spec decoding.
             length.add_metric(values, 0.0)
             rate.add_metric(values, 0.0)
         generated = sum(state.accepted_per_pos) + state.drafts
