@@ -16,9 +16,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from exporter.config.model import HistoryConfig
 from exporter.core.errors import ExporterError
 from exporter.core.history import RawSeries, family_names
 from exporter.core.redact import redact_url
@@ -34,30 +35,21 @@ class HistoryError(ExporterError):
     """The store could not be read, or its answer is over a limit or not understood."""
 
 
-@dataclass(frozen=True)
-class StoreAuth:
-    """How to reach the store: as for targets, plus a Mimir/Cortex tenant."""
-
-    token_env: str | None = None  # environment variable holding a bearer token
-    username: str | None = None
-    password: str | None = None
-    ca_file: str | None = None
-    tenant: str | None = None  # X-Scope-OrgID
-
-    def headers(self) -> dict[str, str]:
-        """The request headers this auth adds."""
-        out: dict[str, str] = {}
-        if self.token_env:
-            token = os.environ.get(self.token_env)
-            if not token:
-                raise HistoryError(f"environment variable {self.token_env} is not set")
-            out["Authorization"] = f"Bearer {token}"
-        elif self.username is not None:
-            pair = f"{self.username}:{self.password or ''}".encode()
-            out["Authorization"] = "Basic " + base64.b64encode(pair).decode()
-        if self.tenant:
-            out["X-Scope-OrgID"] = self.tenant
-        return out
+def _headers(auth: HistoryConfig) -> dict[str, str]:
+    """The request headers `auth` adds: a bearer token or basic auth, a Mimir/Cortex tenant."""
+    out: dict[str, str] = {}
+    if auth.token_env:
+        token = os.environ.get(auth.token_env)
+        if not token:
+            raise HistoryError(f"environment variable {auth.token_env} is not set")
+        out["Authorization"] = f"Bearer {token}"
+    elif auth.username is not None:
+        password = os.environ.get(auth.password_env) if auth.password_env else None
+        pair = f"{auth.username}:{password or ''}".encode()
+        out["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+    if auth.tenant:
+        out["X-Scope-OrgID"] = auth.tenant
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,7 +60,7 @@ class HistoryQuery:
     frm: float
     to: float
     match: Sequence[str] = ()
-    auth: StoreAuth = field(default_factory=StoreAuth)
+    auth: HistoryConfig = HistoryConfig()  # its URL and timeout aside
     timeout: float = 30.0
 
 
@@ -105,7 +97,7 @@ def chunks(frm: float, to: float, size: float) -> list[tuple[float, float]]:
 
 def _get(query: HistoryQuery, params: dict[str, str]) -> bytes:
     url = query.url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode(params)
-    request = urllib.request.Request(url, headers=query.auth.headers())
+    request = urllib.request.Request(url, headers=_headers(query.auth))
     context = ssl.create_default_context(cafile=query.auth.ca_file) if query.auth.ca_file else None
     where = redact_url(query.url)
     try:

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 from aiohttp import web
@@ -16,7 +15,7 @@ from exporter.core.errors import ExporterError, RequestError
 from exporter.core.history import history_answer
 from exporter.core.isotime import parse_time, with_iso_times
 from exporter.core.window import TargetRef, Window, check_window_id
-from exporter.scrape.history import HistoryQuery, StoreAuth, check_range, fetch_series
+from exporter.scrape.history import HistoryQuery, check_range, fetch_series
 from exporter.state.answertext import compact
 from exporter.web.bodies import json_body
 from exporter.web.keys import SERVICE
@@ -62,10 +61,7 @@ def _query(body: dict[str, Any], history: HistoryConfig) -> HistoryQuery:
         check_range(frm, to)
     except ExporterError as exc:
         raise RequestError(str(exc)) from None
-    password = os.environ.get(history.password_env) if history.password_env else None
-    auth = StoreAuth(token_env=history.token_env, username=history.username,
-                     password=password, ca_file=history.ca_file, tenant=history.tenant)
-    return HistoryQuery(url, frm, to, _strings(body, "match"), auth, timeout=history.timeout)
+    return HistoryQuery(url, frm, to, _strings(body, "match"), history, timeout=history.timeout)
 
 
 async def history_window(request: web.Request) -> web.Response:

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from conftest import free_port
 
+from exporter.config.model import HistoryConfig
 from exporter.scrape import history
 from exporter.scrape.history import (
     HistoryError,
     HistoryQuery,
-    StoreAuth,
     check_range,
     chunks,
     fetch_series,
@@ -77,15 +77,17 @@ def test_chunks_are_merged_and_clipped_to_the_range(store: str,
 
 def test_auth_and_tenant_headers(store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STORE_TOKEN", "s3cret")
-    fetch_series(HistoryQuery(store, 0.0, 1.0, auth=StoreAuth(token_env="STORE_TOKEN",
-                                                              tenant="team-a")))
+    fetch_series(HistoryQuery(store, 0.0, 1.0, auth=HistoryConfig(token_env="STORE_TOKEN",
+                                                                  tenant="team-a")))
     headers = _Store.seen[-1][1]
     assert headers["authorization"] == "Bearer s3cret"
     assert headers["x-scope-orgid"] == "team-a"
-    fetch_series(HistoryQuery(store, 0.0, 1.0, auth=StoreAuth(username="u", password="p")))
+    monkeypatch.setenv("STORE_PASSWORD", "p")
+    auth = HistoryConfig(username="u", password_env="STORE_PASSWORD")
+    fetch_series(HistoryQuery(store, 0.0, 1.0, auth=auth))
     assert _Store.seen[-1][1]["authorization"] == "Basic dTpw"
     with pytest.raises(HistoryError, match="NOT_SET_VAR is not set"):
-        StoreAuth(token_env="NOT_SET_VAR").headers()
+        fetch_series(HistoryQuery(store, 0.0, 1.0, auth=HistoryConfig(token_env="NOT_SET_VAR")))
 
 
 def test_limits_and_errors_are_clear(store: str, monkeypatch: pytest.MonkeyPatch) -> None:
