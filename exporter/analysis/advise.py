@@ -82,8 +82,7 @@ def _rows(
         # The default costs: S per cost as a dict display, faster than dict(zip(...)).
         k0, k1, k2, k3 = keys
         return [
-            {"k": kk, "length": length, "estimate": kk > k,
-             "speedup": {k0: a, k1: b, k2: c, k3: d}}
+            {"k": kk, "length": length, "estimate": kk > k, "speedup": {k0: a, k1: b, k2: c, k3: d}}
             for kk, length, a, b, c, d in zip(counts, lengths, *columns, strict=True)
         ]
     speeds = zip(*columns, strict=True) if columns else [()] * len(lengths)
@@ -124,8 +123,7 @@ def result_advice(
     if increase and increase.get("num_drafts", 0) > 0 and increase.get("accepted_per_pos"):
         # Our files keep the exact counts: rates at full precision whatever `data` rounds to.
         drafts = increase["num_drafts"]
-        rates = rates_from_mapping(
-            {p: v / drafts for p, v in increase["accepted_per_pos"].items()})
+        rates = rates_from_mapping({p: v / drafts for p, v in increase["accepted_per_pos"].items()})
     else:
         rates = rates_from_mapping((result.get("data") or {}).get("per_position_acceptance_rates")
                                    or {})

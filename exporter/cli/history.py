@@ -53,8 +53,7 @@ def cmd_history(args: argparse.Namespace) -> int:
                          tenant=args.tenant)
     query = HistoryQuery(args.prometheus, frm, to, args.match, auth, timeout=args.timeout)
     try:
-        answer = history_answer(fetch_series(query), frm, to, query_url=args.prometheus,
-                                by=args.by)
+        answer = history_answer(fetch_series(query), frm, to, query_url=args.prometheus, by=args.by)
     except ExporterError as exc:
         say(f"history: {one_line(exc)}")
         return EXIT_FAILED

@@ -217,8 +217,7 @@ def http_families(server: ServerModel, series: list[Any]) -> list[Metric]:
         request_size.add_metric([handler], count, float(count * 1800))
         response_size.add_metric([handler], count, float(count * 2600))
         spec = HistSpec(duration.name, "", [0.1, 0.5, 1.0], "requests", math.log(seconds), 0.6)
-        add_histogram(duration, ["handler", "method"], [handler, method], spec, count, rng,
-                      created)
+        add_histogram(duration, ["handler", "method"], [handler, method], spec, count, rng, created)
         if created is not None:
             for summary in (request_size, response_size):
                 summary.add_sample(summary.name + "_created", {"handler": handler}, created)

@@ -120,17 +120,17 @@ class ServerModel:
         """Run `drafts` random drafts spread over the engines, accepting a prefix of each."""
         check_count("drafts", drafts)
         conditional = self._conditional()
-        per_engine = [(0, 0, [0] * (self.k + 1)) for _ in range(self.engines)]
+        tokens = [0] * self.engines
+        by_length = [[0] * (self.k + 1) for _ in range(self.engines)]  # drafts per accepted L
         for _ in range(drafts):
             engine = self._rng.randrange(self.engines)
             proposed, accepted = self._draft(conditional, self.k)
-            n, tokens, by_length = per_engine[engine]
-            by_length[accepted] += 1
-            per_engine[engine] = (n + 1, tokens + proposed, by_length)
-        for engine, (n, tokens, by_length) in enumerate(per_engine):
+            tokens[engine] += proposed
+            by_length[engine][accepted] += 1
+        for engine, lengths in enumerate(by_length):
             # A draft that accepted L tokens counts once at every position below L.
-            per_pos = [sum(by_length[pos + 1 :]) for pos in range(self.k)]
-            self.add(engine, n, tokens, per_pos)
+            per_pos = [sum(lengths[pos + 1 :]) for pos in range(self.k)]
+            self.add(engine, sum(lengths), tokens[engine], per_pos)
 
     def totals(self) -> dict[str, Any]:
         """Return the counters summed over engines, per position keyed by int."""

@@ -42,8 +42,7 @@ def spec_families(server: ServerModel) -> list[Metric]:
     for name, help_text, count in _SPEC_V1:
         family = CounterMetricFamily(name, help_text, labels=labels)
         for index, state in enumerate(server.engine_counters):
-            family.add_metric([str(index), server.model_name], float(count(state)),
-                              created=created)
+            family.add_metric([str(index), server.model_name], float(count(state)), created=created)
         families.append(family)
     per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                   "Accepted tokens per draft position.",
@@ -65,13 +64,10 @@ def spec_families_v0(server: ServerModel) -> list[Metric]:
     # Every V0 verification step emits the accepted tokens plus one token of the target model.
     emitted = accepted + drafts
     labels = [server.model_name]
-    rate, efficiency = (
-        GaugeMetricFamily(name, help_text, labels=["model_name"])
-        for name, help_text in (
-            ("vllm:spec_decode_draft_acceptance_rate", "Speulative token acceptance rate."),
-            ("vllm:spec_decode_efficiency", "Speculative decoding system efficiency."),
-        )
-    )
+    rate = GaugeMetricFamily("vllm:spec_decode_draft_acceptance_rate",
+                             "Speulative token acceptance rate.", labels=["model_name"])
+    efficiency = GaugeMetricFamily("vllm:spec_decode_efficiency",
+                                   "Speculative decoding system efficiency.", labels=["model_name"])
     if drafts:
         rate.add_metric(labels, accepted / tokens if tokens else 0.0)
         efficiency.add_metric(labels, emitted / (drafts * (server.k + 1)))
@@ -114,14 +110,12 @@ def _render_llamacpp(server: ServerModel) -> bytes:
         ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache", 0),
         ("prompt_seconds_total", "Total time spent processing prompts", generated * 0.0002),
         ("tokens_predicted_total", "Number of generation tokens processed", generated),
-        ("tokens_predicted_seconds_total", "Total time spent generating tokens",
-         generated * 0.01),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens", generated * 0.01),
         ("n_decode_total", "Total number of llama_decode() calls, excluding speculative "
          "decoding and multimodal decoding", drafts),
         ("n_tokens_max", "Largest observed sequence length (prompt + generation)",
          min(generated, MAX_MODEL_LEN)),
-        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated",
-         tokens),
+        ("spec_decode_num_draft_tokens_total", "Speculative: Total draft tokens generated", tokens),
         ("spec_decode_num_accepted_tokens_total",
          "Speculative: Total draft tokens accepted by the target model", accepted),
         ("spec_decode_num_drafts_total",
@@ -166,13 +160,10 @@ def _render_sglang(server: ServerModel) -> bytes:
             ("sglang:gen_throughput", "The generation throughput (token/s)."),
         )
     )
-    prompt, generation = (
-        CounterMetricFamily(name, help_text, labels=label_names)
-        for name, help_text in (
-            ("sglang:prompt_tokens", "Number of prefill tokens processed."),
-            ("sglang:generation_tokens", "Number of generation tokens processed."),
-        )
-    )
+    prompt = CounterMetricFamily("sglang:prompt_tokens", "Number of prefill tokens processed.",
+                                 labels=label_names)
+    generation = CounterMetricFamily("sglang:generation_tokens",
+                                     "Number of generation tokens processed.", labels=label_names)
     for index, state in enumerate(server.engine_counters):
         values = [server.model_name, "unified", "0", "0"] + (
             [str(index)] if server.engines > 1 else [])
