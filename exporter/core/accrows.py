@@ -62,10 +62,6 @@ class AccumulatorRows:
     if not TYPE_CHECKING:
         __slots__ = ()  # the fields are the dataclass's, slotted there
 
-    def tallies(self) -> tuple[AnomalyTally, AnomalyTally, AnomalyTally]:
-        """Anomalous scrapes before, inside and after the span the counts cover."""
-        return self.anomalies_before, self.anomalies_inside, self.anomalies_after
-
     def to_json(self) -> str:
         """The whole state as JSON: per series its key, and value, created, increase, seen."""
         return self._whole_json(self._keys())
@@ -133,6 +129,7 @@ class AccumulatorRows:
             values += (v, c, increase.get(k), t)
         engines = sorted(self.engines)
         packed = self.packed_before
+        tallies = (self.anomalies_before, self.anomalies_inside, self.anomalies_after)
         return "".join((
             '{"keys":[', ",".join(_key_json(k) for k in keys), '],"values":', json.dumps(values),
             f',"resets":{self.resets},"scrapes":{self.scrapes},',
@@ -143,7 +140,7 @@ class AccumulatorRows:
             ',"restart_times":', json.dumps(list(self.restart_times)),
             ',"gauge_weighted":', _dict_json(self.gauge_weighted),
             ',"gauge_seconds":', _dict_json(self.gauge_seconds),
-            ',"anomalies":[', ",".join(_tally_json(t) for t in self.tallies()), "]}",
+            ',"anomalies":[', ",".join(_tally_json(t) for t in tallies), "]}",
         ))
 
     def _round_json(self, keys: list[SeriesKey], values: Sequence[float | None],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from exporter.core.snapshot import SeriesKey, Snapshot
@@ -77,8 +77,8 @@ class AnomalyTally:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state."""
-        return {"count": self.count, "first": _anomaly_list(self.first),
-                "last": _anomaly_list(self.last)}
+        first, last = (None if a is None else list(astuple(a)) for a in (self.first, self.last))
+        return {"count": self.count, "first": first, "last": last}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> AnomalyTally:
@@ -89,12 +89,6 @@ class AnomalyTally:
 
 
 NO_ANOMALIES = AnomalyTally()
-
-
-def _anomaly_list(anomaly: Anomaly | None) -> list[Any] | None:
-    if anomaly is None:
-        return None
-    return [anomaly.at, anomaly.series, anomaly.value, anomaly.others]
 
 
 def _anomaly_from(data: Sequence[Any] | None) -> Anomaly | None:

@@ -100,7 +100,8 @@ class TestAccumulator:
         assert acc.resets == resets
         usable = [v for v in sequence if 0 <= v < INF]
         assert acc.scrapes == len(usable)
-        anomalies = sum(t.count for t in acc.tallies())
+        anomalies = sum(t.count for t in (acc.anomalies_before, acc.anomalies_inside,
+                                          acc.anomalies_after))
         assert anomalies == len(sequence) - len(usable)
 
     def test_anomalies_before_inside_and_after_the_span(self):
@@ -117,7 +118,7 @@ class TestAccumulator:
         feed_all(acc, pages)
         assert (acc.first_at, acc.last_at, acc.scrapes) == (102.0, 104.0, 2)
         assert acc.totals() == Counts(2.0, 6.0, 0.0, {})
-        before, inside, after = acc.tallies()
+        before, inside, after = acc.anomalies_before, acc.anomalies_inside, acc.anomalies_after
         drafts = 'num_drafts{engine="0",model_name="m"}'
         tokens_text = 'num_draft_tokens{engine="0",model_name="m"}'
         assert before == AnomalyTally(2, Anomaly(100.0, drafts, "NaN"),
