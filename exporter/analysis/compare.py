@@ -89,10 +89,7 @@ def _number(value: object) -> float | None:
 
 
 def length_estimate(s: Sample) -> tuple[Estimate | None, str | None]:
-    """Acceptance length with a normal interval from the variance of X; a note when bounded.
-
-    Without per-position rates, the Bhatia-Davis bound m (k - m) gives a wider, safe interval.
-    """
+    """Acceptance length's normal interval (Var X, else the Bhatia-Davis bound); a note why."""
     if s.acceptance_length is None:
         return None, None
     if s.drafts is None:

@@ -155,10 +155,7 @@ def _forward(process: asyncio.subprocess.Process, sig: int) -> None:
 
 
 def clear_earlier_results(work_dir: Path) -> list[Path]:
-    """Remove (and return) an earlier `measure`'s files, which would join this run's aggregate.
-
-    Only our own files go: they carry scrape times, AISBench's do not.
-    """
+    """Remove (and return) an earlier measure's files, or they join this run's; AISBench's stay."""
     removed = []
     for path in sorted((work_dir / "performances").glob("spec_decode_*.json")):
         with contextlib.suppress(OSError):

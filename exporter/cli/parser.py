@@ -59,8 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _serve(command: Command) -> None:
     serve = command("serve", "run the exporter")
     serve.add_argument("--config",
-                       help="YAML config file (default $SPECDEC_CONFIG, else "
-                            "config/exporter.yaml)")
+                       help="YAML config file (default $SPECDEC_CONFIG, else config/exporter.yaml)")
     serve.add_argument("--listen", metavar="HOST:PORT",
                        help="address of the exporter's HTTP server; overrides the config's "
                             "listen and $SPECDEC_LISTEN")
@@ -78,8 +77,7 @@ def _check_config(command: Command) -> None:
 def _demo(command: Command) -> None:
     demo = command("demo", "simulated servers plus the exporter, no network needed")
     demo.add_argument("--port", type=int, default=9400,
-                      help="port of the exporter's page and /metrics on 127.0.0.1 "
-                           "(default 9400)")
+                      help="port of the exporter's page and /metrics on 127.0.0.1 (default 9400)")
     demo.add_argument("--duration", type=float,
                       help="seconds to run, then exit (default: until Ctrl-C)")
     demo.add_argument("--output-dir",
@@ -98,9 +96,8 @@ def _fake_vllm(command: Command) -> None:
     fake.add_argument("--k", type=int, default=3,
                       help="draft tokens proposed per step, the speculation length (default 3)")
     fake.add_argument("--acceptance", type=float, default=0.8,
-                      help="0..1: chance that the first draft token is accepted; position i "
-                           "is accepted with chance acceptance**(i+1) once i-1 was "
-                           "(default 0.8)")
+                      help="0..1: chance that the first draft token is accepted; position i is "
+                           "accepted with chance acceptance**(i+1) once i-1 was (default 0.8)")
     fake.add_argument("--engines", type=int, default=1,
                       help="data-parallel engines, each with its own counters (default 1)")
     fake.add_argument("--dialect", default="vllm", choices=list(SIMULATED_DIALECTS),
@@ -124,9 +121,8 @@ def _fake_vllm(command: Command) -> None:
 
 def _exporter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exporter", required=True, action="append", metavar="URL",
-                   help="exporter base URL, e.g. http://127.0.0.1:9400 (http:// when no "
-                        "scheme is given); repeat (or separate with commas) for the "
-                        "shards of one fleet")
+                   help="exporter base URL, e.g. http://127.0.0.1:9400 (http:// when no scheme "
+                        "is given); repeat (or separate with commas) for the shards of one fleet")
     p.add_argument("--token", help="bearer token for the exporter (default $SPECDEC_TOKEN)")
 
 
@@ -139,10 +135,10 @@ def _window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", action="append", metavar="KEY=VALUE",
                    help="a label of the window (repeatable)")
     p.add_argument("--edges", choices=["command", "traffic"], default="command",
-                   help="what bounds the window: the command's start and exit (default), or "
-                        "the traffic through the exporter's recording proxy (opened as the "
-                        "first measured request arrives, closed on the counts right after "
-                        "the last response)")
+                   help="what bounds the window: the command's start and exit (default), or the "
+                        "traffic through the exporter's recording proxy (opened as the first "
+                        "measured request arrives, closed on the counts right after the last "
+                        "response)")
     p.add_argument("--skip-requests", type=int, default=None, metavar="N",
                    help="with --edges traffic: leave the first N requests out (warm-up; "
                         "AISBench's --num-warmups)")
@@ -191,8 +187,7 @@ def _measure(command: Command) -> None:
                       "snapshot, run the command given after --, snapshot: no exporter needed",
                       usage="%(prog)s --target HOST:PORT|URL [options] -- CMD [ARGS...]")
     measure.add_argument("--target", action="append", default=[], metavar="HOST:PORT|URL",
-                         help="a server to read (repeatable); a URL without a path gets "
-                              "/metrics")
+                         help="a server to read (repeatable); a URL without a path gets /metrics")
     measure.add_argument("--model-config", metavar="FILE",
                          help="AISBench model config whose host_ip/host_port or url name the "
                               "servers")

@@ -1,8 +1,5 @@
-"""Where `compare` and `advise` read a window from: an exporter's API or a result folder.
-
-A result folder (of a window, `measure` or AISBench) holds one
-`performances/spec_decode_<host>_<port>.json` RESULT per server.
-"""
+"""Where `compare` and `advise` read a window from: an exporter's API or a result folder
+(a window's, `measure`'s or AISBench's: one `performances/spec_decode_*.json` per server)."""
 
 from __future__ import annotations
 

@@ -71,9 +71,8 @@ def _say_written(answer: dict[str, Any]) -> None:
     edges = answer.get("edges")
     if isinstance(edges, dict):
         say(f"window edges: the traffic, {edges.get('skipped')} request(s) skipped, "
-            f"{edges.get('measured_requests')} measured, from "
-            f"{edges.get('first_request_at_iso')} to {edges.get('last_response_at_iso')}; "
-            f"closed by {edges.get('ended_by')}")
+            f"{edges.get('measured_requests')} measured, from {edges.get('first_request_at_iso')}"
+            f" to {edges.get('last_response_at_iso')}; closed by {edges.get('ended_by')}")
 
 
 def cmd_window_start(args: argparse.Namespace) -> int:

@@ -173,12 +173,10 @@ def _token_counters(
 
 def _cache_info(series: list[Any], v1: bool) -> Metric:
     """Build vllm:cache_config_info: one series per engine on V1 pages, one on V0's."""
-    cache_info_labels = ["block_size", "cache_dtype", "enable_prefix_caching"]
-    cache_info_labels += ["engine"] if v1 else []
-    cache_info_labels += ["gpu_memory_utilization", "num_cpu_blocks", "num_gpu_blocks"]
-    cache_info = GaugeMetricFamily("vllm:cache_config_info",
-                                   "Information of the LLMEngine CacheConfig",
-                                   labels=cache_info_labels)
+    cache_info = GaugeMetricFamily(
+        "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+        labels=["block_size", "cache_dtype", "enable_prefix_caching", *(["engine"] if v1 else []),
+                "gpu_memory_utilization", "num_cpu_blocks", "num_gpu_blocks"])
     for rank in sorted({values[1] for values, _, _ in series} if v1 else {""}):
         engine = [rank] if v1 else []
         cache_info.add_metric(["16", "auto", "True", *engine, "0.9", "0", "27495"], 1.0)
