@@ -28,7 +28,7 @@ from exporter.core.console import format_window
 from exporter.core.errors import ExporterError
 from exporter.core.perrequest import format_per_request
 from exporter.core.redact import redact_url
-from exporter.core.results import Result, Status, aggregate
+from exporter.core.result import Result, Status, aggregate
 from exporter.core.window import new_window_id
 
 

@@ -27,7 +27,7 @@ from exporter.analysis.stats import (
     wilson,
 )
 from exporter.core.errors import ExporterError
-from exporter.core.results import Result, Status, aggregate
+from exporter.core.result import Result, Status, aggregate
 from exporter.core.snapshot import Counts
 
 RATE = "acceptance_rate"

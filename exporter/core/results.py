@@ -20,18 +20,11 @@ from exporter.core.result import (
     Status,
     aggregate,
     fetch_error,
-    result_file_name,
-    result_file_names,
     unobserved_spans,
     unobserved_text,
 )
 from exporter.core.snapshot import Counts
 from exporter.core.window import TargetRef, Window
-
-# Re-exported: other modules read these here.
-__all__ = ["NO_ACTIVITY", "AnswerParts", "Advisor", "Result", "Status", "aggregate",
-           "result_file_name", "result_file_names", "target_result", "window_answer",
-           "window_series"]
 
 
 class Advisor(Protocol):

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.analysis.advise import result_advice, window_advice
-from exporter.core.results import AnswerParts, result_file_names
+from exporter.core.result import result_file_names
+from exporter.core.results import AnswerParts
 from exporter.core.snapshot import (
     Field,
     ScrapeResult,

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from exporter.core.results import result_file_names
+from exporter.core.result import result_file_names
 
 _INDENTED = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
 

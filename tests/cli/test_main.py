@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
-from exporter.core.results import result_file_name
+from exporter.core.result import result_file_name
 from exporter.state.schema import SCHEMA_VERSION
 from exporter.state.store import StateStore
 

@@ -16,7 +16,7 @@ from jsonlayout import assert_indented
 from bench.answer import EVERY, REMOVED, open_window
 from exporter.core.isotime import with_iso_times
 from exporter.core.parse import parse_page
-from exporter.core.results import result_file_names
+from exporter.core.result import result_file_names
 from exporter.core.snapshot import ScrapeResult, Snapshot
 from exporter.core.stopped import LastWindow, StoppedWindow
 from exporter.core.window import Window
