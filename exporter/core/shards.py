@@ -231,12 +231,11 @@ def _fields_problem(value: Mapping[str, Any]) -> str | None:
             return f"{key} is not text"
     if value.get("coverage") is not None and value["coverage"] not in _COVERAGES:
         return f"coverage {value['coverage']!r:.40} is neither full nor partial"
-    for key in ("engines", "resets", "scrapes"):
-        if value.get(key) is not None and not _is_count(value[key]):
-            return f"{key} is not a count"
-    for key in ("first_scrape_at", "last_scrape_at"):
-        if value.get(key) is not None and not is_number(value[key]):
-            return f"{key} is not a time"
+    for keys, valid, what in ((("engines", "resets", "scrapes"), _is_count, "a count"),
+                              (("first_scrape_at", "last_scrape_at"), is_number, "a time")):
+        for key in keys:
+            if value.get(key) is not None and not valid(value[key]):
+                return f"{key} is not {what}"
     names = value.get("model_names")
     if names is not None and not (isinstance(names, list)
                                   and all(isinstance(n, str) for n in names)):
