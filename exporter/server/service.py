@@ -19,7 +19,6 @@ from exporter.core.errors import RequestError
 from exporter.server.scheduler import Scheduler
 from exporter.scrape.scraper import Scraper
 from exporter.core.snapshot import ScrapeResult
-from exporter.core.stopped import StoppedWindow
 from exporter.state.store import StateStore, connect_state
 from exporter.server.targets import Targets, TargetState
 from exporter.server.stateview import StateView
@@ -182,28 +181,7 @@ class ExporterService:
     async def run(self) -> None:
         await self.scheduler.run()
 
-    # -- windows: the book's -----------------------------------------------------------
-
-    def open_windows(self) -> list[Window]:
-        return self.book.open_windows()
-
-    def window_with_series(self, window_id: str) -> Window:
-        return self.book.with_series(window_id)
-
-    def record_stopped(self, window: Window) -> None:
-        self.book.record_stopped(window)
-
-    def delete_window(self, window_id: str) -> None:
-        self.book.delete(window_id)
-
-    def get_window(self, window_id: str) -> Window:
-        return self.book.get(window_id)
-
-    def take_answer_text(self, window_id: str) -> bytes | None:
-        return self.book.take_answer_text(window_id)
-
-    def list_windows(self) -> list[Window | StoppedWindow]:
-        return self.book.recent()
+    # -- windows ------------------------------------------------------------------------
 
     async def _scrape_for_window(self, names: list[str], others: list[Window],
                                  then: Callable[[ScrapeResult], None] | None

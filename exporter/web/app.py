@@ -62,7 +62,7 @@ def make_app(
     edges = TrafficEdges(service)
     service.holds = edges.holds
     app[PROXYING] = Proxying(Recordings(lambda: [(w.id, w.targets)
-                                                 for w in service.open_windows()],
+                                                 for w in service.book.open_windows()],
                                         clock=clock),
                              lambda: service.config, edges)
     app.cleanup_ctx.append(app[PROXYING].serve)
@@ -84,7 +84,8 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
         try:
             yield
         finally:
-            log.info("shutting down: saving open windows count=%d", len(service.open_windows()))
+            log.info("shutting down: saving open windows count=%d",
+                     len(service.book.open_windows()))
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -90,7 +90,7 @@ class TrafficEdges:
         if window_id in self._finished or self._in_book(window_id):
             raise RequestError(f'window "{window_id}" exists; start a new id', status=409)
         limit = self.service.config.max_open_windows
-        if len(self._windows) + len(self.service.open_windows()) >= limit:
+        if len(self._windows) + len(self.service.book.open_windows()) >= limit:
             raise RequestError(f"too many open windows (max_open_windows={limit})", status=429)
         self._windows[window_id] = TrafficWindow(window_id, name, chosen, dict(labels), skip)
         if skip == 0:
@@ -106,7 +106,7 @@ class TrafficEdges:
 
     def _in_book(self, window_id: str) -> bool:
         try:
-            self.service.get_window(window_id)
+            self.service.book.get(window_id)
         except RequestError:
             return False
         return True

@@ -179,7 +179,7 @@ class Fanout:
         """The window on every shard: the merged stop answer once all stopped, else open."""
 
         async def local() -> dict[str, Any]:
-            return self.service.get_window(window_id).state()
+            return self.service.book.get(window_id).state()
 
         parts = await self._everywhere(local, "GET", f"/api/v1/windows/{window_id}")
         self._refuse_if_retry_needed(parts, window_id)
@@ -197,7 +197,7 @@ class Fanout:
         window_id = check_window_id(request.match_info["id"])
 
         async def local() -> dict[str, Any]:
-            self.service.delete_window(window_id)
+            self.service.book.delete(window_id)
             return {"id": window_id, "deleted": True}
 
         parts = await self._everywhere(local, "DELETE", f"/api/v1/windows/{window_id}",
@@ -227,7 +227,7 @@ class Fanout:
         """A window's per-scrape series from every shard, each target's from its owner."""
 
         async def local() -> dict[str, Any]:
-            return window_series(self.service.window_with_series(window_id))
+            return window_series(self.service.book.with_series(window_id))
 
         parts = await self._everywhere(local, "GET", f"/api/v1/windows/{window_id}/series")
         self._refuse_if_retry_needed(parts, window_id)

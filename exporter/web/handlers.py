@@ -185,9 +185,9 @@ async def compare_page(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
 
     async def answer(window_id: str) -> dict[str, Any] | None:
-        return service.get_window(window_id).answer
+        return service.book.get(window_id).answer
 
-    return await compare_response(request, [w.state() for w in service.list_windows()], answer)
+    return await compare_response(request, [w.state() for w in service.book.recent()], answer)
 
 
 async def compare_response(
@@ -265,7 +265,7 @@ async def stop_window(request: web.Request) -> web.Response:
     edges = traffic_edges(request.app)
     window = await (edges.stop(window_id) if edges.knows(window_id)
                     else service.stop_window(window_id, answer=False))
-    text = service.take_answer_text(window.id)
+    text = service.book.take_answer_text(window.id)
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
         text = with_key(text, "results_dir", results_dir(service, window))
@@ -362,7 +362,7 @@ def list_query(request: web.Request) -> tuple[int, str | None]:
 
 def local_list(service: ExporterService, limit: int, state: str | None) -> dict[str, Any]:
     """This shard's list answer: its windows' summaries, newest first."""
-    items = [window_summary(w.state()) for w in service.list_windows()]
+    items = [window_summary(w.state()) for w in service.book.recent()]
     items = [i for i in items if state is None or i["state"] == state][:limit]
     answer: dict[str, Any] = with_iso_times({"windows": items})
     return answer
@@ -383,19 +383,19 @@ async def get_window(request: web.Request) -> web.Response:
     window_id = check_window_id(request.match_info["id"])
     if (waiting := traffic_edges(request.app).waiting(window_id)) is not None:
         return _json(waiting)  # not started yet: no request came through the proxy
-    return _window_json(request, service.get_window(window_id))
+    return _window_json(request, service.book.get(window_id))
 
 
 async def window_series(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    window = service.window_with_series(check_window_id(request.match_info["id"]))
+    window = service.book.with_series(check_window_id(request.match_info["id"]))
     return _json(series_view(window))
 
 
 async def delete_window(request: web.Request) -> web.Response:
     """Forget a stopped window (its result files stay); 409 while it is open."""
     window_id = check_window_id(request.match_info["id"])
-    request.app[SERVICE].delete_window(window_id)
+    request.app[SERVICE].book.delete(window_id)
     return web.json_response({"id": window_id, "deleted": True})
 
 

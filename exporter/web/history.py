@@ -83,7 +83,7 @@ async def history_window(request: web.Request) -> web.Response:
     window = Window(id=answer["id"], name=name,
                     targets={t: TargetRef(t, t, t) for t in answer["results"]}, labels={},
                     started_at=query.frm, stopped_at=query.to, answer=answer)
-    service.record_stopped(window)
+    service.book.record_stopped(window)
     answer = answer | {"results_dir": str(service.book.results_dir(window.id).resolve())}
     return web.Response(body=compact(with_iso_times(answer)), status=201,
                         content_type="application/json")

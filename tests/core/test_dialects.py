@@ -278,7 +278,7 @@ class TestWindowsPerDialect:
         fake = await fake_vllm(dialect="vllm-v0", k=2)
         exp = await exporter({"targets": [{"name": "v0", "url": fake.url}]})
         await exp.start(id="w0")
-        window = exp.service.get_window("w0")  # the stopped window keeps only its answer
+        window = exp.service.book.get("w0")  # the stopped window keeps only its answer
         fake.server.add(0, 10, 20, [8, 4])
         if streamed == "1":
             await exp.round()  # this window's second scrape, the stop's being the child's
@@ -332,7 +332,7 @@ class TestWindowsPerDialect:
         fake.server.add(0, 10, 30, [5, 2, 1])  # rank 0: length 1.8, rate 8/30
         fake.server.add(1, 10, 20, [10, 10])  # rank 1: length 3.0, rate 1.0
         now[0] = 1040.0
-        window = exp.service.get_window("ws")  # the stopped window keeps only its answer
+        window = exp.service.book.get("ws")  # the stopped window keeps only its answer
         answer = await exp.stop("ws")
         result = answer["results"]["s"]
         assert result["dialect"] == "sglang" and result["scrapes"] == 3

@@ -133,7 +133,7 @@ class TestManyWindows:
         found = await still_serving(exp.client)
         assert value(found, "specdec_windows_open") == 1000
         await exp.round()  # a scrape round saves 1000 open windows
-        opened = exp.service.open_windows()
+        opened = exp.service.book.open_windows()
         stop = await exp.client.post(f"/api/v1/windows/{opened[0].id}/stop")
         assert stop.status == 200
         again = await exp.client.post("/api/v1/windows", json={"id": "after", "targets": []})

@@ -68,7 +68,7 @@ class TestChurn:
             assert response.status == 200
             await response.read()
             costs.append(time.perf_counter() - started)
-            window = exp.service.get_window("w1")
+            window = exp.service.book.get("w1")
             sizes.append(_kept(window.accumulators["c"]))
         # Counted, not timed: what each accumulator keeps is bounded by the page plus the
         # absent-series memory (x3: last value, when seen, increase), whatever the history.

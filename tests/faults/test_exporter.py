@@ -197,7 +197,7 @@ class TestCorruptState:
             db.execute("INSERT INTO windows VALUES ('bad-shape', 1, 2.0, '{\"id\": 3}')")
         with caplog.at_level(logging.ERROR):
             again = await _exp(exporter, pair)
-        assert "good" in [w.id for w in again.service.open_windows()]
+        assert "good" in [w.id for w in again.service.book.open_windows()]
         messages = " ".join(r.getMessage() for r in caplog.records)
         assert "bad-json" in messages and "bad-shape" in messages
         for bad in ("bad-json", "bad-shape"):

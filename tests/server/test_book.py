@@ -424,7 +424,7 @@ class TestStoppedWindowsInMemory:
     async def test_a_stopped_window_keeps_only_its_answer(self, exporter, target):
         exp = await exporter({"targets": [{"name": "a", "url": target.url}]})
         answer = await _stopped(exp, target, "w")
-        window = exp.service.get_window("w")
+        window = exp.service.book.get("w")
         assert window.answer == {k: v for k, v in answer.items() if k != "results_dir"}
         assert window.accumulators == {} and window.series == {}
         # The per-scrape series is read back from the store when asked for.
@@ -617,7 +617,7 @@ class TestScrapesDuringAStop:
         stop.cancel()  # the stop's child is working on "fast" meanwhile
         with pytest.raises(asyncio.CancelledError):
             await stop
-        window = exp.service.get_window("w")
+        window = exp.service.book.get("w")
         assert window.is_open and not window.finals
         assert window.accumulators["fast"].scrapes == 2  # its start and the stop's scrape
         assert zombies_of(os.getpid()) == []

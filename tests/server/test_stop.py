@@ -255,7 +255,7 @@ class TestStopAnswerTexts:
         exp, body = await self._stopped(fake_vllm, exporter, unused_tcp_port)
         # The stop's HTTP answer took its text: memory keeps none. A second stop encodes the
         # answer again from the store, to the same bytes.
-        assert exp.service.take_answer_text("texts") is None
+        assert exp.service.book.take_answer_text("texts") is None
         again = await exp.client.post("/api/v1/windows/texts/stop")
         assert await again.text() == body
 
@@ -266,10 +266,10 @@ class TestStopAnswerTexts:
         await exp.start(id="w")
         window = await exp.service.stop_window("w", answer=False)
         assert window.answer is None  # the dicts were never built here: the text has it all
-        text = exp.service.take_answer_text("w")
+        text = exp.service.book.take_answer_text("w")
         assert json.loads(text)["id"] == "w"
-        assert exp.service.take_answer_text("w") is None
+        assert exp.service.book.take_answer_text("w") is None
         await exp.start(id="v")
         await exp.service.stop_window("v", answer=False)
         assert (await exp.client.delete("/api/v1/windows/v")).status == 200
-        assert exp.service.take_answer_text("v") is None
+        assert exp.service.book.take_answer_text("v") is None
