@@ -9,7 +9,7 @@ import os
 import shutil
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -213,41 +213,28 @@ class StateStore:
         accs, parts = list(accumulators), list(rounds)
         if not rows and not accs and not parts:
             return
-        try:
-            if sync:
-                self._db.execute("PRAGMA synchronous=FULL")
-            try:
-                with self._db:
-                    self._db.execute("BEGIN")
-                    # UTF-8 bytes stored as text: SQLite's JSON functions read it.
-                    self._db.executemany(
-                        "INSERT INTO windows (id, open, started_at, doc) "
-                        "VALUES (?, ?, ?, CAST(? AS TEXT)) "
-                        "ON CONFLICT(id) DO UPDATE SET open=excluded.open, doc=excluded.doc",
-                        rows,
-                    )
-                    # A stopped window is its answer: its accumulators leave the database.
-                    ended = [(r[0],) for r in rows if not r[1]]
-                    for table in _ACC_TABLES:
-                        self._db.executemany(f"DELETE FROM {table} WHERE window_id=?", ended)
-                    self._db.executemany(
-                        "INSERT OR REPLACE INTO accumulators (window_id, target, doc) "
-                        "VALUES (?, ?, ?)", accs,
-                    )
-                    self._db.executemany(
-                        "DELETE FROM accumulator_rounds WHERE window_id=? AND target=?",
-                        [a[:2] for a in accs],
-                    )
-                    self._db.executemany(
-                        "INSERT OR REPLACE INTO accumulator_rounds (window_id, target, doc) "
-                        "VALUES (?, ?, ?)", parts,
-                    )
-            finally:
-                if sync:
-                    self._db.execute("PRAGMA synchronous=NORMAL")
-        except sqlite3.Error as exc:
-            self.errors_total += 1
-            raise StoreError(f"cannot save window state to {self.path}: {exc}") from exc
+        with self._transaction("save window state to", sync=sync) as db:
+            # UTF-8 bytes stored as text: SQLite's JSON functions read it.
+            db.executemany(
+                "INSERT INTO windows (id, open, started_at, doc) "
+                "VALUES (?, ?, ?, CAST(? AS TEXT)) "
+                "ON CONFLICT(id) DO UPDATE SET open=excluded.open, doc=excluded.doc",
+                rows,
+            )
+            # A stopped window is its answer: its accumulators leave the database.
+            ended = [(r[0],) for r in rows if not r[1]]
+            for table in _ACC_TABLES:
+                db.executemany(f"DELETE FROM {table} WHERE window_id=?", ended)
+            db.executemany(
+                "INSERT OR REPLACE INTO accumulators (window_id, target, doc) VALUES (?, ?, ?)",
+                accs,
+            )
+            db.executemany("DELETE FROM accumulator_rounds WHERE window_id=? AND target=?",
+                           [a[:2] for a in accs])
+            db.executemany(
+                "INSERT OR REPLACE INTO accumulator_rounds (window_id, target, doc) "
+                "VALUES (?, ?, ?)", parts,
+            )
         if self._identity[1] is None:
             self._identity = self._files()  # the first commit creates the WAL
 
@@ -255,15 +242,10 @@ class StateStore:
         """Every row of `other` into this database, in one transaction (a moved state path)."""
         windows = other._query("SELECT id, open, started_at, doc FROM windows")
         accs = {t: other._query(f"SELECT window_id, target, doc FROM {t}") for t in _ACC_TABLES}
-        try:
-            with self._db:
-                self._db.execute("BEGIN")
-                self._db.executemany("INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?)", windows)
-                for table, rows in accs.items():
-                    self._db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?)", rows)
-        except sqlite3.Error as exc:
-            self.errors_total += 1
-            raise StoreError(f"cannot copy window state to {self.path}: {exc}") from exc
+        with self._transaction("copy window state to") as db:
+            db.executemany("INSERT OR REPLACE INTO windows VALUES (?, ?, ?, ?)", windows)
+            for table, rows in accs.items():
+                db.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?)", rows)
         self.errors_total += other.errors_total
 
     def remove_files(self) -> None:
@@ -276,15 +258,10 @@ class StateStore:
     def delete(self, window_ids: Iterable[str]) -> None:
         """Forget windows (their rows only; result files are not ours to remove)."""
         ids = [(i,) for i in window_ids]
-        try:
-            with self._db:
-                self._db.execute("BEGIN")
-                for table in _ACC_TABLES:
-                    self._db.executemany(f"DELETE FROM {table} WHERE window_id=?", ids)
-                self._db.executemany("DELETE FROM windows WHERE id=?", ids)
-        except sqlite3.Error as exc:
-            self.errors_total += 1
-            raise StoreError(f"cannot delete window state in {self.path}: {exc}") from exc
+        with self._transaction("delete window state in") as db:
+            for table in _ACC_TABLES:
+                db.executemany(f"DELETE FROM {table} WHERE window_id=?", ids)
+            db.executemany("DELETE FROM windows WHERE id=?", ids)
 
     def stopped_before(self, started_before: float) -> list[str]:
         """Ids of stopped windows started before that time (retention)."""
@@ -369,6 +346,24 @@ class StateStore:
             fields["aggregate"] = {"status": status, "data": data} if status is not None else None
             picked.append(fields)
         return picked
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str, *, sync: bool = False) -> Iterator[sqlite3.Connection]:
+        """One transaction, forced to disk with `sync`; a failure is counted and raised as
+        `StoreError` ("cannot {what} {path}")."""
+        try:
+            if sync:
+                self._db.execute("PRAGMA synchronous=FULL")
+            try:
+                with self._db:
+                    self._db.execute("BEGIN")
+                    yield self._db
+            finally:
+                if sync:
+                    self._db.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.Error as exc:
+            self.errors_total += 1
+            raise StoreError(f"cannot {what} {self.path}: {exc}") from exc
 
     def _query(self, sql: str, params: tuple[object, ...] = ()) -> list[tuple[Any, ...]]:
         try:
