@@ -38,9 +38,7 @@ def one_line(exc: Exception) -> str:
 
 
 def benchmark_command(args: argparse.Namespace) -> list[str]:
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
+    cmd = list(args.cmd)[1:] if args.cmd[:1] == ["--"] else list(args.cmd)
     if not cmd:
         args.parser.error("give the command to run after --, e.g. -- ais_bench --models ...")
     return cmd

@@ -35,8 +35,7 @@ def demo_fleet() -> list[tuple[str, FakeServer, float]]:
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+        return int(sock.getsockname()[1])
 
 
 def _why_no_figures(state: TargetState) -> str:

@@ -59,7 +59,5 @@ def cmd_history(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     if args.output_dir:
         write_results(Path(args.output_dir), AnswerTexts.of(answer))
-    print(json.dumps(answer, indent=2) if args.json else format_window(answer), end="")
-    if args.json:
-        print()
+    print(json.dumps(answer, indent=2) + "\n" if args.json else format_window(answer), end="")
     return EXIT_OK

@@ -22,15 +22,11 @@ class _JsonFormatter(logging.Formatter):
 
 def _setup_logging(level: str, fmt: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler], force=True)
-    # Access logs only at debug.
-    logging.getLogger("aiohttp.access").setLevel(
-        logging.DEBUG if level == "debug" else logging.WARNING
-    )
+    access = logging.DEBUG if level == "debug" else logging.WARNING
+    logging.getLogger("aiohttp.access").setLevel(access)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,6 @@
-"""`measure`: AISBench's --spec-decode (snapshot, run, snapshot) without an exporter, fixed.
-
-It scrapes while the command runs (a restart mid-run is counted on both sides), says which
-fetch failed, and never changes the command's exit code.
-"""
+"""`measure`: AISBench's --spec-decode (snapshot, run, snapshot) without an exporter, fixed: it
+scrapes while the command runs (a restart mid-run is counted on both sides), says which fetch
+failed, and never changes the command's exit code."""
 
 from __future__ import annotations
 
@@ -165,14 +163,9 @@ def clear_earlier_results(work_dir: Path) -> list[Path]:
     return removed
 
 
-async def measure(
-    targets: Sequence[TargetConfig],
-    cmd: Sequence[str],
-    work_dir: Path,
-    *,
-    interval: float = 1.0,
-    timeout: float = 10.0,
-) -> tuple[int, dict[str, Any] | None]:
+async def measure(targets: Sequence[TargetConfig], cmd: Sequence[str], work_dir: Path, *,
+                  interval: float = 1.0, timeout: float = 10.0
+                  ) -> tuple[int, dict[str, Any] | None]:
     """Snapshot, run CMD while scraping every `interval`, snapshot; (CMD's code, answer)."""
     targets = distinct_names(targets)
     by_name = {t.name: t for t in targets}

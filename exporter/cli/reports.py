@@ -22,10 +22,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"specdec-exporter compare: {exc}", file=sys.stderr)
         return 2
     body = apply_gates({"a": a.label, "b": b.label} | compare_answers(a.answer, b.answer), gates)
-    if args.json:
-        print(json.dumps(body, indent=2))
-    else:
-        print(format_comparison(body), end="")
+    print(json.dumps(body, indent=2) + "\n" if args.json else format_comparison(body), end="")
     return 1 if body["tripped"] else 0
 
 
@@ -41,10 +38,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         print(f"specdec-exporter advise: {exc}", file=sys.stderr)
         return 2
     body = window_advice(source.answer, costs)
-    if args.json:
-        print(json.dumps({"window": source.label} | body, indent=2))
-    else:
-        print(format_window_advice(source.label, body), end="")
+    print(json.dumps({"window": source.label} | body, indent=2) + "\n" if args.json
+          else format_window_advice(source.label, body), end="")
     advised = [a for a in [*body["results"].values(), body["aggregate"]] if a and "error" not in a]
     return 0 if advised else 1
 

@@ -187,9 +187,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     # `timeout`, `kill` and supervisors send SIGTERM: the same clean end as Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_demo(args.port, args.duration, args.output_dir))
-    except KeyboardInterrupt:
-        pass
     return 0
 

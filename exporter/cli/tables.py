@@ -6,20 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from exporter.analysis.stats import ASSUMPTION
-from exporter.web.pages.compare import FORMATS, NAMES
+from exporter.web.pages.compare import FORMATS, NAMES, estimate_text
 
-
-def _spec(metric: str) -> str:
-    return FORMATS.get(metric, ".4f")
-
-
-def _value(estimate: Mapping[str, Any], spec: str, signed: bool = False) -> str:
-    sign = "+" if signed else ""
-    text = format(estimate["value"], sign + spec)
-    if estimate.get("low") is None:
-        return text
-    low, high = format(estimate["low"], sign + spec), format(estimate["high"], sign + spec)
-    return f"{text} [{low}, {high}]"
+_SPELLED = "{} [{}, {}]"  # an estimate and its interval on one console line
 
 
 def _drafts(value: float | None) -> str:
@@ -32,11 +21,12 @@ def format_entry(name: str, entry: Mapping[str, Any]) -> list[str]:
              f"B: {_drafts(entry.get('b_drafts'))} drafts"]
     rows = [("metric", "A", "B", "B - A", "verdict")]
     for row in entry["metrics"]:
-        spec = _spec(row["metric"])
+        spec = FORMATS.get(row["metric"], ".4f")
         rows.append((
             NAMES.get(row["metric"], row["metric"].replace("_", " ")),
-            _value(row["a"], spec), _value(row["b"], spec),
-            _value(row["difference"], spec, signed=True), row["verdict"],
+            estimate_text(row["a"], spec, spelled=_SPELLED),
+            estimate_text(row["b"], spec, spelled=_SPELLED),
+            estimate_text(row["difference"], spec, signed=True, spelled=_SPELLED), row["verdict"],
         ))
     if len(rows) > 1:
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -75,12 +65,10 @@ def format_comparison(body: Mapping[str, Any]) -> str:
 
 def format_advice(name: str, advice: Mapping[str, Any] | None) -> str:
     """One target's advisor table."""
-    title = f"========== Speculation advisor  [{name}] =========="
-    lines = [title]
+    lines = [f"========== Speculation advisor  [{name}] =========="]
     if advice is None or advice.get("error"):
         reason = (advice or {}).get("error") or "no per-position rates: nothing to advise"
-        lines.append(reason)
-        return "\n".join(lines) + "\n"
+        return f"{lines[0]}\n{reason}\n"
     dist = advice["distribution"]
     costs = list(advice["best"])
     lines.append(f"measured k = {advice['k']}; accepted tokens per draft X: mean "

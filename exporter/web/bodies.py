@@ -88,8 +88,7 @@ async def window_request(request: web.Request) -> WindowRequest:
 
 
 def resolve_targets(asked: list[str], host_ports: Mapping[str, str], window_id: str) -> list[str]:
-    """The names a start's `targets` mean (each a name of `host_ports` or its host:port), each
-    once, in order; `UnknownTargetError` for one that is neither."""
+    """A start's `targets` (names or host:ports) as names, each once; else UnknownTargetError."""
     by_host_port = {host_port: name for name, host_port in host_ports.items()}
     chosen: dict[str, None] = {}
     for name in asked:

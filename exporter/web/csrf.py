@@ -1,11 +1,7 @@
-"""A browser is not a client: cross-site requests and DNS rebinding cannot change our state.
-
-With no token configured, any web page could POST to the exporter (a form or a no-cors fetch),
-or reach it same-origin through a name rebound to our address. A state-changing request is
-refused when its body is not `application/json` (a browser sends other types cross-site only
-after a CORS preflight, never answered), its `Origin` is not its Host, or its Host is a name we
-do not know: IP literals and single-label names are fine (rebinding needs a public domain).
-"""
+"""Cross-site requests and DNS rebinding cannot change our state: a state-changing request is
+refused when its body is not `application/json` (other types a page sends cross-site only after
+an unanswered CORS preflight), its `Origin` is not its Host, or its Host is a name we do not know
+(IP literals and single-label names are fine: rebinding needs a public domain)."""
 
 from __future__ import annotations
 

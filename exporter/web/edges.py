@@ -1,8 +1,6 @@
-"""Windows bounded by the traffic itself (`"edges": "traffic"`): started (baseline scraped)
-before request `skip_requests + 1` is forwarded; when a target's proxied requests have all
-completed it is scraped at once and held from later scrapes (the next request voids that
-scrape), and a stop takes those scrapes, so what a server counted after the last response stays
-out.
+"""Windows bounded by the traffic (`"edges": "traffic"`): started before request
+`skip_requests + 1` is forwarded; a target idle again is scraped and held from later scrapes
+(until its next request), and a stop takes those scrapes: counts after the last response stay out.
 """
 
 from __future__ import annotations
@@ -112,8 +110,7 @@ class TrafficEdges:
         return True
 
     async def arrive(self, target: str) -> list[Ticket]:
-        """A request for `target` is about to be forwarded: returns once every window it
-        opens has started (its baseline scraped before the request goes)."""
+        """Before a request for `target` goes: returns once every window it opens has started."""
         if not self._windows:
             return []
         tickets: list[Ticket] = []
@@ -178,8 +175,7 @@ class TrafficEdges:
         return window_id in self._windows
 
     async def stop(self, window_id: str) -> Window:
-        """Stop a traffic-edged window (`knows` it): on the scrapes after its last responses
-        when every target is idle, else now."""
+        """Stop on the scrapes after the last responses when every target is idle, else now."""
         w = self._windows[window_id]
         ended_by = ""
         if w.started is None:  # no measured request came: an empty window, from now

@@ -1,9 +1,6 @@
-"""The exporter's own /metrics, written straight from the latest state as text format 0.0.4
-or OpenMetrics 1.0 (prometheus_client's generic path is too slow per sample for the event loop).
-
-Each target keeps a block of lines per family, valid while its state object (and its live
-span's end points) live; a render builds the stale blocks and joins them family by family.
-"""
+"""The exporter's own /metrics, written straight from the state (prometheus_client's generic
+path is too slow per sample): each target keeps its lines per family while its state object (and
+live span) lives; a render builds the stale ones and joins them family by family."""
 
 from __future__ import annotations
 
@@ -107,8 +104,7 @@ class _Labels:
         return found
 
     def positions(self, model: str | None, positions: tuple[int, ...]) -> str:
-        """The `template` of the per-position lines at `positions`: `model`'s counters, or the
-        live ratios (None)."""
+        """The `template` of `model`'s per-position counters, or of the live ratios (None)."""
         cache = self.live_positions if model is None else self.model(model).positions
         found = cache.get(positions)
         if found is None:
@@ -153,8 +149,7 @@ class _Sums:
 
 
 def _model_sums(values: Mapping[SeriesKey, float]) -> tuple[dict[str, _Sums], bool]:
-    """Per model name, what `Snapshot.by_model` gives (the same floats, added in the same
-    order), and whether the series show several engines; in one pass over the series."""
+    """`Snapshot.by_model`'s sums (same floats, same order), and whether several engines."""
     sums: dict[str, _Sums] = {}
     first: str | None = None
     several = False
@@ -285,8 +280,7 @@ class MetricsWriter:
         return fresh
 
     def prepare(self, chunk: int) -> Iterator[int]:
-        """Build the lines of the targets scraped (or whose live span moved) since last built,
-        yielding after every `chunk` built so that a caller on the event loop lets others in."""
+        """Build the stale targets' lines, yielding after every `chunk` (to let the loop run)."""
         view = self.view()
         live = view.live
         built = 0

@@ -118,8 +118,7 @@ def line(name: str, labels: str, value: float) -> str:
 
 
 def template(prefixes: list[str]) -> str:
-    """The `%` format of the lines `prefix value` for `prefixes`: one `%r` a value (a label
-    value's own `%` doubled), so a run of samples is one C-level format of a tuple."""
+    """The `%` format of `prefix value` lines (label `%` doubled): a run is one C-level format."""
     return "".join([f"{prefix.replace('%', '%%')}%r\n" for prefix in prefixes])
 
 

@@ -96,8 +96,7 @@ class Fanout:
 
     def _vetted(self, parts: list[ShardPart], vet: Callable[[ShardPart, Fleet], None],
                 expected: dict[int, list[str]] | None = None) -> None:
-        """Each peer's part vetted; every part told the targets it should have (by default
-        its share of the whole fleet)."""
+        """Each peer's part vetted; each told its targets (by default its share of the fleet)."""
         fleet = self._fleet()
         for part in parts:
             if not part.local:

@@ -96,10 +96,8 @@ def to_openmetrics(text: bytes) -> bytes:
 
 def accepts_gzip(accept_encoding: str | None) -> bool:
     """Whether `Accept-Encoding` allows gzip (q > 0), as Prometheus always sends it."""
-    for media, _, q in _media_ranges(accept_encoding or ""):
-        if media in ("gzip", "*") and q > 0:
-            return True
-    return False
+    return any(media in ("gzip", "*") and q > 0
+               for media, _, q in _media_ranges(accept_encoding or ""))
 
 
 def gzipped(body: bytes) -> bytes:

@@ -1,9 +1,6 @@
-"""Connections that hold the server hostage: slow request heads (slowloris), too many sockets.
-
-aiohttp's protocol factory, wrapped: a connection whose request head is not complete within
-`header_timeout` is closed, and at `max_connections` the oldest connection still waiting for its
-head makes room for the new one (a client whose request is being answered is never cut).
-"""
+"""Against slowloris and socket floods: aiohttp's protocol factory, wrapped, closes a connection
+whose request head is not complete within `header_timeout`; at `max_connections` the oldest one
+still waiting for its head makes room (a client being answered is never cut)."""
 
 from __future__ import annotations
 

@@ -125,8 +125,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def _metrics_body(request: web.Request, kind: Format, packed: bool) -> bytes:
-    """Cached while fresh; else built a chunk per loop turn, and gzipped in a thread (zlib lets
-    go of the GIL)."""
+    """Cached while fresh; else built a chunk per loop turn, gzipped in a thread (off the GIL)."""
     key = f"metrics:{kind}:gzip" if packed else f"metrics:{kind}"
     if (hit := _fresh(request, key)) is not None:
         return hit[1]
@@ -194,8 +193,7 @@ async def compare_response(
     request: web.Request, windows: Sequence[Mapping[str, Any]],
     answer: Callable[[str], Awaitable[Mapping[str, Any] | None]],
 ) -> web.Response:
-    """Two stopped windows' answers (`answer`: None while open) side by side; without `a` and
-    `b`, a form to pick them from `windows`."""
+    """Two stopped windows side by side (`answer` None: still open), or the form to pick them."""
     a_id, b_id = request.query.get("a"), request.query.get("b")
     if not a_id and not b_id:
         return web.Response(text=render_picker(windows), content_type="text/html")
@@ -222,8 +220,7 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def reload_config(service: ExporterService) -> Config:
-    """`POST /-/reload` and SIGHUP: read and check the file off the loop (seconds of pure
-    Python for a big config, that /metrics and every window call would wait for)."""
+    """`POST /-/reload` and SIGHUP: the file read and checked off the loop (a big one is slow)."""
     if service.config_path is None:
         return service.reload()  # says why there is nothing to reload
     try:
@@ -280,8 +277,7 @@ async def stop_window(request: web.Request) -> web.Response:
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
-    """A window's JSON as a stop encodes it (orjson): the stop, a second stop and a GET of a
-    stopped window answer the same bytes."""
+    """Encoded as a stop encodes it: a stop, a second stop and a GET answer the same bytes."""
     return _json_text(compact(value), status)
 
 
@@ -295,8 +291,8 @@ BIG_BODY = 1 << 20
 
 
 class SentResponse(web.Response):
-    """A response that lets go of its body once sent (aiohttp keeps a kept-alive connection's
-    last response until its next request), then after a big one gives freed heap pages back."""
+    """Lets go of its body once sent (aiohttp keeps a connection's last response), then after a
+    big one gives freed heap pages back."""
 
     async def write_eof(self, data: bytes = b"") -> None:
         await super().write_eof(data)

@@ -1,6 +1,5 @@
 """Calls from one shard to its peers: one session, a bounded wait, the whole answer read and
-decoded with the codec our own answers are written in (orjson; the stdlib's JSON where the
-encoder fell back to it)."""
+decoded as our answers are encoded (orjson, else the stdlib's JSON)."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ MAX_PEER_ANSWER = 64 * 1024 * 1024
 
 
 def decode_answer(raw: bytes) -> object:
-    """A peer's JSON text as our own answers are written: orjson, else the stdlib (which wrote
-    what orjson refuses to: an integer past 64 bits, a NaN). None when neither reads it."""
+    """orjson, else the stdlib (which wrote what orjson refuses: a NaN, a big int); else None."""
     with contextlib.suppress(orjson.JSONDecodeError):
         return orjson.loads(raw)
     try:

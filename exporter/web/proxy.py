@@ -1,8 +1,6 @@
-"""The recording proxy: relays a benchmark's OpenAI traffic to a target unchanged (server-sent
-events chunk by chunk) and records each answer's per-request spec-decode figures. Recording
-never fails a request: an answer too big (`PARSE_LIMIT`) or unreadable is relayed all the same
-and counted unreadable.
-"""
+"""The recording proxy: relays a benchmark's OpenAI traffic to a target unchanged and records
+each answer's spec-decode figures; one too big (`PARSE_LIMIT`) or unreadable is relayed all the
+same and counted unreadable."""
 
 from __future__ import annotations
 
@@ -58,11 +56,7 @@ class Upstream:
 
 
 def _forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for key, value in headers.items():
-        if key.lower() not in _HOP:
-            out.add(key, value)
-    return out
+    return CIMultiDict((key, value) for key, value in headers.items() if key.lower() not in _HOP)
 
 
 def _recorded(request: web.Request) -> bool:
@@ -72,8 +66,7 @@ def _recorded(request: web.Request) -> bool:
 
 async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: Upstream,
                 path: str) -> web.StreamResponse:
-    """Forward one request to the upstream and relay its answer as it arrives; a window with
-    traffic edges opens before the request goes, and sees it done once it is."""
+    """Forward one request and relay its answer as it arrives, between the traffic edges' calls."""
     edges = upstream.edges
     tickets = await edges.arrive(upstream.target) if edges is not None else []
     url = upstream.origin + path + (f"?{request.query_string}" if request.query_string else "")
@@ -133,8 +126,7 @@ def proxy_app(upstream: Upstream, session: aiohttp.ClientSession) -> web.Applica
 
 
 class Recordings:
-    """Per-request figures of each window (by id) and target, recorded while the window is open
-    and kept after its stop (the newest KEEP_RECORDED) for a second stop and a GET."""
+    """Per-request figures per window and target; kept after a stop (the newest KEEP_RECORDED)."""
 
     def __init__(self, open_windows: Callable[[], list[tuple[str, Iterable[str]]]],
                  clock: Callable[[], float] = time.time) -> None:
@@ -154,8 +146,7 @@ class Recordings:
             del self._windows[next(iter(self._windows))]
 
     def block(self, window_id: str, read: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
-        """The `per_request` block of a window the proxy saw requests in (only then is its
-        answer or state `read`): per target and aggregate, beside the RESULTs' counters."""
+        """The `per_request` block, if the proxy saw requests in the window (only then `read`)."""
         per_target = self._windows.get(window_id)
         if not per_target:
             return None
@@ -216,8 +207,7 @@ class Proxying:
         self.lengths.observe(target, stats)
 
     async def serve(self, app: web.Application) -> AsyncGenerator[None, None]:
-        """Listen on every target's `proxy.listen` while the app runs (a cleanup context);
-        OSError naming the key when a port is taken."""
+        """cleanup_ctx: every target's `proxy.listen`; OSError naming the key for a taken port."""
         async with aiohttp.ClientSession(auto_decompress=False,
                                          timeout=aiohttp.ClientTimeout(total=None)) as session:
             self.session = session
@@ -298,8 +288,7 @@ def traffic_edges(app: web.Application) -> TrafficEdges:
 
 def proxy_blocks(app: web.Application, window_id: str,
                  answer: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """What the proxy adds to a window's answer or state: `edges` of a traffic-edged window,
-    `per_request` when the proxy saw requests in it (only then is `answer` called)."""
+    """The proxy's `edges` and `per_request` blocks of a window (`answer` called for the latter)."""
     proxying = app[PROXYING]
     blocks: dict[str, Any] = {}
     if proxying.edges is not None and (edges := proxying.edges.block(window_id)) is not None:
@@ -310,8 +299,7 @@ def proxy_blocks(app: web.Application, window_id: str,
 
 
 def add_to_window_file(directory: Path, blocks: dict[str, Any]) -> None:
-    """window.json gets the blocks the proxy adds to a stop answer (`per_request`, `edges`),
-    so that the file holds what the answer said; rewritten whole and atomically."""
+    """window.json gets the proxy's blocks of the stop answer, rewritten whole and atomically."""
     path = directory / "window.json"
     try:
         doc = json.loads(path.read_bytes())

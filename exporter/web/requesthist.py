@@ -54,15 +54,13 @@ class RequestLengths:
             self._targets.setdefault(target, _Histogram()).observe(request_length(stats.spec))
 
     def keep(self, targets: dict[str, dict[str, str]]) -> None:
-        """The configured targets and their labels (as on our other families); the targets no
-        longer configured are forgotten (their series leave /metrics)."""
+        """The configured targets' labels; the others are forgotten (their series leave)."""
         self._labels = dict(targets)
         for name in set(self._targets) - set(targets):
             del self._targets[name]
 
     def lines(self, openmetrics: bool = False) -> list[str]:
-        """The family's text: HELP, TYPE and each target's cumulative buckets, sum and count;
-        nothing when no target has a sample (a histogram with no data is absent)."""
+        """The family's text; nothing while no target has a sample (no data: absent)."""
         if not self._targets:
             return []
         name = REQUEST_LENGTH.name

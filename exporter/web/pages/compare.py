@@ -23,13 +23,13 @@ NAMES = {"acceptance_rate": "acceptance rate %", "acceptance_length": "acceptanc
 _VERDICT_CLASS = {"better": "better", "worse": "worse", "no significant difference": "same"}
 
 
-def _estimate(e: Mapping[str, Any], spec: str, signed: bool = False) -> str:
-    sign = "+" if signed else ""
-    text = format(e["value"], sign + spec)
+def estimate_text(e: Mapping[str, Any], spec: str, signed: bool = False,
+                  spelled: str = "{}<br><small>[{}, {}]</small>") -> str:
+    """An estimate's value, and its interval when it has one (`spelled` joins the three)."""
+    spec = ("+" if signed else "") + spec
     if e.get("low") is None:
-        return text
-    return (f"{text}<br><small>[{format(e['low'], sign + spec)}, "
-            f"{format(e['high'], sign + spec)}]</small>")
+        return format(e["value"], spec)
+    return spelled.format(*(format(e[key], spec) for key in ("value", "low", "high")))
 
 
 def interval_svg(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
@@ -67,9 +67,9 @@ def _entry_table(name: str, entry: Mapping[str, Any]) -> str:
         css = _VERDICT_CLASS.get(row["verdict"], "same")
         rows.append(
             f"<tr><td>{escape(NAMES.get(row['metric'], row['metric'].replace('_', ' ')))}</td>"
-            f"<td>{_estimate(row['a'], spec)}</td><td>{_estimate(row['b'], spec)}</td>"
+            f"<td>{estimate_text(row['a'], spec)}</td><td>{estimate_text(row['b'], spec)}</td>"
             f"<td>{interval_svg(row['a'], row['b'])}</td>"
-            f"<td>{_estimate(row['difference'], spec, signed=True)}</td>"
+            f"<td>{estimate_text(row['difference'], spec, signed=True)}</td>"
             f'<td class="{css}">{escape(row["verdict"])}</td></tr>'
         )
     notes = "".join(f'<p class="note">{escape(n)}</p>' for n in entry.get("notes", []))

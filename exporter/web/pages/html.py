@@ -37,10 +37,8 @@ AGGREGATE_COLOUR = "#222"
 
 def page(title: str, body: str, *, refresh: float | None = None, style: str = "") -> str:
     """A whole HTML document: viewport meta, the shared style, and an optional meta refresh."""
-    refresh_meta = (
-        f'<meta http-equiv="refresh" content="{max(1, math.ceil(refresh))}">'
-        if refresh is not None else ""
-    )
+    refresh_meta = ("" if refresh is None
+                    else f'<meta http-equiv="refresh" content="{max(1, math.ceil(refresh))}">')
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'

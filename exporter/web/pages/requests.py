@@ -14,8 +14,7 @@ ROW, LEFT, WIDTH = 26, 140, 520  # px: one box's height, the names' column, the 
 
 
 def _summary(block: object) -> dict[str, float] | None:
-    """A block's acceptance-length summary, when every figure is a number (a peer's block is
-    not vetted for this)."""
+    """A block's acceptance-length summary if all are numbers (a peer's block is not vetted)."""
     summary = block.get("acceptance_length") if isinstance(block, Mapping) else None
     if not isinstance(summary, Mapping) or not all(
             isinstance(summary.get(k), int | float) for k in _KEYS):

@@ -31,9 +31,8 @@ _NOTE_KEYS = ("coverage_note", "reset_note", "anomaly_note", "dialect_note")
 
 
 def acceptance_lines(series: Mapping[str, Any]) -> tuple[dict[str, list[Point]], list[Point]]:
-    """Cumulative acceptance rate (%) since the window's start, per target and summed: every
-    target's counts at each moment (never an average of ratios), interpolated between its
-    samples (their latest would draw our scrape phase), while every target has samples."""
+    """Cumulative acceptance rate (%) per target, and of the summed counts (never an average of
+    ratios), each target interpolated between its samples (their latest would draw our phase)."""
     lines: dict[str, list[Point]] = {}
     cumulative: list[list[tuple[float, float, float]]] = []
     for name, points in (series.get("targets") or {}).items():
@@ -48,9 +47,8 @@ def acceptance_lines(series: Mapping[str, Any]) -> tuple[dict[str, list[Point]],
 
 
 def _summed_line(targets: Sequence[Sequence[tuple[float, float, float]]]) -> list[Point]:
-    """100 x the sum of accepted over the sum of draft tokens, each target's (time, tokens,
-    accepted) samples joined by straight lines, at every sample time where all are defined:
-    one sweep, as a sum of piecewise-linear functions changes slope only at their samples."""
+    """100 x summed accepted / summed tokens of piecewise-linear (time, tokens, accepted) samples
+    where all are defined: one sweep, as the sum changes slope only at samples."""
     if not targets:
         return []
     first, last = max(s[0][0] for s in targets), min(s[-1][0] for s in targets)
