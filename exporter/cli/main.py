@@ -33,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _setup_logging(args.log_level, args.log_format)
     try:
-        code: int = args.func(args)  # every cmd_* returns its exit code
-        return code
+        return int(args.func(args))  # every cmd_* returns its exit code
     except ListenError as exc:
         print(f"specdec-exporter: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -55,10 +55,8 @@ def targets_from_model_config(path: str | Path) -> list[TargetConfig]:
     targets = []
     for entry in entries:
         if entry.get("host_ip") and entry.get("host_port"):
-            targets.append(TargetConfig(
-                host=str(entry["host_ip"]), port=int(entry["host_port"]),
-                scheme="https" if entry.get("enable_ssl") else "http",
-            ))
+            targets.append(TargetConfig(host=str(entry["host_ip"]), port=int(entry["host_port"]),
+                                        scheme="https" if entry.get("enable_ssl") else "http"))
         elif entry.get("url"):
             # AISBench's url is the inference endpoint; the metrics live at its server's root.
             scheme, rest = str(entry["url"]).split("://", 1)
@@ -83,21 +81,16 @@ def _entries_from_mmengine(path: Path) -> list[dict[str, Any]] | None:
     except Exception as exc:  # mmengine raises whatever the config's code raises
         raise ExporterError(f"{path}: mmengine cannot read it: {exc}") from exc
     # Only the address keys: reading the others (`type=VLLMCustomAPIChat`) would import them.
-    return [
-        {key: model[key] for key in _AISBENCH_KEYS if key in model}
-        for model in models if isinstance(model, Mapping)
-    ]
+    return [{key: model[key] for key in _AISBENCH_KEYS if key in model}
+            for model in models if isinstance(model, Mapping)]
 
 
 def distinct_names(targets: Sequence[TargetConfig]) -> list[TargetConfig]:
     """The same target given twice is one; two on one host:port get host:port + path names."""
     unique = list({t.url: t for t in targets}.values())
     seen = Counter(t.name for t in unique)
-    return [
-        t.model_copy(update={"name": t.host_port + urlsplit(t.url).path}) if seen[t.name] > 1
-        else t
-        for t in unique
-    ]
+    return [t.model_copy(update={"name": t.host_port + urlsplit(t.url).path})
+            if seen[t.name] > 1 else t for t in unique]
 
 
 def _entries_from_python(text: str) -> list[dict[str, Any]]:

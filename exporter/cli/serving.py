@@ -173,12 +173,11 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
               f"http://{address}/v1", flush=True)
 
     try:
-        asyncio.run(serve_fake_vllm(args.host, args.port, server, args.drafts_per_second,
-                                    on_started=started))
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_fake_vllm(args.host, args.port, server, args.drafts_per_second,
+                                        on_started=started))
     except OSError as exc:
         raise ListenError(address, exc, "--port P") from None
-    except KeyboardInterrupt:
-        pass
     return 0
 
 

@@ -1,7 +1,6 @@
 """Windows bounded by the traffic (`"edges": "traffic"`): started before request
 `skip_requests + 1` is forwarded; a target idle again is scraped and held from later scrapes
-(until its next request), and a stop takes those scrapes: counts after the last response stay out.
-"""
+(until its next request), and a stop takes those: counts after the last response stay out."""
 
 from __future__ import annotations
 

@@ -273,8 +273,7 @@ class MetricsWriter:
         if labels is None or labels.config is not state.config:
             labels = _Labels(name, state)
         fresh = self._cache[name] = _TargetLines(state, labels)
-        # The live lines depend on the track, not on this scrape: kept, unless their labels
-        # changed (a reload, a discovery source's new labels).
+        # The live lines follow the track, not this scrape: kept unless their labels changed.
         if entry is not None and entry.labels is labels:
             fresh.live_key, fresh.live = entry.live_key, entry.live
         return fresh
@@ -341,8 +340,7 @@ class MetricsWriter:
         return "".join(out).encode()
 
     def _last_window(self, view: StateView) -> dict[Family, list[str]]:
-        # Changes only when a window stops or the targets' set or labels change (a reload, a
-        # discovery source's new labels): keyed on both.
+        # Changes only when a window stops or the targets' set or labels change: keyed on both.
         window = view.last_window
         key = self._last_key
         if key is not None and key[0] is window and key[1] == view.targets_version:

@@ -1,7 +1,5 @@
-"""Transparent shards: a window call sent to any shard covers every shard's targets, its own
-called directly and every peer's over HTTP, each answer vetted, then merged; a peer that cannot
-be reached, answers late or answers garbage makes its targets N/A with the reason.
-"""
+"""Transparent shards: a window call to any shard covers every shard's targets (the peers' over
+HTTP, vetted, merged); a peer unreachable, late or garbled makes its targets N/A with the reason."""
 
 from __future__ import annotations
 
@@ -123,10 +121,8 @@ class Fanout:
             raise RequestError('"edges": "traffic" needs one exporter, not a fleet of shards')
         window_id = body.id or new_window_id(self.service.clock())
         fleet = self._fleet()
-        names = None
-        if body.targets is not None:
-            host_ports = {n: t.host_port for n, t in fleet.items()}
-            names = resolve_targets(body.targets, host_ports, window_id)
+        names = None if body.targets is None else resolve_targets(
+            body.targets, {n: t.host_port for n, t in fleet.items()}, window_id)
         shares = split(fleet if names is None else names, self.config.shards)
         created: list[bool] = []
 

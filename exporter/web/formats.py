@@ -1,7 +1,6 @@
 """What `/metrics` answers in: text 0.0.4 or OpenMetrics by `Accept`, gzip by `Accept-Encoding`.
-OpenMetrics is the rendered text with counters named without `_total` and `# EOF` at the end:
-for the families we expose (no timestamps, exemplars, units or `_created`) the only differences.
-"""
+OpenMetrics is the text with counters named without `_total` and `# EOF` at the end: for our
+families (no timestamps, exemplars, units or `_created`) the only differences."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ def _media_ranges(accept: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 def negotiate(accept: str | None, asked: str | None = None) -> tuple[Format, str]:
-    """(format, Content-Type) for an `Accept` header: OpenMetrics only when preferred to text.
-    `asked` (the `format` query parameter, for scrapers whose `Accept` is fixed) wins."""
+    """(format, Content-Type) by `Accept` (OpenMetrics if preferred); `asked` (?format=) wins."""
     if asked is not None:
         try:
             kind = Format(asked)

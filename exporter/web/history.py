@@ -1,6 +1,5 @@
 """`POST /api/v1/windows/history`: a stopped window counted from a store's raw samples as the
-`history` command counts them, then kept like one stopped here (listed, paged, compared).
-"""
+`history` command counts them, then kept like one stopped here (listed, paged, compared)."""
 
 from __future__ import annotations
 

@@ -20,8 +20,7 @@ from exporter.core.shards import ShardPart
 log = logging.getLogger(__name__)
 
 PEER_HEADER = "X-Specdec-Peer"  # set on calls between shards: act locally, do not fan out
-# A peer's stop scrapes its own targets once. The wait is bounded below the CLI client's 60 s,
-# so the stop still answers (that peer's targets N/A, saying why) before the client gives up.
+# Below the CLI client's 60 s: a stop answers (that peer's targets N/A) before the client gives up.
 PEER_TIMEOUT = 25.0
 # A stop answer over thousands of targets is a few megabytes; past this it is no answer of ours.
 MAX_PEER_ANSWER = 64 * 1024 * 1024

@@ -73,8 +73,7 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
     body: bytes | aiohttp.StreamReader | None = None
     try:
         if request.body_exists:
-            # A small body of known length (a prompt) goes whole, with its length: streamed, it
-            # went chunked, in more writes and loop turns of ours and the server's per request.
+            # A small body of known length (a prompt) goes whole: streamed, it costs more writes.
             length = request.content_length
             small = length is not None and length <= SMALL_BODY
             body = await request.read() if small else request.content
@@ -93,8 +92,7 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
             await response.prepare(request)
             kept: list[bytes] | None = [] if _recorded(request) else None
             size = 0
-            # A client that goes away makes write() raise, which leaves this block and closes
-            # the upstream connection: the upstream request is cancelled with it.
+            # A client gone makes write() raise: leaving the block cancels the upstream request.
             async for chunk in answer.content.iter_any():
                 await response.write(chunk)
                 if kept is not None:
@@ -198,8 +196,8 @@ class Proxying:
         """The upstream of a configured target by name, or None."""
         for target in self.config().targets:
             if target.name == name:
-                origin = origin_of(target.api_url or target.url)
-                return Upstream(target.name, origin, self._record, self.edges)
+                return Upstream(name, origin_of(target.api_url or target.url), self._record,
+                                self.edges)
         return None
 
     def _record(self, target: str, stats: RequestStats | None) -> None:

@@ -1,6 +1,5 @@
 """The one route table: every route of the HTTP API, and whether it covers every shard of a
-fleet (`Scope.FLEET`, fanout.py) or this shard alone (`Scope.SHARD`, said in `X-Specdec-Scope`).
-"""
+fleet (`Scope.FLEET`, fanout.py) or this shard alone (`Scope.SHARD`, said in `X-Specdec-Scope`)."""
 
 from __future__ import annotations
 

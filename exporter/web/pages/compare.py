@@ -1,6 +1,5 @@
 """The compare page (`GET /compare?a=ID&b=ID`): per target and overall, A and B with their 95%
-intervals, B - A and the verdict, both windows' advice; and the landing page's window picker.
-"""
+intervals, B - A and the verdict, both windows' advice; and the landing page's window picker."""
 
 from __future__ import annotations
 

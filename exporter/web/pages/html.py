@@ -100,8 +100,7 @@ def _ticks(span: float, count: int = 5) -> list[float]:
 
 def line_chart(lines: Mapping[str, Sequence[tuple[float, float]]], *, start: float, end: float,
                aggregate: Sequence[tuple[float, float]] = ()) -> str:
-    """An inline SVG line chart of 0..100 values over time: labelled axes, one line per
-    target, a thicker aggregate line, and a legend below (the legend is HTML, so it wraps)."""
+    """An inline SVG chart of 0..100 values over time; its legend is HTML below, so it wraps."""
     drawn = {name: points for name, points in lines.items() if points}
     if not drawn and not aggregate:
         return ""

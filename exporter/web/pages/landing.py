@@ -74,16 +74,15 @@ def render_landing(view: StateView, refresh: bool = True) -> str:
         ["id", "name", "state", "started", "stopped", "targets", "acceptance rate %",
          "acceptance length"],
         (_window_row(w) for w in windows))
-    recent = listed[:1]
     chart = ""
-    if recent:
-        series = window_series(view.with_series(recent[0].id))
-        lines, _ = acceptance_lines(series)
-        end = recent[0].stopped_at or max((p[-1][0] for p in lines.values() if p), default=0)
-        svg = line_chart(lines, start=recent[0].started_at, end=max(end, recent[0].started_at))
+    if listed:
+        recent = listed[0]
+        lines, _ = acceptance_lines(window_series(view.with_series(recent.id)))
+        end = recent.stopped_at or max((p[-1][0] for p in lines.values() if p), default=0)
+        svg = line_chart(lines, start=recent.started_at, end=max(end, recent.started_at))
         if svg:
-            chart = (f'<h3>Acceptance through window <a href="/windows/{escape(recent[0].id)}">'
-                     f"{escape(recent[0].id)}</a></h3>{svg}")
+            chart = (f'<h3>Acceptance through window <a href="/windows/{escape(recent.id)}">'
+                     f"{escape(recent.id)}</a></h3>{svg}")
     refreshing = (
         f'refreshes every {view.config.scrape_interval:g}s · <a href="/?refresh=0">stop</a>'
         if refresh else '<a href="/">refresh by itself</a>'
