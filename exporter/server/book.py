@@ -1,8 +1,6 @@
 """The window book: start, stop, restore, persist and forget windows (`serve` and `measure`).
-
 A window is durable once its start is acknowledged; what it counted is saved every round, and
-at once when a scrape shows a server restart (the increase before it exists nowhere else).
-"""
+at once when a scrape shows a server restart (the increase before it exists nowhere else)."""
 
 from __future__ import annotations
 
@@ -52,11 +50,8 @@ def _stop_error(window_id: str, exc: BaseException) -> BaseException:
 
 
 class WindowBook:
-    """Open windows and the recent stopped ones, backed by a `StateStore`.
-
-    A stopped window's answer is too big to keep in memory: only what lists show, what the
-    last-window gauges read, and the stopped window read whole most recently stay.
-    """
+    """Open windows and the recent stopped ones, backed by a `StateStore`. Of stopped windows
+    (answers too big for memory) only what lists and gauges read, and the last read whole, stay."""
 
     def __init__(self, store: StateStore, clock: Callable[[], float],
                  results_dir: Callable[[str], Path]):
@@ -140,8 +135,7 @@ class WindowBook:
     # -- restore, feed, save ------------------------------------------------------------
 
     def restore(self, known_targets: Iterable[str], gone: Callable[[str], str]) -> None:
-        """Open windows from the store; the time we were away is a downtime of each. `gone(name)`
-        says why a target is not ours any more."""
+        """Open windows from the store, time away a downtime of each; `gone(name)`: why one left."""
         known = set(known_targets)
         for doc in self.store.load_open():
             try:
@@ -174,8 +168,7 @@ class WindowBook:
                               window.id, result.target, exc)
 
     def save_round(self) -> None:
-        """One transaction: every accumulator that changed since it was last saved (only its
-        round part where that is all that changed)."""
+        """One transaction: each accumulator changed since saved (its round part if only that)."""
         if self.store.reopened():
             self._save_all()
             return

@@ -87,11 +87,8 @@ def forking() -> bool:
 
 class Child:
     """`work(inbox)` in a forked child, its inbox yielding what `send` is given, in order.
-
-    `work` must take no lock another thread may hold at the fork. Without a child `send`
-    drops its messages and `result` is None (as when the child dies): the caller then works
-    `in_thread`. `close` ends a child still there.
-    """
+    `work` must take no lock another thread may hold at the fork. Without a child (or with a
+    dead one) `send` drops messages and `result` is None: the caller then works `in_thread`."""
 
     def __init__(self, work: Callable[[Iterator[Any]], bytes]):
         self._work = work

@@ -16,10 +16,8 @@ from exporter.core.window import Window
 @dataclass(frozen=True)
 class StateView:
     """The state at one moment; `version` differs whenever anything in it may have changed.
-
-    `targets_version` changes only when the set of targets or their configs (labels) do: what
-    a cache of per-target text (the last window's gauges) must be keyed on besides the window.
-    """
+    `targets_version` only when the targets or their configs (labels) do: what a cache of
+    per-target text (the last window's gauges) is keyed on besides the window."""
 
     version: int
     now: float  # the exporter's clock when the view was taken

@@ -114,8 +114,7 @@ class ResultCodec:
 def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], bytes]:
     """A stop's work (`Child(work)`, or `in_thread`): `work(inbox)` takes what `window` has not
     taken of the stop (`FINAL`, `FEED`, `END`), writing each RESULT's file as it comes, then
-    the answer; its bytes are for `read_stop`. `StoreError` if the files cannot be written.
-    """
+    the answer; its bytes are for `read_stop`. `StoreError` if the files cannot be written."""
 
     def work(inbox: Iterator[Any]) -> bytes:
         codec, parts, folder = ResultCodec(), AnswerParts(window, ADVICE), ResultFolder(directory)

@@ -1,9 +1,7 @@
 """A stop answer's texts, each encoded once: the result files, window.json, the API's JSON.
-
-orjson encodes them, in `json.dumps(indent=2, ensure_ascii=False)`'s layout (only a float
-under 1e-4 or from 1e16 is spelt differently: the same double). A value orjson refuses (an
-integer beyond 64 bits, which a hostile page can send) takes the stdlib's way. Pure: no I/O.
-"""
+orjson writes `json.dumps(indent=2, ensure_ascii=False)`'s layout (a float under 1e-4 or from
+1e16 spelt otherwise: the same double); what it refuses (an integer beyond 64 bits, which a
+hostile page can send) takes the stdlib's way. Pure: no I/O."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """The state database's schema version (SQLite's `user_version`), and the one migration to it.
-
-Version 1: a window's row holds no accumulators (they have rows of their own, written whole
-by the current codec), and every key is present. Version 0's earlier forms are rewritten
-once, in one transaction, so that no reader knows them.
-"""
+Version 1: every key present, accumulators in rows of their own written whole by the current
+codec. Version 0's forms are rewritten once, in one transaction, so that no reader knows them."""
 
 from __future__ import annotations
 

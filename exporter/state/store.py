@@ -27,9 +27,8 @@ CREATE TABLE IF NOT EXISTS windows (
     doc TEXT NOT NULL
 )
 """
-# A per window x target table: `accumulators`, and `accumulator_rounds` (the round part of an
-# accumulator's row, which it completes, so that a round rewrites only these few hundred bytes;
-# WITHOUT ROWID: one B-tree to update per row, not a table and its key's index).
+# Per window x target: `accumulators`, and `accumulator_rounds` (a row's round part, so that a
+# round rewrites only those bytes; WITHOUT ROWID: one B-tree per row to update, not two).
 _ACC_SCHEMA = """
 CREATE TABLE IF NOT EXISTS {} (
     window_id TEXT NOT NULL,
@@ -64,11 +63,8 @@ def connect_state(path: Path) -> sqlite3.Connection:
 
 class StateStore:
     """Open and recent windows in one SQLite file; a corrupt file is moved aside, not lost.
-
-    In WAL mode with `synchronous=NORMAL` a commit survives the death of our process, not a
-    power cut; `sync=True` (a start, a stop) makes one survive that too. `connect` opens the
-    connection each time the file is opened or reopened.
-    """
+    WAL with `synchronous=NORMAL`: a commit survives our death, not a power cut, unless
+    `sync=True` (a start, a stop). `connect` opens each connection (open or reopen)."""
 
     def __init__(self, path: Path, *,
                  connect: Callable[[Path], sqlite3.Connection] = connect_state):
@@ -205,8 +201,7 @@ class StateStore:
     ) -> None:
         """Upsert window rows (`to_dict` form, no accumulators), whole accumulator rows and
         round parts (window id, target, JSON) in one transaction; `sync` forces it to disk.
-        `stopped`: stopped windows' rows encoded already (`answertext.stopped_row`).
-        """
+        `stopped`: stopped windows' rows encoded already (`answertext.stopped_row`)."""
         rows: list[tuple[str, int, float, str | bytes]] = [
             (d["id"], int(d["stopped_at"] is None), d["started_at"], json.dumps(d)) for d in docs]
         rows += [(window_id, 0, started_at, text) for window_id, started_at, text in stopped]
@@ -308,8 +303,7 @@ class StateStore:
         return doc
 
     def recent_closed(self, limit: int) -> list[dict[str, Any]]:
-        """The most recently started closed windows, newest first, without their series
-        (unreadable rows skipped)."""
+        """The latest started closed windows, newest first, without series (unreadable skipped)."""
         rows = self._query(
             f"SELECT id, {_doc_column(False)} FROM windows WHERE open=0 "
             "ORDER BY started_at DESC LIMIT ?", (limit,)
@@ -349,8 +343,7 @@ class StateStore:
 
     @contextlib.contextmanager
     def _transaction(self, what: str, *, sync: bool = False) -> Iterator[sqlite3.Connection]:
-        """One transaction, forced to disk with `sync`; a failure is counted and raised as
-        `StoreError` ("cannot {what} {path}")."""
+        # Forced to disk with `sync`; a failure is counted, raised as StoreError("cannot {what}")
         try:
             if sync:
                 self._db.execute("PRAGMA synchronous=FULL")

@@ -19,11 +19,8 @@ def wal_checksum(data: bytes, big_endian: bool, s0: int = 0, s1: int = 0) -> tup
 
 def wal_damage(wal: bytes) -> str | None:
     """Why a write-ahead log is damaged, or None when SQLite will replay all it committed.
-
-    Frames of an older generation (other salts), an unfinished or torn last frame and frames
-    after the last commit are normal leftovers of a kill mid-write; a frame whose checksum fails
-    with commits of the same generation after it is damage: SQLite stops there, losing them.
-    """
+    Older frames (other salts), a torn last frame and frames after the last commit are what a
+    kill leaves; a frame failing its checksum with commits of its generation after it is damage."""
     if len(wal) < 32:
         return None
     magic, _, page_size, _, salt1, salt2, c0, c1 = struct.unpack(">8I", wal[:32])
@@ -44,11 +41,9 @@ def wal_damage(wal: bytes) -> str | None:
         if sums != (f0, f1):
             # A kill between a frame's header and its page leaves a torn last frame: harmless
             # unless a later frame of this generation ends a transaction (a commit lost).
-            lost = sum(
-                1 for at in range(offset + frame, len(wal) - frame + 1, frame)
-                if struct.unpack(">6I", wal[at:at + 24])[1:4] != (0, salt1, salt2)
-                and struct.unpack(">6I", wal[at:at + 24])[2:4] == (salt1, salt2)
-            )
+            heads = (struct.unpack_from(">3I", wal, at + 4)  # commit size, salts
+                     for at in range(offset + frame, len(wal) - frame + 1, frame))
+            lost = sum(1 for commit, *salts in heads if commit and salts == [salt1, salt2])
             if lost:
                 index = (offset - 32) // frame
                 return f"frame {index} checksum mismatch; {lost} committed transaction(s) after it"
