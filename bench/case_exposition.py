@@ -135,7 +135,7 @@ async def _measure(fleet: NginxFleet, n: int, workdir: Path, *, repeats: int,
         lags: list[float] = []
         stop = asyncio.Event()
         probe = asyncio.create_task(_lag_probe(stop, lags))
-        loop_task = asyncio.create_task(service.run())
+        loop_task = asyncio.create_task(service.scheduler.run())
         phase = lag_seconds / 3
         await asyncio.sleep(phase)
         scrape_only = list(lags)

@@ -242,8 +242,7 @@ class WindowBook:
         if len(self.open_windows()) + starting >= max_open:
             raise RequestError(f"too many open windows (max_open_windows={max_open})", status=429)
         async with self._in_flight(window.id):
-            # The other open windows take these scrapes too: a server restart right after
-            # must not hide what they counted since their last scrape.
+            # The other open windows take these scrapes too: a restart right after hides none.
             window.take_baseline(await scrape(list(window.targets), self.open_windows(), None))
             self._commit_start(window)
         log.info("window started id=%s targets=%d", window.id, len(window.targets))
@@ -283,8 +282,7 @@ class WindowBook:
                     data = await in_thread(lambda: work(iter([end])))
                 self._commit_stop(window, *read_stop(data))
             except BaseException as exc:
-                # Open again as it was, with the stop's scrapes in (taken like any other): a
-                # later stop retries and answers in full.
+                # Open again, the stop's scrapes in (like any other): a later stop answers all.
                 self._stopping.pop(window.id, None)
                 window.reopen(stop_errors)
                 if isinstance(exc, ChildError) and exc.kind == StoreError.__name__:

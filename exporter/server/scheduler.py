@@ -56,8 +56,7 @@ class Scheduler:
 
         await asyncio.gather(*(scrape(n) for n in list(self.targets.states)))
         self.ready = True
-        # Every round: only what changed, one transaction (see docs/performance.md). A failure
-        # is logged and counted; what changed stays marked, so the next round retries it.
+        # A failure is logged and counted; what changed stays marked: the next round retries.
         try:
             self.book.save_round()
             now = self.targets.clock()

@@ -178,9 +178,6 @@ class ExporterService:
             except Exception:
                 log.exception("scrape listener failed target=%s", name)
 
-    async def run(self) -> None:
-        await self.scheduler.run()
-
     # -- windows ------------------------------------------------------------------------
 
     async def _scrape_for_window(self, names: list[str], others: list[Window],
@@ -207,6 +204,3 @@ class ExporterService:
     async def stop_window(self, window_id: str, *, answer: bool = True) -> Window:
         """Close a window (`WindowBook.stop`)."""
         return await self.book.stop(window_id, self._scrape_for_window, answer=answer)
-
-    def close(self) -> None:
-        self.book.close()

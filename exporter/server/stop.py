@@ -1,10 +1,7 @@
-"""A stop's answer, made by one work function (`stop_work`) while or after its scrapes come in.
-
-With a core to spare, a child forked as the stop begins is sent each stop scrape as it arrives
-and makes that target's RESULT and file meanwhile; else it is forked after the scrapes, and
-with no fork the same work runs in a thread. The server's window takes every stop scrape too:
-a failed stop reopens it as it is.
-"""
+"""A stop's answer, made by one work function (`stop_work`) while or after its scrapes come in:
+in a child forked as the stop begins (a core to spare), fed each stop scrape as it arrives, else
+forked after them, else in a thread. The server's window takes them too: a failed stop reopens
+it as it is."""
 
 from __future__ import annotations
 

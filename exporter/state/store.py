@@ -45,8 +45,7 @@ _TABLES = {
 _ACC_TABLES = ("accumulators", "accumulator_rounds")  # per-target rows, which go with their window
 
 
-# The page cache, KiB: what every round reads and writes fits; a stopped window's big answer
-# is not kept cached.
+# The page cache, KiB: what a round reads and writes fits; a stop's big answer is not kept.
 STATE_CACHE_KIB = 384
 # A stop's answer is one row, a chain of overflow pages, each its own write to the WAL: fewer
 # at 8 KiB. A database made with other pages keeps them (WAL mode fixes the size).

@@ -80,7 +80,7 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
             concurrency=service.config.scrape_concurrency,
         )
         service.use_scraper(scraper)
-        task = asyncio.create_task(service.run()) if loop else None
+        task = asyncio.create_task(service.scheduler.run()) if loop else None
         try:
             yield
         finally:
@@ -92,7 +92,7 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
                     await task
             await scraper.close()
             await session.close()
-            service.close()
+            service.book.close()
 
     return lifecycle
 

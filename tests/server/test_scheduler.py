@@ -26,7 +26,7 @@ class TestRun:
             {"name": "down", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}]})
         before = gc.get_freeze_count()
         made_before_the_loop = [[i] for i in range(1000)]  # noqa: F841 - lists are tracked
-        loop = asyncio.create_task(exp.service.run())
+        loop = asyncio.create_task(exp.service.scheduler.run())
         try:
             await asyncio.sleep(0)  # the loop's first turn: its first round has just begun
             assert not exp.service.scheduler.ready

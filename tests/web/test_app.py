@@ -329,7 +329,7 @@ class TestEnvironmentOverrides:
             assert (service.config.shards, service.config.shard_index) == (2, 1)
             assert set(service.view().targets) == mine
         finally:
-            service.close()
+            service.book.close()
 
 
 class TestLoudFailures:

@@ -500,7 +500,7 @@ class TestMetricsWriterUnit:
         try:
             text = MetricsWriter(service.view, process_metrics=False).render().decode()
         finally:
-            service.close()
+            service.book.close()
         families = {f.name: f for f in text_string_to_metric_families(text)}
         up = families["specdec_target_up"].samples
         assert [(s.labels, s.value) for s in up] == [({"target": "a", "cluster": "x"}, 0.0)]
@@ -514,7 +514,7 @@ class TestMetricsWriterUnit:
         try:
             text = MetricsWriter(service.view, process_metrics=False).render().decode()
         finally:
-            service.close()
+            service.book.close()
         up = {f.name: f for f in text_string_to_metric_families(text)}["specdec_target_up"]
         assert up.samples[0].labels == {"target": "a", "zone": odd}
 
