@@ -139,7 +139,7 @@ class ResultFolder:
 
 
 def write_results(directory: Path, texts: AnswerTexts) -> None:
-    """`performances/` (`results.result_file_names`) and `window.json`, synced: one fsync for
+    """`performances/` (`result.result_file_names`) and `window.json`, synced: one fsync for
     window.json, which holds every result, and one per directory, not one per target file."""
     ResultFolder(directory).finish(texts)
 
