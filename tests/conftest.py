@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 from dataclasses import dataclass
@@ -27,11 +28,28 @@ class Clock:
         return self.now
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
+            return int(ports.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A loopback port free now (a server started next will most likely get it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free now, for a server started next. It lies below the kernel's
+    ephemeral range: a port from inside it can be handed, between this call and the server's
+    bind, to any process's outgoing connection as its local port."""
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(10000, low) if low > 11000 else 0
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def pytest_configure(config):
