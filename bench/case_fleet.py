@@ -21,8 +21,8 @@ from bench.fleet import NginxFleet
 from bench.procs import (
     EXPORTER_AGENT,
     PROMETHEUS_AGENT,
-    ExporterProcess,
     VICTORIA_AGENT,
+    ExporterProcess,
     PrometheusProcess,
     VictoriaProcess,
     find_prometheus,

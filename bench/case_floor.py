@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 from bench.common import CaseResult, Row, ratio
 from bench.fleet import NginxFleet
-from exporter.scrape.inflate import BACKEND, BACKENDS, inflate
 from exporter.core.parse import parse_page
+from exporter.scrape.inflate import BACKEND, BACKENDS, inflate
 
 
 def _cpu_per_call(fn, *, repeats: int = 3, min_seconds: float = 0.2) -> float:

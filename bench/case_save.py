@@ -21,9 +21,9 @@ from aiohttp import web
 
 from bench.common import CaseResult, Row, ratio
 from bench.fleet import NginxFleet
-from exporter.web.handlers import SERVICE
-from exporter.web.app import make_app
 from exporter.config.model import validate_config
+from exporter.web.app import make_app
+from exporter.web.handlers import SERVICE
 
 SAVE_SHARE_TARGET = 0.05  # of a scrape round's CPU
 

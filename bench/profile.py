@@ -20,9 +20,9 @@ from pathlib import Path
 from aiohttp import web
 
 from bench.fleet import NginxFleet
-from exporter.web.handlers import SERVICE, WRITER
-from exporter.web.app import make_app
 from exporter.config.model import validate_config
+from exporter.web.app import make_app
+from exporter.web.handlers import SERVICE, WRITER
 
 TOP = 18
 

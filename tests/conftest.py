@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from exporter.web.handlers import SERVICE
-from exporter.web.app import make_app
 from exporter.config.model import validate_config
 from exporter.fakevllm import FakeServer, make_fake_app
 from exporter.server.service import ExporterService
+from exporter.web.app import make_app
+from exporter.web.handlers import SERVICE
 
 
 class Clock:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from clitools import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

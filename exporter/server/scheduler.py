@@ -10,8 +10,8 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable
 
-from exporter.server.book import WindowBook
 from exporter.core.errors import StoreError
+from exporter.server.book import WindowBook
 from exporter.server.targets import Targets
 
 log = logging.getLogger(__name__)

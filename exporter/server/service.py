@@ -12,17 +12,17 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from exporter.core.counting import LiveTrack
-from exporter.server.book import StartRequest, WindowBook
 from exporter.config.model import Config, TargetConfig, check_reload, load_config
+from exporter.core.counting import LiveTrack
 from exporter.core.errors import RequestError
-from exporter.server.scheduler import Scheduler
-from exporter.scrape.scraper import Scraper
 from exporter.core.snapshot import ScrapeResult
-from exporter.state.store import StateStore, connect_state
-from exporter.server.targets import Targets, TargetState
-from exporter.server.stateview import StateView
 from exporter.core.window import TargetRef, Window
+from exporter.scrape.scraper import Scraper
+from exporter.server.book import StartRequest, WindowBook
+from exporter.server.scheduler import Scheduler
+from exporter.server.stateview import StateView
+from exporter.server.targets import Targets, TargetState
+from exporter.state.store import StateStore, connect_state
 
 log = logging.getLogger(__name__)
 

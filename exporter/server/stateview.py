@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from exporter.core.counting import LiveTrack
 from exporter.config.model import Config
+from exporter.core.counting import LiveTrack
 from exporter.core.stopped import LastWindow, StoppedWindow
-from exporter.server.targets import TargetState
 from exporter.core.window import Window
+from exporter.server.targets import TargetState
 
 
 @dataclass(frozen=True)

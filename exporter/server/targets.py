@@ -9,13 +9,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from exporter.core.counting import LiveTrack
 from exporter.config.model import Config, TargetConfig
-from exporter.scrape.discovery import Discovery
+from exporter.core.counting import LiveTrack
 from exporter.core.errors import UnknownTargetError
-from exporter.scrape.scraper import Scraper
 from exporter.core.shards import owner
 from exporter.core.snapshot import ScrapeResult
+from exporter.scrape.discovery import Discovery
+from exporter.scrape.scraper import Scraper
 
 log = logging.getLogger(__name__)
 

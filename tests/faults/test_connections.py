@@ -8,7 +8,6 @@ import socket
 import time
 
 import pytest
-
 from clitools import CLI, free_port, http, process, wait_http, write_config
 
 FD_LIMIT = 256  # the exporter's whole file descriptor budget in these tests

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.web.handlers import SERVICE
-from exporter.web.app import make_app
 from exporter.config.model import validate_config
+from exporter.web.app import make_app
+from exporter.web.handlers import SERVICE
 from faults.checks import samples, value
 from faults.servers import Counters, RawTarget
 

@@ -16,11 +16,11 @@ import pytest
 from conftest import Clock
 from faults.checks import samples, value
 from faults.servers import Counters, RawTarget
-from server.test_isolate import zombies_of
 
-from exporter.server.book import RECENT_WINDOWS
 from exporter.core.console import format_window
+from exporter.server.book import RECENT_WINDOWS
 from exporter.state.store import StateStore
+from server.test_isolate import zombies_of
 
 DAY = 86400.0
 
@@ -629,8 +629,8 @@ class TestScrapesDuringAStop:
 
 class TestStreamsStops:
     def test_said_by_the_environment_or_by_a_spare_core(self, monkeypatch):
-        from exporter.server.stop import forks_early
         from exporter.server.isolate import spare_cores
+        from exporter.server.stop import forks_early
 
         monkeypatch.setenv("SPECDEC_STOP_STREAMED", "0")
         assert forks_early() is False

@@ -8,8 +8,8 @@ import gzip
 import pytest
 
 from exporter.config.model import validate_config
-from exporter.server.eventloop import loop_kind, new_event_loop
 from exporter.scrape.scraper import Scraper, make_session
+from exporter.server.eventloop import loop_kind, new_event_loop
 
 PAGE = b'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0\n'
 

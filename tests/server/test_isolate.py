@@ -19,10 +19,10 @@ from collections.abc import Iterator
 import pytest
 
 from bench.answer import open_window
-from exporter.server import isolate
-from exporter.server.stop import END, FINAL, ResultCodec, read_stop, stop_work
 from exporter.core.errors import StoreError
+from exporter.server import isolate
 from exporter.server.isolate import Child, ChildError, in_thread, leave_to_exit
+from exporter.server.stop import END, FINAL, ResultCodec, read_stop, stop_work
 
 PARENT = os.getpid()
 

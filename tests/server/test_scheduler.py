@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-
 from conftest import Clock
+
 from exporter.config.model import validate_config
 from exporter.core.errors import ConfigError
 

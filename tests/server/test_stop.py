@@ -10,7 +10,6 @@ import pickle
 import stat
 
 import pytest
-
 from jsonlayout import assert_indented
 
 from bench.answer import EVERY, REMOVED, open_window

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from exporter.config.model import validate_config
-from exporter.scrape.scraper import Scraper, make_session
 from exporter.core.snapshot import Field, ScrapeResult, SeriesKey, Snapshot
+from exporter.scrape.scraper import Scraper, make_session
 from exporter.server.targets import Targets, TargetState, usable_only
 
 

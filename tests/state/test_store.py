@@ -13,8 +13,8 @@ from faults.servers import Counters, RawTarget
 
 from exporter.core.counting import Accumulator
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
-from exporter.state.store import STATE_CACHE_KIB, STATE_PAGE_SIZE, StateStore, connect_state
 from exporter.core.window import Window
+from exporter.state.store import STATE_CACHE_KIB, STATE_PAGE_SIZE, StateStore, connect_state
 
 
 def page(drafts: float, created: float = 1.0) -> Snapshot:
