@@ -28,6 +28,9 @@ class Clock:
         return self.now
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def _ephemeral_low() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
@@ -43,12 +46,16 @@ def free_port() -> int:
     low = _ephemeral_low()
     for _ in range(200):
         port = random.randrange(10000, low) if low > 11000 else 0
+        if port in _HANDED_OUT:  # two calls before either server binds must not agree
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return sock.getsockname()[1]
+            port = sock.getsockname()[1]
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError("no free loopback port below the ephemeral range")
 
 
