@@ -135,7 +135,8 @@ class WindowBook:
     # -- restore, feed, save ------------------------------------------------------------
 
     def restore(self, known_targets: Iterable[str], gone: Callable[[str], str]) -> None:
-        """Open windows from the store, time away a downtime of each; `gone(name)`: why one left."""
+        """Open windows from the store; the time we were away is a downtime of each. `gone(name)`
+        says why a target is not ours any more."""
         known = set(known_targets)
         for doc in self.store.load_open():
             try:
@@ -168,7 +169,8 @@ class WindowBook:
                               window.id, result.target, exc)
 
     def save_round(self) -> None:
-        """One transaction: each accumulator changed since saved (its round part if only that)."""
+        """One transaction: every accumulator that changed since it was last saved (only its
+        round part where that is all that changed)."""
         if self.store.reopened():
             self._save_all()
             return
@@ -242,7 +244,8 @@ class WindowBook:
         if len(self.open_windows()) + starting >= max_open:
             raise RequestError(f"too many open windows (max_open_windows={max_open})", status=429)
         async with self._in_flight(window.id):
-            # The other open windows take these scrapes too: a restart right after hides none.
+            # The other open windows take these scrapes too: a server restart right after
+            # must not hide what they counted since their last scrape.
             window.take_baseline(await scrape(list(window.targets), self.open_windows(), None))
             self._commit_start(window)
         log.info("window started id=%s targets=%d", window.id, len(window.targets))
@@ -282,7 +285,8 @@ class WindowBook:
                     data = await in_thread(lambda: work(iter([end])))
                 self._commit_stop(window, *read_stop(data))
             except BaseException as exc:
-                # Open again, the stop's scrapes in (like any other): a later stop answers all.
+                # Open again as it was, with the stop's scrapes in (taken like any other): a
+                # later stop retries and answers in full.
                 self._stopping.pop(window.id, None)
                 window.reopen(stop_errors)
                 if isinstance(exc, ChildError) and exc.kind == StoreError.__name__:

@@ -29,10 +29,13 @@ TRIM_THRESHOLD = 64 * 1024 * 1024
 
 def keep_big_blocks_apart() -> bool:
     """Blocks of 256 KiB and more in their own mappings, which go back to the system when
-    freed; False where the C library cannot. (glibc would raise that threshold to the biggest
-    block freed, and big texts come from the heap, pinned by the loop's objects. Fixing it fixes
-    the trim threshold too, set high so the heap's top is not trimmed and regrown every scrape:
-    a stop gives the heap back itself, `give_back_free_memory`.)"""
+    freed; False where the C library cannot.
+
+    glibc raises that threshold up to the biggest block freed, after which big texts come
+    from the heap, pinned there by the loop's objects. Fixing it also fixes the trim
+    threshold, which would trim and regrow the heap's top every scrape: that is set high
+    instead, and a stop gives the heap back itself (`give_back_free_memory`).
+    """
     mallopt = libc_function("mallopt")
     if mallopt is None:
         return False

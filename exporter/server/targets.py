@@ -118,7 +118,8 @@ class Targets:
         if self.scraper is not None:  # close kept-alive sockets to targets that left
             self.scraper.forget(owned)
         for track in self.live.values():
-            # Scrapes closer than half an interval are thinned: memory follows it, not windows.
+            # Scrapes closer than half an interval (window markers') are thinned from the
+            # track: its memory follows the scrape interval, not how often windows come.
             track.span, track.spacing = config.live_window, config.scrape_interval / 2
         self.version += 1
         self.set_version += 1

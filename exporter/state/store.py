@@ -62,8 +62,9 @@ def connect_state(path: Path) -> sqlite3.Connection:
 
 class StateStore:
     """Open and recent windows in one SQLite file; a corrupt file is moved aside, not lost.
-    WAL with `synchronous=NORMAL`: a commit survives our death, not a power cut, unless
-    `sync=True` (a start, a stop). `connect` opens each connection (open or reopen)."""
+    In WAL mode with `synchronous=NORMAL` a commit survives the death of our process, not a
+    power cut; `sync=True` (a start, a stop) makes one survive that too. `connect` opens the
+    connection each time the file is opened or reopened."""
 
     def __init__(self, path: Path, *,
                  connect: Callable[[Path], sqlite3.Connection] = connect_state):
@@ -302,7 +303,8 @@ class StateStore:
         return doc
 
     def recent_closed(self, limit: int) -> list[dict[str, Any]]:
-        """The latest started closed windows, newest first, without series (unreadable skipped)."""
+        """The most recently started closed windows, newest first, without their series
+        (unreadable rows skipped)."""
         rows = self._query(
             f"SELECT id, {_doc_column(False)} FROM windows WHERE open=0 "
             "ORDER BY started_at DESC LIMIT ?", (limit,)
@@ -342,7 +344,8 @@ class StateStore:
 
     @contextlib.contextmanager
     def _transaction(self, what: str, *, sync: bool = False) -> Iterator[sqlite3.Connection]:
-        # Forced to disk with `sync`; a failure is counted, raised as StoreError("cannot {what}")
+        """One transaction, forced to disk with `sync`; a failure is counted and raised as
+        `StoreError` ("cannot {what} {path}")."""
         try:
             if sync:
                 self._db.execute("PRAGMA synchronous=FULL")

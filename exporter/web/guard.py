@@ -15,7 +15,8 @@ from aiohttp import web
 
 log = logging.getLogger(__name__)
 
-# Descriptors kept for what is not a client: scrapes, the state database, result files, the log.
+# File descriptors kept for what is not a client connection: scrapes (scrape_concurrency),
+# the state database, result files, discovery, the log.
 FD_RESERVE = 128
 MAX_CONNECTIONS = 4096  # past this many open clients something else is wrong
 _HEAD_END = (b"\r\n\r\n", b"\n\n")

@@ -35,7 +35,8 @@ from exporter.web.pages.window import render_window_page
 from exporter.web.proxy import add_to_window_file, proxy_blocks, traffic_edges
 
 MAX_BODY = 64 * 1024
-# Renders of /metrics and the lists are kept this long at most: not one per concurrent request.
+# /metrics and the JSON lists are rendered again when the state changed, or after this long:
+# a cold render of every target must not run once per concurrent request.
 METRICS_MAX_AGE = 1.0
 # Targets whose /metrics lines are built per loop turn: a big fleet's cold render lets others in.
 METRICS_CHUNK = 100
