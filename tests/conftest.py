@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -31,6 +32,7 @@ class Clock:
 _HANDED_OUT: set[int] = set()
 
 
+@functools.cache
 def _ephemeral_low() -> int:
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as ports:
