@@ -116,16 +116,16 @@ class Exporter:
 
 
 @contextmanager
-def exporter_over(server: servers.RealVllm, tmp_path: Path, *,
-                  proxy: bool = False) -> Iterator[Exporter]:
+def exporter_over(server: servers.RealVllm, tmp_path: Path, *, proxy: bool = False,
+                  interval: str = "1s") -> Iterator[Exporter]:
     """`specdec-exporter serve` over one real server (named `real`), with its proxy if asked."""
     port = free_port()
     target: dict[str, object] = {"name": "real", "url": server.metrics_url}
     proxy_port = free_port() if proxy else None
     if proxy_port is not None:
         target["proxy"] = {"listen": f"127.0.0.1:{proxy_port}"}
-    config = write_config(tmp_path / "exporter.yaml", port, [target], scrape_interval="1s",
-                          scrape_timeout="1s", window_scrape_interval="250ms")
+    config = write_config(tmp_path / "exporter.yaml", port, [target], scrape_interval=interval,
+                          scrape_timeout="1s", window_scrape_interval=interval)
     with process(CLI + ["serve", "--config", str(config)]) as proc:
         try:
             wait_http(f"http://127.0.0.1:{port}/-/ready", deadline=30)
@@ -166,7 +166,9 @@ def tiny_model() -> Path:
     return servers.make_model()
 
 
-@pytest.fixture(scope="session")
+# Package scope: the servers (6 GiB between them) stop after the tier's last test, not at the
+# end of a whole-suite run.
+@pytest.fixture(scope="package")
 def fleet(tiny_model: Path) -> Iterator[Fleet]:
     """Both servers, started side by side once for the whole tier; their pages before traffic."""
     ngram = servers.RealVllm(tiny_model, free_port(), servers.ngram(3))
