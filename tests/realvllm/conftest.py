@@ -169,10 +169,12 @@ def tiny_model() -> Path:
 # Package scope: the servers (6 GiB between them) stop after the tier's last test, not at the
 # end of a whole-suite run.
 @pytest.fixture(scope="package")
-def fleet(tiny_model: Path) -> Iterator[Fleet]:
+def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Both servers, started side by side once for the whole tier; their pages before traffic."""
-    ngram = servers.RealVllm(tiny_model, free_port(), servers.ngram(3))
-    draft = servers.RealVllm(tiny_model, free_port(), servers.draft_model(tiny_model, 5))
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    ngram = servers.RealVllm(tiny_model, free_port(), servers.ngram(3), log=logs / "ngram.log")
+    draft = servers.RealVllm(tiny_model, free_port(), servers.draft_model(tiny_model, 5),
+                             log=logs / "draft.log")
     with servers.serving(ngram, draft):
         first = {"ngram": get(ngram.metrics_url), "draft": get(draft.metrics_url)}
         sys.stderr.write(f"\nreal vLLM servers ready: rss ngram {ngram.rss_bytes() >> 20} MiB, "

@@ -66,11 +66,3 @@ class TestRun:
         assert (data["num_drafts"], data["draft_tokens"], data["accepted_tokens"]) == (
             increase.drafts, increase.draft_tokens, increase.accepted)
         assert f"\n{'Draft tokens':46}{increase.draft_tokens}\n" in done.stdout
-
-    def test_run_exits_with_the_benchmarks_code(self, fleet, tiny_model, tmp_path):
-        server = fleet.ngram
-        with exporter_over(server, tmp_path) as exporter:
-            done = cli("run", "--exporter", exporter.url, "--id", "bad", "--",
-                       *bench_serve(server, tiny_model)[:-2], "--dataset-name", "nonesuch")
-        assert done.returncode == 2, done.stderr[-3000:]  # argparse's usage error, passed on
-        assert "Speculative Decoding Metrics" in done.stdout  # the window closed all the same
