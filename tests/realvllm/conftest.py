@@ -27,7 +27,9 @@ _SAMPLE = re.compile(rb'^vllm:spec_decode_(\w+)_total\{([^}]*)\} (\S+)$', re.M)
 _POSITION = re.compile(rb'position="(\d+)"')
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of this folder is marked `vllm` and `e2e`."""
     for item in items:
         if _HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.vllm)
