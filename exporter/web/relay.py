@@ -20,7 +20,7 @@ from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_s
 from exporter.web.edges import TrafficEdges
 
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
-SMALL_BODY = 64 * 1024  # a request body up to this size (with its length given) is sent whole
+SMALL_BODY = 64 * 1024  # a request body below this size (with its length given) is sent whole
 # A relayed request body, streamed through, never held: a 128k-token prompt is ~1 MiB of JSON,
 # a chat with base64 images tens of MiB.
 MAX_RELAYED_BODY = 64 * 1024 * 1024
@@ -34,6 +34,9 @@ _HOP = frozenset(h.lower() for h in (
 # The exporter's token on /proxy/ (handlers.auth_middleware): the client's own Authorization is
 # the model server's, relayed untouched.
 PROXY_TOKEN_HEADER = "X-Specdec-Token"
+# What aiohttp would add to a request that lacks it: the upstream gets the client's headers only
+# (an Accept-Encoding the client never sent would bring it a body it cannot read).
+_NOT_ADDED = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 
 RecordFn = Callable[[str, RequestStats], None]
 
@@ -94,22 +97,30 @@ class _BodyTooLarge(Exception):
     """A streamed request body went past MAX_RELAYED_BODY."""
 
 
-async def _limited(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    size = 0
-    async for chunk in content.iter_any():
-        size += len(chunk)
-        if size > MAX_RELAYED_BODY:
-            raise _BodyTooLarge
-        yield chunk
+class _Body:
+    """A request body for the upstream: whole when small, else streamed through the limit."""
 
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.too_large = False  # aiohttp wraps what the stream raises: this says it was us
 
-async def _body(request: web.Request) -> bytes | AsyncIterator[bytes] | None:
-    if not request.body_exists:
-        return None
-    # A small body of known length (a prompt) goes whole: streamed, it costs more writes.
-    length = request.content_length
-    return await request.read() if length is not None and length <= SMALL_BODY else _limited(
-        request.content)
+    async def data(self) -> bytes | AsyncIterator[bytes] | None:
+        if not self.request.body_exists:
+            return None
+        # A small body of known length (a prompt) goes whole: streamed, it costs more writes.
+        length = self.request.content_length
+        if length is not None and length < SMALL_BODY:  # client_max_size refuses its size
+            return await self.request.read()
+        return self._limited()
+
+    async def _limited(self) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self.request.content.iter_any():
+            size += len(chunk)
+            if size > MAX_RELAYED_BODY:
+                self.too_large = True
+                raise _BodyTooLarge
+            yield chunk
 
 
 class _Kept:
@@ -184,21 +195,24 @@ async def _forward(request: web.Request, session: aiohttp.ClientSession, upstrea
     url = upstream.origin + path + (f"?{request.query_string}" if request.query_string else "")
     waits = upstream.timeouts
     key = f"proxy.{{}} of target {upstream.target}"
+    body = _Body(request)
     try:
         async with asyncio.timeout(waits.first_byte):
             answer = await session.request(
-                request.method, url, data=await _body(request),
+                request.method, url, data=await body.data(),
                 headers=sent_on(request.headers, upstream.own_token), allow_redirects=False,
+                skip_auto_headers=_NOT_ADDED,
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=waits.connect))
-    except _BodyTooLarge:
-        return _error(413, f"body is over {MAX_RELAYED_BODY} bytes (the relayed body limit)")
     except aiohttp.ConnectionTimeoutError:
         return _error(504, f"upstream {upstream.origin} not connected within {waits.connect:g}s"
                       f" ({key.format('connect_timeout')})")
     except TimeoutError:
         return _error(504, f"upstream {upstream.origin} sent no answer within "
                       f"{waits.first_byte:g}s ({key.format('first_byte_timeout')})")
-    except (aiohttp.ClientError, OSError) as exc:
+    except (aiohttp.ClientError, OSError, _BodyTooLarge) as exc:
+        if body.too_large:
+            return _error(413, f"body is over {MAX_RELAYED_BODY} bytes (the relayed body "
+                          "limit, 64 MiB)")
         return _error(502, f"upstream {upstream.origin} failed: {exc}")
     async with answer:
         return await _relay_answer(request, answer, upstream)
