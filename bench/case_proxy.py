@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import Child, free_port, http_status, percentile, wait_until
+from bench.fleet import find_nginx
 from exporter.server.eventloop import loop_kind, new_event_loop
 
 BODY = {"model": "m", "prompt": "p", "max_tokens": 64, "stream": True}
@@ -143,8 +143,7 @@ http {{
 
 def nginx_child(workdir: Path, upstream: int, port: int, cpu: str | None) -> Child | None:
     """nginx in front of the server on `port`, or None where nginx is not installed."""
-    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists()
-                                       else None)
+    binary = find_nginx()
     if binary is None:
         return None
     conf = workdir / "nginx.conf"
