@@ -47,7 +47,7 @@ class ExporterService:
         self._version = 0  # reloads: what the targets and book do not count themselves
         self._targets = Targets(config, clock)
         self.book = WindowBook(StateStore(config.state_path, connect=state_connect), clock,
-                               lambda window_id: Path(self.config.output_dir) / window_id)
+                               lambda window_id: Path(self.config.output_dir).resolve() / window_id)
         self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
                                    lambda: self._close_removed_targets("no longer discovered"))
         # (window id, target) -> the window takes no scrape of it now (web/edges.py).

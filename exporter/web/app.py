@@ -29,7 +29,7 @@ from exporter.web.handlers import (
     reload_config,
 )
 from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
-from exporter.web.proxy import PROXYING, Proxying, Recordings
+from exporter.web.proxy import PROXYING, Proxying
 from exporter.web.routes import add_routes
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,7 @@ def make_app(
     app.cleanup_ctx.append(app[FANOUT].peers.serve)
     edges = TrafficEdges(service)
     service.holds = edges.holds
-    app[PROXYING] = Proxying(Recordings(lambda: [(w.id, w.targets)
-                                                 for w in service.book.open_windows()],
-                                        clock=clock),
-                             lambda: service.config, edges)
+    app[PROXYING] = Proxying(service.book.record, lambda: service.config, edges)
     app.cleanup_ctx.append(app[PROXYING].serve)
     service.on_scraped(app[PROXYING].scraped)  # a reload's proxy ports open at its next scrape
     return app

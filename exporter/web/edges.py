@@ -18,7 +18,6 @@ from exporter.server.service import ExporterService
 from exporter.web.bodies import resolve_targets
 
 log = logging.getLogger(__name__)
-KEEP_FINISHED = 100  # stopped traffic windows whose `edges` block a GET still shows
 
 
 @dataclass
@@ -68,7 +67,6 @@ class TrafficEdges:
     def __init__(self, service: ExporterService) -> None:
         self.service = service
         self._windows: dict[str, TrafficWindow] = {}
-        self._finished: dict[str, dict[str, Any]] = {}
 
     def expect(self, window_id: str | None, name: str | None, targets: list[str] | None,
                labels: dict[str, str], skip: int) -> tuple[bool, dict[str, Any]]:
@@ -84,7 +82,7 @@ class TrafficEdges:
                 raise RequestError(f'window "{window_id}" is waiting for traffic with another '
                                    "name, targets, labels or skip_requests", status=409)
             return False, self._answer(known)
-        if window_id in self._finished or self._in_book(window_id):
+        if self._in_book(window_id):
             raise RequestError(f'window "{window_id}" exists; start a new id', status=409)
         limit = self.service.config.max_open_windows
         if len(self._windows) + len(self.service.book.open_windows()) >= limit:
@@ -194,11 +192,9 @@ class TrafficEdges:
             ended_by = ("the last response" if idle and len(ends) == len(w.held)
                         else "the stop: requests were in flight")
         # Held until the stop has taken its scrapes (a failed stop leaves it open, held).
-        window = await self.service.book.stop(window_id, self._stop_scrape(ends), answer=False)
+        window = await self.service.book.stop(window_id, self._stop_scrape(ends), answer=False,
+                                              edges=w.block(ended_by))
         self._windows.pop(window_id, None)
-        self._finished[window_id] = w.block(ended_by)
-        while len(self._finished) > KEEP_FINISHED:
-            del self._finished[next(iter(self._finished))]
         return window
 
     def _stop_scrape(self, ends: dict[str, ScrapeResult]) -> Callable[..., Any]:
@@ -226,10 +222,3 @@ class TrafficEdges:
             return None
         return self._answer(w) | {"status": "waiting", "stopped_at": None,
                                   "edges": w.block("not yet: waiting")}
-
-    def block(self, window_id: str) -> dict[str, Any] | None:
-        """The `edges` block of a window's answer or state, if it has traffic edges."""
-        if window_id in self._finished:
-            return self._finished[window_id]
-        w = self._windows.get(window_id)
-        return w.block("not yet: open") if w is not None else None
