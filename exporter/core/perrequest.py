@@ -334,12 +334,17 @@ def _vetted_spans(spans: object) -> list[dict[str, Any]]:
 
 
 def coverage(sums: dict[str, int], counters: dict[str, int]) -> dict[str, Any]:
-    """Whether the proxied requests are all of the server's activity, and what share they are."""
+    """Whether the proxied requests are all of the server's activity, what share they are,
+    and which side missed activity when not: `counters` (more proxied than counted: a restart
+    the counters lost) or `proxy` (other clients, a warm-up outside it)."""
     pairs = {"num_spec_steps": counters.get("num_drafts", 0),
              "num_draft_tokens": counters.get("draft_tokens", 0),
              "num_accepted_draft_tokens": counters.get("accepted_tokens", 0)}
     drafts = pairs["num_spec_steps"]
-    return {"covers_all": all(sums[k] == v for k, v in pairs.items()),
+    covers = all(sums[k] == v for k, v in pairs.items())
+    missed = None if covers else (
+        "counters" if any(sums[k] > v for k, v in pairs.items()) else "proxy")
+    return {"covers_all": covers, "missed_by": missed,
             "share_of_drafts": sums["num_spec_steps"] / drafts if drafts else None}
 
 
@@ -418,11 +423,19 @@ def format_block(name: str, block: dict[str, Any]) -> str:
                      f"{span['num_draft_tokens']} drafted, {span['num_accepted_draft_tokens']}"
                      " accepted" + ("" if span["complete"] else " (at least)"))
     if "covers_all" in block:
-        share = block.get("share_of_drafts")
-        said = "yes" if block["covers_all"] else (
-            f"no ({100 * share:.1f}% of drafts)" if share is not None else "no")
-        lines.append(f"{'Proxy saw all the server activity':46}{said}")
+        lines.append(f"{'Proxy saw all the server activity':46}{_cross_check(block)}")
     return "\n".join(lines) + "\n"
+
+
+def _cross_check(block: Mapping[str, Any]) -> str:
+    """Yes, or which side missed activity: the counters (across a restart) or the proxy."""
+    if block["covers_all"]:
+        return "yes"
+    share = block.get("share_of_drafts")
+    of = f"{100 * share:.1f}% of the counted drafts" if share is not None else "drafts"
+    if block.get("missed_by") == "counters":
+        return f"no: the counters missed activity the proxy saw ({of}; a restart lost it)"
+    return f"no: the server had activity the proxy did not see (it saw {of})"
 
 
 def format_per_request(answer: dict[str, Any]) -> str:

@@ -126,7 +126,8 @@ class Window:
         return self.stopped_at is None
 
     def takes_scrapes_of(self, target: str) -> bool:
-        """Periodic scrapes count only once the target's start scrape is done, until removal."""
+        """Periodic scrapes (and proxied requests) count only once the target's baseline is
+        taken, until its stop scrape or removal."""
         return (
             self.is_open
             and target in self.targets
@@ -154,11 +155,6 @@ class Window:
         if len(points) > MAX_SERIES_POINTS:
             points[:] = points[:-1:2] + points[-1:]
         return reset
-
-    def takes_records_of(self, target: str) -> bool:
-        """A proxied request counts until the target's stop scrape (the counters' end)."""
-        return (self.is_open and target in self.targets and target not in self.removed
-                and target not in self.finals)
 
     def record(self, target: str, stats: RequestStats | None, at: float) -> None:
         """One proxied request of `target`, finished at `at` (None: its answer unreadable)."""

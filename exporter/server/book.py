@@ -183,7 +183,7 @@ class WindowBook:
         every open window that counts it (a stop's child too); saved with the next round."""
         at = self.clock()
         for window in self.open_windows():
-            if window.takes_records_of(target):
+            if window.takes_scrapes_of(target):
                 window.record(target, stats, at)
                 if (stopping := self._stopping.get(window.id)) is not None:
                     stopping[0].send((RECORD, target, stats, at))
@@ -256,9 +256,10 @@ class WindowBook:
 
     # -- start and stop -----------------------------------------------------------------
 
-    async def start(self, request: StartRequest, scrape: ScrapeFn, max_open: int
-                    ) -> tuple[bool, Window]:
-        """Open a window, its targets scraped at once for the baseline; (created, window)."""
+    async def start(self, request: StartRequest, scrape: ScrapeFn, max_open: int, *,
+                    late: Iterable[str] = ()) -> tuple[bool, Window]:
+        """Open a window, its targets scraped at once for the baseline but the `late` ones
+        (each takes its own with `join`); (created, window)."""
         window = request.window(self.clock())
         await self._settled(window.id)
         existing = self._windows.get(window.id) or self._load(window.id, series=False)
@@ -271,7 +272,9 @@ class WindowBook:
         async with self._in_flight(window.id):
             # The other open windows take these scrapes too: a server restart right after
             # must not hide what they counted since their last scrape.
-            window.take_baseline(await scrape(list(window.targets), self.open_windows(), None))
+            left_out = set(late)
+            now = [t for t in window.targets if t not in left_out]
+            window.take_baseline(await scrape(now, self.open_windows(), None))
             self._commit_start(window)
         log.info("window started id=%s targets=%d", window.id, len(window.targets))
         return True, window
@@ -331,6 +334,13 @@ class WindowBook:
         give_back_free_memory()
         log.info("window stopped id=%s", window_id)
         return self.get(window_id) if answer else window.as_answer_only()
+
+    async def join(self, window_id: str, target: str, scrape: ScrapeFn) -> None:
+        """A target of an open window left out of its start takes its baseline now (scraped;
+        the other open windows take the scrape too)."""
+        window = self._windows[window_id]
+        others = [w for w in self.open_windows() if w is not window]
+        window.take_baseline(await scrape([target], others, None))
 
     def _commit_start(self, window: Window) -> None:
         try:

@@ -17,7 +17,6 @@ from exporter.config.model import Config
 from exporter.scrape.scraper import Scraper, make_session
 from exporter.server.service import ExporterService
 from exporter.state.store import connect_state
-from exporter.web.edges import TrafficEdges
 from exporter.web.exposition import MetricsWriter
 from exporter.web.fanout import FANOUT, Fanout
 from exporter.web.handlers import (
@@ -59,9 +58,7 @@ def make_app(
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))
     app.cleanup_ctx.append(app[FANOUT].peers.serve)
-    edges = TrafficEdges(service)
-    service.holds = edges.holds
-    app[PROXYING] = Proxying(service.book.record, lambda: service.config, edges)
+    app[PROXYING] = Proxying(service.book.record, lambda: service.config, service.edges)
     app.cleanup_ctx.append(app[PROXYING].serve)
     service.on_scraped(app[PROXYING].scraped)  # a reload's proxy ports open at its next scrape
     return app

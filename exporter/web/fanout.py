@@ -117,7 +117,7 @@ class Fanout:
     async def start(self, request: web.Request) -> web.Response:
         """Open the same window id on every shard; one start answer for the fleet."""
         body = await window_request(request)
-        if body.edges == "traffic":  # its proxy and its start live on one shard (edges.py)
+        if body.edges == "traffic":  # its proxy and its start live on one shard (server/edges.py)
             raise RequestError('"edges": "traffic" needs one exporter, not a fleet of shards')
         window_id = body.id or new_window_id(self.service.clock())
         fleet = self._fleet()

@@ -31,7 +31,6 @@ from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
 from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
 from exporter.web.pages.window import render_window_page
-from exporter.web.proxy import traffic_edges
 
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
@@ -241,8 +240,8 @@ async def reload(request: web.Request) -> web.Response:
 async def start_window(request: web.Request) -> web.Response:
     """Open a window: 201 when new, 200 with the same window when the id exists."""
     body = await window_request(request)
-    if body.edges == "traffic":  # opens at its first request through the proxy (edges.py)
-        created, waiting = traffic_edges(request.app).expect(
+    if body.edges == "traffic":  # opens at its first request through the proxy (server/edges.py)
+        created, waiting = request.app[SERVICE].edges.expect(
             body.id, body.name, body.targets, body.labels, body.skip_requests or 0)
         return _json(waiting, status=201 if created else 200)
     created, window = await request.app[SERVICE].start_window(
@@ -257,7 +256,7 @@ async def stop_window(request: web.Request) -> web.Response:
     """Close a window; stopping it again answers the same body."""
     window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
-    edges = traffic_edges(request.app)
+    edges = service.edges
     window = await (edges.stop(window_id) if edges.knows(window_id)
                     else service.stop_window(window_id, answer=False))
     text = service.book.take_answer_text(window.id)
@@ -360,7 +359,7 @@ async def get_window(request: web.Request) -> web.Response:
     """One window: its open state, or its stop answer."""
     service = request.app[SERVICE]
     window_id = check_window_id(request.match_info["id"])
-    if (waiting := traffic_edges(request.app).waiting(window_id)) is not None:
+    if (waiting := service.edges.waiting(window_id)) is not None:
         return _json(waiting)  # not started yet: no request came through the proxy
     return _window_json(service.book.get(window_id))
 

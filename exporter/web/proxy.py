@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -17,7 +17,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from exporter.config.model import Config
 from exporter.core.perrequest import RequestStats, from_json, from_sse
 from exporter.core.shards import owner
-from exporter.web.edges import TrafficEdges
+from exporter.server.edges import TrafficEdges
 from exporter.web.guard import GuardedSite
 from exporter.web.requesthist import RequestLengths
 
@@ -100,10 +100,18 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
             edges.done(tickets)
 
 
+def _for(upstream: Upstream, request: web.Request) -> Upstream:
+    """The upstream as one request sees it: only a generation request (a completion) moves
+    the traffic edges; `GET /v1/models` or `/metrics` through the proxy does not."""
+    return upstream if _recorded(request) or upstream.edges is None else replace(
+        upstream, edges=None)
+
+
 def proxy_app(upstream: Upstream, session: aiohttp.ClientSession) -> web.Application:
     """An app that forwards every path and method to one target (a per-target listen port)."""
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await relay(request, session, upstream, request.raw_path.split("?")[0])
+        return await relay(request, session, _for(upstream, request),
+                           request.raw_path.split("?")[0])
 
     app = web.Application(client_max_size=0)
     app.router.add_route("*", "/{tail:.*}", handler)
@@ -215,15 +223,8 @@ async def main_listener_proxy(request: web.Request) -> web.StreamResponse:
     if upstream is None or proxying.session is None:
         return web.json_response({"error": f'unknown target "{request.match_info["target"]}"'},
                                  status=404)
-    return await relay(request, proxying.session, upstream, "/" + request.match_info["tail"])
+    return await relay(request, proxying.session, _for(upstream, request),
+                       "/" + request.match_info["tail"])
 
 
 PROXYING = web.AppKey("proxying", Proxying)
-
-
-def traffic_edges(app: web.Application) -> TrafficEdges:
-    """The app's traffic-edged windows (an app made with its proxy has them)."""
-    proxying = app.get(PROXYING)
-    if proxying is None or proxying.edges is None:
-        raise RuntimeError("the app has no recording proxy")
-    return proxying.edges

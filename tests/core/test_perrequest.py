@@ -122,7 +122,9 @@ class TestPerRequest:
         same = {"num_drafts": 4, "draft_tokens": 12, "accepted_tokens": 6}
         assert acc.answer(same)["covers_all"] is True
         half = coverage(acc.sums, same | {"num_drafts": 8})
-        assert half == {"covers_all": False, "share_of_drafts": 0.5}
+        assert half == {"covers_all": False, "missed_by": "proxy", "share_of_drafts": 0.5}
+        lost = coverage(acc.sums, {"num_drafts": 1, "draft_tokens": 3, "accepted_tokens": 1})
+        assert lost["missed_by"] == "counters" and lost["share_of_drafts"] == 4.0
         assert coverage(acc.sums, {})["share_of_drafts"] is None
 
 
@@ -147,7 +149,7 @@ class TestConsole:
         assert text.count("Per-request spec decode") == 3 and "[all]" in text
         assert "Acceptance histogram (steps by accepted)      0:1 1:1 2:1 3:1" in text
         assert "Proxy saw all the server activity             yes" in text
-        assert "no (50.0% of drafts)" in text
+        assert "no: the server had activity the proxy did not see (it saw 50.0%" in text
         assert "Acceptance length                                 2.50    2.50" in text
 
     def test_without_stats_the_reason_and_unreadable_count_show(self) -> None:
@@ -268,3 +270,20 @@ class TestBounded:
         assert merged_block(blocks, answer) == local
         assert local["aggregate"]["requests"] == 30
         assert local["aggregate"]["share_of_drafts"] == 1.0
+
+
+class TestCrossCheck:
+    @pytest.mark.parametrize(("counters", "said"), [
+        ({"num_drafts": 4, "draft_tokens": 12, "accepted_tokens": 6}, "yes"),
+        ({"num_drafts": 8, "draft_tokens": 24, "accepted_tokens": 12},
+         "no: the server had activity the proxy did not see (it saw 50.0% of the counted "
+         "drafts)"),
+        ({"num_drafts": 1, "draft_tokens": 3, "accepted_tokens": 1},
+         "no: the counters missed activity the proxy saw (400.0% of the counted drafts; a "
+         "restart lost it)")])
+    def test_the_console_says_which_side_missed_activity(self, counters, said) -> None:
+        acc = PerRequest()
+        acc.record(_stats(SPEC))
+        (line,) = [line for line in format_block("t", acc.answer(counters)).splitlines()
+                   if line.startswith("Proxy saw all")]
+        assert line == f"{'Proxy saw all the server activity':46}{said}"

@@ -20,7 +20,7 @@ class Serve:
         self.base = f"http://127.0.0.1:{self.port}"
         config = write_config(tmp_path / "c.yaml", self.port, [{
             "name": "v", "url": f"http://127.0.0.1:{vllm_port}/metrics",
-            "proxy": {"listen": f"127.0.0.1:{self.proxy}"}}], window_scrape_interval="100ms")
+            "proxy": {"listen": f"127.0.0.1:{self.proxy}"}}])
         self.command = CLI + ["serve", "--config", str(config)]
 
     def __enter__(self) -> Serve:
@@ -48,7 +48,8 @@ class Serve:
         assert status == 200 and answer["metrics"]["speculative_decoding"], answer
 
     def saved(self, window_id: str) -> None:
-        """Until the window took two more scrapes: a whole round, and its save, after now."""
+        """Until the window took two more scrapes (rounds: no window rounds are configured): a
+        whole round, and its save, after now."""
         before = self.api("GET", f"/windows/{window_id}")["scrapes"]["v"]
         for _ in range(300):
             if self.api("GET", f"/windows/{window_id}")["scrapes"]["v"] >= before + 2:
