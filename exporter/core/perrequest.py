@@ -7,14 +7,13 @@ merged over targets and shards, and printed.
 from __future__ import annotations
 
 import json
-import math
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.core.isotime import iso_utc
-from exporter.core.tallies import Buckets
+from exporter.core.tallies import Buckets, finite
 
 NO_STATS_REASON = "start vLLM with --per-request-spec-decode-metrics summary"
 LOWEST = 10
@@ -125,17 +124,13 @@ def per_position_accepted(histogram: list[int]) -> list[int]:
 def _lowest_row(row: object) -> dict[str, Any]:
     """A `lowest` entry as we write it, or `ValueError` (a peer's)."""
     if not isinstance(row, Mapping) or not isinstance(row.get("request_id"), str) or (
-            not isinstance(row.get("model"), str)) or not _finite(row.get("acceptance_length")):
+            not isinstance(row.get("model"), str)) or not finite(row.get("acceptance_length")):
         raise ValueError("a lowest request is malformed")
     tokens = {k: row.get(k) for k in ("prompt_tokens", "completion_tokens")}
     if any(v is not None and _int(v) is None for v in tokens.values()):
         raise ValueError("a lowest request's tokens are not counts")
     return {"request_id": row["request_id"], "model": row["model"], **tokens,
             "acceptance_length": float(row["acceptance_length"])}
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -324,7 +319,7 @@ def _vetted_spans(spans: object) -> list[dict[str, Any]]:
         raise ValueError("its unobserved spans are not a list")
     out = []
     for span in spans:
-        if not isinstance(span, Mapping) or not all(_finite(span.get(k)) for k in ("from", "to")
+        if not isinstance(span, Mapping) or not all(finite(span.get(k)) for k in ("from", "to")
                                                     ) or any(_int(span.get(k)) is None
                                                              for k in _SPAN_SUMS):
             raise ValueError("an unobserved span is malformed")
@@ -363,13 +358,11 @@ def per_request_block(tallies: Mapping[str, PerRequest],
     if not tallies:
         return None
     results = (answer or {}).get("results") or {}
-    targets = {}
-    for name, acc in sorted(tallies.items()):
-        result = results.get(name)
-        targets[name] = acc.answer(_counters(result) if results else None)
-        spans = result.get("unobserved") if isinstance(result, Mapping) else None
+    targets = {name: acc.answer() for name, acc in sorted(tallies.items())}
+    for name, block in targets.items():
+        spans = (results.get(name) or {}).get("unobserved")
         if isinstance(spans, list) and spans:
-            targets[name]["unobserved"] = in_spans(acc, spans)
+            block["unobserved"] = in_spans(tallies[name], spans)
     return merged_block(targets, answer if results else None)
 
 

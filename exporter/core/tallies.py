@@ -90,12 +90,12 @@ class Buckets:
         parsed = {int(k): n for k, n in counts.items()}
         count, total = data.get("count"), data.get("sum")
         if (not all(_natural(n) and n > 0 for n in parsed.values()) or not _natural(count)
-                or sum(parsed.values()) != count or not _finite(total)):
+                or sum(parsed.values()) != count or not finite(total)):
             raise ValueError("its counts are not counts")
         tally = cls(width, count, float(total), counts=parsed)
         if count:
             low, high = data.get("min"), data.get("max")
-            if not (_finite(low) and _finite(high) and low <= high):
+            if not (finite(low) and finite(high) and low <= high):
                 raise ValueError("its min and max are not numbers")
             tally.low, tally.high = float(low), float(high)
         return tally
@@ -105,6 +105,7 @@ def _natural(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _finite(value: object) -> TypeGuard[float]:
+def finite(value: object) -> TypeGuard[float]:
+    """A finite int or float (not a bool)."""
     return (isinstance(value, int | float) and not isinstance(value, bool)
             and math.isfinite(value))
