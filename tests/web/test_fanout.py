@@ -390,7 +390,7 @@ class TestPerRequestAcrossShards:
         assert status == 200, answer
         merged = answer["per_request"]
         assert sorted(merged["targets"]) == names
-        for i, name in enumerate(names):
+        for name in names:
             own = f.local(f.owner(name), "pr")
             assert merged["targets"][name] == own["per_request"]["targets"][name]
             assert merged["targets"][name]["covers_all"] is True
