@@ -156,8 +156,8 @@ class Window:
             points[:] = points[:-1:2] + points[-1:]
         return reset
 
-    def record(self, target: str, stats: RequestStats | None, at: float) -> None:
-        """One proxied request of `target`, finished at `at` (None: its answer unreadable)."""
+    def record(self, target: str, stats: RequestStats, at: float) -> None:
+        """One proxied request of `target`, finished at `at`."""
         self.per_request.setdefault(target, PerRequest()).record(stats, at)
         self.records_dirty = True
 

@@ -178,8 +178,8 @@ class WindowBook:
                     log.error("restart not saved id=%s target=%s error=%s",
                               window.id, result.target, exc)
 
-    def record(self, target: str, stats: RequestStats | None) -> None:
-        """One proxied request of `target`, its answer complete now (None: unreadable), into
+    def record(self, target: str, stats: RequestStats) -> None:
+        """One proxied request of `target`, its answer complete now, into
         every open window that counts it (a stop's child too); saved with the next round."""
         at = self.clock()
         for window in self.open_windows():
