@@ -23,7 +23,7 @@ class TestPerRequestSums:
         assert (block["requests"], block["with_stats"], block["without_stats"]) == (4, 4, 0)
         assert [block[k] for k in SUMS] == [
             increase.drafts, increase.draft_tokens, increase.accepted]
-        assert block["covers_all"] is True
+        assert (block["covers_all"], block["missed_by"]) == (True, None)
         # The histogram's per-position figures are the counters' per-position increase.
         assert block["per_position_acceptance_rates"] == {
             str(p): n / increase.drafts for p, n in enumerate(increase.per_position)}
@@ -43,8 +43,9 @@ class TestPerRequestSums:
         increase = after.minus(before)
         block = answer["per_request"]["targets"]["real"]
         assert (block["requests"], block["with_stats"], block["without_stats"]) == (3, 1, 2)
-        assert block["unreadable"] == 0
-        assert block["covers_all"] is False
+        assert (block["unreadable"], block["unreadable_reasons"]) == (0, {})
+        # The counters saw drafts the answers carried no figures for: the proxy's side missed.
+        assert (block["covers_all"], block["missed_by"]) == (False, "proxy")
         assert 0 < block["num_spec_steps"] < increase.drafts
         assert block["share_of_drafts"] == block["num_spec_steps"] / increase.drafts
         assert answer["results"]["real"]["data"]["num_drafts"] == increase.drafts
