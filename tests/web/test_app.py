@@ -398,6 +398,10 @@ class TestWindowsList:
         assert w2["state"] == "stopped" and w2["name"] == "run w2" and w2["targets"] == ["a"]
         assert w2["href"] == "/api/v1/windows/w2" and w2["page"] == "/windows/w2"
         assert w2["aggregate"]["acceptance_rate"] == pytest.approx(60.0)
+        # The counts beside the ratio, as the full answer has them (they were null here).
+        assert {k: w2["aggregate"][k] for k in ("num_drafts", "draft_tokens",
+                                                "accepted_tokens")} == {
+            "num_drafts": 10, "draft_tokens": 20, "accepted_tokens": 12}
         assert "results" not in w2  # the full answer is at href
         assert w2["started_at_iso"] == iso_utc(w2["started_at"]) == "2027-01-15T08:00:20.000Z"
         assert w2["stopped_at_iso"] == iso_utc(w2["stopped_at"])
