@@ -192,7 +192,8 @@ def _measure(command: Command) -> None:
                          help="AISBench model config whose host_ip/host_port or url name the "
                               "servers")
     measure.add_argument("--work-dir", default=".", metavar="DIR",
-                         help="results go to DIR/performances/ (default .)")
+                         help="each run's results go to a new DIR/YYYYMMDD_HHMMSS/performances/, "
+                              "as AISBench names its runs (default .)")
     measure.add_argument("--interval", type=float, default=1.0,
                          help="seconds between scrapes while the command runs (default 1): "
                               "a server restart loses the window at most this span")

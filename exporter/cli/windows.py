@@ -7,6 +7,7 @@ import asyncio
 import json
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,8 +148,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_measure(args: argparse.Namespace) -> int:
     from exporter.cli.measure import (
-        clear_earlier_results,
         measure,
+        run_folder,
         target_from_spec,
         targets_from_model_config,
     )
@@ -164,10 +165,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
         args.parser.error(f"--target/--model-config: {one_line(exc)}")
     if not targets:
         args.parser.error("give --target HOST:PORT|URL or --model-config FILE")
-    work_dir = Path(args.work_dir)
-    if removed := clear_earlier_results(work_dir):
-        say(f"removed {len(removed)} result file(s) of an earlier measure from "
-            f"{work_dir / 'performances'}")
+    try:
+        work_dir = run_folder(Path(args.work_dir), time.time())
+    except (ExporterError, OSError) as exc:
+        args.parser.error(f"--work-dir: {one_line(exc)}")
     code, answer = asyncio.run(
         measure(targets, cmd, work_dir, interval=args.interval, timeout=args.timeout)
     )

@@ -15,7 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
+from clitools import (
+    CLI,
+    fake_add,
+    fake_vllm,
+    free_port,
+    http,
+    measured,
+    process,
+    wait_http,
+    write_config,
+)
 
 from exporter.core.result import result_file_name
 from exporter.state.schema import SCHEMA_VERSION
@@ -206,7 +216,7 @@ class TestMeasure:
                 capture_output=True, text=True, timeout=60,
             )
         assert done.returncode == 0, done.stderr
-        path = tmp_path / "performances" / result_file_name(f"127.0.0.1:{vllm}")
+        path = measured(tmp_path) / result_file_name(f"127.0.0.1:{vllm}")
         result = json.loads(path.read_text())
         assert set(result) >= {"status", "url", "error", "data", "raw"}
         assert result["data"]["num_drafts"] == 16
@@ -228,7 +238,7 @@ class TestMeasure:
                 capture_output=True, text=True, timeout=60,
             )
         assert done.returncode == 7  # the command's code, whatever the collection gave
-        result = json.loads((tmp_path / "performances" /
+        result = json.loads((measured(tmp_path) /
                              result_file_name(f"127.0.0.1:{vllm}")).read_text())
         assert result["status"] == "na"
         assert result["error"] == "No spec decode activity detected during benchmark window"
@@ -241,7 +251,7 @@ class TestMeasure:
             capture_output=True, text=True, timeout=60,
         )
         assert done.returncode == 0
-        result = json.loads((tmp_path / "performances" /
+        result = json.loads((measured(tmp_path) /
                              result_file_name(f"127.0.0.1:{port}")).read_text())
         assert result["status"] == "na"
         assert "at window start" in result["error"] and "at window stop" in result["error"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from clitools import CLI, fake_vllm, free_port, http, process, wait_http, write_config
 
@@ -93,16 +95,23 @@ class TestConfigErrors:
 
 
 class TestReusedWorkDir:
-    def test_a_second_measure_never_mixes_with_the_first(self, tmp_path):
+    def test_each_measure_gets_a_fresh_timestamped_folder_and_keeps_the_last(self, tmp_path):
         with fake_vllm() as first, fake_vllm() as second:
             one = _cli("measure", "--target", f"127.0.0.1:{first}", "--work-dir", str(tmp_path),
                        "--interval", "0.2", "--", sys.executable, "-c", "pass")
             two = _cli("measure", "--target", f"127.0.0.1:{second}", "--work-dir",
                        str(tmp_path), "--interval", "0.2", "--", sys.executable, "-c", "pass")
         assert one.returncode == 0 and two.returncode == 0
-        assert "removed 1 result file(s) of an earlier measure" in two.stderr
-        files = sorted(p.name for p in (tmp_path / "performances").iterdir())
-        assert files == [f"spec_decode_127.0.0.1_{second}.json"]
+        assert not (tmp_path / "performances").exists()
+        runs = sorted(tmp_path.iterdir())
+        assert len(runs) == 2 and all(re.fullmatch(r"\d{8}_\d{6}(_\d+)?", r.name) for r in runs)
+        files = {r.name: sorted(p.name for p in (r / "performances").iterdir()) for r in runs}
+        assert sorted(files.values()) == sorted([[f"spec_decode_127.0.0.1_{first}.json"],
+                                                 [f"spec_decode_127.0.0.1_{second}.json"]])
+        for done, port in ((one, first), (two, second)):
+            (where,) = [line for line in done.stdout.splitlines() if "results in" in line]
+            folder = Path(where.rsplit(" ", 1)[1])
+            assert (folder / f"spec_decode_127.0.0.1_{port}.json").is_file()
 
     def test_compare_refuses_a_folder_of_two_windows(self, tmp_path):
         def result(first: float, last: float) -> dict:
