@@ -76,11 +76,28 @@ def split_userinfo(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(netloc=host)), "Basic " + base64.b64encode(pair).decode()
 
 
+def exporter_base_url(text: str) -> str:
+    """An exporter's base URL as given anywhere (`--exporter`, the client): `host:port` means
+    `http://host:port`, as it does for targets; a scheme other than http(s) is a ClientError."""
+    url = text.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # an unclosed IPv6 bracket
+        host = None
+    if not host or parts.scheme.lower() not in ("http", "https"):
+        raise ClientError(f"exporter URL {redact_url(text.strip())!r}: give host:port or "
+                          "http(s)://host:port")
+    return url
+
+
 class ExporterClient:
     """Starts and stops windows on one exporter."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 60.0):
-        url = url.rstrip("/")
+        url = exporter_base_url(url)
         # `url` is what messages show: credentials in it never reach a terminal or a log.
         self.url = redact_url(url)
         self._base, self._basic = split_userinfo(url)

@@ -17,9 +17,10 @@ EXIT_NO_RESULT = 3  # every target failed at start, or none has a result at stop
 
 
 def exporter_urls(args: argparse.Namespace) -> list[str]:
-    urls = [url.strip() for item in args.exporter for url in item.split(",") if url.strip()]
-    # `--exporter 127.0.0.1:9400` means what it says: plain HTTP, as everywhere else here.
-    return [url if "://" in url else f"http://{url}" for url in urls]
+    from exporter.client import exporter_base_url
+
+    return [exporter_base_url(url) for item in args.exporter for url in item.split(",")
+            if url.strip()]
 
 
 def fleet_client(args: argparse.Namespace) -> FleetClient:

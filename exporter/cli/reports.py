@@ -28,7 +28,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_advise(args: argparse.Namespace) -> int:
     from exporter.analysis.advise import DEFAULT_COSTS, window_advice
-    from exporter.cli.sources import SourceError, load_source
+    from exporter.cli.sources import ExporterSourceError, SourceError, load_source
     from exporter.cli.tables import format_window_advice
 
     costs = args.draft_cost or list(DEFAULT_COSTS)
@@ -36,7 +36,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
         source = load_source(args.window, args.exporter, args.token)
     except SourceError as exc:
         print(f"specdec-exporter advise: {exc}", file=sys.stderr)
-        return 2
+        # README's exit codes: 1 the exporter unreachable or refusing, 2 a folder's mistake.
+        return 1 if isinstance(exc, ExporterSourceError) else 2
     body = window_advice(source.answer, costs)
     print(json.dumps({"window": source.label} | body, indent=2) + "\n" if args.json
           else format_window_advice(source.label, body), end="")

@@ -29,17 +29,22 @@ class Source:
     answer: dict[str, Any]  # {"results": {name: RESULT}, "aggregate": RESULT or None, ...}
 
 
+class ExporterSourceError(SourceError):
+    """The exporter unreachable or refusing (README's exit code 1 where it applies)."""
+
+
 def load_source(spec: str, exporter: str | None, token: str | None) -> Source:
     """A stopped window's answer from `exporter`'s API, or (without one) a result folder."""
     if not exporter:
         return load_folder(Path(spec))
     try:
-        state = ExporterClient(exporter, token=token, timeout=30).get(spec)
+        client = ExporterClient(exporter, token=token, timeout=30)
+        state = client.get(spec)
     except ClientError as exc:
-        raise SourceError(f"window {spec!r}: {exc}") from None
+        raise ExporterSourceError(f"window {spec!r}: {exc}") from None
     if state.get("stopped_at") is None or "results" not in state:
-        raise SourceError(f"window {spec!r} on {exporter} is still open; stop it first")
-    return Source(f"window {spec} on {exporter}", state)
+        raise SourceError(f"window {spec!r} on {client.url} is still open; stop it first")
+    return Source(f"window {spec} on {client.url}", state)
 
 
 def _label(result: dict[str, Any], path: Path) -> str:

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from clitools import CLI, fake_vllm, free_port, http, process, wait_http, write_config
+import pytest
+from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
 
 def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -130,3 +131,46 @@ class TestReusedWorkDir:
         assert refused.returncode == 2
         assert "its files come from different windows" in refused.stderr
         assert _cli("compare", str(single.parent), str(single.parent)).returncode == 0
+
+
+class TestExporterWithoutScheme:
+    def test_host_port_means_http_for_compare_advise_and_the_client(self, tmp_path):
+        from exporter.client import ExporterClient
+
+        port = free_port()
+        with fake_vllm("--k", "2") as vllm:
+            config = write_config(tmp_path / "c.yaml", port,
+                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                client = ExporterClient(f"127.0.0.1:{port}")
+                for window_id in ("w1", "w2"):
+                    client.start(window_id)
+                    fake_add(vllm, 10, 20, [8, 4])
+                    client.stop(window_id)
+                compared = _cli("compare", "w1", "w2", "--exporter", f"127.0.0.1:{port}")
+                advised = _cli("advise", "w2", "--exporter", f"127.0.0.1:{port}", "--json")
+        assert client.url == f"http://127.0.0.1:{port}"
+        assert compared.returncode == 0, compared.stderr
+        assert f"window w1 on http://127.0.0.1:{port}" in compared.stdout
+        assert advised.returncode == 0, advised.stderr
+        assert json.loads(advised.stdout)["window"] == f"window w2 on http://127.0.0.1:{port}"
+
+    def test_an_unreachable_exporter_is_said_with_the_readme_exit_codes(self):
+        dead = f"127.0.0.1:{free_port()}"
+        compared = _cli("compare", "w1", "w2", "--exporter", dead)
+        advised = _cli("advise", "w1", "--exporter", dead)
+        for done in (compared, advised):
+            assert "unknown url type" not in done.stderr
+            assert f"exporter http://{dead} unreachable" in done.stderr, done.stderr
+        assert compared.returncode == 2  # cannot be compared: never a gate's 1
+        assert advised.returncode == 1  # the exporter unreachable
+
+    def test_a_scheme_other_than_http_is_refused_by_name(self):
+        from exporter.client import ClientError, ExporterClient
+
+        with pytest.raises(ClientError, match="'ftp://h:1': give host:port or http"):
+            ExporterClient("ftp://h:1")
+        done = _cli("window", "start", "--exporter", "ftp://h:1")
+        assert done.returncode == 1
+        assert "give host:port or http(s)://host:port" in done.stderr
