@@ -28,7 +28,7 @@ from exporter.core.console import format_window
 from exporter.core.errors import ExporterError
 from exporter.core.perrequest import format_per_request
 from exporter.core.redact import redact_url
-from exporter.core.result import Result, Status, aggregate
+from exporter.core.result import Result, aggregate
 from exporter.core.window import new_window_id
 
 
@@ -224,8 +224,3 @@ def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
     # Each shard's advice covers only its own targets: advise again over the merged whole.
     return merged | {"advice": window_advice(merged)}
 
-
-def unreachable_answer(window_id: str | None, label: str, reason: str) -> dict[str, Any]:
-    """What to print when no exporter answered: one N/A block saying why."""
-    result = Result(status=Status.NA, url=None, error=reason, host_port=label).to_json()
-    return {"id": window_id, "name": None, "results": {label: result}, "aggregate": None}
