@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
 
+pytestmark = pytest.mark.e2e  # every test runs the real CLI in a subprocess
+
 
 def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=90, **kwargs)
@@ -93,6 +95,25 @@ class TestConfigErrors:
         path.write_text("zzz: 1\ntargets: []\n")
         far = _cli("check-config", str(path), "--allow-empty")
         assert "zzz: unknown key\n" in far.stdout and "did you mean" not in far.stdout
+
+
+class TestHostPortTargets:
+    def test_a_config_names_servers_by_host_port_alone(self, tmp_path):
+        port = free_port()
+        with fake_vllm("--k", "2") as bare, fake_vllm("--k", "3") as by_url:
+            path = tmp_path / "c.yaml"
+            path.write_text(f"listen: 127.0.0.1:{port}\nscrape_interval: 250ms\n"
+                            f"output_dir: {tmp_path / 'out'}\ntargets:\n"
+                            f"  - 127.0.0.1:{bare}\n  - {{name: b, url: 127.0.0.1:{by_url}}}\n")
+            checked = _cli("check-config", str(path))
+            with process(CLI + ["serve", "--config", str(path)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                status, body = http("GET", f"http://127.0.0.1:{port}/api/v1/targets")
+        assert checked.returncode == 0, checked.stdout
+        assert status == 200
+        assert [(t["name"], t["url"], t["up"]) for t in body["targets"]] == [
+            (f"127.0.0.1:{bare}", f"http://127.0.0.1:{bare}/metrics", True),
+            ("b", f"http://127.0.0.1:{by_url}/metrics", True)]
 
 
 class TestReusedWorkDir:
