@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used, so each sub-command loads only what it needs
     from exporter.client import FleetClient
@@ -30,8 +31,16 @@ def fleet_client(args: argparse.Namespace) -> FleetClient:
     return FleetClient(exporter_urls(args), token=args.token)
 
 
-def say(message: str) -> None:
-    print(f"specdec-exporter: {message}", file=sys.stderr, flush=True)
+def say(message: str, *, prefix: str = "specdec-exporter", level: int = logging.INFO,
+        **fields: Any) -> None:
+    """A message on stderr: `prefix: message`, or under `--log-format json` a JSON line with
+    `fields` as keys of their own."""
+    from exporter.cli.logformat import json_messages, say_json
+
+    if json_messages():
+        say_json(message, level, fields)
+    else:
+        print(f"{prefix}: {message}" if prefix else message, file=sys.stderr, flush=True)
 
 
 def one_line(exc: Exception) -> str:

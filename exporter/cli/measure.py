@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import logging
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from exporter.cli.common import say
 from exporter.config.model import TargetConfig
 from exporter.core.errors import ExporterError
 from exporter.core.snapshot import ScrapeResult
@@ -125,8 +126,8 @@ async def run_command(cmd: Sequence[str]) -> int:
     try:
         process = await asyncio.create_subprocess_exec(*cmd)
     except OSError as exc:
-        print(f"specdec-exporter: cannot run {cmd[0]!r}: {exc.strerror or exc}",
-              file=sys.stderr, flush=True)
+        say(f"cannot run {cmd[0]!r}: {exc.strerror or exc}", level=logging.ERROR,
+            command=cmd[0], error=str(exc.strerror or exc))
         return 127
     loop = asyncio.get_running_loop()
     forwarded = (signal.SIGINT, signal.SIGTERM)

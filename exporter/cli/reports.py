@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
+
+from exporter.cli.common import say
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -19,7 +21,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         a = load_source(args.a, args.exporter, args.token)
         b = load_source(args.b, args.exporter, args.token)
     except (GateError, SourceError) as exc:
-        print(f"specdec-exporter compare: {exc}", file=sys.stderr)
+        say(str(exc), prefix="specdec-exporter compare", level=logging.ERROR)
         return 2
     body = apply_gates({"a": a.label, "b": b.label} | compare_answers(a.answer, b.answer), gates)
     print(json.dumps(body, indent=2) + "\n" if args.json else format_comparison(body), end="")
@@ -35,7 +37,7 @@ def cmd_advise(args: argparse.Namespace) -> int:
     try:
         source = load_source(args.window, args.exporter, args.token)
     except SourceError as exc:
-        print(f"specdec-exporter advise: {exc}", file=sys.stderr)
+        say(str(exc), prefix="specdec-exporter advise", level=logging.ERROR)
         # README's exit codes: 1 the exporter unreachable or refusing, 2 a folder's mistake.
         return 1 if isinstance(exc, ExporterSourceError) else 2
     body = window_advice(source.answer, costs)

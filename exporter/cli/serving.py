@@ -10,13 +10,12 @@ import os
 import re
 import signal
 import socket
-import sys
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from exporter import __version__
-from exporter.cli.common import EXIT_USAGE
+from exporter.cli.common import EXIT_USAGE, say
 from exporter.cli.hints import with_hint
 from exporter.core.errors import ConfigError, ListenError
 
@@ -73,10 +72,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             # A bad --listen is the flag's fault, not the file's.
-            if args.listen and problem.startswith("listen: "):
-                print(f"--listen: {problem.removeprefix('listen: ')}", file=sys.stderr)
+            key, _, what = problem.partition(": ")
+            if args.listen and key == "listen":
+                say(what, prefix="--listen", level=logging.ERROR, key="--listen")
             else:
-                print(f"{path}: {with_hint(problem)}", file=sys.stderr)
+                say(with_hint(problem), prefix=path, level=logging.ERROR, file=path, key=key)
         return 1
     host, _, port = config.listen.rpartition(":")
     lock = hold_state_dir(config.state_path.parent)
@@ -162,7 +162,7 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
                             spec_decode=not args.no_spec_decode, ngram=args.ngram,
                             per_request_metrics=args.per_request_spec_decode_metrics or "")
     except ValueError as exc:
-        print(f"specdec-exporter fake-vllm: {exc}", file=sys.stderr)
+        say(str(exc), prefix="specdec-exporter fake-vllm", level=logging.ERROR)
         return EXIT_USAGE
     address = f"{args.host}:{args.port}"
 

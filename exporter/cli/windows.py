@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from exporter.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     benchmark_command,
+    exporter_urls,
     fleet_client,
     one_line,
     say,
@@ -29,9 +30,11 @@ def _say_start_failures(started: dict[str, Any]) -> bool:
     """Name each target whose start scrape failed; True when every target failed."""
     failed = started.get("start_errors") or {}
     for name, reason in failed.items():
-        say(f"target {name} failed at window start: {reason}")
+        say(f"target {name} failed at window start: {reason}", level=logging.WARNING,
+            target=name, error=reason)
     for url, reason in (started.get("errors") or {}).items():
-        say(f"exporter {url} did not open the window: {reason}")
+        say(f"exporter {url} did not open the window: {reason}", level=logging.WARNING,
+            exporter=url, error=reason)
     targets = started.get("targets") or []
     return bool(targets) and all(name in failed for name in targets)
 
@@ -41,9 +44,12 @@ def _say_stop_failures(answer: dict[str, Any]) -> bool:
     results = answer.get("results") or {}
     for name, result in results.items():
         if result.get("status") != "ok":
-            say(f"target {name}: no result: {result.get('error') or 'unknown reason'}")
+            reason = result.get("error") or "unknown reason"
+            say(f"target {name}: no result: {reason}", level=logging.WARNING, target=name,
+                error=reason)
     for url, reason in (answer.get("errors") or {}).items():
-        say(f"exporter {url} did not stop the window: {reason}")
+        say(f"exporter {url} did not stop the window: {reason}", level=logging.WARNING,
+            exporter=url, error=reason)
     return not any(r.get("status") == "ok" for r in results.values())
 
 
@@ -67,7 +73,7 @@ def _say_waiting(started: dict[str, Any]) -> None:
 def _say_written(answer: dict[str, Any]) -> None:
     """Where the results were written, and the window's edges when the traffic set them."""
     if where := answer.get("results_dir"):
-        print(f"results written to {where}", file=sys.stderr, flush=True)
+        say(f"results written to {where}", prefix="", results_dir=where)
     edges = answer.get("edges")
     if isinstance(edges, dict):
         say(f"window edges: the traffic, {edges.get('skipped')} request(s) skipped, "
@@ -120,17 +126,19 @@ def cmd_run(args: argparse.Namespace) -> int:
             return EXIT_FAILED
         # Best effort, as AISBench's collection: the benchmark runs, said once, no N/A block.
         say(f"no window recorded: {exc}; running the command anyway (--require-window to "
-            "refuse)")
+            "refuse)", level=logging.WARNING, exporter=",".join(exporter_urls(args)),
+            error=str(exc))
         return asyncio.run(run_command(cmd))
     window_id = started["id"]
-    say(f"window {window_id} started")
+    say(f"window {window_id} started", window=window_id)
     _say_waiting(started)
     _say_start_failures(started)
     code = asyncio.run(run_command(cmd))
     try:
         answer = client.stop(window_id)
     except ClientError as exc:
-        say(f"window {window_id} has no result: {exc} (it may still be open)")
+        say(f"window {window_id} has no result: {exc} (it may still be open)",
+            level=logging.WARNING, window=window_id, error=str(exc))
         return code
     print(answer.console(), end="", flush=True)
     _say_written(answer.body)

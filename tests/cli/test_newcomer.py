@@ -195,3 +195,38 @@ class TestExporterWithoutScheme:
         done = _cli("window", "start", "--exporter", "ftp://h:1")
         assert done.returncode == 1
         assert "give host:port or http(s)://host:port" in done.stderr
+
+
+class TestJsonLogs:
+    def test_every_field_is_a_key_of_its_own_in_serve_logs(self, tmp_path):
+        port, dead = free_port(), free_port()
+        config = write_config(tmp_path / "c.yaml", port, [
+            {"name": "gone", "url": f"http://127.0.0.1:{dead}/metrics"}])
+        with process(CLI + ["serve", "--config", str(config), "--log-format", "json"]) as serve:
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            serve.send_signal(signal.SIGTERM)
+            assert serve.wait(timeout=30) == 0
+            lines = serve.stderr.read().splitlines()
+        logged = [json.loads(line) for line in lines]  # every line is JSON
+        starting = next(e for e in logged if e["event"] == "starting")
+        assert starting["listen"] == f"http://127.0.0.1:{port}/" and starting["targets"] == 1
+        down = next(e for e in logged if e["event"] == "target down")
+        assert down["target"] == "gone" and down["url"] == f"http://127.0.0.1:{dead}/metrics"
+        assert down["level"] == "warning" and "refused" in down["error"]
+
+    def test_the_cli_messages_are_json_lines_too(self, tmp_path):
+        dead = free_port()
+        done = _cli("run", "--exporter", f"127.0.0.1:{dead}", "--log-format", "json", "--",
+                    sys.executable, "-c", "pass")
+        (line,) = done.stderr.splitlines()
+        said = json.loads(line)
+        assert said["exporter"] == f"http://127.0.0.1:{dead}" and said["level"] == "warning"
+        assert said["msg"].startswith("no window recorded: ")
+        assert said["error"].startswith(f"exporter http://127.0.0.1:{dead} unreachable")
+        config = tmp_path / "c.yaml"
+        config.write_text("listen: 19420\ntargets: []\n")
+        refused = _cli("serve", "--config", str(config), "--log-format", "json")
+        (problem,) = [json.loads(line) for line in refused.stderr.splitlines()]
+        assert refused.returncode == 1
+        assert problem["level"] == "error" and problem["key"] == "listen"
+        assert problem["file"] == str(config)
