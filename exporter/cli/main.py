@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
-from exporter.cli.common import EXIT_FAILED, EXIT_USAGE, say
+from exporter.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, say
 from exporter.cli.logformat import setup_logging
 from exporter.cli.parser import build_parser
 from exporter.cli.serving import cmd_serve, env_overrides
@@ -18,6 +20,11 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format)
     try:
         return int(args.func(args))  # every cmd_* returns its exit code
+    except BrokenPipeError:
+        # `demo | head`: the reader left. Quiet, as Unix tools are; the interpreter's own flush
+        # at exit would raise again, so stdout points at /dev/null from here on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except ListenError as exc:
         say(str(exc), level=logging.ERROR)
         return EXIT_USAGE

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -53,13 +54,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(with_hint(problem))
         return 1
-    print(f"{args.file}: ok, {len(config.targets)} target(s)")
+    print(f"{args.file}: ok, {len(config.targets)} target(s); results in "
+          f"{Path(config.output_dir).resolve()} (output_dir, relative to the working directory)")
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.config.model import load_config
-    from exporter.state.lock import hold_state_dir
+    from exporter.state.lock import hold_state_dir, release_state_dir
 
     path = args.config or os.environ.get("SPECDEC_CONFIG") or "config/exporter.yaml"
     try:
@@ -79,13 +81,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 say(with_hint(problem), prefix=path, level=logging.ERROR, file=path, key=key)
         return 1
     host, _, port = config.listen.rpartition(":")
-    lock = hold_state_dir(config.state_path.parent)
+    state_dir = config.state_path.parent
+    made = not state_dir.exists()
+    lock = hold_state_dir(state_dir)
     try:
         # Before the first log line: a taken port is the one line that matters.
         _probe_listen(host.strip("[]"), int(port), config.listen)
         return _serve(config, path, overrides, host, port)
     finally:
-        os.close(lock)
+        # A serve that never ran leaves nothing behind: not its lock, not a folder it made.
+        release_state_dir(lock, state_dir, remove_directory=made)
 
 
 def _serve(config: Config, path: str, overrides: dict[str, Any], host: str, port: str) -> int:
@@ -115,6 +120,8 @@ def _serve(config: Config, path: str, overrides: dict[str, Any], host: str, port
     loop = new_event_loop()
     log.info("starting version=%s listen=http://%s:%s/ targets=%d loop=%s", __version__, host,
              port, len(config.targets), type(loop).__module__.split(".")[0])
+    # A relative output_dir is the working directory's, not the config file's: say where.
+    log.info("results output_dir=%s", Path(config.output_dir).resolve())
     # Read per request, so setting the variable later needs no restart; say how it is now.
     if os.environ.get(config.auth.token_env):
         log.info("auth on: every POST needs the token of token_env=%s", config.auth.token_env)

@@ -9,7 +9,7 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.cli.common import (
     EXIT_FAILED,
@@ -24,6 +24,9 @@ from exporter.cli.common import (
     window_labels,
 )
 from exporter.core.errors import ExporterError
+
+if TYPE_CHECKING:
+    from exporter.client import FleetClient
 
 
 def _say_start_failures(started: dict[str, Any]) -> bool:
@@ -97,10 +100,30 @@ def cmd_window_start(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _stopped_before(client: FleetClient, window_id: str) -> float | None:
+    """When the window was stopped, if it was before this stop (its answer is the same)."""
+    from exporter.client import ClientError
+
+    try:
+        stopped_at = client.clients[0].get(window_id).get("stopped_at")
+    except ClientError:
+        return None  # the stop itself says what is wrong
+    return stopped_at if isinstance(stopped_at, int | float) else None
+
+
 def cmd_window_stop(args: argparse.Namespace) -> int:
-    answer = fleet_client(args).stop(args.id)
+    from exporter.core.isotime import iso_utc
+
+    client = fleet_client(args)
+    earlier = _stopped_before(client, args.id)
+    answer = client.stop(args.id)
     print(json.dumps(answer.body, indent=2) if args.json else answer.console(), end="")
-    _say_written(answer.body)
+    if earlier is None:
+        _say_written(answer.body)
+    else:
+        say(f"window {args.id} was already stopped at {iso_utc(earlier)}: nothing written now; "
+            f"its results are in {answer.body.get('results_dir')}", window=args.id,
+            stopped_at=iso_utc(earlier))
     if _say_stop_failures(answer.body) and not args.allow_na:
         say(f"window {args.id} has no result for any target (--allow-na to accept that)")
         return EXIT_NO_RESULT

@@ -141,7 +141,7 @@ class Targets:
             return f"moved to shard {owner(name, config.shards)} of {config.shards}"
         return why
 
-    def resolve(self, names: list[str] | None, window_id: str) -> list[TargetConfig]:
+    def resolve(self, names: list[str] | None, window_id: str | None) -> list[TargetConfig]:
         """Targets by name or host:port (all when None), or `UnknownTargetError`."""
         if names is None:
             return [s.config for s in self.states.values()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -230,3 +231,64 @@ class TestJsonLogs:
         assert refused.returncode == 1
         assert problem["level"] == "error" and problem["key"] == "listen"
         assert problem["file"] == str(config)
+
+
+class TestSmallerOnes:
+    def test_a_failed_serve_leaves_no_lock_and_says_where_results_go(self, tmp_path):
+        import socket
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            (tmp_path / "c.yaml").write_text(f"listen: 127.0.0.1:{port}\ntargets: []\n")
+            done = _cli("serve", "--config", "c.yaml", cwd=tmp_path)
+        assert done.returncode == 2 and "address already in use" in done.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]  # no outputs/ left
+        checked = _cli("check-config", "c.yaml", "--allow-empty", cwd=tmp_path)
+        assert (f"results in {tmp_path / 'outputs'} (output_dir, relative to the working "
+                "directory)") in checked.stdout
+
+    def test_a_second_stop_says_when_the_first_was_and_that_nothing_was_written(
+            self, tmp_path):
+        port = free_port()
+        with fake_vllm("--k", "2") as vllm:
+            config = write_config(tmp_path / "c.yaml", port,
+                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                exporter = f"127.0.0.1:{port}"
+                assert _cli("window", "start", "--exporter", exporter, "--id", "w").returncode == 0
+                fake_add(vllm, 10, 20, [8, 4])
+                first = _cli("window", "stop", "--exporter", exporter, "w")
+                second = _cli("window", "stop", "--exporter", exporter, "w")
+                _, state = http("GET", f"http://{exporter}/api/v1/windows/w")
+                unknown = _cli("window", "start", "--exporter", exporter, "--target", "nope")
+        assert "results written to" in first.stderr
+        assert second.returncode == 0 and second.stdout == first.stdout
+        assert "results written to" not in second.stderr
+        assert (f"window w was already stopped at {state['stopped_at_iso']}: nothing written "
+                "now; its results are in ") in second.stderr
+        assert 'unknown target "nope"; known: a' in unknown.stderr
+        assert "(new)" not in unknown.stderr
+
+    def test_window_start_help_says_what_bounds_its_window(self):
+        start = _cli("window", "start", "--help")
+        run = _cli("run", "--help")
+        assert "command's start" not in start.stdout
+        assert "this start and the `window stop` of its id" in " ".join(start.stdout.split())
+        assert "the command's start and exit" in " ".join(run.stdout.split())
+
+    def test_demo_into_a_closed_pipe_ends_quietly(self, tmp_path):
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        demo = subprocess.Popen(CLI + ["demo", "--port", str(free_port()), "--duration", "30"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=os.environ | {"TMPDIR": str(tmp)})
+        demo.stdout.readline()  # `| head -1`: read one line, then leave
+        demo.stdout.close()
+        with demo.stderr:
+            err = demo.stderr.read().decode()
+        assert demo.wait(timeout=60) == 0
+        assert "Traceback" not in err and "BrokenPipeError" not in err, err
+        assert list(tmp.iterdir()) == []  # cleaned up as at Ctrl-C
