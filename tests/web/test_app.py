@@ -238,6 +238,20 @@ class TestLanding:
         assert 'href="/windows/done-one"' in page and "finished" in page
         assert "75.00" in page  # done-one's acceptance rate: 15 of 20
 
+    async def test_every_en_dash_says_why_and_a_never_seen_target_shows_no_engines(
+            self, exporter, fake_vllm, unused_tcp_port):
+        quiet = await fake_vllm(k=2)
+        exp = await exporter({"targets": [
+            {"name": "quiet", "url": quiet.url},
+            {"name": "never", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}]})
+        await exp.round()
+        page = await (await exp.client.get("/")).text()
+        rows = dict(re.findall(r'<tr><td class="name">(\w+)<br>(.*?)</tr>', page, re.S))
+        assert "–<div><small>no drafts in the last 60s</small></div>" in rows["quiet"]
+        assert "–<div><small>down, no figures seen</small></div>" in rows["never"]
+        assert "engines: 0" not in page and "engines: 1" in rows["quiet"]
+        assert "<b>1 of 2 up</b>" in page and "1 up without drafts in the last 60s" in page
+
     async def test_no_targets(self, exporter):
         exp = await exporter({"targets": []})
         page = await (await exp.client.get("/")).text()
