@@ -11,7 +11,7 @@ from exporter.cli.common import say
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from exporter.analysis.compare import GateError, apply_gates, compare_answers, parse_gate
-    from exporter.cli.sources import SourceError, load_source
+    from exporter.cli.sources import SourceError, align_names, load_source
     from exporter.cli.tables import format_comparison
 
     # 2 for anything that keeps the comparison from being made: a CI gate must not read a
@@ -23,6 +23,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except (GateError, SourceError) as exc:
         say(str(exc), prefix="specdec-exporter compare", level=logging.ERROR)
         return 2
+    a, b = align_names(a, b)
     body = apply_gates({"a": a.label, "b": b.label} | compare_answers(a.answer, b.answer), gates)
     print(json.dumps(body, indent=2) + "\n" if args.json else format_comparison(body), end="")
     return 1 if body["tripped"] else 0

@@ -292,3 +292,35 @@ class TestSmallerOnes:
         assert demo.wait(timeout=60) == 0
         assert "Traceback" not in err and "BrokenPipeError" not in err, err
         assert list(tmp.iterdir()) == []  # cleaned up as at Ctrl-C
+
+
+class TestTargetNamesInReports:
+    def test_windows_and_folders_name_a_target_alike_and_aisbench_files_meet_it(
+            self, tmp_path):
+        port = free_port()
+        with fake_vllm("--k", "2") as vllm:
+            config = write_config(tmp_path / "c.yaml", port,
+                                  [{"name": "eagle", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                exporter = f"127.0.0.1:{port}"
+                assert _cli("window", "start", "--exporter", exporter, "--id", "w").returncode == 0
+                fake_add(vllm, 100, 200, [60, 30])
+                assert _cli("window", "stop", "--exporter", exporter, "w").returncode == 0
+                on_exporter = _cli("advise", "w", "--exporter", exporter, "--json")
+        folder = _cli("advise", str(tmp_path / "out" / "w"), "--json")
+        assert on_exporter.returncode == 0 and folder.returncode == 0, folder.stderr
+        assert list(json.loads(on_exporter.stdout)["results"]) == ["eagle"]
+        assert list(json.loads(folder.stdout)["results"]) == ["eagle"]
+        # AISBench's own file for the same server (named by host:port) meets it by name.
+        ours = json.loads((tmp_path / "out" / "w" / "performances" /
+                           f"spec_decode_127.0.0.1_{vllm}.json").read_text())
+        theirs = tmp_path / "aisbench" / "performances"
+        theirs.mkdir(parents=True)
+        (theirs / f"spec_decode_127.0.0.1_{vllm}.json").write_text(json.dumps(
+            {k: ours[k] for k in ("status", "url", "error", "data", "raw")}))
+        compared = _cli("compare", str(theirs.parent), str(tmp_path / "out" / "w"), "--json")
+        assert compared.returncode == 0, compared.stderr
+        body = json.loads(compared.stdout)
+        assert list(body["targets"]) == ["eagle"]
+        assert body["only_in_a"] == [] and body["only_in_b"] == []
