@@ -5,8 +5,10 @@ same and counted unreadable."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -41,6 +43,9 @@ KEEP_RECORDED = 1000  # windows whose per-request figures are kept
 _HOP = frozenset(h.lower() for h in (
     "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
     "Transfer-Encoding", "Upgrade", "Host", "Content-Length"))
+# The exporter's token on /proxy/ (handlers.auth_middleware): the client's own Authorization is
+# the model server's, relayed untouched.
+PROXY_TOKEN_HEADER = "X-Specdec-Token"
 
 RecordFn = Callable[[str, RequestStats | None], None]
 
@@ -53,10 +58,25 @@ class Upstream:
     origin: str  # scheme://host:port
     record: RecordFn
     edges: TrafficEdges | None = None
+    own_token: str = ""  # the exporter's token: never sent on, in whatever header it arrives
 
 
 def _forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return CIMultiDict((key, value) for key, value in headers.items() if key.lower() not in _HOP)
+
+
+def _sent_on(headers: CIMultiDictProxy[str], own_token: str) -> CIMultiDict[str]:
+    """A request's headers for the upstream: one hop's and the exporter's own token left out."""
+    out = _forwarded(headers)
+    out.popall(PROXY_TOKEN_HEADER, None)
+    if own_token and any(_is_token(value, own_token) for value in out.getall("Authorization", [])):
+        out.popall("Authorization")
+    return out
+
+
+def _is_token(value: str, token: str) -> bool:
+    given = value.removeprefix("Bearer ").strip().encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, token.encode("utf-8"))
 
 
 def _recorded(request: web.Request) -> bool:
@@ -79,7 +99,8 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
             body = await request.read() if small else request.content
         try:
             answer = await session.request(request.method, url, data=body,
-                                           headers=_forwarded(request.headers),
+                                           headers=_sent_on(request.headers,
+                                                            upstream.own_token),
                                            allow_redirects=False)
         except (aiohttp.ClientError, OSError) as exc:
             return web.json_response({"error": f"upstream {upstream.origin} failed: {exc}"},
@@ -194,10 +215,11 @@ class Proxying:
 
     def upstream(self, name: str) -> Upstream | None:
         """The upstream of a configured target by name, or None."""
-        for target in self.config().targets:
+        config = self.config()
+        for target in config.targets:
             if target.name == name:
                 return Upstream(name, origin_of(target.api_url or target.url), self._record,
-                                self.edges)
+                                self.edges, os.environ.get(config.auth.token_env, ""))
         return None
 
     def _record(self, target: str, stats: RequestStats | None) -> None:
