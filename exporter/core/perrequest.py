@@ -1,6 +1,7 @@
 """Per-request spec-decode figures, pure: read from one OpenAI answer (vLLM's
 `metrics.speculative_decoding`, in the JSON body or a chunk of the event stream, with
-`--per-request-spec-decode-metrics`), summed over a window's requests, and printed.
+`--per-request-spec-decode-metrics`; or another engine's shape, answershapes.py), summed over a
+window's requests, and printed.
 """
 
 from __future__ import annotations
@@ -10,11 +11,14 @@ import math
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from itertools import accumulate
 from typing import Any
 
+from exporter.core.answershapes import engine_spec, is_partial
 from exporter.core.isotime import iso_utc
+from exporter.core.unreadable import MAX_HISTOGRAM as MAX_HISTOGRAM
+from exporter.core.unreadable import Unreadable as Unreadable
+from exporter.core.unreadable import as_count, is_rate
 
 NO_STATS_REASON = "start vLLM with --per-request-spec-decode-metrics summary"
 LOWEST = 10
@@ -22,28 +26,6 @@ LOWEST = 10
 # requests says its span figures are incomplete rather than growing without bound.
 MAX_TIMES = 200_000
 SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
-# Entries of `acceptance_histogram` (k + 1 for k draft tokens): no vLLM method drafts 64 tokens
-# a step, and a longer one is read in no time as unreadable instead of summed into a window.
-MAX_HISTOGRAM = 64
-MAX_COUNT = 2**53  # as the peer vetting: past this a JSON number is no exact count
-
-
-class Unreadable(StrEnum):
-    """Why a relayed answer's figures could not be read (each counted in `unreadable_reasons`)."""
-
-    TOO_LARGE = "too_large"  # over PARSE_LIMIT: relayed, not read
-    NOT_AN_ANSWER = "not_an_answer"  # not JSON, or not an object, or an event stream of none
-    TOO_DEEP = "too_deep"  # nested past the JSON decoder's depth
-    CUT_MID_EVENT = "cut_mid_event"  # an event stream that ends inside an event
-    NO_DONE = "no_done"  # an event stream that ends without its `data: [DONE]`
-    CUT = "cut"  # the upstream's answer stopped before its end (connection lost mid-body)
-    STALLED = "stalled"  # the upstream sent nothing for `idle_timeout` mid-answer: cut there
-    CLIENT_LEFT = "client_left"  # the client went away before the upstream's answer ended
-    BAD_COUNTS = "bad_counts"  # a count that is not a whole number in [0, 2^53]
-    HISTOGRAM_TOO_LONG = "histogram_too_long"  # over MAX_HISTOGRAM entries
-    ACCEPTED_OVER_DRAFTED = "accepted_over_drafted"
-    HISTOGRAM_NOT_STEPS = "histogram_not_steps"  # its entries do not sum to num_spec_steps
-    RATE_OUT_OF_RANGE = "rate_out_of_range"  # draft_acceptance_rate not in [0, 1]
 
 
 @dataclass(frozen=True)
@@ -64,11 +46,6 @@ class RequestStats:
         return cls("", "", None, None, None, reason)
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and (
-        0 <= value <= MAX_COUNT) else None
-
-
 def _spec_object(metrics: object) -> dict[str, Any] | Unreadable | None:
     """The speculative_decoding object when its figures are sound, why not when not, None
     when the answer has none."""
@@ -79,7 +56,7 @@ def _spec_object(metrics: object) -> dict[str, Any] | Unreadable | None:
     if isinstance(hist, list) and len(hist) > MAX_HISTOGRAM:
         return Unreadable.HISTOGRAM_TOO_LONG  # before a look at each entry: bounded cost
     if not isinstance(spec, dict) or not isinstance(hist, list) or any(
-            _int(v) is None for v in (*(spec.get(k) for k in SUM_KEYS), *hist)):
+            as_count(v) is None for v in (*(spec.get(k) for k in SUM_KEYS), *hist)):
         return Unreadable.BAD_COUNTS
     return _broken_invariant(spec, hist) or spec
 
@@ -91,8 +68,7 @@ def _broken_invariant(spec: dict[str, Any], hist: list[int]) -> Unreadable | Non
     if sum(hist) != spec["num_spec_steps"]:
         return Unreadable.HISTOGRAM_NOT_STEPS
     rate = spec.get("draft_acceptance_rate")
-    if rate is not None and not (isinstance(rate, int | float) and not isinstance(rate, bool)
-                                 and 0 <= rate <= 1):
+    if rate is not None and not is_rate(rate):
         return Unreadable.RATE_OUT_OF_RANGE
     return None
 
@@ -107,6 +83,8 @@ def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
     if isinstance(usage, dict):
         into["usage"] = usage
     spec = _spec_object(obj.get("metrics"))
+    if spec is None:
+        spec = engine_spec(obj)
     if isinstance(spec, Unreadable):
         into.setdefault("unreadable", spec)
     elif spec is not None:
@@ -119,8 +97,8 @@ def _stats(fields: dict[str, Any]) -> RequestStats:
     usage = fields.get("usage") or {}
     return RequestStats(
         request_id=str(fields.get("id", "")), model=str(fields.get("model", "")),
-        prompt_tokens=_int(usage.get("prompt_tokens")),
-        completion_tokens=_int(usage.get("completion_tokens")),
+        prompt_tokens=as_count(usage.get("prompt_tokens")),
+        completion_tokens=as_count(usage.get("completion_tokens")),
         spec=fields.get("spec"))
 
 
@@ -146,6 +124,10 @@ def from_json(body: bytes) -> RequestStats:
     return _stats(fields)
 
 
+# What a chunk read here names: usage, and each engine's figures (vLLM, SGLang, llama.cpp).
+_READ_KEYS = (b'"usage"', b'"metrics"', b'"sglext"', b'"timings"')
+
+
 def from_sse(stream: bytes) -> RequestStats:
     """A streamed answer's figures from its `data:` events; unreadable when the stream is cut
     (mid-event, or before `data: [DONE]`) or no event is JSON."""
@@ -163,8 +145,7 @@ def from_sse(stream: bytes) -> RequestStats:
             continue
         # Once id and model are known, a token chunk carries nothing read here: decoding every
         # one held the proxy's loop (and every other stream through it) after each answer.
-        if "model" in fields and "id" in fields and b'"usage"' not in data and (
-                b'"metrics"' not in data):
+        if "model" in fields and "id" in fields and not any(key in data for key in _READ_KEYS):
             continue
         obj = _decoded(data)
         if obj is Unreadable.TOO_DEEP:
@@ -212,6 +193,9 @@ class PerRequest:
     lengths: list[float] = field(default_factory=list)
     rates: list[float] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # Requests whose engine reports drafted and accepted tokens but not its steps or histogram
+    # (llama.cpp): in the token sums and rates, not in the steps, histogram or lengths.
+    partial: int = 0
     # When each request with figures finished, with what it drafted and accepted: what a
     # restart's unobserved span held (`in_spans`).
     finished: array[float] = field(default_factory=lambda: array("d"))
@@ -232,14 +216,19 @@ class PerRequest:
             self.finished.append(at)
             self.drafted.append(spec["num_draft_tokens"])
             self.accepted.append(spec["num_accepted_draft_tokens"])
+        if spec["num_draft_tokens"]:
+            self.rates.append(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
+        if is_partial(spec):
+            self.partial += 1
+            for key in ("num_draft_tokens", "num_accepted_draft_tokens"):
+                self.sums[key] += spec[key]
+            return
         for key in SUM_KEYS:
             self.sums[key] += spec[key]
         self._add_histogram(spec["acceptance_histogram"])
         steps = spec["num_spec_steps"]
         length = 1 + spec["num_accepted_draft_tokens"] / steps if steps else 1.0
         self.lengths.append(length)
-        if spec["num_draft_tokens"]:
-            self.rates.append(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
         self.rows.append({"request_id": stats.request_id, "model": stats.model,
                           "prompt_tokens": stats.prompt_tokens,
                           "completion_tokens": stats.completion_tokens,
@@ -256,6 +245,7 @@ class PerRequest:
         """Add another target's figures (for the aggregate)."""
         self.requests += other.requests
         self.unreadable += other.unreadable
+        self.partial += other.partial
         for reason, count in other.reasons.items():
             self.reasons[reason] = self.reasons.get(reason, 0) + count
         for key in SUM_KEYS:
@@ -268,13 +258,14 @@ class PerRequest:
     def answer(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """The `per_request` block; `counters` (drafts, draft and accepted tokens of the
         window's counter increase) gives `covers_all` and the share the proxy accounts for."""
-        with_stats = len(self.lengths)
+        with_stats = len(self.lengths) + self.partial
         without = self.requests - self.unreadable - with_stats
         steps = self.sums["num_spec_steps"]
         block: dict[str, Any] = {
             "requests": self.requests, "with_stats": with_stats, "without_stats": without,
             "unreadable": self.unreadable,
             "unreadable_reasons": {str(k): n for k, n in sorted(self.reasons.items())},
+            "without_steps": self.partial,
             "reason": NO_STATS_REASON if self.requests and not with_stats else None,
             **self.sums, "acceptance_histogram": list(self.histogram),
             "per_position_acceptance_rates": {
