@@ -1,7 +1,8 @@
-"""Other engines' per-request spec-decode figures, pure, mapped onto vLLM's names: SGLang's
-`sglext.spec_tokens_details` (asked for with `return_spec_tokens_details`) and llama.cpp's
-`timings.draft_n` / `timings.draft_n_accepted`. A figure an engine does not report is None and
-named in `unknown`, never made up. docs/api.md ("The recording proxy") has the mapping.
+"""Each engine's per-request spec-decode figures in one answer object, pure, in vLLM's names:
+vLLM's `metrics.speculative_decoding` as it is, SGLang's `sglext.spec_tokens_details` (asked for
+with `return_spec_tokens_details`) and llama.cpp's `timings.draft_n` / `draft_n_accepted` mapped
+onto it. A figure an engine does not report is None and named in `unknown`, never made up.
+docs/api.md ("The recording proxy") has the mapping.
 """
 
 from __future__ import annotations
@@ -19,15 +20,48 @@ SGLANG_NAMES = {STEPS: "spec_verify_ct", DRAFTED: "spec_num_proposed_drafts",
 SGLANG_HISTOGRAM = "spec_correct_drafts_histogram"
 
 
+SUM_KEYS = (STEPS, DRAFTED, ACCEPTED)
+
+
 def engine_spec(obj: dict[str, Any]) -> dict[str, Any] | Unreadable | None:
-    """One answer object's (body or stream chunk) figures in another engine's shape, mapped
-    onto ours; why not when they break the engine's own rules; None when it has none."""
+    """One answer object's (body or stream chunk) figures, in whichever engine's shape it
+    carries them; why not when they break that engine's own rules; None when it has none."""
+    vllm = _spec_object(obj.get("metrics"))
+    if vllm is not None:
+        return vllm
     sglext = obj.get("sglext")
     if isinstance(sglext, dict) and sglext.get("spec_tokens_details") is not None:
         return sglang_spec(sglext["spec_tokens_details"])
     timings = obj.get("timings")
     if isinstance(timings, dict) and "draft_n" in timings:
         return llamacpp_spec(timings)
+    return None
+
+
+def _spec_object(metrics: object) -> dict[str, Any] | Unreadable | None:
+    """The speculative_decoding object when its figures are sound, why not when not, None
+    when the answer has none."""
+    if not isinstance(metrics, dict) or metrics.get("speculative_decoding") is None:
+        return None
+    spec = metrics["speculative_decoding"]
+    hist = spec.get("acceptance_histogram") if isinstance(spec, dict) else None
+    if isinstance(hist, list) and len(hist) > MAX_HISTOGRAM:
+        return Unreadable.HISTOGRAM_TOO_LONG  # before a look at each entry: bounded cost
+    if not isinstance(spec, dict) or not isinstance(hist, list) or any(
+            as_count(v) is None for v in (*(spec.get(k) for k in SUM_KEYS), *hist)):
+        return Unreadable.BAD_COUNTS
+    return _broken_invariant(spec, hist) or spec
+
+
+def _broken_invariant(spec: dict[str, Any], hist: list[int]) -> Unreadable | None:
+    """Which of vLLM's own invariants the figures break, if any."""
+    if spec["num_accepted_draft_tokens"] > spec["num_draft_tokens"]:
+        return Unreadable.ACCEPTED_OVER_DRAFTED
+    if sum(hist) != spec["num_spec_steps"]:
+        return Unreadable.HISTOGRAM_NOT_STEPS
+    rate = spec.get("draft_acceptance_rate")
+    if rate is not None and not is_rate(rate):
+        return Unreadable.RATE_OUT_OF_RANGE
     return None
 
 

@@ -106,6 +106,13 @@ class TestMissing:
         assert block["draft_acceptance_rate"]["max"] == 17 / 24
         assert [row["request_id"] for row in block["lowest"]] == [SGLANG_ID]
         assert "Requests (proxied / with stats)               3 / 3" in format_block("t", block)
+        # a peer's block or a restored window keeps them; an older block has none
+        assert PerRequest.from_block(block).answer()["without_steps"] == 2
+        older = {k: v for k, v in block.items() if k != "without_steps"}
+        assert PerRequest.from_block(older).answer()["without_steps"] == 0
+        for bad in (3, "2", -1):  # more with figures than requests; not a count
+            with pytest.raises(ValueError):
+                PerRequest.from_block(block | {"without_steps": bad})
 
 
 def _sglang(**changed: object) -> dict[str, Any]:
