@@ -1,7 +1,9 @@
 """An OpenAI-compatible face for the simulator: completions and chat completions, streamed too.
 
 Enough for real benchmark clients (AISBench, `vllm bench serve`, `openai`); each request decodes
-`max_tokens` tokens through the counter model, so the counters match the served tokens.
+`max_tokens` tokens through the counter model, so the counters match the served tokens. Its
+per-request spec-decode figures take the shape of the server's dialect (vLLM's, SGLang's or
+llama.cpp's; docs/api.md, "The recording proxy").
 """
 
 from __future__ import annotations
@@ -126,18 +128,29 @@ def sequences(body: dict[str, Any]) -> int:
     return value
 
 
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
+def sglang_details(steps: list[tuple[int, int]], completion: int) -> dict[str, Any]:
+    """SGLang's per-request `spec_tokens_details` (its SpecTokensDetails, all nine fields);
+    the histogram grows to the most drafts a step accepted, as SGLang's does."""
+    accepted = [a for _, a in steps]
+    histogram = [0] * (max(accepted) + 1)
+    for a in accepted:
+        histogram[a] += 1
+    proposed = sum(p for p, _ in steps)
+    return {"spec_accept_rate": sum(accepted) / proposed if proposed else 0.0,
+            "spec_accept_length": completion / len(steps), "spec_cap_length": 0.0,
+            "spec_block_accept_length": 0.0, "spec_num_correct_drafts": sum(accepted),
+            "spec_num_proposed_drafts": proposed, "spec_verify_ct": len(steps),
+            "spec_correct_drafts_histogram": histogram, "spec_cap_lens_histogram": []}
 
 
-def _choice(chat: bool, text: str | None, finish: str | None, stream: bool,
-            index: int = 0) -> dict[str, Any]:
-    if chat:
-        key = "delta" if stream else "message"
-        content = {} if text is None else {"role": "assistant", "content": text}
-        return {"index": index, key: content, "logprobs": None, "finish_reason": finish}
-    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+def llamacpp_timings(steps: list[tuple[int, int]], prompt: int, completion: int
+                     ) -> dict[str, Any]:
+    """llama.cpp's `timings`, with `draft_n` and `draft_n_accepted` only when it drafted."""
+    drafted = sum(p for p, _ in steps)
+    timings: dict[str, Any] = {"prompt_n": prompt, "predicted_n": completion}
+    if drafted:
+        timings |= {"draft_n": drafted, "draft_n_accepted": sum(a for _, a in steps)}
+    return timings
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,53 @@ class _Asked:
     prompt: int
     plans: list[list[tuple[int, int]]]  # per sequence, its decode steps
     spec: dict[str, Any] | None  # the request's figures, when vLLM would give them
+
+
+def _figures(server: ServerModel, asked: _Asked, completion: int,
+             stream: bool) -> dict[str, Any]:
+    """The answer's spec-decode member in the shape of the server's dialect, {} when it sends
+    none: SGLang's `sglext` when the request asks (`return_spec_tokens_details`) and a step
+    was verified, llama.cpp's `timings`, else vLLM's `metrics` (null without figures when not
+    streamed; on a stream only with figures)."""
+    steps = asked.plans[0]
+    if server.dialect == "sglang":
+        if not server.spec_decode or not asked.body.get("return_spec_tokens_details") or (
+                not steps):
+            return {}
+        return {"sglext": {"spec_tokens_details": sglang_details(steps, completion)}}
+    if server.dialect == "llamacpp":
+        return {"timings": llamacpp_timings(steps, asked.prompt, completion)} if (
+            server.spec_decode) else {}
+    if stream:
+        return {"metrics": {"speculative_decoding": asked.spec}} if asked.spec else {}
+    return {"metrics": answer_metrics(asked.spec)}
+
+
+def _tail(dialect: str, finish: dict[str, Any], usage: dict[str, Any] | None,
+          figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stream's last chunks, the figures where that server puts them: SGLang's in a chunk
+    of their own after the finish chunk, llama.cpp's on the very last, vLLM's on the usage
+    chunk, which only stream_options.include_usage asks for (no figures without it)."""
+    chunks = [finish, *([usage] if usage else [])]
+    if dialect == "sglang" and figures:
+        chunks.insert(1, finish | {"choices": []} | figures)
+    elif dialect == "llamacpp" or usage:
+        chunks[-1] = chunks[-1] | figures
+    return chunks
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _choice(chat: bool, text: str | None, finish: str | None, stream: bool,
+            index: int = 0) -> dict[str, Any]:
+    if chat:
+        key = "delta" if stream else "message"
+        content = {} if text is None else {"role": "assistant", "content": text}
+        return {"index": index, key: content, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
 
 
 async def completions(request: web.Request, server: ServerModel, chat: bool) -> web.StreamResponse:
@@ -184,12 +244,12 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
     return web.json_response(head | {
         "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
                     for i, steps in enumerate(plans)],
-        "usage": _usage(prompt, tokens * n), "metrics": answer_metrics(asked.spec)})
+        "usage": _usage(prompt, tokens * n)} | _figures(server, asked, tokens, stream=False))
 
 
 async def _stream(request: web.Request, server: ServerModel, engine: int,
                   asked: _Asked) -> web.StreamResponse:
-    """The answer as server-sent events: token chunks, finishing chunks, the usage chunk."""
+    """The answer as server-sent events: token chunks, finishing chunks, the last ones."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -204,16 +264,18 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
         for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
             server.count_step(engine, proposed, accepted)
             await send(head | {"choices": [_choice(chat, text, None, True, index)]})
-        await send(head | {"choices": [_choice(chat, None if chat else "", "length", True,
-                                               index)]})
-    # vLLM sends the request's metrics on the usage chunk alone, which only
-    # stream_options.include_usage asks for: without it a stream carries no figures.
+        if index < len(asked.plans) - 1:
+            await send(head | {"choices": [_choice(chat, None if chat else "", "length", True,
+                                                   index)]})
+    finish = head | {"choices": [_choice(chat, None if chat else "", "length", True,
+                                         len(asked.plans) - 1)]}
+    tokens = sum(1 + a for _, a in asked.plans[0])
     options = asked.body.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage"):
-        tokens = sum(1 + a for steps in asked.plans for _, a in steps)
-        usage = head | {"choices": [], "usage": _usage(asked.prompt, tokens)}
-        spec = asked.spec
-        await send(usage | ({"metrics": {"speculative_decoding": spec}} if spec else {}))
+    usage = head | {"choices": [], "usage": _usage(asked.prompt, tokens * len(asked.plans))} if (
+        isinstance(options, dict) and options.get("include_usage")) else None
+    for last in _tail(server.dialect, finish, usage,
+                      _figures(server, asked, tokens, stream=True)):
+        await send(last)
     await send("[DONE]")
     await response.write_eof()
     return response
