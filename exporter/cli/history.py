@@ -38,7 +38,7 @@ def cmd_history(args: argparse.Namespace) -> int:
     from exporter.config.model import StoreAuth
     from exporter.core.console import format_window
     from exporter.core.history import history_answer
-    from exporter.scrape.history import HistoryQuery, fetch_series
+    from exporter.scrape.history import HistoryQuery, check_range, fetch_series
     from exporter.state.answertext import AnswerTexts
     from exporter.state.resultfiles import write_results
 
@@ -46,8 +46,10 @@ def cmd_history(args: argparse.Namespace) -> int:
         frm, to = parse_time(args.frm), parse_time(args.to)
     except ValueError as exc:
         args.parser.error(f"--from/--to: {exc}")
-    if frm >= to:
-        args.parser.error("--from must be before --to")
+    try:
+        check_range(frm, to)
+    except ExporterError as exc:
+        args.parser.error(f"--from/--to: {exc}")
     auth = StoreAuth(token_env=args.token_env, username=args.username,
                          password_env="SPECDEC_STORE_PASSWORD", ca_file=args.ca_file,
                          tenant=args.tenant)

@@ -13,11 +13,12 @@ import math
 import os
 import re
 import ssl
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.config.model import StoreAuth
@@ -27,7 +28,12 @@ from exporter.core.redact import redact_url
 
 log = logging.getLogger(__name__)
 
-CHUNK_SECONDS = 7200.0  # a 1s scrape interval's two hours
+# The bounds of one read, checked before the first query (the range) or as answers come in
+# (the rest): docs/reliability.md lists them.
+MAX_RANGE_SECONDS = 31 * 86400.0  # a month: at most 372 queries per --match at 2 h each
+CHUNK_SECONDS = 7200.0  # a 1s scrape interval's two hours: 7,201 points per series per query
+MAX_POINTS_PER_QUERY = 11_000  # per series in one answer, as Prometheus's own query limit
+MAX_SAMPLES = 2_000_000  # kept in all, every series together (~200 MB at most)
 MAX_SERIES = 10_000
 MAX_BYTES = 256 * 1024 * 1024
 # A `--match` is label matchers only: the metric names are ours to pick.
@@ -67,6 +73,8 @@ class HistoryQuery:
     match: Sequence[str] = ()
     auth: StoreAuth = StoreAuth()  # only ever sent to `url`'s origin
     timeout: float = 30.0
+    # Set when whoever asked has gone: no further query is sent.
+    cancel: threading.Event | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -78,9 +86,14 @@ class StoreRead:
 
 
 def check_range(frm: float, to: float) -> None:
-    """A range that can hold samples: finite, `from` before `to`."""
+    """A range that can hold samples and is within the bound: finite, `from` before `to`,
+    at most `MAX_RANGE_SECONDS` long."""
     if not (math.isfinite(frm) and math.isfinite(to)) or frm >= to:
         raise HistoryError(f"bad range: from {frm} must be before to {to}")
+    if to - frm > MAX_RANGE_SECONDS:
+        raise HistoryError(f"range of {to - frm:.0f} s is over the limit of "
+                           f"{MAX_RANGE_SECONDS:.0f} s ({MAX_RANGE_SECONDS / 86400:g} days): "
+                           "ask for a shorter one")
 
 
 def selectors(match: Sequence[str]) -> list[str]:
@@ -97,15 +110,13 @@ def selectors(match: Sequence[str]) -> list[str]:
     return out
 
 
-def chunks(frm: float, to: float, size: float) -> list[tuple[float, float]]:
-    """[frm, to] cut in consecutive pieces of at most `size` seconds."""
-    out = []
+def chunks(frm: float, to: float, size: float) -> Iterator[tuple[float, float]]:
+    """[frm, to] cut in consecutive pieces of at most `size` seconds, one at a time."""
     start = frm
     while start < to:
         end = min(to, start + size)
-        out.append((start, end))
+        yield start, end
         start = end
-    return out
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -181,17 +192,30 @@ def fetch_series(query: HistoryQuery) -> StoreRead:
     check_range(query.frm, query.to)
     merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
     notes: list[str] = []
+    kept = 0
     for selector in selectors(query.match):
         for start, end in chunks(query.frm, query.to, CHUNK_SECONDS):
+            if query.cancel is not None and query.cancel.is_set():
+                raise HistoryError("cancelled: whoever asked has gone")
             # One millisecond more than the chunk: a range selector's left end is open.
             span = f"{round((end - start) * 1000) + 1}ms"
             body = _get(query, {"query": f"{selector}[{span}]", "time": f"{end:.3f}"}, notes)
             for item in _series_of(body, redact_url(query.url)):
+                if len(item["values"]) > MAX_POINTS_PER_QUERY:
+                    raise HistoryError(
+                        f"store {redact_url(query.url)}: {len(item['values'])} points for one "
+                        f"series in {end - start:.0f} s, over {MAX_POINTS_PER_QUERY:,} per "
+                        "query (a scrape interval under 0.65 s)")
                 key = tuple(sorted(item["metric"].items()))
                 samples = merged.setdefault(key, {})
+                before = len(samples)
                 for at, value in item["values"]:
                     if start <= float(at) <= end:
                         samples[float(at)] = float(value)
+                kept += len(samples) - before
+                if kept > MAX_SAMPLES:
+                    raise HistoryError(f"over {MAX_SAMPLES:,} samples in all; narrow --match "
+                                       "or the range")
                 if len(merged) > MAX_SERIES:
                     raise HistoryError(f"over {MAX_SERIES} series; narrow --match")
     series = [RawSeries(dict(key), sorted(samples.items()))

@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+import threading
+from collections.abc import Awaitable
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import ValidationError
@@ -20,6 +24,12 @@ from exporter.state.answertext import compact
 from exporter.web.bodies import json_body
 from exporter.web.keys import SERVICE
 
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+# How often a long read looks whether its client is still there (aiohttp does not cancel a
+# handler whose client left).
+_CLIENT_CHECK_SECONDS = 0.25
 _KEYS = {"prometheus", "from", "to", "match", "by", "id", "name"}
 
 
@@ -78,6 +88,26 @@ def _query(body: dict[str, Any], history: HistoryConfig) -> HistoryQuery:
     return HistoryQuery(url, frm, to, _strings(body, "match"), auth, timeout=history.timeout)
 
 
+async def _while_connected(request: web.Request, work: Awaitable[_T],
+                           cancel: threading.Event) -> _T:
+    """`work`'s outcome; if the client leaves first, `cancel` is set, `work` cancelled and
+    this request ends: no further store query is sent for it."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_CLIENT_CHECK_SECONDS)
+            if done:
+                return task.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                log.info("history window abandoned: the client left; store queries stopped")
+                raise asyncio.CancelledError
+    finally:
+        if not task.done():
+            cancel.set()
+            task.cancel()
+
+
 async def history_window(request: web.Request) -> web.Response:
     """Count the store's samples over the range and keep the result as a stopped window."""
     service = request.app[SERVICE]
@@ -88,7 +118,9 @@ async def history_window(request: web.Request) -> web.Response:
     if not isinstance(name, str):
         raise RequestError('"name" must be a string')
     try:
-        read = await asyncio.to_thread(fetch_series, query)
+        cancel = threading.Event()
+        read = await _while_connected(
+            request, asyncio.to_thread(fetch_series, replace(query, cancel=cancel)), cancel)
     except ExporterError as exc:
         # The store, not the request: down, refusing or over a limit.
         raise RequestError(f"the store at {query.url}: {exc}", status=502) from None

@@ -35,11 +35,23 @@ def test_a_bad_range_is_a_usage_error() -> None:
                            "http://127.0.0.1:1", "--from", "now", "--to=-1h"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert "--from must be before --to" in done.stderr
+    assert "must be before" in done.stderr
     done = subprocess.run([sys.executable, "-m", "exporter", "history", "--prometheus",
                            "http://127.0.0.1:1", "--from", "soon", "--to", "now"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
+
+
+@pytest.mark.parametrize("frm", ["-1e12", "-3650d", "-32d", "-1e300"])
+def test_a_range_over_the_limit_is_one_usage_line(frm: str) -> None:
+    """Refused before any query or any range is planned: no MemoryError, no store contacted
+    (the URL is not even listening)."""
+    done = subprocess.run([sys.executable, "-m", "exporter", "history", "--prometheus",
+                           "http://127.0.0.1:1", f"--from={frm}", "--to", "now"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "over the limit of 2678400 s (31 days)" in done.stderr
+    assert "Traceback" not in done.stderr and "not reachable" not in done.stderr
 
 
 class _OneTarget(BaseHTTPRequestHandler):

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
+
+from exporter.scrape import history
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 
@@ -265,3 +269,83 @@ class TestStoreCredentials:
         answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
         assert answer.status == 502
         assert "only http:// and https:// are followed" in (await answer.json())["error"]
+
+
+class TestBounds:
+    """A read is bounded before its first query (the range) and as answers come in."""
+
+    @pytest.mark.parametrize("frm", [-1e12, "-3650d", -1e300, "-745h"])
+    async def test_a_range_over_the_limit_is_a_400_and_no_query(
+            self, exporter: Any, store: tuple[str, list[str]], frm: Any) -> None:
+        url, queries = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": frm, "to": "now"})
+        assert answer.status == 400
+        assert "over the limit of 2678400 s (31 days)" in (await answer.json())["error"]
+        assert queries == []
+
+    async def test_a_range_at_the_limit_is_read(self, exporter: Any,
+                                                store: tuple[str, list[str]]) -> None:
+        url, queries = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 103 - 31 * 86400, "to": 103})
+        assert answer.status == 201
+        assert len(queries) == 31 * 12  # 2 h per query
+
+    @pytest.mark.parametrize("points", [11_001, 50_000])
+    async def test_too_many_points_per_series_is_a_502(self, exporter: Any, aiohttp_server: Any,
+                                                       points: int) -> None:
+        series = [{"metric": {"__name__": DRAFTS, "instance": "a:1"},
+                   "values": [[100 + i / 1000, str(i)] for i in range(points)]}]
+
+        async def query(request: web.Request) -> web.Response:
+            return web.json_response({"status": "success",
+                                      "data": {"resultType": "matrix", "result": series}})
+
+        app = web.Application()
+        app.router.add_get("/api/v1/query", query)
+        url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 150})
+        assert answer.status == 502
+        error = (await answer.json())["error"]
+        assert f"{points} points for one series" in error and "over 11,000 per query" in error
+
+    async def test_samples_in_all_are_bounded(self, exporter: Any, store: tuple[str, list[str]],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(history, "MAX_SAMPLES", 10)  # the store holds 18 in the range
+        url, _ = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
+        assert answer.status == 502
+        assert "over 10 samples in all" in (await answer.json())["error"]
+
+    async def test_the_store_queries_stop_when_the_client_leaves(
+            self, exporter: Any, aiohttp_server: Any) -> None:
+        queries: list[float] = []
+
+        async def slow(request: web.Request) -> web.Response:
+            queries.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(0.2)
+            return web.json_response({"status": "success",
+                                      "data": {"resultType": "matrix", "result": []}})
+
+        app = web.Application()
+        app.router.add_get("/api/v1/query", slow)
+        url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        # 360 queries of 0.2 s would take 72 s: the client leaves after about 1 s.
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(TimeoutError):
+                await session.post(under.client.make_url("/api/v1/windows/history"),
+                                   json={"from": "-30d", "to": "now"},
+                                   timeout=aiohttp.ClientTimeout(total=1.0))
+        await asyncio.sleep(1.0)  # the exporter sees the client gone; a query may be in flight
+        seen = len(queries)
+        await asyncio.sleep(1.5)
+        assert len(queries) == seen, "store queries went on after the client left"
+        assert 0 < seen < 20
+        listed = await (await under.client.get("/api/v1/windows")).json()
+        assert listed["windows"] == []  # nothing recorded for a request nobody waits for
