@@ -117,4 +117,4 @@ def test_matchers_and_ranges_are_checked() -> None:
         selectors(["up"])
     with pytest.raises(HistoryError, match="bad range"):
         check_range(10.0, 5.0)
-    assert chunks(0.0, 25.0, 10.0) == [(0.0, 10.0), (10.0, 20.0), (20.0, 25.0)]
+    assert list(chunks(0.0, 25.0, 10.0)) == [(0.0, 10.0), (10.0, 20.0), (20.0, 25.0)]
