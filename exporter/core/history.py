@@ -12,15 +12,21 @@ from typing import Any
 
 from exporter.core.counting import Accumulator
 from exporter.core.dialects import DIALECTS, Dialect
+from exporter.core.errors import ExporterError
 from exporter.core.isotime import iso_utc
 from exporter.core.parse import parse_page
 from exporter.core.redact import redact_url
 from exporter.core.results import window_answer
+from exporter.core.shards import MAX_COUNT
 from exporter.core.window import TargetRef, Window, new_window_id
 
 # A gap is a stretch between two consecutive samples longer than this many scrape intervals.
 GAP_INTERVALS = 2.0
 SOURCE = "prometheus"
+
+
+class CountError(ExporterError):
+    """A store's samples add up to a count no float holds exactly (over 2^53)."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,19 @@ def history_answer(series: Iterable[RawSeries], frm: float, to: float, *, query_
         result["history"] = covered[target]
         result["coverage_note"] = "; ".join(
             n for n in (result.get("coverage_note"), covered[target]["note"]) if n)
+    for target, result in answer["results"].items():
+        _check_counts(f"store {redact_url(query_url)}: target {target}", result.get("increase"))
     answer["source"] = SOURCE
     answer["query"] = redact_url(query_url)
     answer["store_notes"] = list(notes)  # what the store did that the reader should know
     return answer
+
+
+def _check_counts(whose: str, increase: Any, where: str = "increase") -> None:
+    """Each count within 2^53, where a float stops being exact (the peer vetting's rule)."""
+    if isinstance(increase, Mapping):
+        for key, value in increase.items():
+            _check_counts(whose, value, f"{where}.{key}")
+    elif isinstance(increase, int | float) and not increase <= MAX_COUNT:
+        raise CountError(f"{whose}: {where} adds up to {increase:.6g}, over 2^53: "
+                         "the store's samples are not counters a server could have counted")

@@ -24,7 +24,9 @@ from typing import Any
 from exporter.config.model import StoreAuth
 from exporter.core.errors import ExporterError
 from exporter.core.history import RawSeries, family_names
+from exporter.core.isotime import is_number
 from exporter.core.redact import redact_url
+from exporter.core.shards import MAX_COUNT
 
 log = logging.getLogger(__name__)
 
@@ -177,14 +179,56 @@ def _get(query: HistoryQuery, params: dict[str, str], notes: list[str]) -> bytes
     raise HistoryError(f"store {where}: over {MAX_REDIRECTS} redirects")
 
 
-def _series_of(body: bytes, where: str) -> list[dict[str, Any]]:
+def _series_of(body: bytes, where: str) -> list[tuple[dict[str, str], list[Any]]]:
+    """The answer's series as (labels, raw values), or `HistoryError` saying what is wrong."""
     try:
         doc = json.loads(body)
-        if doc["status"] != "success" or doc["data"]["resultType"] != "matrix":
-            raise ValueError(doc.get("error", "not a matrix"))
-        return list(doc["data"]["result"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise HistoryError(f"store {where}: unexpected answer: {exc}") from exc
+    except ValueError as exc:
+        raise HistoryError(f"store {where}: answer is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise HistoryError(f"store {where}: answer is not a JSON object")
+    if doc.get("status") != "success":
+        raise HistoryError(f"store {where}: query failed: {str(doc.get('error'))[:300]}")
+    data = doc.get("data")
+    if not isinstance(data, dict) or data.get("resultType") != "matrix":
+        raise HistoryError(f"store {where}: answer's data is not a matrix")
+    result = data.get("result")
+    if not isinstance(result, list):
+        raise HistoryError(f"store {where}: answer's data.result is not a list")
+    return [_item(one, i, where) for i, one in enumerate(result)]
+
+
+def _item(one: object, i: int, where: str) -> tuple[dict[str, str], list[Any]]:
+    if not isinstance(one, dict):
+        raise HistoryError(f"store {where}: result[{i}] is not an object: {one!r:.60}")
+    metric, values = one.get("metric"), one.get("values")
+    if not (isinstance(metric, dict) and isinstance(metric.get("__name__"), str)
+            and all(isinstance(v, str) for v in metric.values())):
+        raise HistoryError(f"store {where}: result[{i}].metric is not an object of label "
+                           f"strings with a __name__: {metric!r:.80}")
+    if not isinstance(values, list):
+        raise HistoryError(f"store {where}: result[{i}].values is not a list: {values!r:.60}")
+    return metric, values
+
+
+def _sample(pair: object, labels: dict[str, str], where: str) -> tuple[float, float]:
+    """One `[time, "value"]` as numbers: a time, and a count (NaN, a staleness marker, too)."""
+    series = labels["__name__"] + "{" + ",".join(
+        f'{k}="{v}"' for k, v in sorted(labels.items()) if k != "__name__") + "}"
+    if not (isinstance(pair, list) and len(pair) == 2 and is_number(pair[0])
+            and math.isfinite(pair[0]) and isinstance(pair[1], str | int | float)
+            and not isinstance(pair[1], bool)):
+        raise HistoryError(f"store {where}: {series:.200} has a sample that is not "
+                           f"[time, \"value\"]: {pair!r:.60}")
+    try:
+        value = float(pair[1])
+    except ValueError:
+        value = -1.0
+    if not (math.isnan(value) or 0.0 <= value <= MAX_COUNT):
+        # Past 2**53 a float counter is no longer exact (the peer vetting's rule too).
+        raise HistoryError(f"store {where}: {series:.200} at {pair[0]}: {pair[1]!r:.40} is "
+                           "not a count (a number from 0 to 2^53)")
+    return float(pair[0]), value
 
 
 def fetch_series(query: HistoryQuery) -> StoreRead:
@@ -192,7 +236,7 @@ def fetch_series(query: HistoryQuery) -> StoreRead:
     check_range(query.frm, query.to)
     merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
     notes: list[str] = []
-    kept = 0
+    kept, where = 0, redact_url(query.url)
     for selector in selectors(query.match):
         for start, end in chunks(query.frm, query.to, CHUNK_SECONDS):
             if query.cancel is not None and query.cancel.is_set():
@@ -200,18 +244,19 @@ def fetch_series(query: HistoryQuery) -> StoreRead:
             # One millisecond more than the chunk: a range selector's left end is open.
             span = f"{round((end - start) * 1000) + 1}ms"
             body = _get(query, {"query": f"{selector}[{span}]", "time": f"{end:.3f}"}, notes)
-            for item in _series_of(body, redact_url(query.url)):
-                if len(item["values"]) > MAX_POINTS_PER_QUERY:
+            for labels, values in _series_of(body, where):
+                if len(values) > MAX_POINTS_PER_QUERY:
                     raise HistoryError(
-                        f"store {redact_url(query.url)}: {len(item['values'])} points for one "
-                        f"series in {end - start:.0f} s, over {MAX_POINTS_PER_QUERY:,} per "
-                        "query (a scrape interval under 0.65 s)")
-                key = tuple(sorted(item["metric"].items()))
+                        f"store {where}: {len(values)} points for one series in "
+                        f"{end - start:.0f} s, over {MAX_POINTS_PER_QUERY:,} per query "
+                        "(a scrape interval under 0.65 s)")
+                key = tuple(sorted(labels.items()))
                 samples = merged.setdefault(key, {})
                 before = len(samples)
-                for at, value in item["values"]:
-                    if start <= float(at) <= end:
-                        samples[float(at)] = float(value)
+                for pair in values:
+                    at, value = _sample(pair, labels, where)
+                    if start <= at <= end:
+                        samples[at] = value
                 kept += len(samples) - before
                 if kept > MAX_SAMPLES:
                     raise HistoryError(f"over {MAX_SAMPLES:,} samples in all; narrow --match "

@@ -18,7 +18,7 @@ from exporter.core.errors import ExporterError, RequestError
 from exporter.core.history import history_answer
 from exporter.core.isotime import parse_time, with_iso_times
 from exporter.core.redact import redact_url
-from exporter.core.window import TargetRef, Window, check_window_id
+from exporter.core.window import MAX_NAME, TargetRef, Window, check_window_id
 from exporter.scrape.history import HistoryQuery, check_range, fetch_series
 from exporter.state.answertext import compact
 from exporter.web.bodies import json_body
@@ -108,25 +108,35 @@ async def _while_connected(request: web.Request, work: Awaitable[_T],
             task.cancel()
 
 
+def _named(body: dict[str, Any]) -> tuple[str | None, str]:
+    """The window's id (as given, or None for a new one) and name, or a 400 saying why, as a
+    start's are checked."""
+    given = body.get("id")
+    window_id = check_window_id(given) if given is not None else None
+    name = body.get("name", "history")
+    if not isinstance(name, str):
+        raise RequestError('"name" must be a string')
+    if len(name) > MAX_NAME:
+        raise RequestError(f"name must be at most {MAX_NAME} characters")
+    return window_id, name
+
+
 async def history_window(request: web.Request) -> web.Response:
     """Count the store's samples over the range and keep the result as a stopped window."""
     service = request.app[SERVICE]
     body = await json_body(request)
     query = _query(body, service.config.history)
-    window_id = check_window_id(body["id"]) if isinstance(body.get("id"), str) else None
-    name = body.get("name", "history")
-    if not isinstance(name, str):
-        raise RequestError('"name" must be a string')
+    window_id, name = _named(body)
+    by = _strings(body, "by")
     try:
         cancel = threading.Event()
         read = await _while_connected(
             request, asyncio.to_thread(fetch_series, replace(query, cancel=cancel)), cancel)
+        answer = history_answer(read.series, query.frm, query.to, query_url=query.url,
+                                by=by, name=name, window_id=window_id, notes=read.notes)
     except ExporterError as exc:
-        # The store, not the request: down, refusing or over a limit.
-        raise RequestError(f"the store at {query.url}: {exc}", status=502) from None
-    answer = history_answer(read.series, query.frm, query.to, query_url=query.url,
-                            by=_strings(body, "by"), name=name, window_id=window_id,
-                            notes=read.notes)
+        # The store, not the request: down, refusing, over a limit or not making sense.
+        raise RequestError(f"the store at {redact_url(query.url)}: {exc}", status=502) from None
     window = Window(id=answer["id"], name=name,
                     targets={t: TargetRef(t, t, t) for t in answer["results"]}, labels={},
                     started_at=query.frm, stopped_at=query.to, answer=answer)

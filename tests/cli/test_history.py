@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from storeanswers import HOSTILE_ANSWERS
 
 from exporter.cli.main import main
 from exporter.core.isotime import parse_time
@@ -134,3 +135,26 @@ async def test_a_redirect_to_another_origin_gets_no_credentials(aiohttp_server: 
         assert others and all("authorization" not in h and "x-scope-orgid" not in h
                               for h in others), others
         assert "credentials and tenant were not sent there" in err.decode()
+
+
+async def test_a_store_answer_that_makes_no_sense_is_one_line_and_exit_1(
+        aiohttp_server: Any) -> None:
+    answering: list[Any] = [None]
+
+    async def query(request: web.Request) -> web.Response:
+        return web.json_response(answering[0])
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    store = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+    for doc, said in HOSTILE_ANSWERS:
+        answering[0] = doc
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "exporter", "history", "--prometheus", store, "--from", "99",
+            "--to", "110", stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        lines = err.decode().splitlines()
+        assert proc.returncode == 1, lines
+        assert len(lines) == 1 and lines[0].startswith("specdec-exporter: history: store "), lines
+        assert said in lines[0], lines
+        assert out == b""

@@ -103,7 +103,7 @@ def test_limits_and_errors_are_clear(store: str, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(HistoryError, match="HTTP 400.*bad query"):
         fetch_series(HistoryQuery(store, 0.0, 1.0))
     _Store.answers = [(200, b"not json")]
-    with pytest.raises(HistoryError, match="unexpected answer"):
+    with pytest.raises(HistoryError, match="answer is not JSON"):
         fetch_series(HistoryQuery(store, 0.0, 1.0))
     with pytest.raises(HistoryError, match="is not reachable"):
         fetch_series(HistoryQuery(f"http://u:pw@127.0.0.1:{free_port()}", 0.0, 1.0))

@@ -12,6 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from storeanswers import HOSTILE_ANSWERS
 
 from exporter.scrape import history
 
@@ -349,3 +350,58 @@ class TestBounds:
         assert 0 < seen < 20
         listed = await (await under.client.get("/api/v1/windows")).json()
         assert listed["windows"] == []  # nothing recorded for a request nobody waits for
+
+
+def _answering(doc: Any) -> web.Application:
+    async def query(request: web.Request) -> web.Response:
+        return web.json_response(doc)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    return app
+
+
+class TestHostileAnswers:
+    @pytest.mark.parametrize(("doc", "said"), HOSTILE_ANSWERS)
+    async def test_a_store_answer_that_makes_no_sense_is_a_502_saying_what(
+            self, exporter: Any, aiohttp_server: Any, doc: Any, said: str) -> None:
+        url = str((await aiohttp_server(_answering(doc))).make_url("")).rstrip("/")
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 110})
+        assert answer.status == 502
+        error = (await answer.json())["error"]
+        assert error.startswith(f"the store at {url}: store {url}"), error
+        assert said in error, error
+        assert (await (await under.client.get("/api/v1/windows")).json())["windows"] == []
+
+    async def test_a_store_url_with_a_password_is_not_repeated(
+            self, exporter: Any, aiohttp_server: Any) -> None:
+        url = str((await aiohttp_server(_answering([1]))).make_url("")).rstrip("/")
+        secret = url.replace("http://", "http://u:hunter2@")
+        under = await exporter({"targets": [], "history": {"prometheus": secret}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 110})
+        assert answer.status == 502
+        assert "hunter2" not in await answer.text()
+
+    @pytest.mark.parametrize(("given", "said"), [
+        (12345, "id must be 1-128 characters"), (True, "id must be"), ("", "id must be"),
+        ("../up", "without '..'"), ({"a": 1}, "id must be"), ("x" * 129, "id must be"),
+    ])
+    async def test_an_id_is_taken_as_given_or_refused(
+            self, exporter: Any, store: tuple[str, list[str]], given: Any, said: str) -> None:
+        url, queries = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 99, "to": 103, "id": given})
+        assert answer.status == 400
+        assert said in (await answer.json())["error"]
+        assert queries == []
+
+    async def test_a_name_too_long_is_refused(self, exporter: Any,
+                                              store: tuple[str, list[str]]) -> None:
+        url, _ = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 99, "to": 103, "name": "n" * 10_000})
+        assert answer.status == 400
+        assert "name must be at most" in (await answer.json())["error"]
