@@ -48,6 +48,14 @@ class HistoryError(ExporterError):
     """The store could not be read, or its answer is over a limit or not understood."""
 
 
+class StoreStatusError(HistoryError):
+    """The store answered with an HTTP error status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def _headers(auth: StoreAuth) -> dict[str, str]:
     """The request headers `auth` adds: a bearer token or basic auth, a Mimir/Cortex tenant."""
     out: dict[str, str] = {}
@@ -85,6 +93,7 @@ class StoreRead:
 
     series: list[RawSeries]
     notes: list[str]
+    scraped: list[dict[str, str]] = field(default_factory=list)  # `up`'s label sets
 
 
 def check_range(frm: float, to: float) -> None:
@@ -98,10 +107,10 @@ def check_range(frm: float, to: float) -> None:
                            "ask for a shorter one")
 
 
-def selectors(match: Sequence[str]) -> list[str]:
-    """The selectors to query: every spec-decode family, under each `--match`'s matchers."""
-    names = "|".join(re.escape(n) for n in family_names())
-    wanted = f'__name__=~"{names}"'
+def selectors(match: Sequence[str], names: Sequence[str] = ()) -> list[str]:
+    """The selectors to query: every spec-decode family (or `names`), under each `--match`'s
+    matchers."""
+    wanted = f'__name__=~"{"|".join(re.escape(n) for n in names or family_names())}"'
     out = []
     for one in match or ("{}",):
         found = _MATCHERS.match(one.strip())
@@ -148,16 +157,18 @@ def _open(url: str, headers: dict[str, str], query: HistoryQuery) -> tuple[bytes
         if location:
             return None, urllib.parse.urljoin(url, location)
         detail = exc.read(2000).decode(errors="replace")
-        raise HistoryError(f"store {where} answered HTTP {exc.code}: {detail}") from exc
+        raise StoreStatusError(f"store {where} answered HTTP {exc.code}: {detail}",
+                               exc.code) from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise HistoryError(f"store {where} is not reachable: {reason}") from exc
 
 
-def _get(query: HistoryQuery, params: dict[str, str], notes: list[str]) -> bytes:
+def _get(query: HistoryQuery, params: dict[str, str], notes: list[str],
+         path: str = "/api/v1/query") -> bytes:
     """The store's answer to one query, following redirects; the credentials and the tenant
     never follow one to another origin (curl, Go's net/http and our scrapes do the same)."""
-    url = query.url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode(params)
+    url = query.url.rstrip("/") + path + "?" + urllib.parse.urlencode(params)
     headers, home, where = _headers(query.auth), _origin(url), redact_url(query.url)
     for _ in range(MAX_REDIRECTS + 1):
         body, url = _open(url, headers, query)
@@ -231,11 +242,51 @@ def _sample(pair: object, labels: dict[str, str], where: str) -> tuple[float, fl
     return float(pair[0]), value
 
 
+def scraped_servers(query: HistoryQuery, notes: list[str]) -> list[dict[str, str]]:
+    """The label sets of `up` in [frm, to]: every server the store scraped, spec decode or not
+    (the series API reads the index, not the samples)."""
+    where, out = redact_url(query.url), []
+    for selector in selectors(query.match, ["up"]):
+        try:
+            body = _get(query, {"match[]": selector, "start": f"{query.frm:.3f}",
+                                "end": f"{query.to:.3f}"}, notes, "/api/v1/series")
+        except StoreStatusError as exc:
+            if exc.status not in (404, 405, 501):
+                raise
+            notes.append(f"store {where} has no series API (HTTP {exc.status}): servers it "
+                         "scrapes without spec-decode series are not listed")
+            return []
+        try:
+            doc = json.loads(body)
+        except ValueError as exc:
+            raise HistoryError(f"store {where}: series answer is not JSON: {exc}") from None
+        data = doc.get("data") if isinstance(doc, dict) else None
+        if not isinstance(data, list) or not all(
+                isinstance(d, dict) and all(isinstance(v, str) for v in d.values())
+                for d in data):
+            raise HistoryError(f"store {where}: series answer's data is not a list of label "
+                               "sets")
+        out.extend(data)
+        if len(out) > MAX_SERIES:
+            raise HistoryError(f"over {MAX_SERIES} scraped servers; narrow --match")
+    return out
+
+
 def fetch_series(query: HistoryQuery) -> StoreRead:
-    """Every spec-decode series' raw samples in [frm, to], chunk by chunk, merged."""
+    """Every spec-decode series' raw samples in [frm, to], chunk by chunk, merged; and the
+    servers the store scraped meanwhile."""
     check_range(query.frm, query.to)
-    merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
     notes: list[str] = []
+    scraped = scraped_servers(query, notes)
+    merged = _samples(query, notes)
+    series = [RawSeries(dict(key), sorted(samples.items()))
+              for key, samples in merged.items() if samples]
+    return StoreRead(series, list(dict.fromkeys(notes)), scraped)
+
+
+def _samples(query: HistoryQuery, notes: list[str]
+             ) -> dict[tuple[tuple[str, str], ...], dict[float, float]]:
+    merged: dict[tuple[tuple[str, str], ...], dict[float, float]] = {}
     kept, where = 0, redact_url(query.url)
     for selector in selectors(query.match):
         for start, end in chunks(query.frm, query.to, CHUNK_SECONDS):
@@ -250,8 +301,7 @@ def fetch_series(query: HistoryQuery) -> StoreRead:
                         f"store {where}: {len(values)} points for one series in "
                         f"{end - start:.0f} s, over {MAX_POINTS_PER_QUERY:,} per query "
                         "(a scrape interval under 0.65 s)")
-                key = tuple(sorted(labels.items()))
-                samples = merged.setdefault(key, {})
+                samples = merged.setdefault(tuple(sorted(labels.items())), {})
                 before = len(samples)
                 for pair in values:
                     at, value = _sample(pair, labels, where)
@@ -263,6 +313,4 @@ def fetch_series(query: HistoryQuery) -> StoreRead:
                                        "or the range")
                 if len(merged) > MAX_SERIES:
                     raise HistoryError(f"over {MAX_SERIES} series; narrow --match")
-    series = [RawSeries(dict(key), sorted(samples.items()))
-              for key, samples in merged.items() if samples]
-    return StoreRead(series, list(dict.fromkeys(notes)))
+    return merged

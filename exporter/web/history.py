@@ -133,7 +133,8 @@ async def history_window(request: web.Request) -> web.Response:
         read = await _while_connected(
             request, asyncio.to_thread(fetch_series, replace(query, cancel=cancel)), cancel)
         answer = history_answer(read.series, query.frm, query.to, query_url=query.url,
-                                by=by, name=name, window_id=window_id, notes=read.notes)
+                                by=by, name=name, window_id=window_id, notes=read.notes,
+                                scraped=read.scraped)
     except ExporterError as exc:
         # The store, not the request: down, refusing, over a limit or not making sense.
         raise RequestError(f"the store at {redact_url(query.url)}: {exc}", status=502) from None

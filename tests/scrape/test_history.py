@@ -26,12 +26,19 @@ from exporter.scrape.history import (
 
 class _Store(BaseHTTPRequestHandler):
     answers: list[tuple[int, bytes]] = []
+    scraped: list[dict[str, str]] = []
     seen: list[tuple[dict[str, list[str]], dict[str, str]]] = []
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        if self.path.startswith("/api/v1/series"):
+            self._send(200, json.dumps({"status": "success", "data": self.scraped}).encode())
+            return
         self.seen.append((params, {k.lower(): v for k, v in self.headers.items()}))
         status, body = self.answers.pop(0) if self.answers else (200, _matrix([]))
+        self._send(status, body)
+
+    def _send(self, status: int, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

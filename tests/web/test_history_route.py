@@ -259,7 +259,7 @@ class TestStoreCredentials:
         answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
         assert answer.status == 201
         assert heard and all(h["authorization"] == "Bearer s3cret" for h in heard)
-        assert (await answer.json())["store_notes"] == []
+        assert not any("credentials" in n for n in (await answer.json())["store_notes"])
 
     @pytest.mark.parametrize("to", ["file:///etc/passwd", "ftp://127.0.0.1/x",
                                     "gopher://127.0.0.1:70/"])
