@@ -15,12 +15,13 @@ from pydantic import ValidationError
 
 from exporter.config.model import HistoryConfig, StoreAuth
 from exporter.core.errors import ExporterError, RequestError
-from exporter.core.history import history_answer
-from exporter.core.isotime import parse_time, with_iso_times
+from exporter.core.isotime import parse_time
 from exporter.core.redact import redact_url
-from exporter.core.window import MAX_NAME, TargetRef, Window, check_window_id
-from exporter.scrape.history import HistoryQuery, check_range, fetch_series
-from exporter.state.answertext import compact
+from exporter.core.window import MAX_NAME, Window, check_window_id, new_window_id
+from exporter.scrape.history import HistoryQuery, check_range
+from exporter.server.isolate import ChildError
+from exporter.server.storewindow import STORE_FAULTS, history_work, read_budget
+from exporter.state.answertext import compact, with_key
 from exporter.web.bodies import json_body
 from exporter.web.keys import SERVICE
 
@@ -122,26 +123,28 @@ def _named(body: dict[str, Any]) -> tuple[str | None, str]:
 
 
 async def history_window(request: web.Request) -> web.Response:
-    """Count the store's samples over the range and keep the result as a stopped window."""
+    """Count the store's samples over the range off the loop, as a stop's answer is made, and
+    keep the result as a stopped window."""
     service = request.app[SERVICE]
     body = await json_body(request)
     query = _query(body, service.config.history)
     window_id, name = _named(body)
-    by = _strings(body, "by")
+    window = Window(id=window_id or new_window_id(query.frm), name=name, targets={},
+                    labels={}, started_at=query.frm, stopped_at=query.to)
+    cancel = threading.Event()
+    query = replace(query, cancel=cancel)
+    directory = service.book.results_dir(window.id)
+    work = history_work(query, window, _strings(body, "by"), directory)
     try:
-        cancel = threading.Event()
-        read = await _while_connected(
-            request, asyncio.to_thread(fetch_series, replace(query, cancel=cancel)), cancel)
-        answer = history_answer(read.series, query.frm, query.to, query_url=query.url,
-                                by=by, name=name, window_id=window_id, notes=read.notes,
-                                scraped=read.scraped)
-    except ExporterError as exc:
+        await _while_connected(
+            request, service.book.made(window, work, timeout=read_budget(query)), cancel)
+    except ChildError as exc:
+        if exc.kind not in STORE_FAULTS:
+            raise
         # The store, not the request: down, refusing, over a limit or not making sense.
         raise RequestError(f"the store at {redact_url(query.url)}: {exc}", status=502) from None
-    window = Window(id=answer["id"], name=name,
-                    targets={t: TargetRef(t, t, t) for t in answer["results"]}, labels={},
-                    started_at=query.frm, stopped_at=query.to, answer=answer)
-    service.book.record_stopped(window)
-    answer = answer | {"results_dir": str(service.book.results_dir(window.id).resolve())}
-    return web.Response(body=compact(with_iso_times(answer)), status=201,
-                        content_type="application/json")
+    text = service.book.take_answer_text(window.id)
+    if text is None:  # taken by a GET meanwhile: the stored answer is the same
+        text = compact(service.book.get(window.id).state())
+    text = with_key(text, "results_dir", str(directory.resolve()))
+    return web.Response(body=text, status=201, content_type="application/json")

@@ -405,3 +405,46 @@ class TestHostileAnswers:
                                          json={"from": 99, "to": 103, "name": "n" * 10_000})
         assert answer.status == 400
         assert "name must be at most" in (await answer.json())["error"]
+
+
+class TestOffTheLoop:
+    """The window is counted and its files written by the stop's worker, committed as a stop."""
+
+    async def test_files_that_cannot_be_written_are_a_503_and_nothing_is_kept(
+            self, exporter: Any, store: tuple[str, list[str]], tmp_path: Path) -> None:
+        url, _ = store
+        out = tmp_path / "out"
+        under = await exporter({"targets": [], "output_dir": str(out),
+                                "history": {"prometheus": url}})
+        out.mkdir(exist_ok=True)
+        (out / "h9").write_text("a file where the window's folder goes")
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 99, "to": 103, "id": "h9"})
+        assert answer.status == 503
+        assert 'window "h9" not recorded' in (await answer.json())["error"]
+        assert (await under.client.get("/api/v1/windows/h9")).status == 404
+        (out / "h9").unlink()
+        again = await under.client.post("/api/v1/windows/history",
+                                        json={"from": 99, "to": 103, "id": "h9"})
+        assert again.status == 201
+        body = await again.json()
+        saved = json.loads((out / "h9" / "window.json").read_text())
+        assert saved["results"] == body["results"]
+        got = await (await under.client.get("/api/v1/windows/h9")).json()
+        assert got["results"] == body["results"]
+
+    @pytest.mark.parametrize("in_child", ["1", "0"])
+    async def test_the_answer_is_the_same_in_a_child_or_a_thread(
+            self, exporter: Any, store: tuple[str, list[str]],
+            monkeypatch: pytest.MonkeyPatch, in_child: str) -> None:
+        monkeypatch.setenv("SPECDEC_STOP_IN_CHILD", in_child)
+        url, _ = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 99, "to": 103, "id": "hc"})
+        body = await answer.json()
+        assert answer.status == 201, body
+        assert body["results"]["a:1"]["increase"]["num_drafts"] == 19
+        assert body["results_dir"].endswith("hc")
+        listed = await (await under.client.get("/api/v1/windows")).json()
+        assert [w["id"] for w in listed["windows"]] == ["hc"]
