@@ -170,6 +170,8 @@ def _get(query: HistoryQuery, params: dict[str, str], notes: list[str],
     never follow one to another origin (curl, Go's net/http and our scrapes do the same)."""
     url = query.url.rstrip("/") + path + "?" + urllib.parse.urlencode(params)
     headers, home, where = _headers(query.auth), _origin(url), redact_url(query.url)
+    if home[0] not in ("http", "https"):
+        raise HistoryError(f"store {where}: not an http:// or https:// URL")
     for _ in range(MAX_REDIRECTS + 1):
         body, url = _open(url, headers, query)
         if body is not None:

@@ -55,6 +55,15 @@ def test_a_range_over_the_limit_is_one_usage_line(frm: str) -> None:
     assert "Traceback" not in done.stderr and "not reachable" not in done.stderr
 
 
+def test_a_store_url_that_is_not_http_is_refused_in_one_line() -> None:
+    done = subprocess.run([sys.executable, "-m", "exporter", "history", "--prometheus",
+                           "file:///etc", "--from", "99", "--to", "103"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "specdec-exporter: history: store file:///etc: not an http:// or https:// URL"]
+
+
 class _OneTarget(BaseHTTPRequestHandler):
     """A store holding one target's drafts counter: 10, 25, then 4 after a restart."""
 
