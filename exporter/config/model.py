@@ -87,9 +87,15 @@ class AuthConfig(_Strict):
 
 
 class ProxyConfig(_Strict):
-    """The recording proxy's own port for one target: clients point there instead of at vLLM."""
+    """The recording proxy for one target: its own port (clients point there instead of at
+    vLLM; unset: `/proxy/<name>/` on the exporter's port only) and its waits on the upstream."""
 
-    listen: str  # HOST:PORT
+    listen: str | None = None  # HOST:PORT
+    connect_timeout: Duration = 10.0
+    # A saturating benchmark's queued request waits minutes for its first byte; nginx's 60 s
+    # would cut it.
+    first_byte_timeout: Duration = 300.0
+    idle_timeout: Duration = 120.0  # between two pieces of an answer
 
 
 class TargetConfig(_Strict):

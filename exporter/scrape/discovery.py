@@ -36,11 +36,12 @@ from exporter.core.errors import ExporterError
 from exporter.core.redact import redact_text, redact_url
 from exporter.core.text import TextError, clean_tree
 from exporter.scrape.httpget import OverCap
-from exporter.scrape.scraper import proxy_for, read_capped
+from exporter.scrape.scraper import REDIRECTS, proxy_for, read_capped
 
 log = logging.getLogger(__name__)
 
 MAX_SD_BYTES = 8 * 1024 * 1024
+MAX_REDIRECTS = 5  # as the scrape path follows
 _META = {"__scheme__": "scheme", "__metrics_path__": "path", "__specdec_name__": "name",
          "__specdec_dialect__": "dialect"}
 
@@ -241,17 +242,27 @@ class Discovery:
         if sd.token_env and (token := os.environ.get(sd.token_env)):
             headers["Authorization"] = f"Bearer {token}"
         timeout = aiohttp.ClientTimeout(total=min(sd.refresh_interval, 30.0))
-        # The session does not read the proxy environment per request (see make_session).
-        proxy, proxy_headers = proxy_for(URL(url), None)
-        async with session.get(url, headers=headers, timeout=timeout, proxy=proxy,
-                               proxy_headers=proxy_headers) as response:
-            if response.status != 200:
-                raise DiscoveryError(f"{name}: HTTP {response.status}")
-            try:
-                body = await read_capped(response, MAX_SD_BYTES)
-            except OverCap:
-                raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes") from None
-        return await asyncio.to_thread(_parsed, body, name, sd, refused)
+        start = at = URL(url)
+        for _ in range(MAX_REDIRECTS + 1):
+            # The session does not read the proxy environment per request (see make_session).
+            proxy, proxy_headers = proxy_for(at, None)
+            async with session.get(at, headers=headers, timeout=timeout, proxy=proxy,
+                                   proxy_headers=proxy_headers, allow_redirects=False) as response:
+                location = response.headers.get("Location")
+                if response.status in REDIRECTS and location:
+                    at = at.join(URL(location, encoded=True))
+                    if at.origin() != start.origin():
+                        # Configured headers and the token are for the configured origin only.
+                        headers = {}
+                    continue
+                if response.status != 200:
+                    raise DiscoveryError(f"{name}: HTTP {response.status}")
+                try:
+                    body = await read_capped(response, MAX_SD_BYTES)
+                except OverCap:
+                    raise DiscoveryError(f"{name}: answer over {MAX_SD_BYTES} bytes") from None
+            return await asyncio.to_thread(_parsed, body, name, sd, refused)
+        raise DiscoveryError(f"{name}: over {MAX_REDIRECTS} redirects")
 
 
 def _parsed(body: bytes, name: str, sd: HttpSDConfig | PrometheusSDConfig,

@@ -151,7 +151,7 @@ class Scraper:
             answer = await self._pool.get(host, port, request, self.max_bytes)
             if answer.status == 200:
                 return _decoded(answer, self.max_bytes)
-            if answer.status not in _REDIRECTS or not answer.location:
+            if answer.status not in REDIRECTS or not answer.location:
                 raise GetError(f"HTTP {answer.status} {answer.reason}".strip())
             if hop == 5:
                 break
@@ -189,7 +189,7 @@ class Scraper:
             url, headers=headers, ssl=plan.ssl, proxy=plan.proxy,
             proxy_headers=proxy_headers, allow_redirects=False,
         ) as response:
-            if response.status in _REDIRECTS and response.headers.get("Location"):
+            if response.status in REDIRECTS and response.headers.get("Location"):
                 return URL(response.headers["Location"], encoded=True)
             if response.status != 200:
                 raise GetError(f"HTTP {response.status} {response.reason or ''}".strip())
@@ -205,7 +205,7 @@ class Scraper:
         return self._ssl[key]
 
 
-_REDIRECTS = frozenset((301, 302, 303, 307, 308))
+REDIRECTS = frozenset((301, 302, 303, 307, 308))
 
 
 def proxy_for(url: URL, proxy_url: str | None) -> tuple[URL | None, dict[str, str] | None]:

@@ -32,7 +32,12 @@ from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
 from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
 from exporter.web.pages.window import render_window_page
-from exporter.web.proxy import add_to_window_file, proxy_blocks, traffic_edges
+from exporter.web.proxy import (
+    add_to_window_file,
+    proxy_blocks,
+    traffic_edges,
+)
+from exporter.web.relay import PROXY_TOKEN_HEADER
 
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
@@ -71,8 +76,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 @web.middleware
 async def body_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A declared body over MAX_BODY is 413 on every route, read by the handler or not."""
-    if (request.content_length or 0) > MAX_BODY:
+    """A declared body over MAX_BODY is 413 on every route, read by the handler or not; under
+    /proxy/ the relay's own limit holds (a prompt is no API call)."""
+    if (request.content_length or 0) > MAX_BODY and not request.path.startswith("/proxy/"):
         return error_response(413, f"body of {request.content_length} bytes is over {MAX_BODY}")
     return await handler(request)
 
@@ -96,19 +102,30 @@ async def browser_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 @web.middleware
 async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every POST and DELETE needs the bearer token when the configured variable is set."""
-    if request.method in ("POST", "DELETE"):
+    """Every POST and DELETE, and every /proxy/ request, needs the token when its variable is set.
+
+    Under /proxy/ the client's own Authorization belongs to the model server: the exporter's
+    token comes in PROXY_TOKEN_HEADER there, and neither leaves the exporter (proxy.py)."""
+    proxied = request.path.startswith("/proxy/")
+    if proxied or request.method in ("POST", "DELETE"):
         token = os.environ.get(request.app[SERVICE].config.auth.token_env, "")
-        if token:
-            given = request.headers.get("Authorization", "")
-            expected = f"Bearer {token}"
-            # Constant time, on bytes: header bytes that are not UTF-8 arrive as surrogates.
-            if not hmac.compare_digest(
-                given.encode("utf-8", "surrogateescape"), expected.encode("utf-8")
-            ):
-                reason = "token missing" if not given else "token wrong"
-                return error_response(401, f"{reason}: send Authorization: Bearer <token>")
+        if token and not _token_given(request, token, proxied):
+            given = request.headers.get(PROXY_TOKEN_HEADER if proxied else "Authorization")
+            reason = "token missing" if not given else "token wrong"
+            how = (f"send {PROXY_TOKEN_HEADER}: <token> (Authorization goes to the model server)"
+                   if proxied else "send Authorization: Bearer <token>")
+            return error_response(401, f"{reason}: {how}")
     return await handler(request)
+
+
+def _token_given(request: web.Request, token: str, proxied: bool) -> bool:
+    """The exporter's token in Authorization (or, under /proxy/, in its own header too)."""
+    given = [("Authorization", f"Bearer {token}")]
+    if proxied:
+        given.append((PROXY_TOKEN_HEADER, token))
+    # Constant time, on bytes: header bytes that are not UTF-8 arrive as surrogates.
+    return any(hmac.compare_digest(request.headers.get(name, "").encode("utf-8", "surrogateescape"),
+                                   expected.encode("utf-8")) for name, expected in given)
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -7,7 +7,9 @@ import base64
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 from clitools import CLI, free_port, http, process, wait_http, write_config
 
 from exporter.core.redact import SECRET, redact_text, redact_url
@@ -163,3 +165,76 @@ class TestConflictingCredentials:
         with pytest.raises(ConfigError) as caught:
             validate_config({"targets": [{"url": "http://u:p@h:1/metrics", "token_env": "T"}]})
         assert caught.value.problems[0].startswith("targets.0: credentials in the url")
+
+
+class _HeaderRecorder:
+    """A model server that answers every request and keeps each one's headers."""
+
+    def __init__(self) -> None:
+        self.heads: list[dict[str, str]] = []
+
+    def app(self) -> web.Application:
+        async def answer(request: web.Request) -> web.Response:
+            self.heads.append(dict(request.headers))
+            return web.json_response({"object": "list", "data": []})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", answer)
+        return app
+
+
+class TestProxyKeepsTheExportersToken:
+    """/proxy/ is authorised by X-Specdec-Token; the client's Authorization is the model
+    server's; the exporter's token reaches no upstream, on either listener."""
+
+    async def _rig(self, exporter, aiohttp_server, monkeypatch):
+        monkeypatch.setenv("SPECDEC_TOKEN", OWN_TOKEN)
+        model = _HeaderRecorder()
+        upstream = await aiohttp_server(model.app())
+        port = free_port()
+        exp = await exporter({"targets": [{"name": "v", "url": str(upstream.make_url("/metrics")),
+                                           "proxy": {"listen": f"127.0.0.1:{port}"}}]})
+        return model, exp, port
+
+    async def test_the_clients_key_goes_through_and_the_exporters_token_stays(
+            self, exporter, aiohttp_server, monkeypatch):
+        model, exp, _ = await self._rig(exporter, aiohttp_server, monkeypatch)
+        body = {"model": "m", "prompt": "p"}
+        ok = await exp.client.post("/proxy/v/v1/completions", json=body, headers={
+            "Authorization": "Bearer sk-client-key", "X-Specdec-Token": OWN_TOKEN})
+        assert ok.status == 200, await ok.text()
+        # An older client that authorises with the exporter's token as Bearer: let through,
+        # the token not sent on.
+        legacy = await exp.client.post("/proxy/v/v1/completions", json=body,
+                                       headers={"Authorization": f"Bearer {OWN_TOKEN}"})
+        assert legacy.status == 200
+        assert [head.get("Authorization") for head in model.heads] == [
+            "Bearer sk-client-key", None]
+        assert _leaks(repr(model.heads)) == []
+        assert not any("X-Specdec-Token" in head for head in model.heads)
+
+    async def test_without_the_exporters_token_every_method_is_refused_saying_how(
+            self, exporter, aiohttp_server, monkeypatch):
+        model, exp, _ = await self._rig(exporter, aiohttp_server, monkeypatch)
+        for method in ("GET", "POST"):
+            refused = await exp.client.request(method, "/proxy/v/v1/models", json={}, headers={
+                "Authorization": "Bearer sk-client-key"})
+            assert refused.status == 401
+            assert "X-Specdec-Token" in (await refused.json())["error"]
+        wrong = await exp.client.get("/proxy/v/v1/models", headers={"X-Specdec-Token": "nope"})
+        assert wrong.status == 401 and "token wrong" in (await wrong.json())["error"]
+        assert model.heads == []
+
+    async def test_the_per_target_port_never_sends_the_exporters_token_on(
+            self, exporter, aiohttp_server, monkeypatch):
+        model, _, port = await self._rig(exporter, aiohttp_server, monkeypatch)
+        async with aiohttp.ClientSession() as session:
+            for headers in ({"Authorization": "Bearer sk-client-key"},
+                            {"Authorization": f"Bearer {OWN_TOKEN}"},
+                            {"X-Specdec-Token": OWN_TOKEN, "Authorization": "Bearer sk-2"}):
+                async with session.post(f"http://127.0.0.1:{port}/v1/completions",
+                                        json={"prompt": "p"}, headers=headers) as answer:
+                    assert answer.status == 200
+        assert [head.get("Authorization") for head in model.heads] == [
+            "Bearer sk-client-key", None, "Bearer sk-2"]
+        assert _leaks(repr(model.heads)) == []

@@ -118,6 +118,41 @@ class TestHttpSD:
         assert seen_auth == ["Bearer tok"] * 3
 
 
+    async def test_credentials_follow_a_redirect_only_within_the_configured_origin(
+            self, aiohttp_server, monkeypatch):
+        seen: dict[str, dict[str, str | None]] = {}
+        document = json.dumps([{"targets": ["127.0.0.1:7"]}])
+
+        def recorder(where: str, body: str | None = None, to: str | None = None):
+            async def handler(request):
+                seen[where] = {k: request.headers.get(k) for k in ("Authorization", "X-Api-Key")}
+                if to is not None:
+                    raise web.HTTPFound(to)
+                return web.Response(text=body or "")
+            return handler
+
+        foreign_app = web.Application()
+        foreign_app.router.add_get("/sd", recorder("foreign", document))
+        foreign = await aiohttp_server(foreign_app)
+        home_app = web.Application()
+        home_app.router.add_get("/moved", recorder("moved", to="/here"))
+        home_app.router.add_get("/here", recorder("here", document))
+        home_app.router.add_get("/away", recorder("away", to=str(foreign.make_url("/sd"))))
+        home = await aiohttp_server(home_app)
+        monkeypatch.setenv("SD_TEST_TOKEN", "tok-s3cret")
+        async with aiohttp.ClientSession() as session:
+            for path in ("/moved", "/away"):
+                config = validate_config({"http_sd": [{
+                    "url": str(home.make_url(path)), "token_env": "SD_TEST_TOKEN",
+                    "headers": {"X-Api-Key": "hdr-s3cret"}}]})
+                discovery = Discovery(config)
+                assert await discovery.refresh(session, 100.0) is True, discovery.errors()
+                assert [t.name for t in discovery.targets()] == ["127.0.0.1:7"]
+        owned = {"Authorization": "Bearer tok-s3cret", "X-Api-Key": "hdr-s3cret"}
+        assert seen == {"moved": owned, "here": owned, "away": owned,
+                        "foreign": {"Authorization": None, "X-Api-Key": None}}
+
+
 @pytest.mark.e2e
 class TestDiscoveryInTheExporter:
     async def test_targets_come_and_go_and_windows_close_them(self, fake_vllm, exporter,
