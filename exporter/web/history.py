@@ -18,7 +18,7 @@ from exporter.core.errors import ExporterError, RequestError
 from exporter.core.isotime import parse_time
 from exporter.core.redact import redact_url
 from exporter.core.window import MAX_NAME, Window, check_window_id, new_window_id
-from exporter.scrape.history import HistoryQuery, check_range
+from exporter.scrape.history import HistoryQuery, check_range, selectors
 from exporter.server.isolate import ChildError
 from exporter.server.storewindow import STORE_FAULTS, history_work, read_budget
 from exporter.state.answertext import compact, with_key
@@ -81,12 +81,13 @@ def _query(body: dict[str, Any], history: HistoryConfig) -> HistoryQuery:
         raise RequestError(f"unknown keys: {', '.join(unknown)}; "
                            f"allowed: {', '.join(sorted(_KEYS))}")
     url, auth = _store(body, history)
-    frm, to = _time(body, "from"), _time(body, "to")
+    frm, to, match = _time(body, "from"), _time(body, "to"), _strings(body, "match")
     try:
         check_range(frm, to)
+        selectors(match)
     except ExporterError as exc:
         raise RequestError(str(exc)) from None
-    return HistoryQuery(url, frm, to, _strings(body, "match"), auth, timeout=history.timeout)
+    return HistoryQuery(url, frm, to, match, auth, timeout=history.timeout)
 
 
 async def _while_connected(request: web.Request, work: Awaitable[_T],

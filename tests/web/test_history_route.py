@@ -127,6 +127,8 @@ class TestHistoryRoute:
         ({"from": 1, "to": 2, "prometheus": "ftp://x"}, 400, "http:// or https://"),
         ({"from": 1, "to": 2, "step": 5}, 400, "unknown keys: step"),
         ({"from": 1, "to": 2, "match": [1]}, 400, '"match" must be'),
+        ({"from": 1, "to": 2, "match": "up"}, 400, "give label matchers only"),
+        ({"from": 1, "to": 2, "match": ['{a="1"}', "rate(x[5m])"]}, 400, "label matchers only"),
     ])
     async def test_bad_requests_say_why(self, exporter: Any, store: tuple[str, list[str]],
                                         body: dict[str, Any], status: int, said: str) -> None:
