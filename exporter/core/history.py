@@ -131,8 +131,9 @@ def _count_group(window: Window, group: str, members: Sequence[RawSeries], frm: 
         window.accumulators[name] = acc
         covered[name] = coverage(times, frm, to)
         if late := _late_note(times, covered[name]["interval"], frm):
-            window.late_baselines[name] = late
-            covered[name]["note"] += "; " + late
+            window.late_baselines[name] = late  # in its RESULT's coverage note
+            if len(split) > 1:  # the group's note is its servers' coverage notes
+                covered[name]["note"] += "; " + late
     return covered
 
 

@@ -148,3 +148,10 @@ class TestGroups:
         assert plain["status"] == "na"
         assert plain["error"] == "No spec decode metrics found on server"
         assert answer["aggregate"]["increase"]["num_drafts"] == 25
+
+
+def test_a_late_server_is_said_once() -> None:
+    series = [*_server("a:1", [10, 20, 35, 50, 60, 70, 80], 100.0, 3),
+              *_server("b:1", [400, 500, 610], 104.0, 5)]
+    alone = history_answer(series, 99.5, 107.0, query_url="http://store")["results"]["b:1"]
+    assert alone["coverage_note"].count("after the range's start") == 1
