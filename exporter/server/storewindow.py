@@ -46,7 +46,7 @@ def history_work(query: HistoryQuery, window: Window, by: Sequence[str],
         read = fetch_series(query)
         answer = history_answer(read.series, query.frm, query.to, query_url=query.url, by=by,
                                 name=window.name, window_id=window.id, notes=read.notes,
-                                scraped=read.scraped)
+                                scraped=read.scraped) | {"results_dir": str(directory.resolve())}
         made = Window(id=window.id, name=window.name, labels={}, started_at=query.frm,
                       stopped_at=query.to,
                       targets={t: TargetRef(t, t, t) for t in answer["results"]})

@@ -21,7 +21,7 @@ from exporter.core.window import MAX_NAME, Window, check_window_id, new_window_i
 from exporter.scrape.history import HistoryQuery, check_range, selectors
 from exporter.server.isolate import ChildError
 from exporter.server.storewindow import STORE_FAULTS, history_work, read_budget
-from exporter.state.answertext import compact, with_key
+from exporter.state.answertext import compact
 from exporter.web.bodies import json_body
 from exporter.web.keys import SERVICE
 
@@ -147,5 +147,4 @@ async def history_window(request: web.Request) -> web.Response:
     text = service.book.take_answer_text(window.id)
     if text is None:  # taken by a GET meanwhile: the stored answer is the same
         text = compact(service.book.get(window.id).state())
-    text = with_key(text, "results_dir", str(directory.resolve()))
     return web.Response(body=text, status=201, content_type="application/json")
