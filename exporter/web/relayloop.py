@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import aiohttp
 
 from exporter.core.perrequest import RequestStats
+from exporter.server.edges import Ticket, TrafficEdges
 from exporter.server.eventloop import new_event_loop
-from exporter.web.edges import Ticket, TrafficEdges
 
 T = TypeVar("T")
 
