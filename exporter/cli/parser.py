@@ -101,7 +101,9 @@ def _fake_vllm(command: Command) -> None:
     fake.add_argument("--engines", type=int, default=1,
                       help="data-parallel engines, each with its own counters (default 1)")
     fake.add_argument("--dialect", default="vllm", choices=list(SIMULATED_DIALECTS),
-                      help="whose metric names the page uses (default vllm)")
+                      help="whose metric names the page uses, and whose per-request figures "
+                           "the answers carry: sglang's sglext (asked with "
+                           "return_spec_tokens_details), llamacpp's timings (default vllm)")
     fake.add_argument("--model-name", default="fake/llama-3-8b",
                       help="the model_name label, and the model the OpenAI API serves")
     fake.add_argument("--drafts-per-second", type=float, default=50.0,

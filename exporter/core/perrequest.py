@@ -1,7 +1,7 @@
 """Per-request spec-decode figures, pure: read from one OpenAI answer (vLLM's
 `metrics.speculative_decoding`, in the JSON body or a chunk of the event stream, with
-`--per-request-spec-decode-metrics`), tallied over a window's requests within fixed bounds,
-merged over targets and shards, and printed.
+`--per-request-spec-decode-metrics`; or another engine's shape, answershapes.py), tallied over
+a window's requests within fixed bounds, merged over targets and shards, and printed.
 """
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ import json
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from itertools import accumulate
 from typing import Any
 
+from exporter.core.answershapes import engine_spec, is_partial
 from exporter.core.isotime import iso_utc
 from exporter.core.tallies import Buckets, finite
+from exporter.core.unreadable import MAX_HISTOGRAM as MAX_HISTOGRAM
+from exporter.core.unreadable import Unreadable as Unreadable
+from exporter.core.unreadable import as_count
 
 NO_STATS_REASON = "start vLLM with --per-request-spec-decode-metrics summary"
 LOWEST = 10
@@ -27,28 +30,6 @@ MAX_TIMES = 50_000
 LENGTH_WIDTH = 0.01
 RATE_WIDTH = 0.001
 SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
-# Entries of `acceptance_histogram` (k + 1 for k draft tokens): no vLLM method drafts 64 tokens
-# a step, and a longer one is read in no time as unreadable instead of summed into a window.
-MAX_HISTOGRAM = 64
-MAX_COUNT = 2**53  # as the peer vetting: past this a JSON number is no exact count
-
-
-class Unreadable(StrEnum):
-    """Why a relayed answer's figures could not be read (each counted in `unreadable_reasons`)."""
-
-    TOO_LARGE = "too_large"  # over PARSE_LIMIT: relayed, not read
-    NOT_AN_ANSWER = "not_an_answer"  # not JSON, or not an object, or an event stream of none
-    TOO_DEEP = "too_deep"  # nested past the JSON decoder's depth
-    CUT_MID_EVENT = "cut_mid_event"  # an event stream that ends inside an event
-    NO_DONE = "no_done"  # an event stream that ends without its `data: [DONE]`
-    CUT = "cut"  # the upstream's answer stopped before its end (connection lost mid-body)
-    STALLED = "stalled"  # the upstream sent nothing for `idle_timeout` mid-answer: cut there
-    CLIENT_LEFT = "client_left"  # the client went away before the upstream's answer ended
-    BAD_COUNTS = "bad_counts"  # a count that is not a whole number in [0, 2^53]
-    HISTOGRAM_TOO_LONG = "histogram_too_long"  # over MAX_HISTOGRAM entries
-    ACCEPTED_OVER_DRAFTED = "accepted_over_drafted"
-    HISTOGRAM_NOT_STEPS = "histogram_not_steps"  # its entries do not sum to num_spec_steps
-    RATE_OUT_OF_RANGE = "rate_out_of_range"  # draft_acceptance_rate not in [0, 1]
 
 
 @dataclass(frozen=True)
@@ -69,39 +50,6 @@ class RequestStats:
         return cls("", "", None, None, None, reason)
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and (
-        0 <= value <= MAX_COUNT) else None
-
-
-def _spec_object(metrics: object) -> dict[str, Any] | Unreadable | None:
-    """The speculative_decoding object when its figures are sound, why not when not, None
-    when the answer has none."""
-    if not isinstance(metrics, dict) or metrics.get("speculative_decoding") is None:
-        return None
-    spec = metrics["speculative_decoding"]
-    hist = spec.get("acceptance_histogram") if isinstance(spec, dict) else None
-    if isinstance(hist, list) and len(hist) > MAX_HISTOGRAM:
-        return Unreadable.HISTOGRAM_TOO_LONG  # before a look at each entry: bounded cost
-    if not isinstance(spec, dict) or not isinstance(hist, list) or any(
-            _int(v) is None for v in (*(spec.get(k) for k in SUM_KEYS), *hist)):
-        return Unreadable.BAD_COUNTS
-    return _broken_invariant(spec, hist) or spec
-
-
-def _broken_invariant(spec: dict[str, Any], hist: list[int]) -> Unreadable | None:
-    """Which of vLLM's own invariants the figures break, if any."""
-    if spec["num_accepted_draft_tokens"] > spec["num_draft_tokens"]:
-        return Unreadable.ACCEPTED_OVER_DRAFTED
-    if sum(hist) != spec["num_spec_steps"]:
-        return Unreadable.HISTOGRAM_NOT_STEPS
-    rate = spec.get("draft_acceptance_rate")
-    if rate is not None and not (isinstance(rate, int | float) and not isinstance(rate, bool)
-                                 and 0 <= rate <= 1):
-        return Unreadable.RATE_OUT_OF_RANGE
-    return None
-
-
 def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
     """Fold one answer object (a body or a stream chunk) into the request's fields."""
     if isinstance(obj.get("id"), str):
@@ -111,7 +59,7 @@ def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
     usage = obj.get("usage")
     if isinstance(usage, dict):
         into["usage"] = usage
-    spec = _spec_object(obj.get("metrics"))
+    spec = engine_spec(obj)
     if isinstance(spec, Unreadable):
         into.setdefault("unreadable", spec)
     elif spec is not None:
@@ -124,8 +72,8 @@ def _stats(fields: dict[str, Any]) -> RequestStats:
     usage = fields.get("usage") or {}
     return RequestStats(
         request_id=str(fields.get("id", "")), model=str(fields.get("model", "")),
-        prompt_tokens=_int(usage.get("prompt_tokens")),
-        completion_tokens=_int(usage.get("completion_tokens")),
+        prompt_tokens=as_count(usage.get("prompt_tokens")),
+        completion_tokens=as_count(usage.get("completion_tokens")),
         spec=fields.get("spec"))
 
 
@@ -151,6 +99,10 @@ def from_json(body: bytes) -> RequestStats:
     return _stats(fields)
 
 
+# What a chunk read here names: usage, and each engine's figures (vLLM, SGLang, llama.cpp).
+_READ_KEYS = (b'"usage"', b'"metrics"', b'"sglext"', b'"timings"')
+
+
 def from_sse(stream: bytes) -> RequestStats:
     """A streamed answer's figures from its `data:` events; unreadable when the stream is cut
     (mid-event, or before `data: [DONE]`) or no event is JSON."""
@@ -168,8 +120,7 @@ def from_sse(stream: bytes) -> RequestStats:
             continue
         # Once id and model are known, a token chunk carries nothing read here: decoding every
         # one held the proxy's loop (and every other stream through it) after each answer.
-        if "model" in fields and "id" in fields and b'"usage"' not in data and (
-                b'"metrics"' not in data):
+        if "model" in fields and "id" in fields and not any(key in data for key in _READ_KEYS):
             continue
         obj = _decoded(data)
         if obj is Unreadable.TOO_DEEP:
@@ -191,7 +142,7 @@ def _reasons(reasons: object) -> dict[str, int]:
     """A block's `unreadable_reasons` as `answer` writes them, or `ValueError` (a peer's)."""
     known = {reason.value for reason in Unreadable}
     if not isinstance(reasons, Mapping) or any(
-            k not in known or _int(n) is None for k, n in reasons.items()):
+            k not in known or as_count(n) is None for k, n in reasons.items()):
         raise ValueError("its unreadable reasons are not counts of known reasons")
     return dict(reasons)
 
@@ -202,7 +153,7 @@ def _lowest_row(row: object) -> dict[str, Any]:
             not isinstance(row.get("model"), str)) or not finite(row.get("acceptance_length")):
         raise ValueError("a lowest request is malformed")
     tokens = {k: row.get(k) for k in ("prompt_tokens", "completion_tokens")}
-    if any(v is not None and _int(v) is None for v in tokens.values()):
+    if any(v is not None and as_count(v) is None for v in tokens.values()):
         raise ValueError("a lowest request's tokens are not counts")
     return {"request_id": row["request_id"], "model": row["model"], **tokens,
             "acceptance_length": float(row["acceptance_length"])}
@@ -222,6 +173,9 @@ class PerRequest:
     lengths: Buckets = field(default_factory=lambda: Buckets(LENGTH_WIDTH))
     rates: Buckets = field(default_factory=lambda: Buckets(RATE_WIDTH))
     rows: list[dict[str, Any]] = field(default_factory=list)
+    # Requests whose engine reports drafted and accepted tokens but not its steps or histogram
+    # (llama.cpp): in the token sums and rates, not in the steps, histogram or lengths.
+    partial: int = 0
     # When each request with figures finished, with what it drafted and accepted: the first
     # `kept` were finished before a scrape that showed a server restart (what its unobserved
     # span held, `in_spans`), the rest after the target's last scrape.
@@ -248,6 +202,9 @@ class PerRequest:
                 self.accepted.append(spec["num_accepted_draft_tokens"])
             else:
                 self.overflowed = True
+        if is_partial(spec):
+            self._record_tokens(spec)
+            return
         for key in SUM_KEYS:
             self.sums[key] += spec[key]
         self._add_histogram(spec["acceptance_histogram"])
@@ -261,6 +218,14 @@ class PerRequest:
                                 "prompt_tokens": stats.prompt_tokens,
                                 "completion_tokens": stats.completion_tokens,
                                 "acceptance_length": length}])
+
+    def _record_tokens(self, spec: dict[str, Any]) -> None:
+        """A request whose engine reports no steps or histogram: its tokens and rate only."""
+        self.partial += 1
+        for key in ("num_draft_tokens", "num_accepted_draft_tokens"):
+            self.sums[key] += spec[key]
+        if spec["num_draft_tokens"]:
+            self.rates.add(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
 
     def _keep_lowest(self, rows: list[dict[str, Any]]) -> None:
         self.rows = sorted(self.rows + rows, key=lambda r: r["acceptance_length"])[:LOWEST]
@@ -290,6 +255,7 @@ class PerRequest:
         """Add another target's figures (for the aggregate); finish times stay each target's."""
         self.requests += other.requests
         self.unreadable += other.unreadable
+        self.partial += other.partial
         for reason, count in other.reasons.items():
             self.reasons[reason] = self.reasons.get(reason, 0) + count
         for key in SUM_KEYS:
@@ -302,13 +268,14 @@ class PerRequest:
     def answer(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """The `per_request` block; `counters` (drafts, draft and accepted tokens of the
         window's counter increase) gives `covers_all` and the share the proxy accounts for."""
-        with_stats = self.lengths.count
+        with_stats = self.lengths.count + self.partial
         without = self.requests - self.unreadable - with_stats
         steps = self.sums["num_spec_steps"]
         block: dict[str, Any] = {
             "requests": self.requests, "with_stats": with_stats, "without_stats": without,
             "unreadable": self.unreadable,
             "unreadable_reasons": {str(k): n for k, n in sorted(self.reasons.items())},
+            "without_steps": self.partial,
             "reason": NO_STATS_REASON if self.requests and not with_stats else None,
             **self.sums, "acceptance_histogram": list(self.histogram),
             "per_position_acceptance_rates": {
@@ -331,22 +298,24 @@ class PerRequest:
         `ValueError` when it is not one (a peer's)."""
         if not isinstance(block, Mapping) or not isinstance(block.get("buckets"), Mapping):
             raise ValueError("not a per-request block")
-        counts = [_int(block.get(k)) for k in ("requests", "unreadable", *SUM_KEYS)]
+        counts = [as_count(block.get(k)) for k in ("requests", "unreadable", *SUM_KEYS)]
+        counts.append(as_count(block.get("without_steps", 0)))  # none in an older peer's
         hist = block.get("acceptance_histogram")
         rows = block.get("lowest")
         if not isinstance(hist, list) or not isinstance(rows, list) or None in counts or any(
-                _int(h) is None for h in hist):
+                as_count(h) is None for h in hist):
             raise ValueError("its counts are not counts")
         sound = [c for c in counts if c is not None]
         acc = cls(requests=sound[0], unreadable=sound[1],
-                  sums=dict(zip(SUM_KEYS, sound[2:], strict=True)), histogram=list(hist),
+                  sums=dict(zip(SUM_KEYS, sound[2:5], strict=True)), partial=sound[5],
+                  histogram=list(hist),
                   lengths=Buckets.from_dict(block["buckets"].get("acceptance_length"),
                                             LENGTH_WIDTH),
                   rates=Buckets.from_dict(block["buckets"].get("draft_acceptance_rate"),
                                           RATE_WIDTH),
                   rows=[_lowest_row(r) for r in rows[:LOWEST]],
                   reasons=_reasons(block.get("unreadable_reasons", {})))
-        if acc.unreadable + acc.lengths.count > acc.requests or (
+        if acc.unreadable + acc.lengths.count + acc.partial > acc.requests or (
                 sum(acc.reasons.values()) > acc.unreadable):
             raise ValueError("more requests with figures than requests")
         return acc
@@ -402,7 +371,7 @@ def _vetted_spans(spans: object) -> list[dict[str, Any]]:
     out = []
     for span in spans:
         if not isinstance(span, Mapping) or not all(finite(span.get(k)) for k in ("from", "to")
-                                                    ) or any(_int(span.get(k)) is None
+                                                    ) or any(as_count(span.get(k)) is None
                                                              for k in _SPAN_SUMS):
             raise ValueError("an unobserved span is malformed")
         out.append({k: span[k] for k in ("from", "to", *_SPAN_SUMS)}

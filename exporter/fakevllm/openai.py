@@ -1,7 +1,9 @@
 """An OpenAI-compatible face for the simulator: completions and chat completions, streamed too.
 
 Enough for real benchmark clients (AISBench, `vllm bench serve`, `openai`); each request decodes
-`max_tokens` tokens through the counter model, so the counters match the served tokens.
+`max_tokens` tokens through the counter model, so the counters match the served tokens. Its
+per-request spec-decode figures take the shape of the server's dialect (vLLM's, SGLang's or
+llama.cpp's; docs/api.md, "The recording proxy").
 """
 
 from __future__ import annotations
@@ -99,6 +101,61 @@ def _metrics(server: ServerModel, steps: list[tuple[int, int]]) -> dict[str, Any
     return {"metrics": {"speculative_decoding": spec_decode_object(steps, server.k, detailed)}}
 
 
+def sglang_details(steps: list[tuple[int, int]], completion: int) -> dict[str, Any]:
+    """SGLang's per-request `spec_tokens_details` (its SpecTokensDetails, all nine fields);
+    the histogram grows to the most drafts a step accepted, as SGLang's does."""
+    accepted = [a for _, a in steps]
+    histogram = [0] * (max(accepted) + 1)
+    for a in accepted:
+        histogram[a] += 1
+    proposed = sum(p for p, _ in steps)
+    return {"spec_accept_rate": sum(accepted) / proposed if proposed else 0.0,
+            "spec_accept_length": completion / len(steps), "spec_cap_length": 0.0,
+            "spec_block_accept_length": 0.0, "spec_num_correct_drafts": sum(accepted),
+            "spec_num_proposed_drafts": proposed, "spec_verify_ct": len(steps),
+            "spec_correct_drafts_histogram": histogram, "spec_cap_lens_histogram": []}
+
+
+def llamacpp_timings(steps: list[tuple[int, int]], prompt: int, completion: int
+                     ) -> dict[str, Any]:
+    """llama.cpp's `timings`, with `draft_n` and `draft_n_accepted` only when it drafted."""
+    drafted = sum(p for p, _ in steps)
+    timings: dict[str, Any] = {"prompt_n": prompt, "predicted_n": completion}
+    if drafted:
+        timings |= {"draft_n": drafted, "draft_n_accepted": sum(a for _, a in steps)}
+    return timings
+
+
+def _figures(server: ServerModel, body: dict[str, Any], steps: list[tuple[int, int]],
+             prompt: int, completion: int) -> dict[str, Any]:
+    """The answer's spec-decode member in the shape of the server's dialect, {} when it sends
+    none: SGLang's `sglext` when the request asks (`return_spec_tokens_details`) and a step
+    was verified, llama.cpp's `timings` always, else vLLM's `metrics` (with the server flag)."""
+    if not server.spec_decode:
+        return {}
+    if server.dialect == "sglang":
+        if not body.get("return_spec_tokens_details") or not steps:
+            return {}
+        return {"sglext": {"spec_tokens_details": sglang_details(steps, completion)}}
+    if server.dialect == "llamacpp":
+        return {"timings": llamacpp_timings(steps, prompt, completion)}
+    return _metrics(server, steps)
+
+
+def _tail(dialect: str, finish: dict[str, Any], usage: dict[str, Any] | None,
+          figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """A stream's last chunks, the figures where that server puts them: vLLM's on the finish
+    chunk, SGLang's in a chunk of their own after it, llama.cpp's on the very last."""
+    chunks = [finish, *([usage] if usage else [])]
+    if dialect == "sglang" and figures:
+        chunks.insert(1, finish | {"choices": []} | figures)
+    elif dialect == "llamacpp":
+        chunks[-1] = chunks[-1] | figures
+    else:
+        chunks[0] = finish | figures
+    return chunks
+
+
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}
@@ -140,7 +197,7 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
         return web.json_response(head | {
             "choices": [_choice(chat, "".join(step_texts(steps)), "length", stream=False)],
             "usage": _usage(prompt, tokens),
-        } | _metrics(server, steps))
+        } | _figures(server, body, steps, prompt, tokens))
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -153,12 +210,13 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
     for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
         server.count_step(engine, proposed, accepted)
         await send(head | {"choices": [_choice(chat, text, None, stream=True)]})
-    # The finishing chunk carries the request's spec-decode object, as vLLM sends it.
-    await send(head | {"choices": [_choice(chat, None if chat else "", "length", stream=True)]}
-               | _metrics(server, steps))
+    finish = head | {"choices": [_choice(chat, None if chat else "", "length", stream=True)]}
     options = body.get("stream_options")
-    if isinstance(options, dict) and options.get("include_usage"):
-        await send(head | {"choices": [], "usage": _usage(prompt, tokens)})
+    usage = head | {"choices": [], "usage": _usage(prompt, tokens)} if isinstance(
+        options, dict) and options.get("include_usage") else None
+    for last in _tail(server.dialect, finish, usage, _figures(server, body, steps, prompt,
+                                                              tokens)):
+        await send(last)
     await send("[DONE]")
     await response.write_eof()
     return response

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from exporter.core.answershapes import is_partial
 from exporter.core.perrequest import RequestStats
 from exporter.web.families import Family, label_text, line
 
@@ -49,8 +50,9 @@ class RequestLengths:
         self._labels: dict[str, dict[str, str]] = {}  # each target's config labels
 
     def observe(self, target: str, stats: RequestStats | None) -> None:
-        """Count one proxied answer; one without spec-decode figures is not a sample."""
-        if stats is not None and stats.spec is not None:
+        """Count one proxied answer; one without spec-decode figures, or whose engine does not
+        report its steps (llama.cpp), is not a sample."""
+        if stats is not None and stats.spec is not None and not is_partial(stats.spec):
             self._targets.setdefault(target, _Histogram()).observe(request_length(stats.spec))
 
     def keep(self, targets: dict[str, dict[str, str]]) -> None:
