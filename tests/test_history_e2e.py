@@ -50,10 +50,10 @@ def _wait(what: str, probe, timeout: float = 60.0) -> None:
     pytest.fail(f"{what} not ready after {timeout:.0f} s")
 
 
-def _fake(port: int, work: Path, seed: str) -> subprocess.Popen[bytes]:
+def _fake(port: int, work: Path, seed: str, *more: str) -> subprocess.Popen[bytes]:
     with open(work / f"fake-{port}-{time.monotonic_ns()}.log", "wb") as log:
         proc = subprocess.Popen([*CLI, "fake-vllm", "--port", str(port), "--k", "3",
-                                 "--drafts-per-second", "40", "--seed", seed],
+                                 "--drafts-per-second", "40", "--seed", seed, *more],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     _wait(f"fake-vllm {port}", lambda: bool(_get(f"http://127.0.0.1:{port}/metrics")))
     return proc
@@ -182,3 +182,69 @@ def test_history_says_when_the_store_is_down(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "is not reachable" in done.stderr
+
+
+def _history(store: str, frm: float, to: float, *by: str) -> dict:
+    done = subprocess.run([*CLI, "history", "--prometheus", store, "--from", str(frm),
+                           "--to", str(to), "--match", '{job="vllm"}', "--json",
+                           *(f"--by={label}" for label in by)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("kind", ["prometheus", "victoria-metrics"])
+def test_a_group_of_servers_is_the_exact_sum_of_them(kind: str, tmp_path: Path) -> None:
+    """Two servers under one job (k=3, and k=5 started inside the range) and one without spec
+    decode: `--by job` equals the sum of `--by instance`, to the token (issue 46's over-count
+    was 10,788 drafts for 5,676)."""
+    ports = [free_port(), free_port(), free_port()]
+    a, b, plain = (f"127.0.0.1:{p}" for p in ports)
+    store_port = free_port()
+    store = f"http://127.0.0.1:{store_port}"
+    procs = [_fake(ports[0], tmp_path, "1"), _fake(ports[2], tmp_path, "3", "--no-spec-decode"),
+             _store(kind, store_port, [a, b, plain], tmp_path)]
+    try:
+        start = time.time()
+        _wait(f"{kind} samples", lambda: _samples_of(store, a, start) >= 3)
+        frm = time.time()
+        _wait("samples after from", lambda: _samples_of(store, a, frm) >= 3)
+        procs.append(_fake(ports[1], tmp_path, "2", "--k", "5", "--drafts-per-second", "70"))
+        begun = time.time()
+        _wait("samples of the late server", lambda: _samples_of(store, b, begun) >= 4)
+        to = time.time()
+        if kind == "victoria-metrics":
+            _get(f"{store}/internal/force_flush")
+        each = _history(store, frm, to)
+        grouped = _history(store, frm, to, "job")
+        raw = _raw(store, frm, to)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    results = each["results"]
+    assert sorted(results) == sorted([a, b, plain])
+    assert results[plain]["status"] == "na"
+    assert results[plain]["error"] == "No spec decode metrics found on server"
+    for instance in (a, b):
+        for fld in FIELDS:
+            assert results[instance]["increase"][fld] == _by_hand(raw[instance][fld])[0]
+    assert results[b]["coverage"] == "partial"
+    assert "after the range's start" in results[b]["coverage_note"]
+    group = grouped["results"]["vllm"]
+    assert list(grouped["results"]) == ["vllm"]
+    # Positions 3 and 4 exist on the k=5 server only: the sum says how many drafts reached them.
+    assert group["increase"]["num_drafts_per_pos"] == {
+        "3": results[b]["increase"]["num_drafts"], "4": results[b]["increase"]["num_drafts"]}
+    for key, value in group["increase"].items():
+        if key == "num_drafts_per_pos":
+            continue
+        if isinstance(value, dict):
+            parts = [results[i]["increase"].get(key) or {} for i in (a, b)]
+            assert value == {p: sum(part.get(p, 0) for part in parts)
+                             for p in {p for part in parts for p in part}}, key
+        else:
+            assert value == results[a]["increase"][key] + results[b]["increase"][key], key
+    assert sorted(group["increase"]["accepted_per_pos"]) == ["0", "1", "2", "3", "4"]
+    assert group["coverage"] == "partial" and "after the range's start" in group["coverage_note"]
+    assert group["resets"] == 0

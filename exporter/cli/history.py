@@ -6,8 +6,9 @@ import argparse
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from exporter.cli.common import EXIT_FAILED, EXIT_OK, one_line, say
+from exporter.cli.common import EXIT_FAILED, EXIT_NO_RESULT, EXIT_OK, one_line, say
 from exporter.core.errors import ExporterError
 from exporter.core.isotime import parse_time
 
@@ -26,6 +27,8 @@ def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
                    help="labels that name a target (default instance)")
     p.add_argument("--output-dir", metavar="DIR", help="write performances/ and window.json")
     p.add_argument("--json", action="store_true", help="print the window as JSON")
+    p.add_argument("--allow-na", action="store_true",
+                   help="exit 0 even when no target has a result (otherwise exit 3)")
     p.add_argument("--token-env", metavar="VAR", help="bearer token from this variable")
     p.add_argument("--username", help="basic auth user (password from $SPECDEC_STORE_PASSWORD)")
     p.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https store")
@@ -34,34 +37,47 @@ def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
     p.set_defaults(func=cmd_history, parser=p)
 
 
-def cmd_history(args: argparse.Namespace) -> int:
+def _answer(args: argparse.Namespace, frm: float, to: float) -> dict[str, Any]:
+    """The window the store's samples make; `ExporterError` when the store cannot give them."""
     from exporter.config.model import StoreAuth
-    from exporter.core.console import format_window
     from exporter.core.history import history_answer
     from exporter.scrape.history import HistoryQuery, fetch_series
+
+    auth = StoreAuth(token_env=args.token_env, username=args.username,
+                     password_env="SPECDEC_STORE_PASSWORD", ca_file=args.ca_file,
+                     tenant=args.tenant)
+    query = HistoryQuery(args.prometheus, frm, to, args.match, auth, timeout=args.timeout)
+    read = fetch_series(query)
+    return history_answer(read.series, frm, to, query_url=args.prometheus, by=args.by,
+                          notes=read.notes, scraped=read.scraped)
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from exporter.core.console import format_window
+    from exporter.core.isotime import iso_utc
+    from exporter.scrape.history import check_range
     from exporter.state.answertext import AnswerTexts
     from exporter.state.resultfiles import write_results
 
     try:
         frm, to = parse_time(args.frm), parse_time(args.to)
-    except ValueError as exc:
+        check_range(frm, to)
+    except (ValueError, ExporterError) as exc:
         args.parser.error(f"--from/--to: {exc}")
-    if frm >= to:
-        args.parser.error("--from must be before --to")
-    auth = StoreAuth(token_env=args.token_env, username=args.username,
-                         password_env="SPECDEC_STORE_PASSWORD", ca_file=args.ca_file,
-                         tenant=args.tenant)
-    query = HistoryQuery(args.prometheus, frm, to, args.match, auth, timeout=args.timeout)
     try:
-        read = fetch_series(query)
-        answer = history_answer(read.series, frm, to, query_url=args.prometheus, by=args.by,
-                                notes=read.notes)
+        answer = _answer(args, frm, to)
     except ExporterError as exc:
         say(f"history: {one_line(exc)}")
         return EXIT_FAILED
-    for note in read.notes:
+    for note in answer["store_notes"]:
         say(f"history: {note}")
     if args.output_dir:
         write_results(Path(args.output_dir), AnswerTexts.of(answer))
     print(json.dumps(answer, indent=2) + "\n" if args.json else format_window(answer), end="")
-    return EXIT_OK
+    if args.allow_na or any(r["status"] == "ok" for r in answer["results"].values()):
+        return EXIT_OK
+    what = (f"{len(answer['results'])} target(s), none with spec-decode activity"
+            if answer["results"] else "no spec-decode series")
+    say(f"history: {what} between {iso_utc(frm)} and {iso_utc(to)} in the store at "
+        f"{answer['query']} (--allow-na to accept that)")
+    return EXIT_NO_RESULT

@@ -1,26 +1,36 @@
-"""A window from a Prometheus store's raw samples: each scrape the store took (its series share
-one timestamp) is rebuilt as the page it read and fed to a `counting.Accumulator` as a live
-scrape is, so the result follows the same rules and has the same shape.
+"""A window from a Prometheus store's raw samples: each scrape the store took of one server
+(its series share one timestamp) is rebuilt as the page it read and fed to that server's own
+`counting.Accumulator` as a live scrape is, so the result follows the same rules and has the
+same shape. A group of servers (`--by job`) is the exact sum of its servers' results.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from exporter.core.counting import Accumulator
 from exporter.core.dialects import DIALECTS, Dialect
-from exporter.core.isotime import iso_utc
+from exporter.core.errors import ExporterError
+from exporter.core.isotime import iso_utc, with_iso_times
 from exporter.core.parse import parse_page
 from exporter.core.redact import redact_url
-from exporter.core.results import window_answer
+from exporter.core.result import Result, aggregate
+from exporter.core.results import target_result
+from exporter.core.shards import MAX_COUNT
 from exporter.core.window import TargetRef, Window, new_window_id
 
 # A gap is a stretch between two consecutive samples longer than this many scrape intervals.
 GAP_INTERVALS = 2.0
 SOURCE = "prometheus"
+# The labels Prometheus gives each scraped server: one scrape of it, one timestamp.
+SERVER_LABELS = ("job", "instance")
+
+
+class CountError(ExporterError):
+    """A store's samples add up to a count no float holds exactly (over 2^53)."""
 
 
 @dataclass(frozen=True)
@@ -91,24 +101,111 @@ def account(series: Sequence[RawSeries]) -> tuple[Accumulator, list[float]]:
     return acc, times
 
 
+def servers(series: Iterable[RawSeries]) -> dict[str, list[RawSeries]]:
+    """Series per scraped server (its `job` and `instance`), each server counted on its own:
+    two servers' scrapes are never one page."""
+    out: dict[str, list[RawSeries]] = {}
+    for one in series:
+        key = "/".join(one.labels.get(label, "") for label in SERVER_LABELS)
+        out.setdefault(key, []).append(one)
+    return dict(sorted(out.items()))
+
+
+def _late_note(times: Sequence[float], interval: float | None, frm: float) -> str | None:
+    """What to say of a server whose first sample comes well after the range's start."""
+    if not times or interval is None or times[0] - frm <= GAP_INTERVALS * interval:
+        return None
+    return (f"its first sample in the store is at {iso_utc(times[0])}, after the range's "
+            f"start ({iso_utc(frm)}): counted from it, as a target that appears mid-window")
+
+
+def _count_group(window: Window, group: str, members: Sequence[RawSeries], frm: float,
+                 to: float) -> dict[str, dict[str, Any]]:
+    """Each server of `group` as a target of `window`; their coverage, by target name."""
+    split = servers(members)
+    covered: dict[str, dict[str, Any]] = {}
+    for key, part in split.items():
+        name = group if len(split) == 1 else f"{group} [{key}]"
+        window.targets[name] = TargetRef(name, name, name)
+        acc, times = account(part)
+        window.accumulators[name] = acc
+        covered[name] = coverage(times, frm, to)
+        if late := _late_note(times, covered[name]["interval"], frm):
+            window.late_baselines[name] = late  # in its RESULT's coverage note
+            if len(split) > 1:  # the group's note is its servers' coverage notes
+                covered[name]["note"] += "; " + late
+    return covered
+
+
+def _group_result(window: Window, group: str, names: Sequence[str]) -> Result:
+    """One RESULT for `group`: its one server's, or the exact sum of its servers'."""
+    if names == [group]:
+        return target_result(window, group)
+    parts = [(name, target_result(window, name)) for name in names]
+    summed = aggregate(parts)
+    return replace(
+        summed, url=group, target=group, host_port=group, targets=None,
+        error=summed.error if not summed.ok else None,
+        dialect=next((r.dialect for _, r in parts if r.dialect), None),
+        scrapes=sum(r.scrapes or 0 for _, r in parts),
+        first_scrape_at=min((r.first_scrape_at for _, r in parts if r.first_scrape_at),
+                            default=None),
+        last_scrape_at=max((r.last_scrape_at for _, r in parts if r.last_scrape_at),
+                           default=None))
+
+
+def _group_coverage(covered: Mapping[str, dict[str, Any]], frm: float,
+                    to: float) -> dict[str, Any]:
+    """What a group's servers' samples cover: each server's, and their ends together."""
+    if len(covered) == 1:
+        return next(iter(covered.values()))
+    firsts = [c["first_sample"] for c in covered.values() if c["first_sample"] is not None]
+    lasts = [c["last_sample"] for c in covered.values() if c["last_sample"] is not None]
+    out = coverage(sorted({*firsts, *lasts}), frm, to) | {"interval": None, "gaps": []}
+    out["note"] = "; ".join(f"{name}: {c['note']}" for name, c in covered.items())
+    return out | {"servers": dict(covered)}
+
+
 def history_answer(series: Iterable[RawSeries], frm: float, to: float, *, query_url: str,
                    by: Sequence[str] = (), name: str = "history",
-                   window_id: str | None = None, notes: Sequence[str] = ()) -> dict[str, Any]:
-    """The stop answer of a window over [frm, to] made from the store's raw samples."""
+                   window_id: str | None = None, notes: Sequence[str] = (),
+                   scraped: Iterable[Mapping[str, str]] = ()) -> dict[str, Any]:
+    """The stop answer of a window over [frm, to] made from the store's raw samples; a group
+    in `scraped` (a server the store scrapes) without spec-decode series is N/A, as live."""
     window = Window(id=window_id or new_window_id(frm), name=name, targets={}, labels={},
                     started_at=frm, stopped_at=to)
-    covered: dict[str, dict[str, Any]] = {}
-    for target, members in group_targets(series, by).items():
-        window.targets[target] = TargetRef(target, target, target)
-        acc, times = account(members)
-        window.accumulators[target] = acc
-        covered[target] = coverage(times, frm, to)
-    answer = window_answer(window)
-    for target, result in answer["results"].items():
-        result["history"] = covered[target]
-        result["coverage_note"] = "; ".join(
-            n for n in (result.get("coverage_note"), covered[target]["note"]) if n)
-    answer["source"] = SOURCE
-    answer["query"] = redact_url(query_url)
-    answer["store_notes"] = list(notes)  # what the store did that the reader should know
-    return answer
+    groups: dict[str, dict[str, dict[str, Any]]] = {}
+    for group, members in group_targets(series, by).items():
+        groups[group] = _count_group(window, group, members, frm, to)
+    for labels in scraped:
+        group = ",".join(labels.get(label, "") for label in by or ("instance",))
+        if group not in groups:
+            window.targets[group] = TargetRef(group, group, group)
+            groups[group] = {group: coverage([], frm, to)}
+    results: dict[str, Result] = {}
+    bodies: dict[str, dict[str, Any]] = {}
+    for group in sorted(groups):
+        results[group] = _group_result(window, group, list(groups[group]))
+        body = bodies[group] = results[group].to_json(iso_times=True)
+        _check_counts(f"store {redact_url(query_url)}: target {group}", body.get("increase"))
+        body["history"] = _group_coverage(groups[group], frm, to)
+        body["coverage_note"] = "; ".join(
+            n for n in (body.get("coverage_note"), body["history"]["note"]) if n)
+    head: dict[str, Any] = with_iso_times(window.summary() | {"targets": list(bodies),
+                                                                "stopped_at": to})
+    return head | {
+        "results": bodies,
+        "aggregate": aggregate(results.items()).to_json(iso_times=True),
+        "source": SOURCE, "query": redact_url(query_url),
+        "store_notes": list(notes),  # what the store did that the reader should know
+    }
+
+
+def _check_counts(whose: str, increase: Any, where: str = "increase") -> None:
+    """Each count within 2^53, where a float stops being exact (the peer vetting's rule)."""
+    if isinstance(increase, Mapping):
+        for key, value in increase.items():
+            _check_counts(whose, value, f"{where}.{key}")
+    elif isinstance(increase, int | float) and not increase <= MAX_COUNT:
+        raise CountError(f"{whose}: {where} adds up to {increase:.6g}, over 2^53: "
+                         "the store's samples are not counters a server could have counted")

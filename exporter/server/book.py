@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +31,7 @@ from exporter.server.stop import (
     stop_work,
 )
 from exporter.server.windowstart import StartRequest, retried
-from exporter.state.answertext import AnswerTexts
 from exporter.state.recovery import RECENT_WINDOWS, doc_from_files, window_from, write_lost_results
-from exporter.state.resultfiles import write_results
 from exporter.state.store import StateStore
 
 # Read here by the service and `measure`, which start windows through the book.
@@ -381,22 +379,36 @@ class WindowBook:
 
     # -- recorded elsewhere -------------------------------------------------------------
 
-    def record_stopped(self, window: Window) -> None:
-        """A window stopped elsewhere (a store's history), written and listed like one stopped
-        here; 409 when its id is taken."""
-        assert window.answer is not None and window.stopped_at is not None
-        window.answer["results_dir"] = str(self.results_dir(window.id))
-        if (window.id in self._windows or window.id in self._pending
-                or self._load(window.id, series=False) is not None):
+    async def made(self, window: Window, work: Callable[[Iterator[Any]], bytes], *,
+                   timeout: float) -> None:
+        """A window stopped elsewhere (a store's history) whose answer `work` makes off the
+        loop as a stop's (`stop_work`), committed as a stop is; 409 when its id is taken."""
+        await self._settled(window.id)
+        if window.id in self._windows or self._load(window.id, series=False) is not None:
             raise RequestError(f'window "{window.id}" exists already: give another id',
                                status=409)
-        write_results(self.results_dir(window.id), AnswerTexts.of(window.answer))
-        self.store.save([window.to_dict()], sync=True)
-        self._stopped[window.id] = StoppedWindow.of(window.answer)
-        self.last_window = self._newest_stopped()
-        self._forget_old()
-        self.version += 1
-        log.info("window recorded id=%s targets=%d", window.id, len(window.targets))
+        async with self._in_flight(window.id):
+            child = Child(work)
+            try:
+                child.start()
+                forked = child.forked
+                data = await child.result(timeout=timeout)
+                if data is None and forked:
+                    raise RuntimeError(f'window "{window.id}": its work ended without an answer '
+                                       f"(killed, or over {timeout:.0f} s)")
+                if data is None:
+                    data = await in_thread(lambda: work(iter(())))
+                self._commit_stop(window, *read_stop(data))
+            except ChildError as exc:
+                if exc.kind != StoreError.__name__:
+                    raise
+                self.result_errors += 1
+                raise StoreError(f'window "{window.id}" not recorded: {exc}') from exc
+            finally:
+                await child.close()
+        # No heap trim here (a stop has one): the parent made only the row, the child the rest.
+        log.info("window recorded id=%s targets=%d", window.id,
+                 len(self._stopped[window.id].targets))
 
     # -- forgetting ---------------------------------------------------------------------
 

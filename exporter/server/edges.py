@@ -136,10 +136,15 @@ class TrafficEdges:
             return False
         return True
 
+    @property
+    def registered(self) -> bool:
+        """Whether any traffic-edged window is registered (else `arrive` has nothing to do)."""
+        return bool(self._windows)
+
     async def arrive(self, target: str) -> list[Ticket]:
         """Before a generation request for `target` goes: returns once every window it opens
         has started and the target has its baseline there."""
-        if not self._windows:
+        if not self.registered:
             return []
         tickets: list[Ticket] = []
         for w in list(self._windows.values()):

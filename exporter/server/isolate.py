@@ -104,6 +104,11 @@ class Child:
         if forking() and self._pid is None:
             self._fork()
 
+    @property
+    def forked(self) -> bool:
+        """Whether a child works (until its answer is read): else the caller works in a thread."""
+        return self._pid is not None
+
     async def close(self) -> None:
         if self._pid is not None:
             os.kill(self._pid, signal.SIGKILL)

@@ -4,22 +4,33 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+import threading
+from collections.abc import Awaitable
+from dataclasses import replace
+from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import ValidationError
 
 from exporter.config.model import HistoryConfig, StoreAuth
 from exporter.core.errors import ExporterError, RequestError
-from exporter.core.history import history_answer
-from exporter.core.isotime import parse_time, with_iso_times
+from exporter.core.isotime import parse_time
 from exporter.core.redact import redact_url
-from exporter.core.window import TargetRef, Window, check_window_id
-from exporter.scrape.history import HistoryQuery, check_range, fetch_series
+from exporter.core.window import MAX_NAME, Window, check_window_id, new_window_id
+from exporter.scrape.history import HistoryQuery, check_range, selectors
+from exporter.server.isolate import ChildError
+from exporter.server.storewindow import STORE_FAULTS, history_work, read_budget
 from exporter.state.answertext import compact
 from exporter.web.bodies import json_body
 from exporter.web.keys import SERVICE
 
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+# How often a long read looks whether its client is still there (aiohttp does not cancel a
+# handler whose client left).
+_CLIENT_CHECK_SECONDS = 0.25
 _KEYS = {"prometheus", "from", "to", "match", "by", "id", "name"}
 
 
@@ -70,35 +81,70 @@ def _query(body: dict[str, Any], history: HistoryConfig) -> HistoryQuery:
         raise RequestError(f"unknown keys: {', '.join(unknown)}; "
                            f"allowed: {', '.join(sorted(_KEYS))}")
     url, auth = _store(body, history)
-    frm, to = _time(body, "from"), _time(body, "to")
+    frm, to, match = _time(body, "from"), _time(body, "to"), _strings(body, "match")
     try:
         check_range(frm, to)
+        selectors(match)
     except ExporterError as exc:
         raise RequestError(str(exc)) from None
-    return HistoryQuery(url, frm, to, _strings(body, "match"), auth, timeout=history.timeout)
+    return HistoryQuery(url, frm, to, match, auth, timeout=history.timeout)
 
 
-async def history_window(request: web.Request) -> web.Response:
-    """Count the store's samples over the range and keep the result as a stopped window."""
-    service = request.app[SERVICE]
-    body = await json_body(request)
-    query = _query(body, service.config.history)
-    window_id = check_window_id(body["id"]) if isinstance(body.get("id"), str) else None
+async def _while_connected(request: web.Request, work: Awaitable[_T],
+                           cancel: threading.Event) -> _T:
+    """`work`'s outcome; if the client leaves first, `cancel` is set, `work` cancelled and
+    this request ends: no further store query is sent for it."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_CLIENT_CHECK_SECONDS)
+            if done:
+                return task.result()
+            transport = request.transport
+            if transport is None or transport.is_closing():
+                log.info("history window abandoned: the client left; store queries stopped")
+                raise asyncio.CancelledError
+    finally:
+        if not task.done():
+            cancel.set()
+            task.cancel()
+
+
+def _named(body: dict[str, Any]) -> tuple[str | None, str]:
+    """The window's id (as given, or None for a new one) and name, or a 400 saying why, as a
+    start's are checked."""
+    given = body.get("id")
+    window_id = check_window_id(given) if given is not None else None
     name = body.get("name", "history")
     if not isinstance(name, str):
         raise RequestError('"name" must be a string')
+    if len(name) > MAX_NAME:
+        raise RequestError(f"name must be at most {MAX_NAME} characters")
+    return window_id, name
+
+
+async def history_window(request: web.Request) -> web.Response:
+    """Count the store's samples over the range off the loop, as a stop's answer is made, and
+    keep the result as a stopped window."""
+    service = request.app[SERVICE]
+    body = await json_body(request)
+    query = _query(body, service.config.history)
+    window_id, name = _named(body)
+    window = Window(id=window_id or new_window_id(query.frm), name=name, targets={},
+                    labels={}, started_at=query.frm, stopped_at=query.to)
+    cancel = threading.Event()
+    query = replace(query, cancel=cancel)
+    directory = service.book.results_dir(window.id)
+    work = history_work(query, window, _strings(body, "by"), directory)
     try:
-        read = await asyncio.to_thread(fetch_series, query)
-    except ExporterError as exc:
-        # The store, not the request: down, refusing or over a limit.
-        raise RequestError(f"the store at {query.url}: {exc}", status=502) from None
-    answer = history_answer(read.series, query.frm, query.to, query_url=query.url,
-                            by=_strings(body, "by"), name=name, window_id=window_id,
-                            notes=read.notes)
-    window = Window(id=answer["id"], name=name,
-                    targets={t: TargetRef(t, t, t) for t in answer["results"]}, labels={},
-                    started_at=query.frm, stopped_at=query.to, answer=answer)
-    service.book.record_stopped(window)
-    answer = answer | {"results_dir": str(service.book.results_dir(window.id).resolve())}
-    return web.Response(body=compact(with_iso_times(answer)), status=201,
-                        content_type="application/json")
+        await _while_connected(
+            request, service.book.made(window, work, timeout=read_budget(query)), cancel)
+    except ChildError as exc:
+        if exc.kind not in STORE_FAULTS:
+            raise
+        # The store, not the request: down, refusing, over a limit or not making sense.
+        raise RequestError(f"the store at {redact_url(query.url)}: {exc}", status=502) from None
+    text = service.book.take_answer_text(window.id)
+    if text is None:  # taken by a GET meanwhile: the stored answer is the same
+        text = compact(service.book.get(window.id).state())
+    return web.Response(body=text, status=201, content_type="application/json")

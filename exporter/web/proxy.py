@@ -19,6 +19,7 @@ from exporter.core.shards import owner
 from exporter.server.edges import TrafficEdges
 from exporter.web.guard import GuardedSite
 from exporter.web.relay import RecordFn, Timeouts, Upstream, relay
+from exporter.web.relayloop import HandedEdges, RelayLoop, handed_record
 from exporter.web.requesthist import RequestLengths
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,15 @@ def origin_of(url: str) -> str:
 
 @dataclass
 class Proxying:
-    """The proxy on the exporter's app; its per-target ports follow the config across reloads."""
+    """The proxy on the exporter's app; its per-target ports follow the config across reloads,
+    served on their own thread and loop (`relays`), `/proxy/` on the exporter's."""
 
     record: RecordFn  # the window book's: each answer's figures go to its windows
     config: Callable[[], Config]
     edges: TrafficEdges | None = None  # traffic-edged windows (their starts wait on requests)
-    session: aiohttp.ClientSession | None = None
-    # target name -> ((listen, origin), its runner)
+    session: aiohttp.ClientSession | None = None  # `/proxy/`'s, on the exporter's loop
+    relays: RelayLoop | None = None  # the per-target ports' thread, loop and session
+    # target name -> ((listen, origin), its runner on the relay loop)
     ports: dict[str, tuple[tuple[str, str], web.AppRunner]] = field(default_factory=dict)
     seen: Config | None = None
     pending: asyncio.Task[None] | None = None
@@ -81,11 +84,22 @@ class Proxying:
         self.record(target, stats)
         self.lengths.observe(target, stats)
 
+    def _port_upstream(self, name: str) -> Upstream | None:
+        """A target's upstream for its port's relay loop: records and edges handed back here."""
+        upstream = self.upstream(name)
+        if upstream is None:
+            return None
+        home = asyncio.get_running_loop()
+        edges = HandedEdges(self.edges, home) if self.edges is not None else None
+        return replace(upstream, record=handed_record(home, self._record), edges=edges)
+
     async def serve(self, app: web.Application) -> AsyncGenerator[None, None]:
         """cleanup_ctx: every target's `proxy.listen`; OSError naming the key for a taken port."""
         async with aiohttp.ClientSession(auto_decompress=False,
                                          timeout=aiohttp.ClientTimeout(total=None)) as session:
             self.session = session
+            self.relays = relays = RelayLoop()
+            await relays.start()
             try:
                 await self.reconcile(strict=True)
                 yield
@@ -94,8 +108,10 @@ class Proxying:
                     self.pending.cancel()
                 self.session = None
                 for _, runner in self.ports.values():
-                    await runner.cleanup()
+                    await relays.call(runner.cleanup())
                 self.ports.clear()
+                await relays.stop()
+                self.relays = None
 
     def scraped(self, *_: object) -> None:
         """After a scrape: a reloaded config's ports are opened and closed (off this call)."""
@@ -113,7 +129,8 @@ class Proxying:
         for name, (where, runner) in list(self.ports.items()):
             if name not in wanted or wanted[name][1] != where:
                 del self.ports[name]
-                await runner.cleanup()
+                assert self.relays is not None
+                await self.relays.call(runner.cleanup())
         for name, (index, where) in wanted.items():
             if name in self.ports:
                 continue
@@ -125,20 +142,30 @@ class Proxying:
                 log.error("proxy listen failed target=%s error=%s", name, exc)
 
     async def _listen(self, index: int, name: str, listen: str) -> web.AppRunner:
-        upstream = self.upstream(name)
-        assert upstream is not None and self.session is not None
-        runner = web.AppRunner(proxy_app(upstream, self.session), access_log=None)
-        await runner.setup()
-        host, _, port = listen.rpartition(":")
+        upstream = self._port_upstream(name)
+        relays = self.relays
+        assert upstream is not None and relays is not None and relays.session is not None
+        app = proxy_app(upstream, relays.session)
         try:
-            # A client slow to send its head (slowloris) is cut off as on the main listener.
-            await GuardedSite(runner, host.strip("[]"), int(port),
-                              header_timeout=self.config().header_timeout).start()
+            return await relays.call(_opened(app, listen, self.config().header_timeout))
         except OSError as exc:
-            await runner.cleanup()
             raise OSError(exc.errno, f"targets.{index}.proxy.listen: cannot listen on "
                           f"{listen}: {exc.strerror}") from None
-        return runner
+
+
+async def _opened(app: web.Application, listen: str, header_timeout: float) -> web.AppRunner:
+    """`app` listening on `listen` (run on the relay loop); OSError when the port is taken."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    host, _, port = listen.rpartition(":")
+    try:
+        # A client slow to send its head (slowloris) is cut off as on the main listener.
+        await GuardedSite(runner, host.strip("[]"), int(port),
+                          header_timeout=header_timeout).start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner
 
 
 def _timeouts(proxy: ProxyConfig | None) -> Timeouts:

@@ -10,14 +10,13 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_sse
-from exporter.server.edges import TrafficEdges
 
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
 SMALL_BODY = 64 * 1024  # a request body below this size (with its length given) is sent whole
@@ -41,6 +40,16 @@ _NOT_ADDED = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
 RecordFn = Callable[[str, RequestStats], None]
 
 
+class Edges(Protocol):
+    """The traffic edges a relay passes (edges.TrafficEdges, or those handed across loops)."""
+
+    async def arrive(self, target: str) -> list[Any]:
+        """Before the request goes: once every window it opens has started, its tickets."""
+
+    def done(self, tickets: list[Any]) -> None:
+        """The request's answer has completed (or failed)."""
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """How long the relay waits on the upstream (a target's `proxy:` block), in seconds."""
@@ -57,7 +66,7 @@ class Upstream:
     target: str
     origin: str  # scheme://host:port
     record: RecordFn
-    edges: TrafficEdges | None = None
+    edges: Edges | None = None
     own_token: str = ""  # the exporter's token: never sent on, in whatever header it arrives
     timeouts: Timeouts = field(default_factory=Timeouts)
 

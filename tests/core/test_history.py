@@ -86,3 +86,72 @@ def test_label_values_with_quotes_survive_the_rebuilt_page() -> None:
                         [(1.0, 1.0), (2.0, 4.0)])]
     answer = history_answer(series, 0.0, 3.0, query_url="http://store")
     assert answer["results"]["a:1"]["increase"]["num_drafts"] == 3
+
+
+def _server(instance: str, drafts: list[float], start: float, k: int) -> list[RawSeries]:
+    """One server under job "vllm": its counters and k per-position counters, 1 s apart."""
+    times = [start + i for i in range(len(drafts))]
+    labels = {"job": "vllm"}
+    out = [_series(name, instance, [(t, f * d) for t, d in zip(times, drafts, strict=True)],
+                   **labels)
+           for name, f in ((DRAFTS, 1), (TOKENS, k), (ACCEPTED, 1))]
+    out += [_series("vllm:spec_decode_num_accepted_tokens_per_pos_total", instance,
+                    [(t, d - p) for t, d in zip(times, drafts, strict=True)],
+                    position=str(p), **labels) for p in range(k)]
+    return out
+
+
+class TestGroups:
+    """A group of servers (`by` a label they share) is the exact sum of its servers."""
+
+    def test_two_servers_out_of_phase_sum_exactly(self) -> None:
+        # Scraped half a second apart: no timestamp holds both servers' series.
+        series = [*_server("a:1", [10, 20, 35, 50, 60], 100.0, 3),
+                  *_server("b:1", [400, 500, 610, 700, 800], 100.5, 5)]
+        each = history_answer(series, 99.0, 106.0, query_url="http://store")["results"]
+        grouped = history_answer(series, 99.0, 106.0, query_url="http://store", by=["job"])
+        group = grouped["results"]["vllm"]
+        assert each["a:1"]["increase"]["num_drafts"] == 50
+        assert each["b:1"]["increase"]["num_drafts"] == 400
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            assert group["increase"][key] == (each["a:1"]["increase"][key]
+                                              + each["b:1"]["increase"][key]), key
+        per_pos = group["increase"]["accepted_per_pos"]
+        assert per_pos == {str(p): sum(e["increase"]["accepted_per_pos"].get(str(p), 0)
+                                       for e in each.values()) for p in range(5)}
+        assert group["resets"] == 0 and group["coverage"] == "full"
+        assert set(group["history"]["servers"]) == {"vllm [vllm/a:1]", "vllm [vllm/b:1]"}
+        assert grouped["aggregate"]["increase"] == group["increase"]
+        assert grouped["targets"] == ["vllm"]
+
+    def test_a_server_that_starts_inside_the_range_is_said(self) -> None:
+        series = [*_server("a:1", [10, 20, 35, 50, 60, 70, 80], 100.0, 3),
+                  *_server("b:1", [400, 500, 610], 104.0, 5)]
+        grouped = history_answer(series, 99.5, 107.0, query_url="http://store", by=["job"])
+        group = grouped["results"]["vllm"]
+        # a: 70; b counted from its own first sample: 210 (not 610 from zero).
+        assert group["increase"]["num_drafts"] == 280
+        assert group["coverage"] == "partial"
+        assert "after the range's start" in group["coverage_note"]
+        assert "vllm [vllm/b:1]" in group["coverage_note"]
+        alone = history_answer(series, 99.5, 107.0, query_url="http://store")["results"]
+        assert alone["b:1"]["coverage"] == "partial"
+        assert "counted from it" in alone["b:1"]["coverage_note"]
+        assert alone["a:1"]["coverage"] == "full"
+
+    def test_a_scraped_server_without_spec_decode_series_is_na(self) -> None:
+        series = _server("a:1", [10, 20, 35], 100.0, 3)
+        scraped = [{"job": "vllm", "instance": "a:1"}, {"job": "vllm", "instance": "plain:1"}]
+        answer = history_answer(series, 99.0, 103.0, query_url="http://store", scraped=scraped)
+        assert sorted(answer["results"]) == ["a:1", "plain:1"]
+        plain = answer["results"]["plain:1"]
+        assert plain["status"] == "na"
+        assert plain["error"] == "No spec decode metrics found on server"
+        assert answer["aggregate"]["increase"]["num_drafts"] == 25
+
+
+def test_a_late_server_is_said_once() -> None:
+    series = [*_server("a:1", [10, 20, 35, 50, 60, 70, 80], 100.0, 3),
+              *_server("b:1", [400, 500, 610], 104.0, 5)]
+    alone = history_answer(series, 99.5, 107.0, query_url="http://store")["results"]["b:1"]
+    assert alone["coverage_note"].count("after the range's start") == 1

@@ -26,12 +26,19 @@ from exporter.scrape.history import (
 
 class _Store(BaseHTTPRequestHandler):
     answers: list[tuple[int, bytes]] = []
+    scraped: list[dict[str, str]] = []
     seen: list[tuple[dict[str, list[str]], dict[str, str]]] = []
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         params = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        if self.path.startswith("/api/v1/series"):
+            self._send(200, json.dumps({"status": "success", "data": self.scraped}).encode())
+            return
         self.seen.append((params, {k.lower(): v for k, v in self.headers.items()}))
         status, body = self.answers.pop(0) if self.answers else (200, _matrix([]))
+        self._send(status, body)
+
+    def _send(self, status: int, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -103,7 +110,7 @@ def test_limits_and_errors_are_clear(store: str, monkeypatch: pytest.MonkeyPatch
     with pytest.raises(HistoryError, match="HTTP 400.*bad query"):
         fetch_series(HistoryQuery(store, 0.0, 1.0))
     _Store.answers = [(200, b"not json")]
-    with pytest.raises(HistoryError, match="unexpected answer"):
+    with pytest.raises(HistoryError, match="answer is not JSON"):
         fetch_series(HistoryQuery(store, 0.0, 1.0))
     with pytest.raises(HistoryError, match="is not reachable"):
         fetch_series(HistoryQuery(f"http://u:pw@127.0.0.1:{free_port()}", 0.0, 1.0))
@@ -117,4 +124,4 @@ def test_matchers_and_ranges_are_checked() -> None:
         selectors(["up"])
     with pytest.raises(HistoryError, match="bad range"):
         check_range(10.0, 5.0)
-    assert chunks(0.0, 25.0, 10.0) == [(0.0, 10.0), (10.0, 20.0), (20.0, 25.0)]
+    assert list(chunks(0.0, 25.0, 10.0)) == [(0.0, 10.0), (10.0, 20.0), (20.0, 25.0)]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
+from storeanswers import HOSTILE_ANSWERS
+
+from exporter.scrape import history
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 
@@ -122,6 +127,8 @@ class TestHistoryRoute:
         ({"from": 1, "to": 2, "prometheus": "ftp://x"}, 400, "http:// or https://"),
         ({"from": 1, "to": 2, "step": 5}, 400, "unknown keys: step"),
         ({"from": 1, "to": 2, "match": [1]}, 400, '"match" must be'),
+        ({"from": 1, "to": 2, "match": "up"}, 400, "give label matchers only"),
+        ({"from": 1, "to": 2, "match": ['{a="1"}', "rate(x[5m])"]}, 400, "label matchers only"),
     ])
     async def test_bad_requests_say_why(self, exporter: Any, store: tuple[str, list[str]],
                                         body: dict[str, Any], status: int, said: str) -> None:
@@ -254,7 +261,7 @@ class TestStoreCredentials:
         answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
         assert answer.status == 201
         assert heard and all(h["authorization"] == "Bearer s3cret" for h in heard)
-        assert (await answer.json())["store_notes"] == []
+        assert not any("credentials" in n for n in (await answer.json())["store_notes"])
 
     @pytest.mark.parametrize("to", ["file:///etc/passwd", "ftp://127.0.0.1/x",
                                     "gopher://127.0.0.1:70/"])
@@ -265,3 +272,181 @@ class TestStoreCredentials:
         answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
         assert answer.status == 502
         assert "only http:// and https:// are followed" in (await answer.json())["error"]
+
+
+class TestBounds:
+    """A read is bounded before its first query (the range) and as answers come in."""
+
+    @pytest.mark.parametrize("frm", [-1e12, "-3650d", -1e300, "-745h"])
+    async def test_a_range_over_the_limit_is_a_400_and_no_query(
+            self, exporter: Any, store: tuple[str, list[str]], frm: Any) -> None:
+        url, queries = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": frm, "to": "now"})
+        assert answer.status == 400
+        assert "over the limit of 2678400 s (31 days)" in (await answer.json())["error"]
+        assert queries == []
+
+    async def test_a_range_at_the_limit_is_read(self, exporter: Any,
+                                                store: tuple[str, list[str]]) -> None:
+        url, queries = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 103 - 31 * 86400, "to": 103})
+        assert answer.status == 201
+        assert len(queries) == 31 * 12  # 2 h per query
+
+    @pytest.mark.parametrize("points", [11_001, 50_000])
+    async def test_too_many_points_per_series_is_a_502(self, exporter: Any, aiohttp_server: Any,
+                                                       points: int) -> None:
+        series = [{"metric": {"__name__": DRAFTS, "instance": "a:1"},
+                   "values": [[100 + i / 1000, str(i)] for i in range(points)]}]
+
+        async def query(request: web.Request) -> web.Response:
+            return web.json_response({"status": "success",
+                                      "data": {"resultType": "matrix", "result": series}})
+
+        app = web.Application()
+        app.router.add_get("/api/v1/query", query)
+        url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 150})
+        assert answer.status == 502
+        error = (await answer.json())["error"]
+        assert f"{points} points for one series" in error and "over 11,000 per query" in error
+
+    async def test_samples_in_all_are_bounded(self, exporter: Any, store: tuple[str, list[str]],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(history, "MAX_SAMPLES", 10)  # the store holds 18 in the range
+        url, _ = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
+        assert answer.status == 502
+        assert "over 10 samples in all" in (await answer.json())["error"]
+
+    async def test_the_store_queries_stop_when_the_client_leaves(
+            self, exporter: Any, aiohttp_server: Any) -> None:
+        queries: list[float] = []
+
+        async def slow(request: web.Request) -> web.Response:
+            queries.append(asyncio.get_running_loop().time())
+            await asyncio.sleep(0.2)
+            return web.json_response({"status": "success",
+                                      "data": {"resultType": "matrix", "result": []}})
+
+        app = web.Application()
+        app.router.add_get("/api/v1/query", slow)
+        url = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        # 360 queries of 0.2 s would take 72 s: the client leaves after about 1 s.
+        async with aiohttp.ClientSession() as session:
+            with pytest.raises(TimeoutError):
+                await session.post(under.client.make_url("/api/v1/windows/history"),
+                                   json={"from": "-30d", "to": "now"},
+                                   timeout=aiohttp.ClientTimeout(total=1.0))
+        await asyncio.sleep(1.0)  # the exporter sees the client gone; a query may be in flight
+        seen = len(queries)
+        await asyncio.sleep(1.5)
+        assert len(queries) == seen, "store queries went on after the client left"
+        assert 0 < seen < 20
+        listed = await (await under.client.get("/api/v1/windows")).json()
+        assert listed["windows"] == []  # nothing recorded for a request nobody waits for
+
+
+def _answering(doc: Any) -> web.Application:
+    async def query(request: web.Request) -> web.Response:
+        return web.json_response(doc)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    return app
+
+
+class TestHostileAnswers:
+    @pytest.mark.parametrize(("doc", "said"), HOSTILE_ANSWERS)
+    async def test_a_store_answer_that_makes_no_sense_is_a_502_saying_what(
+            self, exporter: Any, aiohttp_server: Any, doc: Any, said: str) -> None:
+        url = str((await aiohttp_server(_answering(doc))).make_url("")).rstrip("/")
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 110})
+        assert answer.status == 502
+        error = (await answer.json())["error"]
+        assert error.startswith(f"the store at {url}: store {url}"), error
+        assert said in error, error
+        assert (await (await under.client.get("/api/v1/windows")).json())["windows"] == []
+
+    async def test_a_store_url_with_a_password_is_not_repeated(
+            self, exporter: Any, aiohttp_server: Any) -> None:
+        url = str((await aiohttp_server(_answering([1]))).make_url("")).rstrip("/")
+        secret = url.replace("http://", "http://u:hunter2@")
+        under = await exporter({"targets": [], "history": {"prometheus": secret}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 110})
+        assert answer.status == 502
+        assert "hunter2" not in await answer.text()
+
+    @pytest.mark.parametrize(("given", "said"), [
+        (12345, "id must be 1-128 characters"), (True, "id must be"), ("", "id must be"),
+        ("../up", "without '..'"), ({"a": 1}, "id must be"), ("x" * 129, "id must be"),
+    ])
+    async def test_an_id_is_taken_as_given_or_refused(
+            self, exporter: Any, store: tuple[str, list[str]], given: Any, said: str) -> None:
+        url, queries = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 99, "to": 103, "id": given})
+        assert answer.status == 400
+        assert said in (await answer.json())["error"]
+        assert queries == []
+
+    async def test_a_name_too_long_is_refused(self, exporter: Any,
+                                              store: tuple[str, list[str]]) -> None:
+        url, _ = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 99, "to": 103, "name": "n" * 10_000})
+        assert answer.status == 400
+        assert "name must be at most" in (await answer.json())["error"]
+
+
+class TestOffTheLoop:
+    """The window is counted and its files written by the stop's worker, committed as a stop."""
+
+    async def test_files_that_cannot_be_written_are_a_503_and_nothing_is_kept(
+            self, exporter: Any, store: tuple[str, list[str]], tmp_path: Path) -> None:
+        url, _ = store
+        out = tmp_path / "out"
+        under = await exporter({"targets": [], "output_dir": str(out),
+                                "history": {"prometheus": url}})
+        out.mkdir(exist_ok=True)
+        (out / "h9").write_text("a file where the window's folder goes")
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 99, "to": 103, "id": "h9"})
+        assert answer.status == 503
+        assert 'window "h9" not recorded' in (await answer.json())["error"]
+        assert (await under.client.get("/api/v1/windows/h9")).status == 404
+        (out / "h9").unlink()
+        again = await under.client.post("/api/v1/windows/history",
+                                        json={"from": 99, "to": 103, "id": "h9"})
+        assert again.status == 201
+        body = await again.json()
+        saved = json.loads((out / "h9" / "window.json").read_text())
+        assert saved["results"] == body["results"]
+        got = await (await under.client.get("/api/v1/windows/h9")).json()
+        assert got["results"] == body["results"]
+
+    @pytest.mark.parametrize("in_child", ["1", "0"])
+    async def test_the_answer_is_the_same_in_a_child_or_a_thread(
+            self, exporter: Any, store: tuple[str, list[str]],
+            monkeypatch: pytest.MonkeyPatch, in_child: str) -> None:
+        monkeypatch.setenv("SPECDEC_STOP_IN_CHILD", in_child)
+        url, _ = store
+        under = await exporter({"targets": [], "history": {"prometheus": url}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"from": 99, "to": 103, "id": "hc"})
+        body = await answer.json()
+        assert answer.status == 201, body
+        assert body["results"]["a:1"]["increase"]["num_drafts"] == 19
+        assert body["results_dir"].endswith("hc")
+        listed = await (await under.client.get("/api/v1/windows")).json()
+        assert [w["id"] for w in listed["windows"]] == ["hc"]

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
-from collections.abc import AsyncIterator
+import threading
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -258,6 +261,33 @@ class TestWindowsRecordProxiedRequests:
         assert saved["per_request"] == answer["per_request"]
         assert saved["results"]["v"] == answer["results"]["v"]  # the RESULT as it was
 
+    async def test_the_proxy_port_relays_and_records_while_the_exporters_loop_is_busy(
+            self, exporter: Any) -> None:
+        # The port's relay has its own loop: a stop, a scrape or a page render holding the
+        # exporter's loop does not hold a benchmark's stream (here the loop is held whole).
+        fake = FakeServer(k=3, acceptance=0.75, per_request_metrics="summary")
+        with _served_apart(make_fake_app(fake)) as upstream:
+            port = free_port()
+            under = await exporter({"targets": [{
+                "name": "v", "url": f"{upstream}/metrics",
+                "proxy": {"listen": f"127.0.0.1:{port}"}}]})
+            await under.round()
+            await under.start(id="w1")
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions", method="POST",
+                data=json.dumps({"model": "m", "prompt": "p", "max_tokens": 20,
+                                 "stream": True}).encode(),
+                headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=20) as answer:  # blocks this loop
+                streamed = answer.read()
+            assert streamed.count(b"speculative_decoding") == 1
+            assert streamed.endswith(b"data: [DONE]\n\n")
+            answer = await under.stop("w1")
+        block = answer["per_request"]["targets"]["v"]
+        assert block["requests"] == 1 and block["with_stats"] == 1
+        assert block["num_accepted_draft_tokens"] == answer["results"]["v"]["data"][
+            "accepted_tokens"]
+
     async def test_requests_lost_at_a_restart_are_counted_in_its_unobserved_span(
             self, exporter: Any, aiohttp_server: Any) -> None:
         fake = FakeServer(k=3, acceptance=0.7, per_request_metrics="summary")
@@ -396,3 +426,30 @@ class TestDisconnects:
         assert proxying.ports == {}
         with pytest.raises(OSError):
             await asyncio.open_connection("127.0.0.1", port)
+
+
+@contextlib.contextmanager
+def _served_apart(app: web.Application) -> Iterator[str]:
+    """`app` served on a thread of its own (its own loop), as a model server is; its base URL."""
+    port, ready, loop = free_port(), threading.Event(), asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None)
+
+    async def start() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        ready.set()
+
+    def run() -> None:
+        loop.run_until_complete(start())
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(30), "the upstream did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
