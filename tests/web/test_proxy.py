@@ -275,8 +275,8 @@ class TestWindowsRecordProxiedRequests:
             await under.start(id="w1")
             request = urllib.request.Request(
                 f"http://127.0.0.1:{port}/v1/completions", method="POST",
-                data=json.dumps({"model": "m", "prompt": "p", "max_tokens": 20,
-                                 "stream": True}).encode(),
+                data=json.dumps({"model": "m", "prompt": "p", "max_tokens": 20, "stream": True,
+                                 "stream_options": {"include_usage": True}}).encode(),
                 headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(request, timeout=20) as answer:  # blocks this loop
                 streamed = answer.read()
