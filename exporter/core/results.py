@@ -11,7 +11,7 @@ from exporter.core.counting import Accumulator
 from exporter.core.derive import acceptance_length, acceptance_ratio, has_activity
 from exporter.core.dialects import SGLANG_LENGTH, dialect_note, is_estimate
 from exporter.core.isotime import iso_utc, with_iso_times
-from exporter.core.perrequest import per_request_block
+from exporter.core.requestblock import per_request_block
 from exporter.core.result import (
     NO_ACTIVITY,
     NO_METRICS,

@@ -89,7 +89,7 @@ class Buckets:
             raise ValueError("its counts are not an object")
         parsed = {int(k): n for k, n in counts.items()}
         count, total = data.get("count"), data.get("sum")
-        if (not all(_natural(n) and n > 0 for n in parsed.values()) or not _natural(count)
+        if (not all(natural(n) and n > 0 for n in parsed.values()) or not natural(count)
                 or sum(parsed.values()) != count or not finite(total)):
             raise ValueError("its counts are not counts")
         tally = cls(width, count, float(total), counts=parsed)
@@ -101,7 +101,8 @@ class Buckets:
         return tally
 
 
-def _natural(value: object) -> bool:
+def natural(value: object) -> TypeGuard[int]:
+    """A whole number from 0 (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 

@@ -12,8 +12,9 @@ from typing import Any
 from exporter.core.accrows import Encoded
 from exporter.core.counting import Accumulator
 from exporter.core.errors import RequestError
-from exporter.core.perrequest import PerRequest, RequestStats, per_request_block
+from exporter.core.perrequest import PerRequest, RequestStats
 from exporter.core.redact import redact_url
+from exporter.core.requestblock import per_request_block
 from exporter.core.snapshot import ScrapeResult
 
 # Ids name directories of results: letters, digits and . _ - only, so no path can escape.

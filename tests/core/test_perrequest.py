@@ -18,12 +18,9 @@ from exporter.core.perrequest import (
     format_per_request,
     from_json,
     from_sse,
-    in_spans,
-    merged_block,
     per_position_accepted,
-    per_request_block,
-    span_totals,
 )
+from exporter.core.requestblock import in_spans, merged_block, per_request_block, span_totals
 
 SPEC = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6,
         "num_spec_tokens": 3, "mean_acceptance_length": 2.5, "draft_acceptance_rate": 0.5,
