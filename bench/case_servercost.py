@@ -49,13 +49,14 @@ _INTERVAL_COUNT = re.compile(
 
 
 @contextlib.contextmanager
-def _server(workdir: Path) -> Iterator[tuple[str, int, str]]:
-    """(kind, pid of the process that serves /metrics, base URL) of a running server."""
+def _server(workdir: Path, real: bool) -> Iterator[tuple[str, int, str]]:
+    """(kind, pid of the process that serves /metrics, base URL) of a running server: a real
+    vLLM if `real` and it can run here, else fake-vllm."""
     try:
         from tests.realvllm import servers  # the real-vLLM launcher (the vllm branch's)
     except ImportError:
         servers = None
-    if servers is not None and servers.unavailable() is None:
+    if real and servers is not None and servers.unavailable() is None:
         model = servers.make_model()
         real = servers.RealVllm(model, free_port(), servers.ngram(3))
         try:
@@ -193,14 +194,15 @@ def _prometheus_span(prom: _Prometheus, pid: int, seconds: float) -> dict:
     return {"cpu_s": cpu, "seconds": elapsed, "scrapes": prom.seen - before}
 
 
-def run(*, seconds: float = 15.0, rotations: int = 3, rate: float = 10.0) -> CaseResult:
+def run(*, seconds: float = 15.0, rotations: int = 3, rate: float = 10.0,
+        real: bool = True) -> CaseResult:
     """Per contender, the server's CPU ms per scrape above idle (medians over rotations)."""
     result = CaseResult("servercost")
     workdir = Path(tempfile.mkdtemp(prefix="bench-servercost-"))
     spans: dict[str, list[dict]] = {"idle": [], "ours-filtered": [], "ours-full": [],
                                     "prometheus": []}
     try:
-        with _server(workdir) as (kind, pid, base):
+        with _server(workdir, real) as (kind, pid, base):
             prom = _Prometheus(base, workdir, 1 / rate)
             try:
                 for _ in range(rotations):
