@@ -4,9 +4,10 @@ full page, `name_filter: false`) against a default Prometheus scrape of the same
 
 The server is a real vLLM (the tiny model of tests/realvllm/servers.py, n-gram speculation)
 where its virtualenv is there (`.vllm-venv`, or `$VLLM_VENV`), else `specdec-exporter fake-vllm`
-(say so: its costs are aiohttp's and the simulator's, not vLLM's). Spans alternate (idle, ours
-filtered, ours full, Prometheus) `rotations` times, each `seconds` long at `rate` scrapes a
-second; CPU is the server process's utime + stime from /proc; figures are medians.
+(say so: its costs are aiohttp's and the simulator's, not vLLM's). Spans alternate (idle,
+GET /health, ours filtered, ours full, Prometheus) `rotations` times, each `seconds` long at
+`rate` requests a second; CPU is the server process's threads' run time from
+/proc/<pid>/task/*/schedstat; figures are medians.
 
 `python -m bench.case_servercost [--seconds 15] [--rotations 3] [--rate 10]`
 """
@@ -28,6 +29,8 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+import aiohttp
 
 from bench.common import (
     CaseResult,
@@ -175,6 +178,23 @@ def _scraper_span(url: str, name_filter: bool, rate: float, seconds: float, pid:
     return asyncio.run(go())
 
 
+def _health_span(base: str, rate: float, seconds: float, pid: int) -> dict:
+    """GET /health at `rate` (vLLM's liveness probe, an empty answer): the HTTP floor."""
+
+    async def go() -> dict:
+        async with aiohttp.ClientSession() as session:
+            count, cpu0, start = 0, cpu_seconds(pid), time.monotonic()
+            while time.monotonic() - start < seconds:
+                async with session.get(base + "/health") as answer:
+                    await answer.read()
+                count += 1
+                await asyncio.sleep(max(0.0, start + count / rate - time.monotonic()))
+            return {"cpu_s": cpu_seconds(pid) - cpu0, "seconds": time.monotonic() - start,
+                    "scrapes": count}
+
+    return asyncio.run(go())
+
+
 def _idle_span(pid: int, seconds: float) -> dict:
     cpu0, start = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
@@ -199,14 +219,15 @@ def run(*, seconds: float = 15.0, rotations: int = 3, rate: float = 10.0,
     """Per contender, the server's CPU ms per scrape above idle (medians over rotations)."""
     result = CaseResult("servercost")
     workdir = Path(tempfile.mkdtemp(prefix="bench-servercost-"))
-    spans: dict[str, list[dict]] = {"idle": [], "ours-filtered": [], "ours-full": [],
-                                    "prometheus": []}
+    spans: dict[str, list[dict]] = {"idle": [], "health": [], "ours-filtered": [],
+                                    "ours-full": [], "prometheus": []}
     try:
         with _server(workdir, real) as (kind, pid, base):
             prom = _Prometheus(base, workdir, 1 / rate)
             try:
                 for _ in range(rotations):
                     spans["idle"].append(_idle_span(pid, seconds))
+                    spans["health"].append(_health_span(base, rate, seconds, pid))
                     spans["ours-filtered"].append(
                         _scraper_span(base + "/metrics", True, rate, seconds, pid))
                     spans["ours-full"].append(
@@ -236,6 +257,9 @@ def run(*, seconds: float = 15.0, rotations: int = 3, rate: float = 10.0,
         Row("servercost", f"{kind} server CPU ms per scrape, ours with name_filter off",
             per_scrape["ours-full"], "ms", prom_ms, "a default Prometheus scrape",
             ratio(per_scrape["ours-full"], prom_ms)),
+        Row("servercost", f"{kind} server CPU ms per scrape, ours over GET /health (the floor)",
+            per_scrape["ours-filtered"], "ms", per_scrape["health"], "GET /health",
+            ratio(per_scrape["ours-filtered"], per_scrape["health"])),
     ]
     return result
 

@@ -156,9 +156,13 @@ class Scraper:
         wanted = present(page, names)
         if not wanted:
             return
+        # Uncompressed: the filtered answer is a few KB, which prometheus_client would gzip at
+        # level 9 on the server's event loop.
+        headers = {k: v for k, v in plan.headers.items() if k.lower() != "accept-encoding"}
+        headers["Accept-Encoding"] = "identity"
         for url in filtered_urls(plan.url, names):
-            lean = plan.lean and (plan.lean[0], plan.lean[1], _request_bytes(url, plan.headers))
-            filtered = replace(plan, url=url, lean=lean)
+            lean = plan.lean and (plan.lean[0], plan.lean[1], _request_bytes(url, headers))
+            filtered = replace(plan, url=url, headers=headers, lean=lean)
             try:
                 answer = await self._fetch(filtered)
             except (GetError, aiohttp.ClientError, OSError, ValueError):

@@ -28,11 +28,13 @@ class _Counted:
     def __init__(self, server: FakeServer, name_filter: NameFilter):
         self.server = server
         self.seen: list[tuple[str, bool]] = []
+        self.encodings: list[str | None] = []
         app = make_fake_app(server, name_filter=name_filter)
 
         @web.middleware
         async def note(request: web.Request, handler):
             self.seen.append((request.path, "name[]" in request.query))
+            self.encodings.append(request.headers.get("Accept-Encoding"))
             return await handler(request)
 
         app.middlewares.append(note)
@@ -72,6 +74,8 @@ class TestFilteredScrape:
         assert second.snapshot is not None and second.snapshot.read == FILTERED
         assert fake.seen[2:] == [("/metrics/", True)]
         assert second.size < first.size / 10
+        # A few KB: asked uncompressed, which spares the server a gzip at level 9.
+        assert fake.encodings == ["gzip", "identity", "identity"]
         full = parse_page(fake.server.render(), "vllm")
         assert second.snapshot.values == full.values
         assert second.snapshot.created == full.created
