@@ -9,6 +9,7 @@ we read that its full page holds, and nothing else; that is proven again after a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -39,15 +40,29 @@ def _sample_name(line: bytes) -> bytes:
     return line[:end]
 
 
+def _needles(names: Collection[str]) -> set[bytes]:
+    """Line starts that find every one of `names`: the names grouped by their first 10
+    characters, each group by its common prefix (a page is searched once per group, not
+    twice per name)."""
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        groups.setdefault(name[:10], []).append(name)
+    return {b"\n" + os.path.commonprefix(group).encode() for group in groups.values()}
+
+
 def present(page: bytes, names: Collection[str]) -> frozenset[str]:
     """Which of `names` have a sample line on `page`."""
+    wanted = {name.encode() for name in names}
     found = set()
-    for name in names:
-        raw = name.encode()
-        for head in (raw + b"{", raw + b" "):
-            if page.startswith(head) or b"\n" + head in page:
-                found.add(name)
-                break
+    page = b"\n" + page if not page.startswith(b"\n") else page
+    for needle in _needles(names):
+        at = page.find(needle)
+        while at >= 0:
+            end = page.find(b"\n", at + 1)
+            name = _sample_name(page[at + 1: end if end >= 0 else len(page)])
+            if name in wanted:
+                found.add(name.decode())
+            at = page.find(needle, at + 1)
     return frozenset(found)
 
 
