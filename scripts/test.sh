@@ -69,6 +69,7 @@ fi
 # the CLI subprocesses too; the floor (fail_under in pyproject.toml) is checked after the run.
 # The strict type check of exporter/ ([tool.mypy] in pyproject.toml).
 python -m mypy
+python -m ruff check exporter tests bench
 wait "$vllm_env"
 rm -f .coverage .coverage.*
 python -m coverage run -m pytest -rs "$@"

@@ -68,6 +68,16 @@ def pytest_configure(config):
     )
 
 
+def pytest_collection_modifyitems(config, items):
+    """The 10-minute soak runs only when `-m` names it: any other -m, or none, leaves it out."""
+    if "soak" in (config.option.markexpr or ""):
+        return
+    soak = [item for item in items if item.get_closest_marker("soak") is not None]
+    if soak:
+        config.hook.pytest_deselected(items=soak)
+        items[:] = [item for item in items if item.get_closest_marker("soak") is None]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Under CI=true a skip is a failure, unless the test is marked `may_skip_in_ci(why)`.

@@ -96,7 +96,7 @@ class TestPageShapes:
         bodies = pages.render()
         mean = sum(map(len, bodies)) / len(bodies)
         assert abs(mean - kib * 1024) < 0.1 * kib * 1024
-        for server, body in zip(pages.servers, bodies):
+        for server, body in zip(pages.servers, bodies, strict=True):
             assert server.lora_adapters <= MAX_ADAPTERS and server.k == 8
             series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
             assert 6 <= series / (len(body) / 1024) <= 12

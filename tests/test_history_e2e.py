@@ -80,10 +80,13 @@ def _store(kind: str, port: int, targets: list[str], work: Path) -> subprocess.P
                                 stdin=subprocess.DEVNULL)
 
 
-def _raw(store: str, frm: float, to: float) -> dict[str, dict[str, list[list[tuple[float, float]]]]]:
+Samples = list[tuple[float, float]]
+
+
+def _raw(store: str, frm: float, to: float) -> dict[str, dict[str, list[Samples]]]:
     """Per instance, per field, each `_total` series' raw samples in [frm, to]."""
     span = f"{round((to - frm) * 1000) + 1}ms"
-    out: dict[str, dict[str, list[list[tuple[float, float]]]]] = {}
+    out: dict[str, dict[str, list[Samples]]] = {}
     for fld, name in NAMES.items():
         query = urllib.parse.urlencode({"query": f"{name}[{span}]", "time": f"{to:.3f}"})
         doc = json.loads(_get(f"{store}/api/v1/query?{query}"))
@@ -100,7 +103,7 @@ def _by_hand(series: list[list[tuple[float, float]]]) -> tuple[int, int]:
         # VictoriaMetrics returns staleness markers (NaN) where Prometheus drops them; the
         # exporter skips an unusable scrape and the next usable one bridges it.
         samples = [s for s in every if not math.isnan(s[1])]
-        for (_, before), (_, now) in zip(samples, samples[1:]):
+        for (_, before), (_, now) in zip(samples, samples[1:], strict=False):
             if now < before:
                 total, resets = total + now, resets + 1
             else:

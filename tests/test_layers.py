@@ -3,7 +3,8 @@
 - Packages stack: `core` < `analysis` < `config` < `scrape` < `state` < `server` < `web` <
   `cli`; a module imports only from its own package and the ones below it. `client` (stdlib
   only) and `fakevllm` (never imported by `serve`) sit beside the stack and read `core` and
-  `analysis` only, and `cli` may import them. No import cycle between modules, function-level imports included.
+  `analysis` only, and `cli` may import them. No import cycle between modules, function-level
+  imports included.
 - No module over ~500 lines, no function over ~60.
 - The pure domain imports no I/O library.
 - Readers (/metrics, the JSON views, the HTML pages) take a `StateView`: they import none of
@@ -219,12 +220,12 @@ class TestPackages:
         assert oversized(_modules()) == []
 
 
-@pytest.mark.e2e
 class TestPureDomain:
     def test_domain_and_client_import_no_io_libraries(self):
         # A fresh interpreter: what importing the domain (and the stdlib-only client) loads.
         modules = ("exporter.core.snapshot", "exporter.core.counting", "exporter.core.window",
-                   "exporter.core.derive", "exporter.core.results", "exporter.core.console", "exporter.client")
+                   "exporter.core.derive", "exporter.core.results", "exporter.core.console",
+                   "exporter.client")
         code = (
             "import importlib, sys\n"
             f"for name in {modules!r}:\n"
@@ -245,7 +246,8 @@ class TestReaders:
 
     def test_the_check_sees_an_import_of_a_part(self, tmp_path):
         path = tmp_path / "reader.py"
-        path.write_text("from exporter.server.book import WindowBook\nimport exporter.state.store\n")
+        path.write_text("from exporter.server.book import WindowBook\n"
+                        "import exporter.state.store\n")
         assert _imports(path) & NOT_FOR_READERS == {"exporter.server.book", "exporter.state.store"}
 
 

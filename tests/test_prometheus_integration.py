@@ -32,9 +32,7 @@ import pytest
 import yaml
 from conftest import free_port, tool
 
-pytestmark = pytest.mark.e2e
-
-pytestmark = pytest.mark.prometheus
+pytestmark = [pytest.mark.e2e, pytest.mark.prometheus]
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "deploy" / "grafana" / "specdec-exporter.json"

@@ -10,6 +10,8 @@ import math
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import accumulate
 from typing import Any
 
 from exporter.core.isotime import iso_utc
@@ -20,34 +22,79 @@ LOWEST = 10
 # requests says its span figures are incomplete rather than growing without bound.
 MAX_TIMES = 200_000
 SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
+# Entries of `acceptance_histogram` (k + 1 for k draft tokens): no vLLM method drafts 64 tokens
+# a step, and a longer one is read in no time as unreadable instead of summed into a window.
+MAX_HISTOGRAM = 64
+MAX_COUNT = 2**53  # as the peer vetting: past this a JSON number is no exact count
+
+
+class Unreadable(StrEnum):
+    """Why a relayed answer's figures could not be read (each counted in `unreadable_reasons`)."""
+
+    TOO_LARGE = "too_large"  # over PARSE_LIMIT: relayed, not read
+    NOT_AN_ANSWER = "not_an_answer"  # not JSON, or not an object, or an event stream of none
+    TOO_DEEP = "too_deep"  # nested past the JSON decoder's depth
+    CUT_MID_EVENT = "cut_mid_event"  # an event stream that ends inside an event
+    NO_DONE = "no_done"  # an event stream that ends without its `data: [DONE]`
+    CUT = "cut"  # the upstream's answer stopped before its end (connection lost mid-body)
+    STALLED = "stalled"  # the upstream sent nothing for `idle_timeout` mid-answer: cut there
+    CLIENT_LEFT = "client_left"  # the client went away before the upstream's answer ended
+    BAD_COUNTS = "bad_counts"  # a count that is not a whole number in [0, 2^53]
+    HISTOGRAM_TOO_LONG = "histogram_too_long"  # over MAX_HISTOGRAM entries
+    ACCEPTED_OVER_DRAFTED = "accepted_over_drafted"
+    HISTOGRAM_NOT_STEPS = "histogram_not_steps"  # its entries do not sum to num_spec_steps
+    RATE_OUT_OF_RANGE = "rate_out_of_range"  # draft_acceptance_rate not in [0, 1]
 
 
 @dataclass(frozen=True)
 class RequestStats:
-    """One answer's figures: who asked, what it cost, and its spec-decode object (or None)."""
+    """One answer's figures: who asked, what it cost, and its spec-decode object (or None);
+    or, with `unreadable` set, why its figures could not be read."""
 
     request_id: str
     model: str
     prompt_tokens: int | None
     completion_tokens: int | None
     spec: dict[str, Any] | None
+    unreadable: Unreadable | None = None
+
+    @classmethod
+    def unread(cls, reason: Unreadable) -> RequestStats:
+        """An answer whose figures could not be read, and why."""
+        return cls("", "", None, None, None, reason)
 
 
 def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and (
+        0 <= value <= MAX_COUNT) else None
 
 
-def _spec_object(metrics: object) -> dict[str, Any] | None:
-    """The speculative_decoding object when its counts are sound, else None."""
-    if not isinstance(metrics, dict):
+def _spec_object(metrics: object) -> dict[str, Any] | Unreadable | None:
+    """The speculative_decoding object when its figures are sound, why not when not, None
+    when the answer has none."""
+    if not isinstance(metrics, dict) or metrics.get("speculative_decoding") is None:
         return None
-    spec = metrics.get("speculative_decoding")
-    if not isinstance(spec, dict) or any(_int(spec.get(k)) is None for k in SUM_KEYS):
-        return None
-    hist = spec.get("acceptance_histogram")
-    if not isinstance(hist, list) or any(_int(h) is None for h in hist):
-        return None
-    return spec
+    spec = metrics["speculative_decoding"]
+    hist = spec.get("acceptance_histogram") if isinstance(spec, dict) else None
+    if isinstance(hist, list) and len(hist) > MAX_HISTOGRAM:
+        return Unreadable.HISTOGRAM_TOO_LONG  # before a look at each entry: bounded cost
+    if not isinstance(spec, dict) or not isinstance(hist, list) or any(
+            _int(v) is None for v in (*(spec.get(k) for k in SUM_KEYS), *hist)):
+        return Unreadable.BAD_COUNTS
+    return _broken_invariant(spec, hist) or spec
+
+
+def _broken_invariant(spec: dict[str, Any], hist: list[int]) -> Unreadable | None:
+    """Which of vLLM's own invariants the figures break, if any."""
+    if spec["num_accepted_draft_tokens"] > spec["num_draft_tokens"]:
+        return Unreadable.ACCEPTED_OVER_DRAFTED
+    if sum(hist) != spec["num_spec_steps"]:
+        return Unreadable.HISTOGRAM_NOT_STEPS
+    rate = spec.get("draft_acceptance_rate")
+    if rate is not None and not (isinstance(rate, int | float) and not isinstance(rate, bool)
+                                 and 0 <= rate <= 1):
+        return Unreadable.RATE_OUT_OF_RANGE
+    return None
 
 
 def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
@@ -60,11 +107,15 @@ def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
     if isinstance(usage, dict):
         into["usage"] = usage
     spec = _spec_object(obj.get("metrics"))
-    if spec is not None:
+    if isinstance(spec, Unreadable):
+        into.setdefault("unreadable", spec)
+    elif spec is not None:
         into["spec"] = spec
 
 
 def _stats(fields: dict[str, Any]) -> RequestStats:
+    if "unreadable" in fields:
+        return RequestStats.unread(fields["unreadable"])
     usage = fields.get("usage") or {}
     return RequestStats(
         request_id=str(fields.get("id", "")), model=str(fields.get("model", "")),
@@ -73,42 +124,57 @@ def _stats(fields: dict[str, Any]) -> RequestStats:
         spec=fields.get("spec"))
 
 
-def from_json(body: bytes) -> RequestStats | None:
-    """A non-streamed answer's figures; None when the body is not an OpenAI answer object."""
+def _decoded(data: bytes) -> object:
+    """The JSON value of `data`, or why there is none."""
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
+        return json.loads(data)
+    except RecursionError:
+        return Unreadable.TOO_DEEP
+    except ValueError:  # UnicodeDecodeError too
+        return Unreadable.NOT_AN_ANSWER
+
+
+def from_json(body: bytes) -> RequestStats:
+    """A non-streamed answer's figures; unreadable when the body is no OpenAI answer object."""
+    obj = _decoded(body)
+    if isinstance(obj, Unreadable):
+        return RequestStats.unread(obj)
     if not isinstance(obj, dict):
-        return None
+        return RequestStats.unread(Unreadable.NOT_AN_ANSWER)
     fields: dict[str, Any] = {}
     _merge(fields, obj)
     return _stats(fields)
 
 
-def from_sse(stream: bytes) -> RequestStats | None:
-    """A streamed answer's figures from its `data:` events; None when no event is JSON."""
+def from_sse(stream: bytes) -> RequestStats:
+    """A streamed answer's figures from its `data:` events; unreadable when the stream is cut
+    (mid-event, or before `data: [DONE]`) or no event is JSON."""
+    stream = stream.replace(b"\r\n", b"\n")
+    if stream and not stream.endswith(b"\n\n"):
+        return RequestStats.unread(Unreadable.CUT_MID_EVENT)
     fields: dict[str, Any] = {}
-    seen = False
-    for line in stream.replace(b"\r\n", b"\n").split(b"\n"):
+    seen = done = False
+    for line in stream.split(b"\n"):
         if not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
+            done = True
             continue
         # Once id and model are known, a token chunk carries nothing read here: decoding every
         # one held the proxy's loop (and every other stream through it) after each answer.
         if "model" in fields and "id" in fields and b'"usage"' not in data and (
                 b'"metrics"' not in data):
             continue
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            continue
+        obj = _decoded(data)
+        if obj is Unreadable.TOO_DEEP:
+            return RequestStats.unread(Unreadable.TOO_DEEP)
         if isinstance(obj, dict):
             seen = True
             _merge(fields, obj)
-    return _stats(fields) if seen else None
+    if not done:
+        return RequestStats.unread(Unreadable.NO_DONE)
+    return _stats(fields) if seen else RequestStats.unread(Unreadable.NOT_AN_ANSWER)
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -131,7 +197,7 @@ def summarize(values: list[float]) -> dict[str, float] | None:
 
 def per_position_accepted(histogram: list[int]) -> list[int]:
     """Steps that accepted position i: the steps that accepted more than i draft tokens."""
-    return [sum(histogram[i + 1:]) for i in range(max(0, len(histogram) - 1))]
+    return list(accumulate(reversed(histogram[1:])))[::-1]  # suffix sums: linear
 
 
 @dataclass
@@ -140,6 +206,7 @@ class PerRequest:
 
     requests: int = 0
     unreadable: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)  # unreadable, by Unreadable
     sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SUM_KEYS, 0))
     histogram: list[int] = field(default_factory=list)
     lengths: list[float] = field(default_factory=list)
@@ -151,11 +218,12 @@ class PerRequest:
     drafted: array[int] = field(default_factory=lambda: array("q"))
     accepted: array[int] = field(default_factory=lambda: array("q"))
 
-    def record(self, stats: RequestStats | None, at: float | None = None) -> None:
-        """Count one proxied request, finished at `at`; None: its answer could not be read."""
+    def record(self, stats: RequestStats, at: float | None = None) -> None:
+        """Count one proxied request, finished at `at` (unreadable, with its reason, or not)."""
         self.requests += 1
-        if stats is None:
+        if stats.unreadable is not None:
             self.unreadable += 1
+            self.reasons[stats.unreadable] = self.reasons.get(stats.unreadable, 0) + 1
             return
         spec = stats.spec
         if spec is None:
@@ -188,6 +256,8 @@ class PerRequest:
         """Add another target's figures (for the aggregate)."""
         self.requests += other.requests
         self.unreadable += other.unreadable
+        for reason, count in other.reasons.items():
+            self.reasons[reason] = self.reasons.get(reason, 0) + count
         for key in SUM_KEYS:
             self.sums[key] += other.sums[key]
         self._add_histogram(other.histogram)
@@ -204,6 +274,7 @@ class PerRequest:
         block: dict[str, Any] = {
             "requests": self.requests, "with_stats": with_stats, "without_stats": without,
             "unreadable": self.unreadable,
+            "unreadable_reasons": {str(k): n for k, n in sorted(self.reasons.items())},
             "reason": NO_STATS_REASON if self.requests and not with_stats else None,
             **self.sums, "acceptance_histogram": list(self.histogram),
             "per_position_acceptance_rates": {
@@ -266,7 +337,9 @@ def format_block(name: str, block: dict[str, Any]) -> str:
     if block.get("reason"):
         lines.append(f"{'Reason':46}{block['reason']}")
     if block.get("unreadable"):
-        lines.append(f"{'Unreadable answers':46}{block['unreadable']}")
+        why = ", ".join(f"{k} {n}" for k, n in (block.get("unreadable_reasons") or {}).items())
+        lines.append(f"{'Unreadable answers':46}{block['unreadable']}"
+                     + (f" ({why})" if why else ""))
     if block.get("acceptance_length"):
         lines.append(f"{'Over requests (request-weighted)':46}"
                      + "".join(f"{s:>8}" for s in _STATS))

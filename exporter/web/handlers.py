@@ -33,11 +33,11 @@ from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
 from exporter.web.pages.window import render_window_page
 from exporter.web.proxy import (
-    PROXY_TOKEN_HEADER,
     add_to_window_file,
     proxy_blocks,
     traffic_edges,
 )
+from exporter.web.relay import PROXY_TOKEN_HEADER
 
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
@@ -76,8 +76,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 @web.middleware
 async def body_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A declared body over MAX_BODY is 413 on every route, read by the handler or not."""
-    if (request.content_length or 0) > MAX_BODY:
+    """A declared body over MAX_BODY is 413 on every route, read by the handler or not; under
+    /proxy/ the relay's own limit holds (a prompt is no API call)."""
+    if (request.content_length or 0) > MAX_BODY and not request.path.startswith("/proxy/"):
         return error_response(413, f"body of {request.content_length} bytes is over {MAX_BODY}")
     return await handler(request)
 

@@ -1,11 +1,9 @@
-"""The recording proxy: relays a benchmark's OpenAI traffic to a target unchanged and records
-each answer's spec-decode figures; one too big (`PARSE_LIMIT`) or unreadable is relayed all the
-same and counted unreadable."""
+"""The recording proxy: its ports and route, which relay a benchmark's OpenAI traffic to a
+target unchanged (relay.py), and the per-request figures recorded per window."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -18,120 +16,18 @@ from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 
-from exporter.config.model import Config
-from exporter.core.perrequest import (
-    PerRequest,
-    RequestStats,
-    from_json,
-    from_sse,
-    in_spans,
-    span_totals,
-)
+from exporter.config.model import Config, ProxyConfig
+from exporter.core.perrequest import PerRequest, RequestStats, in_spans, span_totals
 from exporter.state.answertext import indented
 from exporter.state.resultfiles import atomic_write
 from exporter.web.edges import TrafficEdges
 from exporter.web.guard import GuardedSite
+from exporter.web.relay import Timeouts, Upstream, relay
 from exporter.web.requesthist import RequestLengths
 
 log = logging.getLogger(__name__)
-PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
-SMALL_BODY = 64 * 1024  # a request body up to this size (with its length given) is sent whole
 KEEP_RECORDED = 1000  # windows whose per-request figures are kept
-# Headers of one hop (RFC 9110 7.6.1), and Host, which names the proxy, not the upstream.
-_HOP = frozenset(h.lower() for h in (
-    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailer",
-    "Transfer-Encoding", "Upgrade", "Host", "Content-Length"))
-# The exporter's token on /proxy/ (handlers.auth_middleware): the client's own Authorization is
-# the model server's, relayed untouched.
-PROXY_TOKEN_HEADER = "X-Specdec-Token"
-
-RecordFn = Callable[[str, RequestStats | None], None]
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """Where one target's API lives and what to call with each recorded answer."""
-
-    target: str
-    origin: str  # scheme://host:port
-    record: RecordFn
-    edges: TrafficEdges | None = None
-    own_token: str = ""  # the exporter's token: never sent on, in whatever header it arrives
-
-
-def _forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    return CIMultiDict((key, value) for key, value in headers.items() if key.lower() not in _HOP)
-
-
-def _sent_on(headers: CIMultiDictProxy[str], own_token: str) -> CIMultiDict[str]:
-    """A request's headers for the upstream: one hop's and the exporter's own token left out."""
-    out = _forwarded(headers)
-    out.popall(PROXY_TOKEN_HEADER, None)
-    if own_token and any(_is_token(value, own_token) for value in out.getall("Authorization", [])):
-        out.popall("Authorization")
-    return out
-
-
-def _is_token(value: str, token: str) -> bool:
-    given = value.removeprefix("Bearer ").strip().encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, token.encode("utf-8"))
-
-
-def _recorded(request: web.Request) -> bool:
-    """Only (chat) completion answers carry per-request figures."""
-    return request.method == "POST" and request.path.rstrip("/").endswith("completions")
-
-
-async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: Upstream,
-                path: str) -> web.StreamResponse:
-    """Forward one request and relay its answer as it arrives, between the traffic edges' calls."""
-    edges = upstream.edges
-    tickets = await edges.arrive(upstream.target) if edges is not None else []
-    url = upstream.origin + path + (f"?{request.query_string}" if request.query_string else "")
-    body: bytes | aiohttp.StreamReader | None = None
-    try:
-        if request.body_exists:
-            # A small body of known length (a prompt) goes whole: streamed, it costs more writes.
-            length = request.content_length
-            small = length is not None and length <= SMALL_BODY
-            body = await request.read() if small else request.content
-        try:
-            answer = await session.request(request.method, url, data=body,
-                                           headers=_sent_on(request.headers,
-                                                            upstream.own_token),
-                                           allow_redirects=False)
-        except (aiohttp.ClientError, OSError) as exc:
-            return web.json_response({"error": f"upstream {upstream.origin} failed: {exc}"},
-                                     status=502)
-        async with answer:
-            response = web.StreamResponse(status=answer.status, reason=answer.reason,
-                                          headers=_forwarded(answer.headers))
-            if answer.content_length is not None:
-                response.content_length = answer.content_length
-            await response.prepare(request)
-            kept: list[bytes] | None = [] if _recorded(request) else None
-            size = 0
-            # A client gone makes write() raise: leaving the block cancels the upstream request.
-            async for chunk in answer.content.iter_any():
-                await response.write(chunk)
-                if kept is not None:
-                    size += len(chunk)
-                    if size > PARSE_LIMIT:
-                        kept = None
-                        upstream.record(upstream.target, None)
-                        continue
-                    kept.append(chunk)
-            await response.write_eof()
-        if kept is not None:
-            whole = b"".join(kept)
-            sse = "text/event-stream" in answer.headers.get("Content-Type", "")
-            upstream.record(upstream.target, from_sse(whole) if sse else from_json(whole))
-        return response
-    finally:
-        if edges is not None:
-            edges.done(tickets)
 
 
 def proxy_app(upstream: Upstream, session: aiohttp.ClientSession) -> web.Application:
@@ -153,7 +49,7 @@ class Recordings:
         self._clock = clock  # the exporter's, which dates the scrapes around a restart
         self._windows: dict[str, dict[str, PerRequest]] = {}
 
-    def record(self, target: str, stats: RequestStats | None) -> None:
+    def record(self, target: str, stats: RequestStats) -> None:
         """Count one proxied answer into every open window that covers its target."""
         at = self._clock()
         for window_id, targets in self._open_windows():
@@ -219,10 +115,11 @@ class Proxying:
         for target in config.targets:
             if target.name == name:
                 return Upstream(name, origin_of(target.api_url or target.url), self._record,
-                                self.edges, os.environ.get(config.auth.token_env, ""))
+                                self.edges, os.environ.get(config.auth.token_env, ""),
+                                _timeouts(target.proxy))
         return None
 
-    def _record(self, target: str, stats: RequestStats | None) -> None:
+    def _record(self, target: str, stats: RequestStats) -> None:
         self.recordings.record(target, stats)
         self.lengths.observe(target, stats)
 
@@ -253,7 +150,7 @@ class Proxying:
         config = self.seen = self.config()
         self.lengths.keep({t.name: t.labels for t in config.targets})
         wanted = {t.name: (i, (t.proxy.listen, origin_of(t.api_url or t.url)))
-                  for i, t in enumerate(config.targets) if t.proxy is not None}
+                  for i, t in enumerate(config.targets) if t.proxy and t.proxy.listen}
         for name, (where, runner) in list(self.ports.items()):
             if name not in wanted or wanted[name][1] != where:
                 del self.ports[name]
@@ -283,6 +180,12 @@ class Proxying:
             raise OSError(exc.errno, f"targets.{index}.proxy.listen: cannot listen on "
                           f"{listen}: {exc.strerror}") from None
         return runner
+
+
+def _timeouts(proxy: ProxyConfig | None) -> Timeouts:
+    if proxy is None:
+        return Timeouts()
+    return Timeouts(proxy.connect_timeout, proxy.first_byte_timeout, proxy.idle_timeout)
 
 
 async def main_listener_proxy(request: web.Request) -> web.StreamResponse:

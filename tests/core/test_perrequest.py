@@ -7,10 +7,12 @@ import json
 import pytest
 
 from exporter.core.perrequest import (
+    MAX_HISTOGRAM,
     MAX_TIMES,
     NO_STATS_REASON,
     PerRequest,
     RequestStats,
+    Unreadable,
     coverage,
     format_block,
     format_per_request,
@@ -58,24 +60,131 @@ class TestReading:
         events.insert(5, b"{broken")
         text = b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n"
         assert from_sse(text) == RequestStats("c", "m", 3, 30, SPEC)
-        late_id = [b'{"choices": []}', b'{"id": "c", "choices": []}', b'{"model": "m"}']
+        late_id = [b'{"choices": []}', b'{"id": "c", "choices": []}', b'{"model": "m"}',
+                   b"[DONE]"]
         assert from_sse(b"".join(b"data: " + e + b"\n\n" for e in late_id)) == RequestStats(
             "c", "m", None, None, None)
 
-    @pytest.mark.parametrize("body", [b"not json", b"[1]", b"\xff"])
-    def test_a_body_that_is_no_answer_object_reads_as_none(self, body: bytes) -> None:
-        assert from_json(body) is None
+    @pytest.mark.parametrize("body", [b"not json", b"[1]", b"\xff", b""])
+    def test_a_body_that_is_no_answer_object_is_unreadable(self, body: bytes) -> None:
+        assert from_json(body) == RequestStats.unread(Unreadable.NOT_AN_ANSWER)
 
-    def test_a_stream_with_no_json_event_reads_as_none(self) -> None:
-        assert from_sse(b"data: {broken\n\ndata: [DONE]\n\n") is None
+    def test_a_stream_with_no_json_event_is_unreadable(self) -> None:
+        assert from_sse(b"data: {broken\n\ndata: [DONE]\n\n").unreadable == (
+            Unreadable.NOT_AN_ANSWER)
+
+    def test_an_answer_without_the_object_is_read_without_figures(self) -> None:
+        for metrics in ({}, {"speculative_decoding": None}, [], "x"):
+            stats = from_json(json.dumps({"id": "x", "metrics": metrics}).encode())
+            assert stats.unreadable is None and stats.spec is None
 
     @pytest.mark.parametrize("bad", [{"num_spec_steps": -1}, {"num_draft_tokens": True},
                                      {"acceptance_histogram": [1, "x"]},
-                                     {"acceptance_histogram": None}])
-    def test_an_object_with_unsound_counts_is_left_out(self, bad: dict[str, object]) -> None:
+                                     {"acceptance_histogram": None},
+                                     {"num_draft_tokens": 2**53 + 1},
+                                     {"num_accepted_draft_tokens": 1.5}])
+    def test_an_object_with_unsound_counts_is_unreadable(self, bad: dict[str, object]) -> None:
         body = {"id": "x", "metrics": {"speculative_decoding": SPEC | bad}}
-        stats = from_json(json.dumps(body).encode())
-        assert stats is not None and stats.spec is None
+        assert from_json(json.dumps(body).encode()) == RequestStats.unread(Unreadable.BAD_COUNTS)
+        assert from_json(json.dumps({"metrics": {"speculative_decoding": [SPEC]}}).encode()
+                         ).unreadable == Unreadable.BAD_COUNTS
+
+
+def _sse(*objects: object, done: bool = True) -> bytes:
+    events = [json.dumps(o).encode() for o in objects] + ([b"[DONE]"] if done else [])
+    return b"".join(b"data: " + e + b"\n\n" for e in events)
+
+
+_LAST = {"id": "c", "model": "m", "choices": [], "metrics": {"speculative_decoding": SPEC}}
+
+
+class TestHostileAnswers:
+    """Every answer reads as figures, no figures, or unreadable with its reason."""
+
+    @pytest.mark.parametrize(("bad", "reason"), [
+        # the issue's: 500 accepted of 3 drafted, a histogram of 900 steps for 1
+        ({"num_spec_steps": 1, "num_draft_tokens": 3, "num_accepted_draft_tokens": 500,
+          "acceptance_histogram": [0, 0, 0, 900]}, Unreadable.ACCEPTED_OVER_DRAFTED),
+        ({"num_draft_tokens": 5}, Unreadable.ACCEPTED_OVER_DRAFTED),
+        ({"acceptance_histogram": [1, 1, 1, 2]}, Unreadable.HISTOGRAM_NOT_STEPS),
+        ({"acceptance_histogram": []}, Unreadable.HISTOGRAM_NOT_STEPS),
+        ({"draft_acceptance_rate": 1.67}, Unreadable.RATE_OUT_OF_RANGE),
+        ({"draft_acceptance_rate": -0.1}, Unreadable.RATE_OUT_OF_RANGE),
+        ({"draft_acceptance_rate": "0.5"}, Unreadable.RATE_OUT_OF_RANGE),
+    ])
+    def test_figures_that_break_vllms_invariants_are_unreadable(
+            self, bad: dict[str, object], reason: Unreadable) -> None:
+        spec = SPEC | bad
+        body = json.dumps({"id": "x", "metrics": {"speculative_decoding": spec}}).encode()
+        assert from_json(body).unreadable == reason
+        streamed = from_sse(_sse({"id": "x", "model": "m", "choices": []},
+                                 _LAST | {"metrics": {"speculative_decoding": spec}}))
+        assert streamed.unreadable == reason
+        acc = PerRequest()
+        acc.record(from_json(body))
+        block = acc.answer()
+        assert (block["unreadable"], block["with_stats"], block["without_stats"]) == (1, 0, 0)
+        assert block["unreadable_reasons"] == {str(reason): 1}
+        assert block["draft_acceptance_rate"] is None and block["num_draft_tokens"] == 0
+
+    @pytest.mark.parametrize("cut", [
+        _sse(_LAST)[:-30],  # inside the [DONE] event
+        _sse(_LAST)[:60],  # inside the object's event
+        _sse(_LAST)[:-1],  # the last blank line missing
+        _sse(_LAST).replace(b"\n\n", b"\r\n\r\n")[:-2],
+    ])
+    def test_a_stream_cut_mid_event_is_unreadable(self, cut: bytes) -> None:
+        assert from_sse(cut) == RequestStats.unread(Unreadable.CUT_MID_EVENT)
+
+    def test_a_stream_cut_between_events_is_unreadable(self) -> None:
+        # Before [DONE], where vLLM's last object may be still to come.
+        assert from_sse(_sse({"id": "c", "model": "m", "choices": []}, done=False)) == (
+            RequestStats.unread(Unreadable.NO_DONE))
+        assert from_sse(b"") == RequestStats.unread(Unreadable.NO_DONE)
+        assert from_sse(_sse(_LAST)).spec == SPEC  # the whole one reads
+
+    @pytest.mark.parametrize("depth", [2_000, 200_000])
+    def test_nesting_past_the_decoder_is_unreadable_not_an_error(self, depth: int) -> None:
+        deep = '{"a": ' * depth + "1" + "}" * depth
+        in_spec = f'{{"id": "x", "metrics": {{"speculative_decoding": {deep}}}}}'.encode()
+        assert from_json(in_spec) == RequestStats.unread(Unreadable.TOO_DEEP)
+        arrays = b'{"id": "x", "choices": ' + b"[" * depth + b"]" * depth + b"}"
+        assert from_json(arrays) == RequestStats.unread(Unreadable.TOO_DEEP)
+        stream = _sse({"id": "c", "model": "m"}) .replace(
+            b"data: [DONE]", b"data: " + in_spec + b"\n\ndata: [DONE]")
+        assert from_sse(stream) == RequestStats.unread(Unreadable.TOO_DEEP)
+
+    @pytest.mark.parametrize("entries", [MAX_HISTOGRAM + 1, 20_001, 200_001])
+    def test_a_histogram_longer_than_the_cap_is_unreadable(self, entries: int) -> None:
+        hist = [0] * entries
+        hist[0] = SPEC["num_spec_steps"]
+        spec = SPEC | {"acceptance_histogram": hist}
+        body = json.dumps({"id": "x", "metrics": {"speculative_decoding": spec}}).encode()
+        assert from_json(body) == RequestStats.unread(Unreadable.HISTOGRAM_TOO_LONG)
+        # Not even a look at its entries: a long one of junk reads the same.
+        junk = SPEC | {"acceptance_histogram": ["x"] * entries}
+        assert from_json(json.dumps({"metrics": {"speculative_decoding": junk}}).encode(
+        )).unreadable == Unreadable.HISTOGRAM_TOO_LONG
+
+    def test_a_histogram_at_the_cap_reads(self) -> None:
+        hist = [0] * MAX_HISTOGRAM
+        hist[2] = SPEC["num_spec_steps"]
+        spec = SPEC | {"acceptance_histogram": hist, "num_accepted_draft_tokens": 8}
+        body = json.dumps({"id": "x", "metrics": {"speculative_decoding": spec}}).encode()
+        assert from_json(body).spec == spec
+
+    def test_reasons_are_counted_merged_and_printed(self) -> None:
+        acc, other = PerRequest(), PerRequest()
+        for reason in (Unreadable.CUT_MID_EVENT, Unreadable.TOO_DEEP, Unreadable.CUT_MID_EVENT):
+            acc.record(RequestStats.unread(reason))
+        other.record(RequestStats.unread(Unreadable.TOO_DEEP))
+        other.record(_stats(SPEC))
+        acc.merge(other)
+        block = acc.answer()
+        assert block["unreadable_reasons"] == {"cut_mid_event": 2, "too_deep": 2}
+        assert (block["requests"], block["unreadable"], block["with_stats"]) == (5, 4, 1)
+        assert "Unreadable answers                            4 (cut_mid_event 2, too_deep 2)" in (
+            format_block("t", block))
 
 
 class TestPerRequest:
@@ -97,7 +206,7 @@ class TestPerRequest:
     def test_requests_without_the_object_say_how_to_start_vllm(self) -> None:
         acc = PerRequest()
         acc.record(_stats(None))
-        acc.record(None)
+        acc.record(RequestStats.unread(Unreadable.NOT_AN_ANSWER))
         block = acc.answer()
         assert (block["without_stats"], block["unreadable"]) == (1, 1)
         assert block["reason"] == NO_STATS_REASON
@@ -133,7 +242,8 @@ class TestMath:
         assert summarize([]) is None
         assert summarize([3.0]) == dict.fromkeys(("mean", "min", "p5", "p50", "p95", "max"), 3.0)
 
-    @pytest.mark.parametrize(("hist", "per_pos"), [([], []), ([5], []), ([1, 2, 3], [5, 3])])
+    @pytest.mark.parametrize(("hist", "per_pos"), [([], []), ([5], []), ([1, 2, 3], [5, 3]),
+                                                   ([4, 0, 1, 0, 2], [3, 3, 2, 2])])
     def test_per_position_accepted_counts_steps_beyond_each_position(
             self, hist: list[int], per_pos: list[int]) -> None:
         assert per_position_accepted(hist) == per_pos
@@ -158,7 +268,7 @@ class TestConsole:
 
     def test_without_stats_the_reason_and_unreadable_count_show(self) -> None:
         acc = PerRequest()
-        acc.record(None)
+        acc.record(RequestStats.unread(Unreadable.NOT_AN_ANSWER))
         acc.record(_stats(None))
         text = format_per_request(self._answer(acc.answer(), ))
         assert NO_STATS_REASON in text and "Unreadable answers" in text

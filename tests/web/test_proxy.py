@@ -146,7 +146,7 @@ class TestRecordingProxy:
     async def test_a_huge_answer_is_relayed_whole_and_counted_unreadable(
             self, monkeypatch: pytest.MonkeyPatch) -> None:
         huge = b"x" * 300_000
-        monkeypatch.setattr("exporter.web.proxy.PARSE_LIMIT", 100_000)
+        monkeypatch.setattr("exporter.web.relay.PARSE_LIMIT", 100_000)
 
         async def big(request: web.Request) -> web.Response:
             return web.Response(body=huge, content_type="application/json")
