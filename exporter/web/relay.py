@@ -17,7 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_sse
-from exporter.web.edges import TrafficEdges
+from exporter.server.edges import TrafficEdges
 
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
 SMALL_BODY = 64 * 1024  # a request body below this size (with its length given) is sent whole

@@ -19,9 +19,10 @@ from exporter.core.perrequest import (
     from_json,
     from_sse,
     in_spans,
+    merged_block,
     per_position_accepted,
+    per_request_block,
     span_totals,
-    summarize,
 )
 
 SPEC = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6,
@@ -222,7 +223,7 @@ class TestPerRequest:
         acc.merge(other)
         lowest = acc.answer()["lowest"]
         assert [r["request_id"] for r in lowest] == ["0", "z"] + [str(n) for n in range(1, 9)]
-        assert acc.requests == 16 and len(acc.rates) == 15
+        assert acc.requests == 16 and acc.rates.count == 15
 
     def test_covers_all_when_the_sums_equal_the_counters_increase(self) -> None:
         acc = PerRequest()
@@ -230,18 +231,13 @@ class TestPerRequest:
         same = {"num_drafts": 4, "draft_tokens": 12, "accepted_tokens": 6}
         assert acc.answer(same)["covers_all"] is True
         half = coverage(acc.sums, same | {"num_drafts": 8})
-        assert half == {"covers_all": False, "share_of_drafts": 0.5}
+        assert half == {"covers_all": False, "missed_by": "proxy", "share_of_drafts": 0.5}
+        lost = coverage(acc.sums, {"num_drafts": 1, "draft_tokens": 3, "accepted_tokens": 1})
+        assert lost["missed_by"] == "counters" and lost["share_of_drafts"] == 4.0
         assert coverage(acc.sums, {})["share_of_drafts"] is None
 
 
 class TestMath:
-    def test_summarize_interpolates_quantiles(self) -> None:
-        got = summarize([float(v) for v in range(1, 22)])
-        assert got == {"mean": 11.0, "min": 1.0, "p5": 2.0, "p50": 11.0, "p95": 20.0,
-                       "max": 21.0}
-        assert summarize([]) is None
-        assert summarize([3.0]) == dict.fromkeys(("mean", "min", "p5", "p50", "p95", "max"), 3.0)
-
     @pytest.mark.parametrize(("hist", "per_pos"), [([], []), ([5], []), ([1, 2, 3], [5, 3]),
                                                    ([4, 0, 1, 0, 2], [3, 3, 2, 2])])
     def test_per_position_accepted_counts_steps_beyond_each_position(
@@ -263,7 +259,7 @@ class TestConsole:
         assert text.count("Per-request spec decode") == 3 and "[all]" in text
         assert "Acceptance histogram (steps by accepted)      0:1 1:1 2:1 3:1" in text
         assert "Proxy saw all the server activity             yes" in text
-        assert "no (50.0% of drafts)" in text
+        assert "no: the server had activity the proxy did not see (it saw 50.0%" in text
         assert "Acceptance length                                 2.50    2.50" in text
 
     def test_without_stats_the_reason_and_unreadable_count_show(self) -> None:
@@ -318,3 +314,87 @@ class TestUnobservedSpans:
         assert lines == ["In the unobserved span                        "
                          "2027-01-15T08:00:00.000Z to 2027-01-15T08:00:02.500Z: "
                          "1 requests, 12 drafted, 5 accepted"]
+
+
+def _spec_of(steps: int, drafted: int, accepted: int) -> dict[str, object]:
+    return {"num_spec_steps": steps, "num_draft_tokens": drafted,
+            "num_accepted_draft_tokens": accepted, "acceptance_histogram": [steps - 1, 1]}
+
+
+class TestBounded:
+    def test_a_scrape_lets_go_of_earlier_finish_times_unless_it_showed_a_restart(self):
+        acc = PerRequest()
+        for at in (1.0, 2.0, 3.0):
+            acc.record(_stats(_spec(3, 1)), at)
+        acc.scraped(2.5, restarted=False)
+        assert list(acc.finished) == [3.0] and acc.kept == 0
+        acc.record(_stats(_spec(5, 2)), 4.0)
+        acc.scraped(4.5, restarted=True)  # 3.0 and 4.0 may lie in the restart's span
+        acc.record(_stats(_spec(7, 3)), 5.0)
+        acc.scraped(6.0, restarted=False)  # kept ones stay, later ones go
+        assert list(acc.finished) == [3.0, 4.0] and list(acc.drafted) == [3, 5]
+        assert acc.kept == 2 and acc.requests == 5 and acc.sums["num_draft_tokens"] == 21
+
+    def test_a_million_requests_keep_a_bounded_tally(self):
+        acc = PerRequest()
+        for i in range(20_000):
+            acc.record(_stats(_spec_of(10, 40, i % 41)), float(i))
+            if i % 100 == 99:
+                acc.scraped(float(i) + 0.5, restarted=False)
+        assert acc.requests == 20_000 and len(acc.finished) == 0
+        assert len(acc.lengths.counts) <= 41 and len(acc.rows) == 10
+
+    def test_a_block_gives_back_its_tally_exactly(self):
+        acc = PerRequest()
+        for i in range(50):
+            acc.record(_stats(_spec_of(8, 24, i % 25), rid=f"r{i}"), float(i))
+        acc.record(RequestStats.unread(Unreadable.CUT))
+        block = acc.answer({"num_drafts": 400, "draft_tokens": 1200, "accepted_tokens": 600})
+        again = PerRequest.from_block(json.loads(json.dumps(block)))
+        assert again.answer({"num_drafts": 400, "draft_tokens": 1200,
+                             "accepted_tokens": 600}) == block
+        stored = PerRequest.from_dict(json.loads(json.dumps(acc.to_dict())))
+        assert stored.answer() == acc.answer() and list(stored.finished) == list(acc.finished)
+
+    @pytest.mark.parametrize("bad", [
+        {"requests": -1}, {"acceptance_histogram": ["x"]}, {"lowest": [{"request_id": 1}]},
+        {"buckets": {"acceptance_length": {"width": 0.5}}}, {"buckets": None},
+        {"unreadable": 10**6}, {"unreadable_reasons": {"nope": 1}},
+        {"unreadable_reasons": {"cut": 5}}])
+    def test_a_peers_malformed_block_is_refused(self, bad: dict[str, object]) -> None:
+        acc = PerRequest()
+        acc.record(_stats(SPEC))
+        with pytest.raises(ValueError):
+            PerRequest.from_block(acc.answer() | bad)
+
+    def test_the_aggregate_is_the_same_made_from_tallies_or_from_blocks(self):
+        tallies = {"a": PerRequest(), "b": PerRequest()}
+        for i in range(30):
+            tallies["ab"[i % 2]].record(_stats(_spec_of(6, 18, i % 19), rid=str(i)), float(i))
+        results = {n: {"data": {"num_drafts": t.sums["num_spec_steps"], "draft_tokens": 1,
+                                "accepted_tokens": 1}} for n, t in tallies.items()}
+        answer = {"results": results, "aggregate": {"data": {"num_drafts": 180}}}
+        local = per_request_block(tallies, answer)
+        assert local is not None
+        # What a fleet does with each shard's target blocks, sent over JSON.
+        blocks = json.loads(json.dumps(local["targets"]))
+        assert merged_block(blocks, answer) == local
+        assert local["aggregate"]["requests"] == 30
+        assert local["aggregate"]["share_of_drafts"] == 1.0
+
+
+class TestCrossCheck:
+    @pytest.mark.parametrize(("counters", "said"), [
+        ({"num_drafts": 4, "draft_tokens": 12, "accepted_tokens": 6}, "yes"),
+        ({"num_drafts": 8, "draft_tokens": 24, "accepted_tokens": 12},
+         "no: the server had activity the proxy did not see (it saw 50.0% of the counted "
+         "drafts)"),
+        ({"num_drafts": 1, "draft_tokens": 3, "accepted_tokens": 1},
+         "no: the counters missed activity the proxy saw (400.0% of the counted drafts; a "
+         "restart lost it)")])
+    def test_the_console_says_which_side_missed_activity(self, counters, said) -> None:
+        acc = PerRequest()
+        acc.record(_stats(SPEC))
+        (line,) = [line for line in format_block("t", acc.answer(counters)).splitlines()
+                   if line.startswith("Proxy saw all")]
+        assert line == f"{'Proxy saw all the server activity':46}{said}"

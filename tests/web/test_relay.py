@@ -483,7 +483,7 @@ class TestHostileAnswers:
                             assert await r.read() == body
         finally:
             await server.close()
-        assert (rec.requests, rec.unreadable, len(rec.lengths)) == (4, 3, 1)
+        assert (rec.requests, rec.unreadable, rec.lengths.count) == (4, 3, 1)
         assert rec.reasons == {reason: 1 for _, reason in bodies.values() if reason}
 
     async def test_a_stream_the_upstream_ends_mid_event_is_unreadable(self) -> None:
