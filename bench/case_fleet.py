@@ -88,20 +88,34 @@ def _agent(name: str) -> str:
 def run(fleet: NginxFleet, *, sizes=(100, 1000), seconds: float = 15.0, interval: float = 5.0,
         keep: tuple[str, ...] = ("spec", "all"), rotations: int = 3, loops: bool = True,
         compare_at: tuple[int, ...] | None = None,
-        baseline_tree: Path | None = None) -> CaseResult:
+        baseline_tree: Path | None = None, plain: bool = False) -> CaseResult:
     """For each N: every contender measured alone, `rotations` times in turn.
 
     Prometheus and the asyncio-loop exporter run only at the sizes in `compare_at` (default:
     every size); the others are the exporter alone, for the scale curve. `baseline_tree`: a
     checkout of another commit whose exporter joins the rotation there ("exporter-baseline").
+    `plain`: the pages served plain to every client, as vLLM serves /metrics ("fleet-plain").
     """
     compare_at = sizes if compare_at is None else compare_at
-    result = CaseResult("fleet")
+    result = CaseResult("fleet-plain" if plain else "fleet")
+    fleet.set_gzip(not plain)
+    try:
+        _run(result, fleet, sizes, seconds, interval, keep, rotations, loops, compare_at,
+             baseline_tree)
+    finally:
+        fleet.set_gzip(True)
+    return result
+
+
+def _run(result: CaseResult, fleet: NginxFleet, sizes, seconds: float, interval: float,
+         keep: tuple[str, ...], rotations: int, loops: bool, compare_at: tuple[int, ...],
+         baseline_tree: Path | None) -> None:
     have_prometheus = find_prometheus() is not None
     have_victoria = find_victoria() is not None
     result.data = {"interval_s": interval, "measured_s": seconds, "rotations": rotations,
                    "page_bytes": fleet.page_bytes, "page_series": fleet.page_series,
-                   "prometheus_keep": list(keep), "points": {}}
+                   "prometheus_keep": list(keep), "points": {},
+                   "encoding": "gzip" if fleet.gzip else "plain"}
     if not have_prometheus:
         result.data["prometheus"] = "prometheus not found: apt-get install -y prometheus"
     if not have_victoria:
@@ -131,10 +145,9 @@ def run(fleet: NginxFleet, *, sizes=(100, 1000), seconds: float = 15.0, interval
                     proc.stop()
             point = {name: _median_figures(runs) for name, runs in samples.items()}
             result.data["points"][str(n)] = point
-            result.rows += _rows(n, point)
+            result.rows += _rows(result.name, n, point)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    return result
 
 
 def _median_figures(runs: list[dict]) -> dict:
@@ -151,7 +164,7 @@ def _median_figures(runs: list[dict]) -> dict:
     return out
 
 
-def _rows(n: int, point: dict) -> list[Row]:
+def _rows(case: str, n: int, point: dict) -> list[Row]:
     ex = point["exporter"]
     spec = point.get("prometheus-spec") or {}
     everything = point.get("prometheus-all") or {}
@@ -159,7 +172,7 @@ def _rows(n: int, point: dict) -> list[Row]:
     per = "cpu_ms_per_target_scrape"
     to_spec = ratio(ex[per], spec.get(per))
     rows = [
-        Row("fleet", f"N={n}: CPU ms per target-scrape (median of {len(ex['runs'])})", ex[per],
+        Row(case, f"N={n}: CPU ms per target-scrape (median of {len(ex['runs'])})", ex[per],
             "ms", spec.get(per), "Prometheus, spec-decode series kept", to_spec,
             f"<= {RATIO_GOAL:g}x" if spec else "",
             None if to_spec is None else to_spec <= RATIO_GOAL),
@@ -167,40 +180,40 @@ def _rows(n: int, point: dict) -> list[Row]:
     victoria = point.get("victoria-spec") or {}
     if victoria:
         to_vm = ratio(ex[per], victoria.get(per))
-        rows.append(Row("fleet", f"N={n}: CPU ms per target-scrape vs VictoriaMetrics", ex[per],
+        rows.append(Row(case, f"N={n}: CPU ms per target-scrape vs VictoriaMetrics", ex[per],
                         "ms", victoria.get(per), "VictoriaMetrics, spec-decode series kept",
                         to_vm, f"<= {VICTORIA_GOAL:g}x",
                         None if to_vm is None else to_vm <= VICTORIA_GOAL))
-        rows.append(Row("fleet", f"N={n}: peak RSS vs VictoriaMetrics", ex["peak_rss_mb"], "MB",
+        rows.append(Row(case, f"N={n}: peak RSS vs VictoriaMetrics", ex["peak_rss_mb"], "MB",
                         victoria.get("peak_rss_mb"), "VictoriaMetrics, spec",
                         ratio(ex["peak_rss_mb"], victoria.get("peak_rss_mb")), "< 1x",
                         ex["peak_rss_mb"] < (victoria.get("peak_rss_mb") or 0)))
     baseline = point.get("exporter-baseline") or {}
     if baseline:
-        rows.append(Row("fleet", f"N={n}: CPU ms per target-scrape vs the baseline commit",
+        rows.append(Row(case, f"N={n}: CPU ms per target-scrape vs the baseline commit",
                         ex[per], "ms", baseline.get(per), "exporter at the baseline commit",
                         ratio(ex[per], baseline.get(per))))
-        rows.append(Row("fleet", f"N={n}: peak RSS vs the baseline commit", ex["peak_rss_mb"],
+        rows.append(Row(case, f"N={n}: peak RSS vs the baseline commit", ex["peak_rss_mb"],
                         "MB", baseline.get("peak_rss_mb"), "exporter at the baseline commit",
                         ratio(ex["peak_rss_mb"], baseline.get("peak_rss_mb"))))
     if everything:
-        rows.append(Row("fleet", f"N={n}: CPU ms per target-scrape vs Prometheus keeping all",
+        rows.append(Row(case, f"N={n}: CPU ms per target-scrape vs Prometheus keeping all",
                         ex[per], "ms", everything.get(per), "Prometheus, every series kept",
                         ratio(ex[per], everything.get(per))))
     if asyncio_loop:
-        rows.append(Row("fleet", f"N={n}: CPU ms per target-scrape, uvloop vs asyncio's loop",
+        rows.append(Row(case, f"N={n}: CPU ms per target-scrape, uvloop vs asyncio's loop",
                         ex[per], "ms", asyncio_loop.get(per), "exporter on asyncio's loop",
                         ratio(ex[per], asyncio_loop.get(per))))
     rows += [
-        Row("fleet", f"N={n}: % of one core", ex["core_pct"], "%", spec.get("core_pct"),
+        Row(case, f"N={n}: % of one core", ex["core_pct"], "%", spec.get("core_pct"),
             "Prometheus, spec" if spec else "", ratio(ex["core_pct"], spec.get("core_pct")),
             f"< {CPU_TARGET_PCT:g}%" if n >= 1000 else "",
             ex["core_pct"] is not None and ex["core_pct"] < CPU_TARGET_PCT if n >= 1000 else None),
-        Row("fleet", f"N={n}: peak RSS", ex["peak_rss_mb"], "MB", spec.get("peak_rss_mb"),
+        Row(case, f"N={n}: peak RSS", ex["peak_rss_mb"], "MB", spec.get("peak_rss_mb"),
             "Prometheus, spec" if spec else "", ratio(ex["peak_rss_mb"], spec.get("peak_rss_mb")),
             f"< {RSS_TARGET_MB:g} MB" if n == 1000 else "",
             ex["peak_rss_mb"] < RSS_TARGET_MB if n == 1000 else None),
-        Row("fleet", f"N={n}: target-scrapes answered per span (exporter)", ex["scrapes"],
+        Row(case, f"N={n}: target-scrapes answered per span (exporter)", ex["scrapes"],
             "scrapes", ex["expected_scrapes"], "expected",
             ratio(ex["scrapes"], ex["expected_scrapes"]), ">= 0.9x expected",
             ex["scrapes"] >= 0.9 * ex["expected_scrapes"]),

@@ -84,6 +84,7 @@ class NginxFleet:
         # Started as root, nginx's workers drop to an unprivileged user that must read the pages.
         self.dir.chmod(0o755)
         self.pages = PageSet(pages, k=k, target_bytes=page_bytes)
+        self.gzip = True  # .gz twins beside the pages: nginx answers gzip to who accepts it
         self.page_bytes = 0
         self.page_series = 0
         self.child: Child | None = None
@@ -101,14 +102,24 @@ class NginxFleet:
 
     # -- pages ---------------------------------------------------------------------------
 
+    def set_gzip(self, on: bool) -> None:
+        """Serve the pages gzipped to clients that accept it, or plain to all, as vLLM does."""
+        self.gzip = on
+        self.write_pages()
+
     def write_pages(self) -> None:
-        """Write the current pages and their .gz twins (nginx gzip_static), atomically."""
+        """Write the current pages and, with `gzip`, their .gz twins (nginx gzip_static), else
+        remove them; atomically."""
         root = self.dir / "pages"
         root.mkdir(mode=0o755, exist_ok=True)
         sizes, series = [], []
         for i, page in enumerate(self.pages.render()):
             series.append(sum(1 for line in page.splitlines() if line and line[:1] != b"#"))
-            twins = ((f"page{i}.prom", page), (f"page{i}.prom.gz", gzip.compress(page, 6)))
+            twins = [(f"page{i}.prom", page)]
+            if self.gzip:
+                twins.append((f"page{i}.prom.gz", gzip.compress(page, 6)))
+            else:
+                (root / f"page{i}.prom.gz").unlink(missing_ok=True)
             for name, body in twins:
                 tmp = root / (name + ".tmp")
                 tmp.write_bytes(body)

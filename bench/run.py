@@ -23,13 +23,14 @@ from bench import (
     case_records,
     case_save,
     case_scale,
+    case_servercost,
 )
 from bench.common import CaseResult, Row, Skip
 from bench.fleet import NginxFleet, find_nginx
 from bench.procs import find_prometheus, find_victoria
 
-CASES = ("parse", "fleet", "floor", "pages", "markers", "exposition", "save", "records",
-         "scale")
+CASES = ("parse", "fleet", "fleet-plain", "floor", "pages", "markers", "exposition", "save",
+         "records", "scale", "servercost")
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -55,6 +56,8 @@ class Settings:
     page_kib: int = 160  # the fleet's mean page: 60, 160 or 400 KiB shapes a real fleet's
     pages_n: int = 200  # targets of the pages case, per page size
     pages_kib: tuple = case_pages.SIZES_KIB
+    plain_sizes: tuple = (1000,)  # the plain-page fleet: against Prometheus and VM only
+    server_seconds: float = 15.0  # servercost's spans
     records_n: int = 1_000_000  # per-request records in the records case's window
 
     @classmethod
@@ -65,13 +68,13 @@ class Settings:
             compare_at=(30,), fleet_seconds=3.0, rotations=2, interval=1.0, marker_sizes=(3, 10),
             marker_repeats={3: 2, 10: 2}, marker_live_window=2.0, exposition_n=30,
             exposition_repeats=3, lag_seconds=2.0, pages_n=10, pages_kib=(60,),
-            records_n=10_000,
+            plain_sizes=(30,), server_seconds=2.0, records_n=10_000,
         )
 
     @property
     def fleet_size(self) -> int:
         """Targets nginx must serve for every case."""
-        return max(*self.fleet_sizes, *self.marker_sizes, self.exposition_n)
+        return max(*self.fleet_sizes, *self.plain_sizes, *self.marker_sizes, self.exposition_n)
 
 
 class Suite:
@@ -111,6 +114,14 @@ class Suite:
                                         keep=s.prometheus_keep, rotations=s.rotations,
                                         compare_at=s.compare_at,
                                         baseline_tree=self.baseline_tree)
+            elif name == "fleet-plain":
+                result = case_fleet.run(self.fleet(), sizes=s.plain_sizes,
+                                        seconds=s.fleet_seconds, interval=s.interval,
+                                        keep=("spec",), rotations=s.rotations, loops=False,
+                                        plain=True)
+            elif name == "servercost":
+                result = case_servercost.run(seconds=s.server_seconds,
+                                             rotations=2 if s.server_seconds < 5 else 3)
             elif name == "floor":
                 fleet = self.results.get("fleet")
                 result = case_floor.run(self.fleet(), fleet.data if fleet else None)
@@ -283,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.page_kib:
         settings.page_kib = args.page_kib
     if args.fleet_sizes:
-        settings.fleet_sizes = settings.compare_at = args.fleet_sizes
+        settings.fleet_sizes = settings.compare_at = settings.plain_sizes = args.fleet_sizes
     if args.rotations:
         settings.rotations = args.rotations
     if args.prometheus_keep:

@@ -13,7 +13,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from exporter.config.model import validate_config
-from exporter.fakevllm import FakeServer, make_fake_app
+from exporter.fakevllm import FakeServer, NameFilter, make_fake_app
 from exporter.server.service import ExporterService
 from exporter.web.app import make_app
 from exporter.web.handlers import SERVICE
@@ -120,11 +120,12 @@ class FakeTarget:
 
 @pytest.fixture
 def fake_vllm(aiohttp_server):
-    """Factory: `await fake_vllm(k=3, engines=2)` -> a running FakeTarget, no traffic of its own."""
+    """Factory: `await fake_vllm(k=3, engines=2)` -> a running FakeTarget, no traffic of its own
+    (`name_filter=NameFilter.EMPTY` or `IGNORE` for a server that does not honour `name[]`)."""
 
-    async def make(**kwargs) -> FakeTarget:
+    async def make(name_filter: NameFilter = NameFilter.HONOUR, **kwargs) -> FakeTarget:
         server = FakeServer(**kwargs)
-        http = await aiohttp_server(make_fake_app(server))
+        http = await aiohttp_server(make_fake_app(server, name_filter=name_filter))
         return FakeTarget(server, http)
 
     return make

@@ -22,6 +22,7 @@ from bench import (  # noqa: E402
     case_records,
     case_save,
     case_scale,
+    case_servercost,
     run,
 )
 from bench.common import CaseResult, Row  # noqa: E402
@@ -134,6 +135,23 @@ class TestFleetCases:
         check_rows(floor, "floor")
         assert floor.data["floor_s"] > 0 and "zlib" in floor.data["inflate_s"]
         assert any(row.figure.startswith("N=4: exporter's CPU") for row in floor.rows)
+
+    @pytest.mark.prometheus
+    def test_fleet_plain_case(self, fleet):
+        result = case_fleet.run(fleet, sizes=(3,), seconds=1.0, interval=1.0, rotations=1,
+                                keep=("spec",), loops=False, plain=True)
+        check_rows(result, "fleet-plain")
+        assert result.data["encoding"] == "plain"
+        assert {"exporter", "prometheus-spec"} <= set(result.data["points"]["3"])
+        assert fleet.gzip  # the shared fleet serves gzip again for the other cases
+
+    @pytest.mark.prometheus
+    def test_servercost_case(self):
+        result = case_servercost.run(seconds=1.0, rotations=1, rate=10.0, real=False)
+        check_rows(result, "servercost")
+        assert result.data["server"] == "fake-vllm"
+        assert result.data["reads"] == ["filtered"]
+        assert result.data["spans"]["prometheus"][0]["scrapes"] > 0
 
     def test_pages_case(self):
         result = case_pages.run(n=3, rounds=2, sizes_kib=(60,), pages=2)

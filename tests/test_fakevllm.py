@@ -10,9 +10,11 @@ from collections import defaultdict
 
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.fakevllm import FAKE_SERVER, FakeServer, make_fake_app, page_for_bench
+from exporter.fakevllm import FAKE_SERVER, FakeServer, NameFilter, make_fake_app, page_for_bench
+from exporter.fakevllm.exposition import restrict
 
 V1_DRAFTS = "vllm:spec_decode_num_drafts_total"
 V1_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
@@ -309,7 +311,7 @@ class TestFakeApp:
         server = FakeServer()
         server.simulate(200)
         client = await aiohttp_client(make_fake_app(server), auto_decompress=False)
-        response = await client.get("/metrics", headers={"Accept-Encoding": "gzip, deflate"})
+        response = await client.get("/metrics/", headers={"Accept-Encoding": "gzip, deflate"})
         assert response.headers["Content-Encoding"] == "gzip"
         body = await response.read()
         assert page_totals(gzip.decompress(body)) == server.totals()
@@ -317,8 +319,9 @@ class TestFakeApp:
 
     async def test_metrics_not_gzip_when_refused(self, aiohttp_client):
         client = await aiohttp_client(make_fake_app(FakeServer()), auto_decompress=False)
-        response = await client.get("/metrics", headers={"Accept-Encoding": "gzip;q=0"})
+        response = await client.get("/metrics/", headers={"Accept-Encoding": "gzip;q=0"})
         assert "Content-Encoding" not in response.headers
+
 
     async def test_control_add_and_totals(self, aiohttp_client):
         app = make_fake_app(FakeServer(k=2, engines=2))
@@ -378,6 +381,8 @@ class TestFakeApp:
         assert server.totals() == paused
         assert (await (await client.post("/control/resume")).json()) == {"paused": False}
         await wait_for_drafts(server, paused["num_drafts"] + 1)
+        # Paused again, so that no tick lands between the page's render and `totals()`.
+        await client.post("/control/pause")
         assert page_totals(await (await client.get("/metrics")).read()) == server.totals()
 
     async def test_no_background_traffic_by_default(self, aiohttp_client):
@@ -555,3 +560,72 @@ class TestOpenAIUnderRun:
         assert 0 < data["accepted_tokens"] < data["draft_tokens"]
         assert "window oa started" in done.stderr
         assert f"results written to {tmp_path / 'out' / 'oa'}" in done.stderr
+
+
+SPEC_NAMES = [V1_DRAFTS, V1_TOKENS, V1_ACCEPTED, V1_PER_POS, "vllm:num_requests_running"]
+
+
+class TestNameFilter:
+    """vLLM's two metrics routes and what each does with `name[]` and gzip."""
+
+    async def test_instrumentator_route_ignores_filter_and_gzip(self, aiohttp_client):
+        server = FakeServer()
+        server.simulate(50)
+        client = await aiohttp_client(make_fake_app(server), auto_decompress=False)
+        response = await client.get("/metrics", params=[("name[]", V1_DRAFTS)],
+                                    headers={"Accept-Encoding": "gzip"})
+        assert "Content-Encoding" not in response.headers
+        assert await response.read() == server.render()
+
+    async def test_client_route_honours_filter(self, aiohttp_client):
+        server = FakeServer(engines=2)
+        server.simulate(50)
+        client = await aiohttp_client(make_fake_app(server))
+        response = await client.get("/metrics/", params=[("name[]", n) for n in SPEC_NAMES])
+        page = await response.read()
+        assert set(samples(page)) == set(SPEC_NAMES)
+        assert page_totals(page) == server.totals()
+        assert len(page) < len(server.render()) / 10
+
+    async def test_base_name_matches_no_sample(self, aiohttp_client):
+        # prometheus_client filters samples by their own names: `..._total`, not the family's.
+        client = await aiohttp_client(make_fake_app(FakeServer()))
+        response = await client.get("/metrics/", params={"name[]": "vllm:spec_decode_num_drafts"})
+        assert await response.read() == b""
+
+    @pytest.mark.parametrize("mode, whole", [("empty", False), ("ignore", True)])
+    async def test_other_registries(self, aiohttp_client, mode, whole):
+        server = FakeServer()
+        server.simulate(50)
+        client = await aiohttp_client(make_fake_app(server, name_filter=NameFilter(mode)))
+        response = await client.get("/metrics/", params=[("name[]", n) for n in SPEC_NAMES])
+        assert await response.read() == (server.render() if whole else b"")
+
+    @pytest.mark.parametrize("dialect, honoured", [("sglang", True), ("llamacpp", False)])
+    async def test_other_dialects_on_metrics(self, aiohttp_client, dialect, honoured):
+        server = FakeServer(dialect=dialect)
+        server.simulate(50)
+        client = await aiohttp_client(make_fake_app(server))
+        name = "sglang:spec_accept_length" if honoured else "llamacpp:n_tokens_max"
+        response = await client.get("/metrics", params={"name[]": name})
+        page = await response.read()
+        assert (set(samples(page)) == {name}) is honoured
+        assert (page == server.render()) is not honoured
+
+    @pytest.mark.parametrize("names", [
+        SPEC_NAMES, [V1_DRAFTS, "vllm:spec_decode_num_drafts_created"],
+        ["vllm:spec_decode_num_drafts"], ["process_cpu_seconds_total", "vllm:num_requests_running"],
+    ])
+    def test_restrict_agrees_with_prometheus_client(self, names):
+        server = FakeServer(engines=2)
+        server.simulate(30)
+
+        class Families:
+            def collect(self):
+                return text_string_to_metric_families(server.render().decode())
+
+        registry = CollectorRegistry(auto_describe=True)
+        registry.register(Families())
+        full = generate_latest(registry)
+        expected = generate_latest(registry.restricted_registry(names))
+        assert samples(restrict(full, set(names))) == samples(expected)

@@ -116,6 +116,10 @@ def _fake_vllm(command: Command) -> None:
                            "speculation does")
     fake.add_argument("--per-request-spec-decode-metrics", choices=["summary", "detailed"],
                       help="put vLLM's per-request metrics.speculative_decoding in each answer")
+    fake.add_argument("--name-filter", default="honour", choices=["honour", "empty", "ignore"],
+                      help="what the prometheus_client route (vLLM's /metrics/, SGLang's "
+                           "/metrics) does with ?name[]=: honour it, answer nothing as a "
+                           "multiprocess registry does, or ignore it (default honour)")
     fake.add_argument("--seed", type=int, default=0,
                       help="random seed of the simulated acceptance (default 0)")
     fake.set_defaults(func=cmd_fake_vllm)

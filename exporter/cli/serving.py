@@ -161,7 +161,7 @@ async def _reload_on_signal(service: ExporterService) -> None:
 
 
 def cmd_fake_vllm(args: argparse.Namespace) -> int:
-    from exporter.fakevllm import FakeServer, serve_fake_vllm
+    from exporter.fakevllm import FakeServer, NameFilter, serve_fake_vllm
 
     try:
         server = FakeServer(k=args.k, acceptance=args.acceptance, engines=args.engines,
@@ -182,7 +182,8 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve_fake_vllm(args.host, args.port, server, args.drafts_per_second,
-                                        on_started=started))
+                                        on_started=started,
+                                        name_filter=NameFilter(args.name_filter)))
     except OSError as exc:
         raise ListenError(address, exc, "--port P") from None
     return 0

@@ -134,6 +134,8 @@ class TargetConfig(_Strict):
     proxy_url: Annotated[str, AfterValidator(lambda v: _check_url(v, ("http",)))] | None = None
     # `none` for loopback/LAN targets: inflating costs more CPU than a fast link saves.
     compression: Literal["gzip", "none"] = "gzip"
+    # Ask for only the samples we read (`?name[]=`) where the target is proven to honour it.
+    name_filter: bool = True
     # The recording proxy: `proxy.listen` forwards to `api_url`, default the metrics URL's origin.
     proxy: ProxyConfig | None = None
     api_url: str | None = None

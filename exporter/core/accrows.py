@@ -49,6 +49,7 @@ class AccumulatorRows:
     last_at: float | None
     engines: frozenset[str]
     dialect: str
+    read: str
     packed_before: PackedCounts | None
     reset_spans: Sequence[tuple[float, float]]
     restart_times: Sequence[float | None]
@@ -115,7 +116,9 @@ class AccumulatorRows:
 
     def _shape(self, keys: list[SeriesKey], created: tuple[float | None, ...]) -> Shape:
         """What a whole row holds beyond its round part: engines and restart spans are only
-        added and a tally changes with its count, so sizes and counts tell a change."""
+        added and a tally changes with its count, so sizes and counts tell a change. `read`
+        is left out: a restored one is set again by the next scrape, and its first change (a
+        proven filter) would cost every target a whole row."""
         return (
             tuple(keys), created, self.resets, len(self.reset_spans),
             self.first_at, len(self.engines), self.dialect, self.packed_before,
@@ -135,6 +138,7 @@ class AccumulatorRows:
             f',"resets":{self.resets},"scrapes":{self.scrapes},',
             f'"first_at":{_num(self.first_at)},"last_at":{_num(self.last_at)},',
             '"engines":', json.dumps(engines), ',"dialect":', json.dumps(self.dialect),
+            ',"read":', json.dumps(self.read),
             ',"before":', json.dumps(unpack_counts(packed).as_raw()) if packed else "null",
             ',"reset_spans":', json.dumps([list(span) for span in self.reset_spans]),
             ',"restart_times":', json.dumps(list(self.restart_times)),
@@ -203,6 +207,7 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
         last_at=data["last_at"],
         engines=shared_engines(frozenset(data["engines"])),
         dialect=data["dialect"],
+        read=data.get("read", ""),  # rows written before it was kept lack it
         packed_before=pack_counts(Counts.from_raw(data["before"])) if data["before"] else None,
         reset_spans=[tuple(span) for span in data["reset_spans"]] or (),
         restart_times=list(data["restart_times"]) or (),

@@ -67,6 +67,7 @@ class Accumulator(AccumulatorRows):
     last_at: float | None = None
     engines: frozenset[str] = frozenset()  # one set shared by all alike (`shared_engines`)
     dialect: str = ""
+    read: str = ""  # how the last usable page was asked for (`Snapshot.read`)
     packed_before: PackedCounts | None = None  # the baseline's totals (read as `before`)
     # (prev scrape, seen) of each restart. Containers most leave empty start as shared empty
     # ones (`NO_ITEMS`, `NO_ANOMALIES`): replaced, never written.
@@ -131,6 +132,8 @@ class Accumulator(AccumulatorRows):
         self.last_at = at
         if snapshot.has_spec_decode:
             self.dialect = snapshot.dialect
+        if snapshot.read:
+            self.read = snapshot.read
         return reset
 
     def _restart_bounds(self, snapshot: Snapshot) -> tuple[dict[Engine, float], int]:

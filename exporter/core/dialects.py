@@ -55,6 +55,8 @@ class DialectSpec:
     # not above 0 contributes no gauge.
     gauge_gate: str | None = None
     path: str = "/metrics"  # where the server serves Prometheus text by default
+    # Its running-requests gauge: asked for beside the spec-decode samples (a later reader).
+    running: str = ""
     names: dict[bytes, tuple[Field | None, SampleKind]] = field(init=False, default_factory=dict)
     # Line text before the value -> what it resolves to, parsed once, not once per scrape.
     heads: dict[bytes, Head | None] = field(init=False, default_factory=dict, compare=False)
@@ -91,11 +93,13 @@ DIALECTS: dict[Dialect, DialectSpec] = {
         | {"vllm:spec_decode_num_emitted_tokens": Field.EMITTED},
         gauges=_V0_GAUGES,
         v0_markers=_V0_GAUGES | {"vllm:spec_decode_num_emitted_tokens_total"},
+        running="vllm:num_requests_running",
     ),
     # tools/server/server-task.cpp, server_task_result_metrics::to_metrics(): no labels but
     # `position`, no `_created`, values printed by a C++ stream (6 significant digits).
     Dialect.LLAMACPP: DialectSpec(
-        prefix=b"llamacpp:spec_decode_", counters=_v1_counters("llamacpp:")
+        prefix=b"llamacpp:spec_decode_", counters=_v1_counters("llamacpp:"),
+        running="llamacpp:requests_processing",
     ),
     # python/sglang/srt/metrics/collector.py: gauges over the last decode_log_interval
     # batches, labels model_name, engine_type, tp_rank, pp_rank (and dp_rank).
@@ -104,6 +108,7 @@ DIALECTS: dict[Dialect, DialectSpec] = {
         counters={},
         gauges=frozenset({SGLANG_LENGTH, SGLANG_RATE}),
         gauge_gate=SGLANG_LENGTH,
+        running="sglang:num_running_reqs",
     ),
     # tensorrt_llm/metrics/collector.py: iteration counters of draft and accepted tokens,
     # per-request counters per `token_position`; labels model_name, engine_type.
@@ -118,6 +123,7 @@ DIALECTS: dict[Dialect, DialectSpec] = {
         gauges=frozenset({TRTLLM_LENGTH}),
         position_label="token_position",
         path="/prometheus/metrics",
+        running="trtllm_num_requests_running",
     ),
 }
 
@@ -165,6 +171,17 @@ def is_estimate(name: str | None) -> bool:
     """Whether results from dialect `name` are estimated from gauges rather than counted."""
     reporting = REPORTING.get(name or "")
     return reporting is not None and reporting.estimate
+
+
+def sample_names(dialect: str) -> tuple[str, ...]:
+    """Every sample name a page of `dialect` (a `Snapshot.dialect`) is read by, its `_created`
+    and its running-requests gauge: what a `name[]` filter asks for (empty for `auto`)."""
+    if dialect == "vllm-v0":
+        dialect = Dialect.VLLM
+    spec = DIALECTS.get(Dialect(dialect))
+    if spec is None:
+        return ()
+    return tuple(sorted({name.decode() for name in spec.names} | {spec.running} - {""}))
 
 
 def default_path(dialect: Dialect | str) -> str:

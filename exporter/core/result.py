@@ -172,6 +172,7 @@ class Result:
     engines: int = 0
     dialect: str | None = None
     dialect_note: str | None = None
+    read: str | None = None  # "filtered" or "full": how the target's last usable page was asked
     resets: int = 0
     scrapes: int | None = None
     first_scrape_at: float | None = None
@@ -220,6 +221,7 @@ class Result:
         body["engines"] = self.engines
         if self.targets is None:
             body["dialect"] = self.dialect
+            body["read"] = self.read
             body["scrapes"] = self.scrapes
             for key, at in (("first_scrape_at", self.first_scrape_at),
                             ("last_scrape_at", self.last_scrape_at)):
@@ -294,7 +296,7 @@ class Result:
 
 # The fields `from_json` takes as the body has them (None where it lacks them).
 _AS_READ = ("url", "error", "coverage_note", "reset_note", "anomaly_note", "target", "host_port",
-            "dialect", "dialect_note", "scrapes", "first_scrape_at", "last_scrape_at")
+            "dialect", "dialect_note", "read", "scrapes", "first_scrape_at", "last_scrape_at")
 
 
 def _copy_raw(raw: Mapping[str, Any]) -> dict[str, Any]:

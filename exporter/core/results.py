@@ -88,6 +88,7 @@ def _described(ref: TargetRef, acc: Accumulator | None, *, started: bool) -> dic
         "engines": len(acc.engines),
         "dialect": acc.dialect or None,
         "dialect_note": dialect_note(acc.dialect),
+        "read": acc.read or None,
         "resets": acc.resets,
         "scrapes": acc.scrapes,
         "first_scrape_at": acc.first_at,

@@ -209,7 +209,7 @@ MAX_COUNT = float(2**53)
 _COUNT_KEYS = (Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value)
 _PER_POSITION_KEYS = (Field.PER_POS.value, DRAFTS_PER_POS)
 _TEXT_KEYS = ("url", "error", "target", "host_port", "coverage_note", "reset_note",
-              "anomaly_note", "dialect", "dialect_note", "results_dir")
+              "anomaly_note", "dialect", "dialect_note", "read", "results_dir")
 _STATUSES = frozenset(s.value for s in Status)
 _COVERAGES = frozenset(c.value for c in Coverage)
 

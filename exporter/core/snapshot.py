@@ -251,6 +251,11 @@ def counts_by_model(values: Mapping[SeriesKey, float]) -> dict[str, Counts]:
     return {model: sum_series(items) for model, items in sorted(groups.items())}
 
 
+# How a page was asked for (`Snapshot.read`): filtered to our samples by `?name[]=`, or whole.
+FILTERED = "filtered"
+FULL = "full"
+
+
 @dataclass(frozen=True, slots=True)
 class Snapshot:
     """The spec-decode series of one scrape of one target; replaced whole, never mutated."""
@@ -261,6 +266,9 @@ class Snapshot:
     gauges: Mapping[str, float] = field(default_factory=dict)
     dialect: str = "vllm"  # what the page spoke: a `Dialect` value, or "vllm-v0"
     duplicates: int = 0  # repeated series in the page; the first one is kept
+    # How the page was asked for: "filtered" (`name[]`, only our families), "full", or "" when
+    # not scraped by the exporter (measure, history).
+    read: str = ""
 
     @property
     def has_spec_decode(self) -> bool:

@@ -11,12 +11,18 @@ from typing import Any
 
 from aiohttp import web
 
+from exporter.fakevllm.exposition import NameFilter, answer
 from exporter.fakevllm.openai import completions, models
 from exporter.fakevllm.pages import CONTENT_TYPE
 from exporter.fakevllm.server import FakeServer
 
 FAKE_SERVER = web.AppKey("fake_server", FakeServer)
 _TRAFFIC_ON = web.AppKey("fake_traffic_on", asyncio.Event)
+_NAME_FILTER = web.AppKey("fake_name_filter", NameFilter)
+# vLLM serves `/metrics` by its instrumentator (whole, never compressed) and `/metrics/` by
+# prometheus_client's own app; llama.cpp and TensorRT-LLM ignore `name[]`.
+_INSTRUMENTATOR_DIALECTS = frozenset({"vllm", "vllm-v0"})
+_IGNORING_DIALECTS = frozenset({"llamacpp", "trtllm"})
 
 
 def _accepts_gzip(header: str) -> bool:
@@ -33,9 +39,20 @@ def _accepts_gzip(header: str) -> bool:
     return False
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    """Serve the page, gzip-compressed when the client accepts it."""
+async def _instrumentator(request: web.Request) -> web.Response:
+    """vLLM's `/metrics`: the whole page, plain, whatever the query or Accept-Encoding says."""
     body = request.app[FAKE_SERVER].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+
+async def _client_app(request: web.Request) -> web.Response:
+    """prometheus_client's app: the samples `name[]` names (as the app's mode has it), gzip
+    when the client accepts it."""
+    server = request.app[FAKE_SERVER]
+    mode = request.app[_NAME_FILTER]
+    if server.dialect in _IGNORING_DIALECTS:
+        mode = NameFilter.IGNORE
+    body = answer(server.render(), request.query.getall("name[]", []), mode)
     headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
     if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
         body = gzip.compress(body, compresslevel=1)
@@ -111,14 +128,21 @@ def _set_traffic(on: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
 
 
 def make_fake_app(
-    server: FakeServer, *, drafts_per_second: float = 0.0, tick: float = 0.25
+    server: FakeServer, *, drafts_per_second: float = 0.0, tick: float = 0.25,
+    name_filter: NameFilter = NameFilter.HONOUR,
 ) -> web.Application:
-    """Build the aiohttp app serving the fake /metrics, control endpoints and optional traffic."""
+    """Build the aiohttp app serving the fake /metrics, control endpoints and optional traffic;
+    `name_filter` is what its prometheus_client route does with `name[]`."""
     app = web.Application()
     app[FAKE_SERVER] = server
     app[_TRAFFIC_ON] = asyncio.Event()
     app[_TRAFFIC_ON].set()
-    app.router.add_get(server.metrics_path, _metrics)
+    app[_NAME_FILTER] = name_filter
+    if server.dialect in _INSTRUMENTATOR_DIALECTS:
+        app.router.add_get(server.metrics_path, _instrumentator)
+        app.router.add_get(server.metrics_path.rstrip("/") + "/", _client_app)
+    else:
+        app.router.add_get(server.metrics_path, _client_app)
     if server.metrics_path != "/metrics":
         # trtllm-serve answers /metrics with JSON iteration stats, not Prometheus text.
         app.router.add_get("/metrics", _iteration_stats)
@@ -162,9 +186,11 @@ async def serve_fake_vllm(
     server: FakeServer,
     drafts_per_second: float,
     on_started: Callable[[], Awaitable[None]],
+    name_filter: NameFilter = NameFilter.HONOUR,
 ) -> None:
     """Serve a fake vLLM on host:port until cancelled; OSError when it cannot listen there."""
-    runner = web.AppRunner(make_fake_app(server, drafts_per_second=drafts_per_second))
+    runner = web.AppRunner(make_fake_app(server, drafts_per_second=drafts_per_second,
+                                         name_filter=name_filter))
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

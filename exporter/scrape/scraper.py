@@ -10,7 +10,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 from aiohttp.helpers import get_env_proxy_for_url
@@ -18,11 +18,13 @@ from yarl import URL
 
 from exporter import __version__
 from exporter.config.model import TargetConfig
+from exporter.core.dialects import sample_names
 from exporter.core.parse import PageLimitError, parse_page
 from exporter.core.redact import redact_text
-from exporter.core.snapshot import ScrapeResult
+from exporter.core.snapshot import FILTERED, FULL, ScrapeResult, Snapshot
 from exporter.scrape.httpget import Answer, CutOff, GetError, OverCap, Pool
 from exporter.scrape.inflate import InflateError, OverCapError, inflate, use_fastest_zlib
+from exporter.scrape.namefilter import Reading, families, filtered_urls, honoured, present
 
 _ACCEPT = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 # The first sample line of a text exposition: a metric name, optional labels, then a number.
@@ -65,6 +67,7 @@ class Scraper:
         self._slots = asyncio.Semaphore(concurrency)
         self._ssl: dict[tuple[bool, str | None], ssl.SSLContext | bool] = {}
         self._plans: dict[str, _Plan] = {}
+        self._reads: dict[str, Reading[_Plan]] = {}
         self._pool = Pool()
 
     def reconfigure(self, *, max_bytes: int, concurrency: int) -> None:
@@ -80,6 +83,8 @@ class Scraper:
         keep = {target.name for target in targets}
         for name in [n for n in self._plans if n not in keep]:
             del self._plans[name]
+        for name in [n for n in self._reads if n not in keep]:
+            del self._reads[name]
         self._pool.forget({(p.lean[0], p.lean[1]) for p in self._plans.values() if p.lean})
 
     async def close(self) -> None:
@@ -94,8 +99,7 @@ class Scraper:
             started = time.monotonic()
             try:
                 async with asyncio.timeout(timeout):  # no extra task, unlike wait_for
-                    page = await self._fetch(target)
-                snapshot = parse_page(page, target.dialect, target.page_limits)
+                    page, snapshot = await self._read(target)
                 if not snapshot.has_spec_decode and not _looks_like_exposition(page):
                     raise GetError("response is not Prometheus text format")
                 error = None
@@ -116,7 +120,56 @@ class Scraper:
         plan = self._plans.get(target.name)
         if plan is None or plan.target is not target:  # a reload or discovery replaced it
             plan = self._plans[target.name] = self._make_plan(target)
+            self._reads[target.name] = Reading()
         return plan
+
+    async def _read(self, target: TargetConfig) -> tuple[bytes, Snapshot]:
+        """The page and its snapshot: filtered where that was proven, else the full page (and
+        a proof of the filter on it at first contact and after a restart)."""
+        plan = self._plan(target)
+        reading = self._reads[target.name]
+        if reading.filtered is not None:
+            try:
+                page = await self._fetch(reading.filtered)
+                snapshot = _parsed(page, target, FILTERED)
+            except BaseException:
+                reading.reset()  # whatever failed, the full page is asked next
+                raise
+            if reading.keeps(snapshot):
+                reading.last = snapshot
+                return page, snapshot
+            reading.reset()  # a restart or a family lost: the full page, and a proof on it
+        page = await self._fetch(plan)
+        snapshot = _parsed(page, target, FULL)
+        if target.name_filter and reading.due(snapshot):
+            await self._prove(plan, reading, page, snapshot)
+        reading.last = snapshot
+        return page, snapshot
+
+    async def _prove(self, plan: _Plan, reading: Reading[_Plan], page: bytes,
+                     snapshot: Snapshot) -> None:
+        """Read the target filtered from now on if a filtered answer holds what `page` holds
+        of our samples and nothing else."""
+        reading.proven = True  # first: a filtered request that hangs is not asked again
+        names = sample_names(snapshot.dialect if snapshot.has_spec_decode
+                             else plan.target.dialect)
+        wanted = present(page, names)
+        if not wanted:
+            return
+        # Uncompressed: the filtered answer is a few KB, which prometheus_client would gzip at
+        # level 9 on the server's event loop.
+        headers = {k: v for k, v in plan.headers.items() if k.lower() != "accept-encoding"}
+        headers["Accept-Encoding"] = "identity"
+        for url in filtered_urls(plan.url, names):
+            lean = plan.lean and (plan.lean[0], plan.lean[1], _request_bytes(url, headers))
+            filtered = replace(plan, url=url, headers=headers, lean=lean)
+            try:
+                answer = await self._fetch(filtered)
+            except (GetError, aiohttp.ClientError, OSError, ValueError):
+                continue
+            if honoured(answer, wanted, names):
+                reading.filtered, reading.families = filtered, families(snapshot)
+                return
 
     def _make_plan(self, target: TargetConfig) -> _Plan:
         url = URL(target.url)
@@ -139,8 +192,7 @@ class Scraper:
         return _Plan(target, url, headers, foreign, proxy, proxy_headers, self._ssl_for(target),
                      lean)
 
-    async def _fetch(self, target: TargetConfig) -> bytes:
-        plan = self._plan(target)
+    async def _fetch(self, plan: _Plan) -> bytes:
         if plan.lean is None:
             # The userinfo is in the Authorization header now; aiohttp refuses both at once.
             return await self._fetch_aiohttp(plan.url.with_user(None), plan, 5, plan.headers)
@@ -261,6 +313,10 @@ def _decoded(answer: Answer, cap: int) -> bytes:
             raise GetError("body cut off or corrupt: Can not decode content-encoding: "
                                 + answer.encoding.decode("latin-1")) from None
     raise GetError(f"unsupported Content-Encoding {answer.encoding.decode('latin-1')!r}")
+
+
+def _parsed(page: bytes, target: TargetConfig, read: str) -> Snapshot:
+    return replace(parse_page(page, target.dialect, target.page_limits), read=read)
 
 
 def _looks_like_exposition(page: bytes) -> bool:

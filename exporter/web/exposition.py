@@ -14,7 +14,7 @@ from prometheus_client.process_collector import ProcessCollector
 from exporter import __version__
 from exporter.core.counting import LiveTrack
 from exporter.core.derive import acceptance_length, acceptance_ratio, position_ratios, span_figures
-from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot
+from exporter.core.snapshot import FILTERED, Counts, Field, SeriesKey, Snapshot
 from exporter.core.stopped import LastWindow
 from exporter.server.stateview import StateView
 from exporter.server.targets import TargetState
@@ -41,6 +41,7 @@ from exporter.web.families import (
     POS_RATIO,
     PRESENT,
     RATIO,
+    READ_FILTERED,
     RELOAD_AT,
     RELOAD_OK,
     RESULT_ERRORS,
@@ -76,17 +77,20 @@ class _ModelPrefixes:
 class _Labels:
     """A target's sample prefixes (`name{labels} `), kept while its config object lives."""
 
-    __slots__ = ("config", "text", "fixed", "up", "present", "errors", "models",
+    __slots__ = ("config", "text", "fixed", "up", "present", "filtered", "errors", "models",
                  "live_positions")
 
     def __init__(self, name: str, state: TargetState):
         self.config = state.config
         self.text = label_text({"target": name} | state.config.labels)
         self.fixed = {f: f"{f.name}{{{self.text}}} "
-                      for f in (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, RATIO, LENGTH)}
+                      for f in (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, READ_FILTERED, RATIO,
+                                LENGTH)}
         # Lines whose value is one of two: indexed by the bool.
         self.up = (f"{self.fixed[UP]}0.0\n", f"{self.fixed[UP]}1.0\n")
         self.present = (f"{self.fixed[PRESENT]}0.0\n", f"{self.fixed[PRESENT]}1.0\n")
+        self.filtered = (f"{self.fixed[READ_FILTERED]}0.0\n",
+                         f"{self.fixed[READ_FILTERED]}1.0\n")
         self.errors = (-1, "")  # the errors line for a count: it rarely moves
         self.models: dict[str, _ModelPrefixes] = {}
         self.live_positions: dict[tuple[int, ...], str] = {}  # `template`s
@@ -180,12 +184,12 @@ def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
     errors = labels.errors_line(state.errors_total)
     last = state.last
     if last is None:
-        return (labels.up[0], "", "", errors, "", "", "", "", "", "", "")
+        return (labels.up[0], "", "", errors, "", "", "", "", "", "", "", "")
     duration = f"{fixed[DURATION]}{number(last.duration)}\n"
     at = f"{fixed[LAST_SCRAPE]}{number(last.at)}\n"
     snapshot = last.snapshot
     if snapshot is None:  # down: no counters
-        return (labels.up[0], duration, at, errors, "", "", "", "", "", "", "")
+        return (labels.up[0], duration, at, errors, "", "", "", "", "", "", "", "")
     sums, several = _model_sums(snapshot.values)
     if len(sums) == 1:  # the usual page: one model, its four runs as they are
         [(model, counts)] = sums.items()
@@ -197,7 +201,9 @@ def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
     engine_tokens = engine_accepted = ""
     if several:
         engine_tokens, engine_accepted = _engine_lines(labels.text, snapshot)
-    return (labels.up[1], duration, at, errors, labels.present[snapshot.has_spec_decode],
+    # Unknown ("", a page not scraped by us) says nothing rather than "whole".
+    filtered = labels.filtered[snapshot.read == FILTERED] if snapshot.read else ""
+    return (labels.up[1], duration, at, errors, labels.present[snapshot.has_spec_decode], filtered,
             drafts, tokens, accepted, per_pos, engine_tokens, engine_accepted)
 
 

@@ -42,6 +42,9 @@ ERRORS = Family("specdec_scrape_errors_total", "counter",
                 "Failed scrapes of the target since we started.")
 PRESENT = Family("specdec_target_spec_decode_present", "gauge",
                  "1 if the target's last page had spec-decode series, 0 if not.")
+READ_FILTERED = Family("specdec_target_read_filtered", "gauge",
+                       "1 if the target's last page was asked for filtered to the samples the "
+                       "exporter reads (?name[]=), 0 if whole.")
 DRAFTS = Family("specdec_drafts_total", "counter",
                 "Spec-decode drafts reported by the target, summed over engines.")
 DRAFT_TOKENS = Family("specdec_draft_tokens_total", "counter",
@@ -85,8 +88,8 @@ ENGINE_ACCEPTED = Family("specdec_engine_accepted_tokens_total", "counter",
                          "with several.")
 
 NO_LIVE = ("", "", "")
-TARGET_FAMILIES = (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, DRAFTS, DRAFT_TOKENS, ACCEPTED,
-                    PER_POS, ENGINE_TOKENS, ENGINE_ACCEPTED)
+TARGET_FAMILIES = (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, READ_FILTERED, DRAFTS,
+                   DRAFT_TOKENS, ACCEPTED, PER_POS, ENGINE_TOKENS, ENGINE_ACCEPTED)
 LIVE_FAMILIES = (RATIO, LENGTH, POS_RATIO)
 
 

@@ -411,6 +411,7 @@ GOLDEN_TYPES = [
     "# TYPE specdec_target_last_scrape_timestamp_seconds gauge",
     "# TYPE specdec_scrape_errors_total counter",
     "# TYPE specdec_target_spec_decode_present gauge",
+    "# TYPE specdec_target_read_filtered gauge",
     "# TYPE specdec_drafts_total counter",
     "# TYPE specdec_draft_tokens_total counter",
     "# TYPE specdec_accepted_tokens_total counter",
