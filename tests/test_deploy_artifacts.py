@@ -46,6 +46,8 @@ EXPORTER_METRICS = {
     "specdec_engine_draft_tokens_total",
     "specdec_engine_accepted_tokens_total",
     "specdec_request_acceptance_length_bucket",  # the recording proxy's histogram
+    "specdec_request_acceptance_length_count",
+    "specdec_request_acceptance_length_sum",
 }
 PROMQL_KEYWORDS = {
     "and",
