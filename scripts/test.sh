@@ -45,6 +45,11 @@ fi
 # Debian's prometheus package starts a Prometheus service where systemd runs; our tests start
 # their own.
 
+# The real-vLLM tier's virtualenv (tests/realvllm/; after apt-get, which may bring python3-venv):
+# minutes of download on a fresh machine, so made in the background while the rest installs.
+bash scripts/vllm-env.sh &
+vllm_env=$!
+
 if [ -z "${VIRTUAL_ENV:-}" ]; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
   # shellcheck disable=SC1091
@@ -65,6 +70,7 @@ fi
 # The strict type check of exporter/ ([tool.mypy] in pyproject.toml).
 python -m mypy
 python -m ruff check exporter tests bench
+wait "$vllm_env"
 rm -f .coverage .coverage.*
 python -m coverage run -m pytest -rs "$@"
 python -m coverage combine -q

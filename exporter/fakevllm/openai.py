@@ -72,31 +72,57 @@ def step_texts(steps: list[tuple[int, int]]) -> Iterator[str]:
         at += emitted
 
 
+# vLLM's PerRequestMetrics without --enable-per-request-metrics: its timing fields, all null.
+_TIMING = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms",
+           "tokens_per_second")
+MAX_N = 16  # bounds the sequences one request can ask of the simulator
+
+
 def spec_decode_object(steps: list[tuple[int, int]], k: int, detailed: bool) -> dict[str, Any]:
-    """vLLM's per-request `metrics.speculative_decoding`; histogram[j]: steps accepting j."""
+    """vLLM's per-request `metrics.speculative_decoding` (RequestSpecDecodeMetrics.to_dict, in
+    its key order); histogram[j]: steps accepting j; per-step lists only when detailed."""
     histogram = [0] * (k + 1)
     for _, accepted in steps:
         histogram[accepted] += 1
     drafted = sum(p for p, _ in steps)
     accepted_total = sum(a for _, a in steps)
     obj: dict[str, Any] = {
-        "num_spec_steps": len(steps), "num_draft_tokens": drafted,
-        "num_accepted_draft_tokens": accepted_total, "num_spec_tokens": k,
         "mean_acceptance_length": 1 + accepted_total / len(steps) if steps else 1.0,
         "draft_acceptance_rate": accepted_total / drafted if drafted else 0.0,
         "acceptance_histogram": histogram,
+        "num_spec_steps": len(steps), "num_accepted_draft_tokens": accepted_total,
+        "num_draft_tokens": drafted, "num_spec_tokens": k,
     }
-    if detailed:
-        obj["steps"] = [{"num_draft_tokens": p, "num_accepted_tokens": a} for p, a in steps]
+    if detailed and steps:
+        obj["per_step_accepted"] = [a for _, a in steps]
+        obj["per_step_drafted"] = [p for p, _ in steps]
     return obj
 
 
-def _metrics(server: ServerModel, steps: list[tuple[int, int]]) -> dict[str, Any]:
-    """The answer's `metrics` member, present only when the server was started to emit it."""
-    if not server.spec_decode or server.per_request_metrics not in ("summary", "detailed"):
-        return {}
-    detailed = server.per_request_metrics == "detailed"
-    return {"metrics": {"speculative_decoding": spec_decode_object(steps, server.k, detailed)}}
+def _spec(server: ServerModel, steps: list[tuple[int, int]], n: int) -> dict[str, Any] | None:
+    """The request's spec-decode object; None unless the server emits it and n is 1 (vLLM
+    cannot give one sequence's figures to a request of several)."""
+    if (not server.spec_decode or n != 1
+            or server.per_request_metrics not in ("summary", "detailed")):
+        return None
+    return spec_decode_object(steps, server.k, server.per_request_metrics == "detailed")
+
+
+def answer_metrics(spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A non-streamed answer's `metrics`: null, or the timing fields (null) and the object
+    with its unset per-step lists as null, as vLLM's response model dumps them."""
+    if spec is None:
+        return None
+    return dict.fromkeys(_TIMING) | {"speculative_decoding": {
+        "per_step_accepted": None, "per_step_drafted": None} | spec}
+
+
+def sequences(body: dict[str, Any]) -> int:
+    """The request's `n`: how many sequences to decode."""
+    value = body.get("n", 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_N:
+        raise BadRequest(f"n must be an integer within 1..{MAX_N}, got {value!r}")
+    return value
 
 
 def _usage(prompt: int, completion: int) -> dict[str, Any]:
@@ -104,12 +130,13 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
             "total_tokens": prompt + completion}
 
 
-def _choice(chat: bool, text: str | None, finish: str | None, stream: bool) -> dict[str, Any]:
+def _choice(chat: bool, text: str | None, finish: str | None, stream: bool,
+            index: int = 0) -> dict[str, Any]:
     if chat:
         key = "delta" if stream else "message"
         content = {} if text is None else {"role": "assistant", "content": text}
-        return {"index": 0, key: content, "logprobs": None, "finish_reason": finish}
-    return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return {"index": index, key: content, "logprobs": None, "finish_reason": finish}
+    return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
 
 
 async def completions(request: web.Request, server: ServerModel, chat: bool) -> web.StreamResponse:
@@ -120,13 +147,14 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
             raise BadRequest("body must be a JSON object")
         tokens = max_tokens(body)
         prompt = prompt_tokens(body, chat)
+        n = sequences(body)
     except (ValueError, UnicodeDecodeError) as exc:
         message = str(exc) if isinstance(exc, BadRequest) else f"body is not valid JSON: {exc}"
         return web.json_response(  # the OpenAI error shape
             {"error": {"message": message, "type": "invalid_request_error", "code": 400}},
             status=400)
     engine = server.pick_engine()
-    steps = server.plan_steps(tokens)
+    plans = [server.plan_steps(tokens) for _ in range(n)]
     head = {
         "id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12),
         "object": ("chat.completion" if chat else "text_completion")
@@ -134,13 +162,23 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
         "created": int(time.time()),
         "model": str(body.get("model") or server.model_name),
     }
+    spec = _spec(server, plans[0], n)
     if not body.get("stream"):
-        for proposed, accepted in steps:
-            server.count_step(engine, proposed, accepted)
+        for steps in plans:
+            for proposed, accepted in steps:
+                server.count_step(engine, proposed, accepted)
         return web.json_response(head | {
-            "choices": [_choice(chat, "".join(step_texts(steps)), "length", stream=False)],
-            "usage": _usage(prompt, tokens),
-        } | _metrics(server, steps))
+            "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
+                        for i, steps in enumerate(plans)],
+            "usage": _usage(prompt, tokens * n), "metrics": answer_metrics(spec)})
+    return await _stream(request, server, engine, plans, head, chat, body, spec, prompt)
+
+
+async def _stream(request: web.Request, server: ServerModel, engine: int,
+                  plans: list[list[tuple[int, int]]], head: dict[str, Any], chat: bool,
+                  body: dict[str, Any], spec: dict[str, Any] | None,
+                  prompt: int) -> web.StreamResponse:
+    """The answer as server-sent events: token chunks, finishing chunks, the usage chunk."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -150,15 +188,19 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
         await response.write(f"data: {data}\n\n".encode())
 
     # Counters move step by step while the answer streams, as a scrape mid-request would see.
-    for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
-        server.count_step(engine, proposed, accepted)
-        await send(head | {"choices": [_choice(chat, text, None, stream=True)]})
-    # The finishing chunk carries the request's spec-decode object, as vLLM sends it.
-    await send(head | {"choices": [_choice(chat, None if chat else "", "length", stream=True)]}
-               | _metrics(server, steps))
+    for index, steps in enumerate(plans):
+        for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
+            server.count_step(engine, proposed, accepted)
+            await send(head | {"choices": [_choice(chat, text, None, True, index)]})
+        await send(head | {"choices": [_choice(chat, None if chat else "", "length", True,
+                                               index)]})
+    # vLLM sends the request's metrics on the usage chunk alone, which only
+    # stream_options.include_usage asks for: without it a stream carries no figures.
     options = body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
-        await send(head | {"choices": [], "usage": _usage(prompt, tokens)})
+        tokens = sum(1 + a for steps in plans for _, a in steps)
+        usage = head | {"choices": [], "usage": _usage(prompt, tokens)}
+        await send(usage | ({"metrics": {"speculative_decoding": spec}} if spec else {}))
     await send("[DONE]")
     await response.write_eof()
     return response

@@ -108,6 +108,7 @@ time.sleep(0.6)  # start-up: window scrapes run, no request yet
 seen = []
 for n in (40, 9, 23, 14):
     body = json.dumps({"model": "m", "stream": True, "max_tokens": n,
+                       "stream_options": {"include_usage": True},
                        "messages": [{"role": "user", "content": "a b"}]}).encode()
     req = urllib.request.Request(base + "/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json"})

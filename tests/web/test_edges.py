@@ -31,6 +31,8 @@ class Bench:
         base = self.proxy if through_proxy else self.direct
         body = {"model": "m", "messages": [{"role": "user", "content": "q w e"}],
                 "max_tokens": max_tokens, "stream": stream}
+        if stream:  # vLLM sends a stream's figures on the usage chunk alone
+            body["stream_options"] = {"include_usage": True}
         async with self.session.post(f"{base}/v1/chat/completions", json=body) as answer:
             assert answer.status == 200
             raw = await answer.read()

@@ -62,14 +62,16 @@ class TestRecordingProxy:
             self, rig: Rig) -> None:
         client = openai.AsyncOpenAI(base_url=rig.url(rig.proxy, "/v1"), api_key="x")
         for stream in (False, True):
+            # vLLM sends a stream's figures on the usage chunk alone
+            usage = {"stream_options": {"include_usage": True}} if stream else {}
             chat = await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi there"}], max_tokens=40,
-                stream=stream)
+                stream=stream, **usage)
             if stream:
                 async for _ in chat:  # type: ignore[union-attr]
                     pass
             comp = await client.completions.create(model="m", prompt="a b c", max_tokens=33,
-                                                   stream=stream)
+                                                   stream=stream, **usage)
             if stream:
                 async for _ in comp:  # type: ignore[union-attr]
                     pass
@@ -224,11 +226,13 @@ class TestWindowsRecordProxiedRequests:
         n = 0
         for stream in (False, True):
             for max_tokens in (7, 40):
+                usage = {"stream_options": {"include_usage": True}} if stream else {}
                 chat = await client.chat.completions.create(
                     model="m", messages=[{"role": "user", "content": "q"}],
-                    max_tokens=max_tokens, stream=stream)
+                    max_tokens=max_tokens, stream=stream, **usage)
                 comp = await client.completions.create(model="m", prompt="p",
-                                                       max_tokens=max_tokens, stream=stream)
+                                                       max_tokens=max_tokens, stream=stream,
+                                                       **usage)
                 if stream:
                     async for _ in chat:  # type: ignore[union-attr]
                         pass
