@@ -2,14 +2,13 @@
 
 `render_rules` writes deploy/prometheus/rules.yml with the collapse windows shortened (5m and 6h
 to a few seconds, every group evaluated each second, the two alerts' `for:` shortened); the
-expressions and thresholds stay the shipped file's, or, with `scale_evidence`, their minimum
-counts of drafts and requests scale with the window (the same rate per second).
+expressions and thresholds stay the shipped file's, but for `minimums`: the minimum counts of
+drafts and requests in the short window, for servers slower than production's floor.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import signal
@@ -29,15 +28,16 @@ import yaml
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "rules.yml"
 ALERTS = ("SpecDecAcceptanceCollapse", "SpecDecAcceptanceSplit")
-_EVIDENCE = re.compile(r"(specdec_target:(?:drafts|requests):increase5m >= )(\d+)")
+_MINIMUM = re.compile(r"(specdec_target:(drafts|requests):increase5m >= )(\d+)")
 
 
 def render_rules(path: Path, short: int, long: int, hold: str = "3s",
-                 scale_evidence: bool = False) -> Path:
-    """rules.yml with 5m as `short` seconds, 6h as `long`, the collapse alerts' `for:` `hold`."""
+                 minimums: dict[str, int] | None = None) -> Path:
+    """rules.yml with 5m as `short` seconds, 6h as `long`, the collapse alerts' `for:` `hold`,
+    and the minimum `drafts` and `requests` of the short window replaced by `minimums`'."""
     doc = yaml.safe_load(RULES.read_text())
     windows = {"[5m]": f"[{short}s]", "[6h]": f"[{long}s]"}
-    replaced = dict.fromkeys(windows, 0) | {"evidence": 0}
+    replaced = dict.fromkeys(windows, 0) | {"minimums": 0}
     for group in doc["groups"]:
         group.pop("interval", None)
         for rule in group["rules"]:
@@ -47,13 +47,12 @@ def render_rules(path: Path, short: int, long: int, hold: str = "3s",
             if rule.get("alert") not in ALERTS:
                 continue
             rule["for"] = hold
-            if scale_evidence:
-                rule["expr"], n = _EVIDENCE.subn(
-                    lambda m: f"{m.group(1)}{math.ceil(int(m.group(2)) * short / 300)}",
-                    rule["expr"])
-                replaced["evidence"] += n
+            if minimums:
+                rule["expr"], n = _MINIMUM.subn(
+                    lambda m: f"{m.group(1)}{minimums[m.group(2)]}", rule["expr"])
+                replaced["minimums"] += n
     assert all(replaced[w] for w in windows), replaced  # the shipped windows are 5m and 6h
-    assert replaced["evidence"] == (2 if scale_evidence else 0), replaced
+    assert replaced["minimums"] == (2 if minimums else 0), replaced  # one in each alert
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
 
@@ -111,18 +110,23 @@ def launch(name: str, cmd: list[str], work: Path) -> Iterator[subprocess.Popen]:
 
 
 @contextmanager
-def repeating(send: Callable[[], None], pause: float) -> Iterator[None]:
-    """Call `send` in a thread, `pause` seconds apart, until the block exits."""
+def repeating(send: Callable[[], None], pause: float) -> Iterator[list[str]]:
+    """Call `send` in a thread, `pause` seconds apart, until the block exits; yields the
+    connection errors it met (the thread carries on after one)."""
     stop = threading.Event()
+    errors: list[str] = []
 
     def loop() -> None:
         while not stop.wait(pause):
-            send()
+            try:
+                send()
+            except OSError as exc:  # urllib's URLError and timeouts are OSErrors
+                errors.append(repr(exc))
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     try:
-        yield
+        yield errors
     finally:
         stop.set()
         thread.join(150)

@@ -62,7 +62,7 @@ def test_collapse_fires_for_the_collapsing_server_only(tmp_path):
             f"http://127.0.0.1:{ports['exporter']}/-/ready")[0] == 200, 30, tmp_path)
         stack.enter_context(prom.running(ports["exporter"], render_rules(
             tmp_path / "rules.yml", short=10, long=60)))
-        stack.enter_context(repeating(send, 0.2))  # about 5 requests a second to each
+        errors = stack.enter_context(repeating(send, 0.2))  # about 5 a second to each
 
         # Both healthy, with enough evidence and a baseline: no collapse alert, not even pending.
         healthy = (
@@ -86,5 +86,6 @@ def test_collapse_fires_for_the_collapsing_server_only(tmp_path):
         assert lengths["collapsing"] == 1.0 and lengths["steady"] > 2, lengths
         shares = prom.query("specdec_target:requests_nothing_accepted_ratio:increase5m")
         assert shares["collapsing"] == 1.0 and shares["steady"] < 0.2, shares
+    assert errors == []
     assert all(set(statuses) == {200} and len(statuses) >= 20 for statuses in sent.values()), {
         name: (len(s), set(s)) for name, s in sent.items()}
