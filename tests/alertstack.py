@@ -73,8 +73,10 @@ def http(url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int
         return status, raw.decode(errors="replace")
 
 
-def wait(what: str, probe: Callable[[], Any], timeout: float, logs: Path) -> Any:
-    """Poll `probe` until truthy; fail after `timeout` seconds with the logs' tails."""
+def wait(what: str, probe: Callable[[], Any], timeout: float, logs: Path,
+         show: Callable[[], object] | None = None) -> Any:
+    """Poll `probe` until truthy; fail after `timeout` seconds with the logs' tails (and what
+    `show` returns then)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -88,7 +90,8 @@ def wait(what: str, probe: Callable[[], Any], timeout: float, logs: Path) -> Any
         time.sleep(0.25)
     tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
                       for p in sorted(logs.glob("*.log")))
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}\n{tails}")
+    seen = f"\n{show()!r}" if show is not None else ""
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}{seen}\n{tails}")
 
 
 @contextmanager
