@@ -1,5 +1,5 @@
 """The recording proxy's added latency: 64 concurrent streams, direct, through a do-nothing
-aiohttp relay, and through the exporter's proxy port.
+aiohttp relay, through nginx, and through the exporter's proxy port.
 
 `python -m bench.case_proxy` starts a fake-vllm, the exporter (its target with `proxy.listen`,
 one window open so that every answer is recorded) and the relay, each its own process, then
@@ -8,8 +8,12 @@ the three paths so that all see the same load on the host. The relay is the name
 one more aiohttp hop and nothing else (no recording, no edges), so `over_relay_ms` is what the
 exporter's proxy adds beyond any aiohttp hop on this host, and `added_ms` what it adds over
 going direct (on a 2-core host the client, the server and the hop share the cores: a burst of
-64 requests queues behind the hop's own turns). `--direct URL --proxied URL` measures servers
-already up instead. `--cpus A,B,C` pins the server, the hop under test and the client.
+64 requests queues behind the hop's own turns). nginx (`proxy_pass`, `proxy_buffering off`, a
+keep-alive upstream, one worker) is the baseline users would pick: `nginx_added_ms` is what it
+adds over direct, and `goal` checks the proxy's added p99 TTFB and p99 chunk gap against
+2x nginx's + 1 ms. The exporter scrapes the target at 1 s while its window is open, as a
+benchmark's window does. `--direct URL --proxied URL` measures servers already up instead.
+`--cpus A,B,C` pins the server, the hops under test and the client.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ import aiohttp
 from aiohttp import web
 
 from bench.common import Child, free_port, http_status, percentile, wait_until
+from bench.fleet import find_nginx
 from exporter.server.eventloop import loop_kind, new_event_loop
 
 BODY = {"model": "m", "prompt": "p", "max_tokens": 64, "stream": True}
-PATHS = ("direct", "relay", "proxied")
+PATHS = ("direct", "relay", "nginx", "proxied")
 
 
 async def _stream(session: aiohttp.ClientSession, base: str, ttfb: list[float],
@@ -102,7 +107,49 @@ def _figures(figures: dict[str, tuple[list[float], list[float]]]) -> dict[str, o
     if isinstance(relay := out.get("relay"), dict):
         out["relay_added_ms"] = {k: relay[k] - d[k] for k in keys}
         out["over_relay_ms"] = {k: p[k] - relay[k] for k in keys}
+    if isinstance(nginx := out.get("nginx"), dict):
+        added = out["nginx_added_ms"] = {k: nginx[k] - d[k] for k in keys}
+        ours = out["added_ms"]
+        assert isinstance(ours, dict)
+        # Issue 45's bar: the proxy's added p99s within 2x nginx's + 1 ms (nginx's below 0
+        # counts as 0: it cannot make the server faster).
+        out["goal"] = {k: {"proxy_ms": ours[k], "bar_ms": 2 * max(added[k], 0.0) + 1.0,
+                           "met": ours[k] <= 2 * max(added[k], 0.0) + 1.0}
+                       for k in ("ttfb_p99_ms", "gap_p99_ms")}
     return out
+
+
+NGINX_CONF = """worker_processes 1;
+error_log {dir}/nginx-error.log warn;
+pid {dir}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/nginx-body;
+    proxy_temp_path {dir}/nginx-proxy;
+    upstream server {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://server;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def nginx_child(workdir: Path, upstream: int, port: int, cpu: str | None) -> Child | None:
+    """nginx in front of the server on `port`, or None where nginx is not installed."""
+    binary = find_nginx()
+    if binary is None:
+        return None
+    conf = workdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=workdir, upstream=upstream, port=port))
+    return Child(_pinned([binary, "-p", str(workdir), "-c", str(conf), "-g", "daemon off;"],
+                         cpu), workdir / "nginx.log")
 
 
 # -- a paced upstream: vLLM's stream shape, a token every `token_ms` ---------------------------
@@ -182,8 +229,10 @@ def start_rig(workdir: Path, cpus: list[str | None], args: argparse.Namespace
               ) -> tuple[dict[str, str], list[Child], int]:
     """(path -> base URL, children, exporter pid) with a window open on the exporter."""
     fake, proxy, relay, listen = free_port(), free_port(), free_port(), free_port()
+    nginx = free_port()
     py = [sys.executable, "-m"]
     config = {"listen": f"127.0.0.1:{listen}", "output_dir": str(workdir / "out"),
+              "window_scrape_interval": "1s",
               "targets": [{"name": "v", "url": f"http://127.0.0.1:{fake}/metrics",
                            "proxy": {"listen": f"127.0.0.1:{proxy}"}}]}
     (workdir / "c.yaml").write_text(json.dumps(config))
@@ -198,14 +247,18 @@ def start_rig(workdir: Path, cpus: list[str | None], args: argparse.Namespace
         Child(_pinned(py + ["bench.case_proxy", "--relay", f"http://127.0.0.1:{fake}",
                             "--port", str(relay)], cpus[1]), workdir / "relay.log"),
     ]
+    bases = {"direct": f"http://127.0.0.1:{fake}", "relay": f"http://127.0.0.1:{relay}",
+             "proxied": f"http://127.0.0.1:{proxy}"}
+    if (front := nginx_child(workdir, fake, nginx, cpus[1])) is not None:
+        children.append(front)
+        bases["nginx"] = f"http://127.0.0.1:{nginx}"
     for url in (f"http://127.0.0.1:{fake}/metrics", f"http://127.0.0.1:{listen}/-/ready",
-                f"http://127.0.0.1:{relay}/metrics"):
+                f"http://127.0.0.1:{relay}/metrics", *(
+                    [f"http://127.0.0.1:{nginx}/metrics"] if front else [])):
         wait_until(partial(_answers, url), 30, url)
     request = urllib.request.Request(f"http://127.0.0.1:{listen}/api/v1/windows", data=b"{}",
                                      method="POST", headers={"Content-Type": "application/json"})
     urllib.request.urlopen(request, timeout=10).close()
-    bases = {"direct": f"http://127.0.0.1:{fake}", "relay": f"http://127.0.0.1:{relay}",
-             "proxied": f"http://127.0.0.1:{proxy}"}
     return bases, children, children[1].pid
 
 

@@ -20,6 +20,7 @@ from bench import (
     case_markers,
     case_pages,
     case_parse,
+    case_records,
     case_save,
     case_scale,
 )
@@ -27,7 +28,8 @@ from bench.common import CaseResult, Row, Skip
 from bench.fleet import NginxFleet, find_nginx
 from bench.procs import find_prometheus, find_victoria
 
-CASES = ("parse", "fleet", "floor", "pages", "markers", "exposition", "save", "scale")
+CASES = ("parse", "fleet", "floor", "pages", "markers", "exposition", "save", "records",
+         "scale")
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -53,6 +55,7 @@ class Settings:
     page_kib: int = 160  # the fleet's mean page: 60, 160 or 400 KiB shapes a real fleet's
     pages_n: int = 200  # targets of the pages case, per page size
     pages_kib: tuple = case_pages.SIZES_KIB
+    records_n: int = 1_000_000  # per-request records in the records case's window
 
     @classmethod
     def quick(cls) -> Settings:
@@ -62,6 +65,7 @@ class Settings:
             compare_at=(30,), fleet_seconds=3.0, rotations=2, interval=1.0, marker_sizes=(3, 10),
             marker_repeats={3: 2, 10: 2}, marker_live_window=2.0, exposition_n=30,
             exposition_repeats=3, lag_seconds=2.0, pages_n=10, pages_kib=(60,),
+            records_n=10_000,
         )
 
     @property
@@ -124,6 +128,8 @@ class Suite:
             elif name == "save":
                 result = case_save.run(self.fleet(), n=s.exposition_n,
                                        repeats=s.exposition_repeats)
+            elif name == "records":
+                result = case_records.run(s.records_n)
             elif name == "scale":
                 if "fleet" not in self.results:
                     self.results["fleet"] = self.run_case("fleet")

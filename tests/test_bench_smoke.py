@@ -19,6 +19,7 @@ from bench import (  # noqa: E402
     case_markers,
     case_pages,
     case_parse,
+    case_records,
     case_save,
     case_scale,
     run,
@@ -160,6 +161,13 @@ class TestFleetCases:
         check_rows(result, "save")
         assert result.data["rows_per_save"] == [3, 3]  # one row per window x target
         assert len(result.data["save_cpu_s"]) == 2
+
+
+class TestRecordsCase:
+    def test_records_case(self):
+        result = case_records.run(2_000)
+        check_rows(result, "records")
+        assert result.data["counted"] == 2_000 and result.data["row_kib"] > 0
 
 
 class TestScaleCase:

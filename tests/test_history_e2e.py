@@ -80,13 +80,13 @@ def _store(kind: str, port: int, targets: list[str], work: Path) -> subprocess.P
                                 stdin=subprocess.DEVNULL)
 
 
-Samples = list[list[tuple[float, float]]]
+Samples = list[tuple[float, float]]
 
 
-def _raw(store: str, frm: float, to: float) -> dict[str, dict[str, Samples]]:
+def _raw(store: str, frm: float, to: float) -> dict[str, dict[str, list[Samples]]]:
     """Per instance, per field, each `_total` series' raw samples in [frm, to]."""
     span = f"{round((to - frm) * 1000) + 1}ms"
-    out: dict[str, dict[str, Samples]] = {}
+    out: dict[str, dict[str, list[Samples]]] = {}
     for fld, name in NAMES.items():
         query = urllib.parse.urlencode({"query": f"{name}[{span}]", "time": f"{to:.3f}"})
         doc = json.loads(_get(f"{store}/api/v1/query?{query}"))

@@ -10,6 +10,9 @@
 - Readers (/metrics, the JSON views, the HTML pages) take a `StateView`: they import none of
   the service's parts (targets aside, whose `TargetState` is what the view holds), nor the
   service, nor the HTTP layer.
+- `core` and `server` never import `web` (window semantics live below HTTP), and nothing but
+  the service itself assigns attributes onto the service (`service.x = ...`): its parts are
+  wired inside it.
 - No code reads another object's private attribute (`x._name` with `x` not `self` or `cls`)
   unless its own module defines that name: no module, test or bench case reaches into the
   internals of another's objects. `self._x` is not checked: a subclass of a third-party class
@@ -271,3 +274,50 @@ class TestNoPrivateReads:
             "    return service.book.store._db, key._replace(a=1)\n"
         )
         assert private_reads(source) == ["7: service.book.store._db"]
+
+
+def _is_service(node: ast.expr) -> bool:
+    """`service`, `x.service` or `x[SERVICE]`: an expression naming the running service."""
+    if isinstance(node, ast.Name):
+        return node.id == "service"
+    if isinstance(node, ast.Attribute):
+        return node.attr == "service"
+    return (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name)
+            and node.slice.id == "SERVICE")
+
+
+def service_assignments(source: str) -> list[str]:
+    """`line: target` of every assignment of an attribute onto the service."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign)
+                   else [])
+        found += [f"{t.lineno}: {ast.unparse(t)}" for t in targets
+                  if isinstance(t, ast.Attribute) and _is_service(t.value)]
+    return found
+
+
+class TestWiring:
+    def test_core_and_server_import_nothing_of_web(self):
+        modules = _modules()
+        assert [f"{name} -> {imported}" for name, path in sorted(modules.items())
+                if name.count(".") >= 1 and _room(name) in ("core", "server")
+                for imported in sorted(_imports(path)) if imported.startswith("exporter.web")
+                ] == []
+
+    def test_nothing_assigns_onto_the_service_from_outside(self):
+        found = {}
+        for path in sorted(EXPORTER.rglob("*.py")):
+            if path != EXPORTER / "server" / "service.py" and (
+                    assigned := service_assignments(path.read_text())):
+                found[path.relative_to(ROOT).as_posix()] = assigned
+        assert found == {}
+
+    def test_the_check_sees_one(self):
+        source = ("service.holds = edges.holds\n"
+                  "app[SERVICE].clock = now\n"
+                  "self.service.version += 1\n"
+                  "service.book.version = 2\n")  # a part's own attribute: not the service's
+        assert service_assignments(source) == ["1: service.holds", "2: app[SERVICE].clock",
+                                               "3: self.service.version"]

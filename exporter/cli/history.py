@@ -35,7 +35,7 @@ def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from exporter.config.model import HistoryConfig
+    from exporter.config.model import StoreAuth
     from exporter.core.console import format_window
     from exporter.core.history import history_answer
     from exporter.scrape.history import HistoryQuery, fetch_series
@@ -48,15 +48,19 @@ def cmd_history(args: argparse.Namespace) -> int:
         args.parser.error(f"--from/--to: {exc}")
     if frm >= to:
         args.parser.error("--from must be before --to")
-    auth = HistoryConfig(token_env=args.token_env, username=args.username,
+    auth = StoreAuth(token_env=args.token_env, username=args.username,
                          password_env="SPECDEC_STORE_PASSWORD", ca_file=args.ca_file,
                          tenant=args.tenant)
     query = HistoryQuery(args.prometheus, frm, to, args.match, auth, timeout=args.timeout)
     try:
-        answer = history_answer(fetch_series(query), frm, to, query_url=args.prometheus, by=args.by)
+        read = fetch_series(query)
+        answer = history_answer(read.series, frm, to, query_url=args.prometheus, by=args.by,
+                                notes=read.notes)
     except ExporterError as exc:
         say(f"history: {one_line(exc)}")
         return EXIT_FAILED
+    for note in read.notes:
+        say(f"history: {note}")
     if args.output_dir:
         write_results(Path(args.output_dir), AnswerTexts.of(answer))
     print(json.dumps(answer, indent=2) + "\n" if args.json else format_window(answer), end="")

@@ -87,9 +87,15 @@ class AuthConfig(_Strict):
 
 
 class ProxyConfig(_Strict):
-    """The recording proxy's own port for one target: clients point there instead of at vLLM."""
+    """The recording proxy for one target: its own port (clients point there instead of at
+    vLLM; unset: `/proxy/<name>/` on the exporter's port only) and its waits on the upstream."""
 
-    listen: str  # HOST:PORT
+    listen: str | None = None  # HOST:PORT
+    connect_timeout: Duration = 10.0
+    # A saturating benchmark's queued request waits minutes for its first byte; nginx's 60 s
+    # would cut it.
+    first_byte_timeout: Duration = 300.0
+    idle_timeout: Duration = 120.0  # between two pieces of an answer
 
 
 class TargetConfig(_Strict):
@@ -230,16 +236,54 @@ class PrometheusSDConfig(_Strict):
         return value
 
 
-class HistoryConfig(_Strict):
-    """The Prometheus-compatible store `POST /api/v1/windows/history` reads by default."""
+class StoreAuth(_Strict):
+    """The credentials one Prometheus-compatible store gets, and only that store."""
 
-    prometheus: _BaseURL | None = None  # Prometheus, Thanos, Mimir, VictoriaMetrics
     token_env: str | None = None  # environment variable holding a bearer token
     username: str | None = None  # basic auth, the password from `password_env`
     password_env: str | None = None
     ca_file: str | None = None
     tenant: str | None = None  # X-Scope-OrgID (Mimir, Cortex)
+
+
+class HistoryStore(StoreAuth):
+    """A store a history request may name beside `history.prometheus`, with its own credentials."""
+
+    url: _BaseURL
+
+    @field_validator("url")
+    @classmethod
+    def _given(cls, value: str) -> str:
+        if not value:
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+
+class HistoryConfig(StoreAuth):
+    """The Prometheus-compatible store `POST /api/v1/windows/history` reads by default, and the
+    other stores a request may name (each with only its own credentials)."""
+
+    prometheus: _BaseURL | None = None  # Prometheus, Thanos, Mimir, VictoriaMetrics
     timeout: Duration = 30.0
+    allowed_stores: list[HistoryStore] = []
+
+    @model_validator(mode="after")
+    def _one_entry_per_store(self) -> HistoryConfig:
+        seen = {self.prometheus} if self.prometheus else set()
+        for i, store in enumerate(self.allowed_stores):
+            if store.url in seen:
+                # Two entries for one URL would leave which credentials it gets to chance.
+                raise _KeyError(f"allowed_stores.{i}.url",
+                                f"{redact_url(store.url)} is listed already (history.prometheus "
+                                "or an earlier entry): one entry per store")
+            seen.add(store.url)
+        return self
+
+    def store_auth(self, url: str) -> StoreAuth | None:
+        """The credentials configured for the store at `url`; None when it is not configured."""
+        if url == self.prometheus:
+            return self
+        return next((s for s in self.allowed_stores if s.url == url), None)
 
 
 class Config(_Strict):

@@ -93,7 +93,7 @@ def account(series: Sequence[RawSeries]) -> tuple[Accumulator, list[float]]:
 
 def history_answer(series: Iterable[RawSeries], frm: float, to: float, *, query_url: str,
                    by: Sequence[str] = (), name: str = "history",
-                   window_id: str | None = None) -> dict[str, Any]:
+                   window_id: str | None = None, notes: Sequence[str] = ()) -> dict[str, Any]:
     """The stop answer of a window over [frm, to] made from the store's raw samples."""
     window = Window(id=window_id or new_window_id(frm), name=name, targets={}, labels={},
                     started_at=frm, stopped_at=to)
@@ -110,4 +110,5 @@ def history_answer(series: Iterable[RawSeries], frm: float, to: float, *, query_
             n for n in (result.get("coverage_note"), covered[target]["note"]) if n)
     answer["source"] = SOURCE
     answer["query"] = redact_url(query_url)
+    answer["store_notes"] = list(notes)  # what the store did that the reader should know
     return answer

@@ -1,53 +1,105 @@
 """Per-request spec-decode figures, pure: read from one OpenAI answer (vLLM's
 `metrics.speculative_decoding`, in the JSON body or a chunk of the event stream, with
-`--per-request-spec-decode-metrics`), summed over a window's requests, and printed.
+`--per-request-spec-decode-metrics`), tallied over a window's requests within fixed bounds,
+merged over targets and shards, and printed.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
+from itertools import accumulate
 from typing import Any
 
 from exporter.core.isotime import iso_utc
+from exporter.core.tallies import Buckets, finite
 
 NO_STATS_REASON = "start vLLM with --per-request-spec-decode-metrics summary"
 LOWEST = 10
-# Finish times kept per target and window (24 bytes a request): a window past this many
-# requests says its span figures are incomplete rather than growing without bound.
-MAX_TIMES = 200_000
+# Finish times kept per target and window (24 bytes a request; those of requests before the
+# target's last scrape go unless it showed a restart): past this many the span figures say
+# they are incomplete rather than growing without bound.
+MAX_TIMES = 50_000
+# Bucket widths: a quantile over requests is within half of one of the exact (docs/api.md).
+LENGTH_WIDTH = 0.01
+RATE_WIDTH = 0.001
 SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
+# Entries of `acceptance_histogram` (k + 1 for k draft tokens): no vLLM method drafts 64 tokens
+# a step, and a longer one is read in no time as unreadable instead of summed into a window.
+MAX_HISTOGRAM = 64
+MAX_COUNT = 2**53  # as the peer vetting: past this a JSON number is no exact count
+
+
+class Unreadable(StrEnum):
+    """Why a relayed answer's figures could not be read (each counted in `unreadable_reasons`)."""
+
+    TOO_LARGE = "too_large"  # over PARSE_LIMIT: relayed, not read
+    NOT_AN_ANSWER = "not_an_answer"  # not JSON, or not an object, or an event stream of none
+    TOO_DEEP = "too_deep"  # nested past the JSON decoder's depth
+    CUT_MID_EVENT = "cut_mid_event"  # an event stream that ends inside an event
+    NO_DONE = "no_done"  # an event stream that ends without its `data: [DONE]`
+    CUT = "cut"  # the upstream's answer stopped before its end (connection lost mid-body)
+    STALLED = "stalled"  # the upstream sent nothing for `idle_timeout` mid-answer: cut there
+    CLIENT_LEFT = "client_left"  # the client went away before the upstream's answer ended
+    BAD_COUNTS = "bad_counts"  # a count that is not a whole number in [0, 2^53]
+    HISTOGRAM_TOO_LONG = "histogram_too_long"  # over MAX_HISTOGRAM entries
+    ACCEPTED_OVER_DRAFTED = "accepted_over_drafted"
+    HISTOGRAM_NOT_STEPS = "histogram_not_steps"  # its entries do not sum to num_spec_steps
+    RATE_OUT_OF_RANGE = "rate_out_of_range"  # draft_acceptance_rate not in [0, 1]
 
 
 @dataclass(frozen=True)
 class RequestStats:
-    """One answer's figures: who asked, what it cost, and its spec-decode object (or None)."""
+    """One answer's figures: who asked, what it cost, and its spec-decode object (or None);
+    or, with `unreadable` set, why its figures could not be read."""
 
     request_id: str
     model: str
     prompt_tokens: int | None
     completion_tokens: int | None
     spec: dict[str, Any] | None
+    unreadable: Unreadable | None = None
+
+    @classmethod
+    def unread(cls, reason: Unreadable) -> RequestStats:
+        """An answer whose figures could not be read, and why."""
+        return cls("", "", None, None, None, reason)
 
 
 def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and (
+        0 <= value <= MAX_COUNT) else None
 
 
-def _spec_object(metrics: object) -> dict[str, Any] | None:
-    """The speculative_decoding object when its counts are sound, else None."""
-    if not isinstance(metrics, dict):
+def _spec_object(metrics: object) -> dict[str, Any] | Unreadable | None:
+    """The speculative_decoding object when its figures are sound, why not when not, None
+    when the answer has none."""
+    if not isinstance(metrics, dict) or metrics.get("speculative_decoding") is None:
         return None
-    spec = metrics.get("speculative_decoding")
-    if not isinstance(spec, dict) or any(_int(spec.get(k)) is None for k in SUM_KEYS):
-        return None
-    hist = spec.get("acceptance_histogram")
-    if not isinstance(hist, list) or any(_int(h) is None for h in hist):
-        return None
-    return spec
+    spec = metrics["speculative_decoding"]
+    hist = spec.get("acceptance_histogram") if isinstance(spec, dict) else None
+    if isinstance(hist, list) and len(hist) > MAX_HISTOGRAM:
+        return Unreadable.HISTOGRAM_TOO_LONG  # before a look at each entry: bounded cost
+    if not isinstance(spec, dict) or not isinstance(hist, list) or any(
+            _int(v) is None for v in (*(spec.get(k) for k in SUM_KEYS), *hist)):
+        return Unreadable.BAD_COUNTS
+    return _broken_invariant(spec, hist) or spec
+
+
+def _broken_invariant(spec: dict[str, Any], hist: list[int]) -> Unreadable | None:
+    """Which of vLLM's own invariants the figures break, if any."""
+    if spec["num_accepted_draft_tokens"] > spec["num_draft_tokens"]:
+        return Unreadable.ACCEPTED_OVER_DRAFTED
+    if sum(hist) != spec["num_spec_steps"]:
+        return Unreadable.HISTOGRAM_NOT_STEPS
+    rate = spec.get("draft_acceptance_rate")
+    if rate is not None and not (isinstance(rate, int | float) and not isinstance(rate, bool)
+                                 and 0 <= rate <= 1):
+        return Unreadable.RATE_OUT_OF_RANGE
+    return None
 
 
 def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
@@ -60,11 +112,15 @@ def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
     if isinstance(usage, dict):
         into["usage"] = usage
     spec = _spec_object(obj.get("metrics"))
-    if spec is not None:
+    if isinstance(spec, Unreadable):
+        into.setdefault("unreadable", spec)
+    elif spec is not None:
         into["spec"] = spec
 
 
 def _stats(fields: dict[str, Any]) -> RequestStats:
+    if "unreadable" in fields:
+        return RequestStats.unread(fields["unreadable"])
     usage = fields.get("usage") or {}
     return RequestStats(
         request_id=str(fields.get("id", "")), model=str(fields.get("model", "")),
@@ -73,110 +129,141 @@ def _stats(fields: dict[str, Any]) -> RequestStats:
         spec=fields.get("spec"))
 
 
-def from_json(body: bytes) -> RequestStats | None:
-    """A non-streamed answer's figures; None when the body is not an OpenAI answer object."""
+def _decoded(data: bytes) -> object:
+    """The JSON value of `data`, or why there is none."""
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return None
+        return json.loads(data)
+    except RecursionError:
+        return Unreadable.TOO_DEEP
+    except ValueError:  # UnicodeDecodeError too
+        return Unreadable.NOT_AN_ANSWER
+
+
+def from_json(body: bytes) -> RequestStats:
+    """A non-streamed answer's figures; unreadable when the body is no OpenAI answer object."""
+    obj = _decoded(body)
+    if isinstance(obj, Unreadable):
+        return RequestStats.unread(obj)
     if not isinstance(obj, dict):
-        return None
+        return RequestStats.unread(Unreadable.NOT_AN_ANSWER)
     fields: dict[str, Any] = {}
     _merge(fields, obj)
     return _stats(fields)
 
 
-def from_sse(stream: bytes) -> RequestStats | None:
-    """A streamed answer's figures from its `data:` events; None when no event is JSON."""
+def from_sse(stream: bytes) -> RequestStats:
+    """A streamed answer's figures from its `data:` events; unreadable when the stream is cut
+    (mid-event, or before `data: [DONE]`) or no event is JSON."""
+    stream = stream.replace(b"\r\n", b"\n")
+    if stream and not stream.endswith(b"\n\n"):
+        return RequestStats.unread(Unreadable.CUT_MID_EVENT)
     fields: dict[str, Any] = {}
-    seen = False
-    for line in stream.replace(b"\r\n", b"\n").split(b"\n"):
+    seen = done = False
+    for line in stream.split(b"\n"):
         if not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
+            done = True
             continue
         # Once id and model are known, a token chunk carries nothing read here: decoding every
         # one held the proxy's loop (and every other stream through it) after each answer.
         if "model" in fields and "id" in fields and b'"usage"' not in data and (
                 b'"metrics"' not in data):
             continue
-        try:
-            obj = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            continue
+        obj = _decoded(data)
+        if obj is Unreadable.TOO_DEEP:
+            return RequestStats.unread(Unreadable.TOO_DEEP)
         if isinstance(obj, dict):
             seen = True
             _merge(fields, obj)
-    return _stats(fields) if seen else None
-
-
-def _quantile(values: list[float], q: float) -> float:
-    """Linear-interpolated quantile of sorted values (numpy's default)."""
-    at = q * (len(values) - 1)
-    low = math.floor(at)
-    high = min(low + 1, len(values) - 1)
-    return values[low] + (values[high] - values[low]) * (at - low)
-
-
-def summarize(values: list[float]) -> dict[str, float] | None:
-    """mean, min, p5, p50, p95, max over requests (each request weighs the same)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return {"mean": sum(ordered) / len(ordered), "min": ordered[0],
-            "p5": _quantile(ordered, 0.05), "p50": _quantile(ordered, 0.5),
-            "p95": _quantile(ordered, 0.95), "max": ordered[-1]}
+    if not done:
+        return RequestStats.unread(Unreadable.NO_DONE)
+    return _stats(fields) if seen else RequestStats.unread(Unreadable.NOT_AN_ANSWER)
 
 
 def per_position_accepted(histogram: list[int]) -> list[int]:
     """Steps that accepted position i: the steps that accepted more than i draft tokens."""
-    return [sum(histogram[i + 1:]) for i in range(max(0, len(histogram) - 1))]
+    return list(accumulate(reversed(histogram[1:])))[::-1]  # suffix sums: linear
+
+
+def _reasons(reasons: object) -> dict[str, int]:
+    """A block's `unreadable_reasons` as `answer` writes them, or `ValueError` (a peer's)."""
+    known = {reason.value for reason in Unreadable}
+    if not isinstance(reasons, Mapping) or any(
+            k not in known or _int(n) is None for k, n in reasons.items()):
+        raise ValueError("its unreadable reasons are not counts of known reasons")
+    return dict(reasons)
+
+
+def _lowest_row(row: object) -> dict[str, Any]:
+    """A `lowest` entry as we write it, or `ValueError` (a peer's)."""
+    if not isinstance(row, Mapping) or not isinstance(row.get("request_id"), str) or (
+            not isinstance(row.get("model"), str)) or not finite(row.get("acceptance_length")):
+        raise ValueError("a lowest request is malformed")
+    tokens = {k: row.get(k) for k in ("prompt_tokens", "completion_tokens")}
+    if any(v is not None and _int(v) is None for v in tokens.values()):
+        raise ValueError("a lowest request's tokens are not counts")
+    return {"request_id": row["request_id"], "model": row["model"], **tokens,
+            "acceptance_length": float(row["acceptance_length"])}
 
 
 @dataclass
 class PerRequest:
-    """What one window saw through the proxy for one target (or, merged, for all)."""
+    """What one window saw through the proxy for one target (or, merged, for all), bounded:
+    exact sums and histogram, bucketed lengths and rates, the LOWEST requests, and the finish
+    times of recent requests only."""
 
     requests: int = 0
     unreadable: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)  # unreadable, by Unreadable
     sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SUM_KEYS, 0))
     histogram: list[int] = field(default_factory=list)
-    lengths: list[float] = field(default_factory=list)
-    rates: list[float] = field(default_factory=list)
+    lengths: Buckets = field(default_factory=lambda: Buckets(LENGTH_WIDTH))
+    rates: Buckets = field(default_factory=lambda: Buckets(RATE_WIDTH))
     rows: list[dict[str, Any]] = field(default_factory=list)
-    # When each request with figures finished, with what it drafted and accepted: what a
-    # restart's unobserved span held (`in_spans`).
+    # When each request with figures finished, with what it drafted and accepted: the first
+    # `kept` were finished before a scrape that showed a server restart (what its unobserved
+    # span held, `in_spans`), the rest after the target's last scrape.
     finished: array[float] = field(default_factory=lambda: array("d"))
     drafted: array[int] = field(default_factory=lambda: array("q"))
     accepted: array[int] = field(default_factory=lambda: array("q"))
+    kept: int = 0
+    overflowed: bool = False  # a finish time was not kept (MAX_TIMES)
 
-    def record(self, stats: RequestStats | None, at: float | None = None) -> None:
-        """Count one proxied request, finished at `at`; None: its answer could not be read."""
+    def record(self, stats: RequestStats, at: float | None = None) -> None:
+        """Count one proxied request, finished at `at` (unreadable, with its reason, or not)."""
         self.requests += 1
-        if stats is None:
+        if stats.unreadable is not None:
             self.unreadable += 1
+            self.reasons[stats.unreadable] = self.reasons.get(stats.unreadable, 0) + 1
             return
         spec = stats.spec
         if spec is None:
             return
-        if at is not None and len(self.finished) < MAX_TIMES:
-            self.finished.append(at)
-            self.drafted.append(spec["num_draft_tokens"])
-            self.accepted.append(spec["num_accepted_draft_tokens"])
+        if at is not None:
+            if len(self.finished) < MAX_TIMES:
+                self.finished.append(at)
+                self.drafted.append(spec["num_draft_tokens"])
+                self.accepted.append(spec["num_accepted_draft_tokens"])
+            else:
+                self.overflowed = True
         for key in SUM_KEYS:
             self.sums[key] += spec[key]
         self._add_histogram(spec["acceptance_histogram"])
         steps = spec["num_spec_steps"]
         length = 1 + spec["num_accepted_draft_tokens"] / steps if steps else 1.0
-        self.lengths.append(length)
+        self.lengths.add(length)
         if spec["num_draft_tokens"]:
-            self.rates.append(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
-        self.rows.append({"request_id": stats.request_id, "model": stats.model,
-                          "prompt_tokens": stats.prompt_tokens,
-                          "completion_tokens": stats.completion_tokens,
-                          "acceptance_length": length})
-        self.rows = sorted(self.rows, key=lambda r: r["acceptance_length"])[:LOWEST]
+            self.rates.add(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
+        if len(self.rows) < LOWEST or length < self.rows[-1]["acceptance_length"]:
+            self._keep_lowest([{"request_id": stats.request_id, "model": stats.model,
+                                "prompt_tokens": stats.prompt_tokens,
+                                "completion_tokens": stats.completion_tokens,
+                                "acceptance_length": length}])
+
+    def _keep_lowest(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = sorted(self.rows + rows, key=lambda r: r["acceptance_length"])[:LOWEST]
 
     def _add_histogram(self, hist: list[int]) -> None:
         if len(hist) > len(self.histogram):
@@ -184,39 +271,101 @@ class PerRequest:
         for j, count in enumerate(hist):
             self.histogram[j] += count
 
+    def scraped(self, at: float, restarted: bool) -> None:
+        """The window took a scrape of the target at `at`: the times before it are kept if it
+        showed a server restart (they may lie in its unobserved span), else let go."""
+        keep = range(self.kept) if not restarted else [
+            i for i, t in enumerate(self.finished) if i < self.kept or t < at]
+        later = [i for i in range(self.kept, len(self.finished)) if self.finished[i] >= at]
+        order = [*keep, *later]
+        if len(order) == len(self.finished):
+            self.kept = len(keep)
+            return
+        for name in ("finished", "drafted", "accepted"):
+            values = getattr(self, name)
+            setattr(self, name, array(values.typecode, [values[i] for i in order]))
+        self.kept = len(keep)
+
     def merge(self, other: PerRequest) -> None:
-        """Add another target's figures (for the aggregate)."""
+        """Add another target's figures (for the aggregate); finish times stay each target's."""
         self.requests += other.requests
         self.unreadable += other.unreadable
+        for reason, count in other.reasons.items():
+            self.reasons[reason] = self.reasons.get(reason, 0) + count
         for key in SUM_KEYS:
             self.sums[key] += other.sums[key]
         self._add_histogram(other.histogram)
-        self.lengths.extend(other.lengths)
-        self.rates.extend(other.rates)
-        self.rows = sorted(self.rows + other.rows, key=lambda r: r["acceptance_length"])[:LOWEST]
+        self.lengths.merge(other.lengths)
+        self.rates.merge(other.rates)
+        self._keep_lowest(other.rows)
 
     def answer(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
         """The `per_request` block; `counters` (drafts, draft and accepted tokens of the
         window's counter increase) gives `covers_all` and the share the proxy accounts for."""
-        with_stats = len(self.lengths)
+        with_stats = self.lengths.count
         without = self.requests - self.unreadable - with_stats
         steps = self.sums["num_spec_steps"]
         block: dict[str, Any] = {
             "requests": self.requests, "with_stats": with_stats, "without_stats": without,
             "unreadable": self.unreadable,
+            "unreadable_reasons": {str(k): n for k, n in sorted(self.reasons.items())},
             "reason": NO_STATS_REASON if self.requests and not with_stats else None,
             **self.sums, "acceptance_histogram": list(self.histogram),
             "per_position_acceptance_rates": {
                 str(i): n / steps for i, n in enumerate(per_position_accepted(self.histogram))
             } if steps else {},
             "weighting": "request-weighted (each request counts once)",
-            "acceptance_length": summarize(self.lengths),
-            "draft_acceptance_rate": summarize(self.rates),
+            "acceptance_length": self.lengths.summary(),
+            "draft_acceptance_rate": self.rates.summary(),
             "lowest": list(self.rows),
+            "buckets": {"acceptance_length": self.lengths.to_dict(),
+                        "draft_acceptance_rate": self.rates.to_dict()},
         }
         if counters is not None:
             block.update(coverage(self.sums, counters))
         return block
+
+    @classmethod
+    def from_block(cls, block: object) -> PerRequest:
+        """The tally a `per_request` block (`answer`) was made from, without finish times;
+        `ValueError` when it is not one (a peer's)."""
+        if not isinstance(block, Mapping) or not isinstance(block.get("buckets"), Mapping):
+            raise ValueError("not a per-request block")
+        counts = [_int(block.get(k)) for k in ("requests", "unreadable", *SUM_KEYS)]
+        hist = block.get("acceptance_histogram")
+        rows = block.get("lowest")
+        if not isinstance(hist, list) or not isinstance(rows, list) or None in counts or any(
+                _int(h) is None for h in hist):
+            raise ValueError("its counts are not counts")
+        sound = [c for c in counts if c is not None]
+        acc = cls(requests=sound[0], unreadable=sound[1],
+                  sums=dict(zip(SUM_KEYS, sound[2:], strict=True)), histogram=list(hist),
+                  lengths=Buckets.from_dict(block["buckets"].get("acceptance_length"),
+                                            LENGTH_WIDTH),
+                  rates=Buckets.from_dict(block["buckets"].get("draft_acceptance_rate"),
+                                          RATE_WIDTH),
+                  rows=[_lowest_row(r) for r in rows[:LOWEST]],
+                  reasons=_reasons(block.get("unreadable_reasons", {})))
+        if acc.unreadable + acc.lengths.count > acc.requests or (
+                sum(acc.reasons.values()) > acc.unreadable):
+            raise ValueError("more requests with figures than requests")
+        return acc
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able state, saved with the open window (`from_dict`)."""
+        return self.answer() | {"times": [list(self.finished), list(self.drafted),
+                                          list(self.accepted)],
+                                "kept": self.kept, "overflowed": self.overflowed}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PerRequest:
+        """Inverse of `to_dict`."""
+        acc = cls.from_block(data)
+        finished, drafted, accepted = data["times"]
+        acc.finished, acc.drafted = array("d", finished), array("q", drafted)
+        acc.accepted, acc.kept = array("q", accepted), int(data["kept"])
+        acc.overflowed = bool(data["overflowed"])
+        return acc
 
 
 def in_spans(acc: PerRequest, spans: Iterable[object]) -> list[dict[str, Any]]:
@@ -232,27 +381,91 @@ def in_spans(acc: PerRequest, spans: Iterable[object]) -> list[dict[str, Any]]:
         out.append({"from": start, "to": end, "requests": len(inside),
                     "num_draft_tokens": sum(acc.drafted[i] for i in inside),
                     "num_accepted_draft_tokens": sum(acc.accepted[i] for i in inside),
-                    "complete": len(acc.finished) < MAX_TIMES})
+                    "complete": not acc.overflowed})
     return out
+
+
+_SPAN_SUMS = ("requests", "num_draft_tokens", "num_accepted_draft_tokens")
 
 
 def span_totals(spans: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The aggregate's sums over every target's unobserved spans."""
     spans = list(spans)
-    return {"spans": len(spans),
-            **{key: sum(s[key] for s in spans)
-               for key in ("requests", "num_draft_tokens", "num_accepted_draft_tokens")},
+    return {"spans": len(spans), **{key: sum(s[key] for s in spans) for key in _SPAN_SUMS},
             "complete": all(s["complete"] for s in spans)}
 
 
+def _vetted_spans(spans: object) -> list[dict[str, Any]]:
+    """A block's `unobserved` as `in_spans` writes it, or `ValueError` (a peer's)."""
+    if not isinstance(spans, list):
+        raise ValueError("its unobserved spans are not a list")
+    out = []
+    for span in spans:
+        if not isinstance(span, Mapping) or not all(finite(span.get(k)) for k in ("from", "to")
+                                                    ) or any(_int(span.get(k)) is None
+                                                             for k in _SPAN_SUMS):
+            raise ValueError("an unobserved span is malformed")
+        out.append({k: span[k] for k in ("from", "to", *_SPAN_SUMS)}
+                   | {"complete": span.get("complete") is True})
+    return out
+
+
 def coverage(sums: dict[str, int], counters: dict[str, int]) -> dict[str, Any]:
-    """Whether the proxied requests are all of the server's activity, and what share they are."""
+    """Whether the proxied requests are all of the server's activity, what share they are,
+    and which side missed activity when not: `counters` (more proxied than counted: a restart
+    the counters lost) or `proxy` (other clients, a warm-up outside it)."""
     pairs = {"num_spec_steps": counters.get("num_drafts", 0),
              "num_draft_tokens": counters.get("draft_tokens", 0),
              "num_accepted_draft_tokens": counters.get("accepted_tokens", 0)}
     drafts = pairs["num_spec_steps"]
-    return {"covers_all": all(sums[k] == v for k, v in pairs.items()),
+    covers = all(sums[k] == v for k, v in pairs.items())
+    missed = None if covers else (
+        "counters" if any(sums[k] > v for k, v in pairs.items()) else "proxy")
+    return {"covers_all": covers, "missed_by": missed,
             "share_of_drafts": sums["num_spec_steps"] / drafts if drafts else None}
+
+
+def _counters(result: object) -> dict[str, int] | None:
+    """A RESULT's counts (`data`), None when there is no RESULT (an open window)."""
+    if not isinstance(result, Mapping):
+        return None
+    data = result.get("data")
+    return dict(data) if isinstance(data, Mapping) else {}
+
+
+def per_request_block(tallies: Mapping[str, PerRequest],
+                      answer: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """A window's `per_request` (None if the proxy saw none of its requests); against the
+    RESULTs of its stop `answer` when it has one."""
+    if not tallies:
+        return None
+    results = (answer or {}).get("results") or {}
+    targets = {name: acc.answer() for name, acc in sorted(tallies.items())}
+    for name, block in targets.items():
+        spans = (results.get(name) or {}).get("unobserved")
+        if isinstance(spans, list) and spans:
+            block["unobserved"] = in_spans(tallies[name], spans)
+    return merged_block(targets, answer if results else None)
+
+
+def merged_block(blocks: Mapping[str, Mapping[str, Any]],
+                 answer: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`per_request` from its targets' blocks (this exporter's or every shard's), each made
+    again from its tally against `answer`'s RESULTs (when stopped); `ValueError` if one is
+    malformed."""
+    results = (answer or {}).get("results") or {}
+    total, targets, holes = PerRequest(), {}, []
+    for name, block in blocks.items():
+        acc = PerRequest.from_block(block)
+        total.merge(acc)
+        targets[name] = acc.answer(_counters(results.get(name, {})) if answer else None)
+        if "unobserved" in block:
+            targets[name]["unobserved"] = _vetted_spans(block["unobserved"])
+            holes += targets[name]["unobserved"]
+    aggregate = total.answer(_counters(answer.get("aggregate", {})) if answer else None)
+    if holes:
+        aggregate["unobserved"] = span_totals(holes)
+    return {"targets": targets, "aggregate": aggregate}
 
 
 _STATS = ("mean", "min", "p5", "p50", "p95", "max")
@@ -266,7 +479,9 @@ def format_block(name: str, block: dict[str, Any]) -> str:
     if block.get("reason"):
         lines.append(f"{'Reason':46}{block['reason']}")
     if block.get("unreadable"):
-        lines.append(f"{'Unreadable answers':46}{block['unreadable']}")
+        why = ", ".join(f"{k} {n}" for k, n in (block.get("unreadable_reasons") or {}).items())
+        lines.append(f"{'Unreadable answers':46}{block['unreadable']}"
+                     + (f" ({why})" if why else ""))
     if block.get("acceptance_length"):
         lines.append(f"{'Over requests (request-weighted)':46}"
                      + "".join(f"{s:>8}" for s in _STATS))
@@ -285,11 +500,19 @@ def format_block(name: str, block: dict[str, Any]) -> str:
                      f"{span['num_draft_tokens']} drafted, {span['num_accepted_draft_tokens']}"
                      " accepted" + ("" if span["complete"] else " (at least)"))
     if "covers_all" in block:
-        share = block.get("share_of_drafts")
-        said = "yes" if block["covers_all"] else (
-            f"no ({100 * share:.1f}% of drafts)" if share is not None else "no")
-        lines.append(f"{'Proxy saw all the server activity':46}{said}")
+        lines.append(f"{'Proxy saw all the server activity':46}{_cross_check(block)}")
     return "\n".join(lines) + "\n"
+
+
+def _cross_check(block: Mapping[str, Any]) -> str:
+    """Yes, or which side missed activity: the counters (across a restart) or the proxy."""
+    if block["covers_all"]:
+        return "yes"
+    share = block.get("share_of_drafts")
+    of = f"{100 * share:.1f}% of the counted drafts" if share is not None else "drafts"
+    if block.get("missed_by") == "counters":
+        return f"no: the counters missed activity the proxy saw ({of}; a restart lost it)"
+    return f"no: the server had activity the proxy did not see (it saw {of})"
 
 
 def format_per_request(answer: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ from exporter.core.counting import Accumulator
 from exporter.core.derive import acceptance_length, acceptance_ratio, has_activity
 from exporter.core.dialects import SGLANG_LENGTH, dialect_note, is_estimate
 from exporter.core.isotime import iso_utc, with_iso_times
+from exporter.core.perrequest import per_request_block
 from exporter.core.result import (
     NO_ACTIVITY,
     NO_METRICS,
@@ -253,6 +254,10 @@ class AnswerParts:
         }
         if self.advisor is not None:
             answer["advice"] = self.advisor.window(answer, {name: m[2] for name, m in made.items()})
+        if window.edges is not None:
+            answer["edges"] = window.edges
+        if (per_request := per_request_block(window.per_request, answer)) is not None:
+            answer["per_request"] = per_request
         return answer
 
 

@@ -7,11 +7,12 @@ going from N to N+1 shards moves only the ~1/(N+1) of the targets the new shard 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from exporter.core.isotime import is_number
+from exporter.core.perrequest import merged_block
 from exporter.core.result import Coverage, Result, Status, aggregate
 from exporter.core.snapshot import DRAFTS_PER_POS, Field, integral
 
@@ -156,7 +157,7 @@ def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
     first = _head(parts)
     # Each shard's advice covers its own targets only: the caller advises over the whole.
     first.pop("advice", None)
-    return first | {
+    body = first | {
         "targets": list(results),
         "started_at": _time(parts, "started_at", earliest=True),
         "stopped_at": _time(parts, "stopped_at", earliest=False),
@@ -164,6 +165,22 @@ def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
         "aggregate": merged_aggregate.to_json(),
         "shards": _shards(parts, counted),
     }
+    return _with_per_request(body, parts, stopped=True)
+
+
+def _with_per_request(body: dict[str, Any], parts: Sequence[ShardPart], *,
+                      stopped: bool) -> dict[str, Any]:
+    """`body` with one `per_request` over every shard's proxied targets (each shard's blocks
+    vetted already), made against the merged RESULTs once stopped; without, if none."""
+    blocks: dict[str, Mapping[str, Any]] = {}
+    for part in parts:
+        per_request = (part.answer or {}).get("per_request")
+        for name, block in (per_request or {}).get("targets", {}).items():
+            blocks.setdefault(name, block)
+    body = {k: v for k, v in body.items() if k != "per_request"}
+    if blocks:
+        body["per_request"] = merged_block(blocks, body if stopped else None)
+    return body
 
 
 def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
@@ -181,10 +198,10 @@ def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
         scrapes |= part.answer.get("scrapes") or {}
         errors |= part.answer.get("errors") or {}
     counted = {p.index: list(p.answer.get("targets", [])) for p in parts if p.answer}
-    return dict(first) | {
+    return _with_per_request(dict(first) | {
         "targets": targets, "stopped_at": None, "status": "open", "scrapes": scrapes,
         "errors": errors, "shards": _shards(parts, counted),
-    }
+    }, parts, stopped=False)
 
 
 # Past 2**53 a float counter is no longer exact; a sum of such values over a fleet stays finite.
@@ -312,6 +329,33 @@ def vet_stop(part: ShardPart, shards: int, fleet: Iterable[str]) -> None:
         else:
             vetted[name] = dict(result) | {"data": Result.from_json(result).data()}
     part.answer = dict(part.answer) | {"results": vetted}
+    vet_per_request(part, lambda name: name in vetted)
+
+
+def vet_per_request(part: ShardPart, ours: Callable[[str], bool]) -> None:
+    """Keep of a peer's `per_request` the blocks of targets whose answer it gave (`ours`)
+    that read as a tally (`merged_block`); the others are refused with why."""
+    assert part.answer is not None
+    per_request = part.answer.get("per_request")
+    if per_request is None:
+        return
+    targets = per_request.get("targets") if isinstance(per_request, Mapping) else None
+    if not isinstance(targets, Mapping):
+        part.answer = {k: v for k, v in part.answer.items() if k != "per_request"}
+        part.refused["per_request"] = "its per-request figures are not an object"
+        return
+    kept: dict[str, Any] = {}
+    for name, block in targets.items():
+        if not isinstance(name, str) or not ours(name):
+            part.refused[str(name)[:80]] = "per-request figures of a target it did not answer for"
+            continue
+        try:
+            merged_block({name: block}, None)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            part.refused[name] = f"its per-request figures are malformed: {exc}"
+            continue
+        kept[name] = block
+    part.answer = dict(part.answer) | {"per_request": {"targets": kept}}
 
 
 def _names(value: object) -> bool:
@@ -343,7 +387,9 @@ def vet_open(part: ShardPart, fleet: Iterable[str]) -> None:
         known = set(fleet)
         part.refused |= {n: "no such target in the fleet" for n in answer["targets"]
                          if n not in known}
-        part.answer = dict(answer) | {"targets": [n for n in answer["targets"] if n in known]}
+        kept = [n for n in answer["targets"] if n in known]
+        part.answer = dict(answer) | {"targets": kept}
+        vet_per_request(part, set(kept).__contains__)
 
 
 def _summary_problem(item: object) -> str | None:

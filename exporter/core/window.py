@@ -12,6 +12,7 @@ from typing import Any
 from exporter.core.accrows import Encoded
 from exporter.core.counting import Accumulator
 from exporter.core.errors import RequestError
+from exporter.core.perrequest import PerRequest, RequestStats, per_request_block
 from exporter.core.redact import redact_url
 from exporter.core.snapshot import ScrapeResult
 
@@ -107,8 +108,14 @@ class Window:
     answer: dict[str, Any] | None = None
     # Targets whose baseline came after the start (a restore found none): partial, saying why.
     late_baselines: dict[str, str] = field(default_factory=dict)
+    # What the recording proxy saw of each target's requests (only targets it saw).
+    per_request: dict[str, PerRequest] = field(default_factory=dict)
+    # The `edges` block of a window bounded by the traffic (None: by its start and stop).
+    edges: dict[str, Any] | None = None
     # Targets whose accumulator changed since it was last saved (not saved itself).
     dirty: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Requests recorded since the window's state was last saved.
+    records_dirty: bool = field(default=False, compare=False, repr=False)
     # Targets whose stop scrape is in, while a stop is under way: a later scrape is not the
     # window's (an older count fed after it would look like a restart).
     finals: set[str] = field(default_factory=set, compare=False, repr=False)
@@ -119,7 +126,8 @@ class Window:
         return self.stopped_at is None
 
     def takes_scrapes_of(self, target: str) -> bool:
-        """Periodic scrapes count only once the target's start scrape is done, until removal."""
+        """Periodic scrapes (and proxied requests) count only once the target's baseline is
+        taken, until its stop scrape or removal."""
         return (
             self.is_open
             and target in self.targets
@@ -138,6 +146,8 @@ class Window:
         acc = self.accumulators.setdefault(result.target, Accumulator())
         reset = acc.feed(result.snapshot, result.at)
         self.dirty.add(result.target)
+        if (tally := self.per_request.get(result.target)) is not None:
+            tally.scraped(result.at, reset)
         # Not kept: a `Counts` a target held while the window is open.
         totals = acc.totals(cached=False)
         points = self.series.setdefault(result.target, [])
@@ -145,6 +155,11 @@ class Window:
         if len(points) > MAX_SERIES_POINTS:
             points[:] = points[:-1:2] + points[-1:]
         return reset
+
+    def record(self, target: str, stats: RequestStats, at: float) -> None:
+        """One proxied request of `target`, finished at `at`."""
+        self.per_request.setdefault(target, PerRequest()).record(stats, at)
+        self.records_dirty = True
 
     def take_baseline(self, results: list[ScrapeResult]) -> None:
         """The start scrapes: a baseline per target, or the reason there is none."""
@@ -222,12 +237,17 @@ class Window:
         """The GET answer: the stop answer once stopped, else the open state."""
         if self.answer is not None:
             return self.answer
-        return self.summary() | {
+        state = self.summary() | {
             "stopped_at": None,
             "status": "open",
             "scrapes": {t: a.scrapes for t, a in self.accumulators.items()},
             "errors": dict(self.last_errors),
         }
+        if self.edges is not None:
+            state["edges"] = self.edges
+        if (per_request := per_request_block(self.per_request)) is not None:
+            state["per_request"] = per_request
+        return state
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able durable state (without the accumulators: the store keeps them in rows)."""
@@ -248,6 +268,10 @@ class Window:
             if not self.is_open else {},
             "answer": self.answer,
             "late_baselines": self.late_baselines,
+            # An open window's: a stopped one's answer holds its block.
+            "per_request": {t: acc.to_dict() for t, acc in self.per_request.items()}
+            if self.is_open else {},
+            "edges": self.edges if self.is_open else None,
         }
 
     @classmethod
@@ -270,4 +294,6 @@ class Window:
             series={t: [tuple(p) for p in ps] for t, ps in data.get("series", {}).items()},
             answer=data["answer"],
             late_baselines=dict(data["late_baselines"]),
+            per_request={t: PerRequest.from_dict(a) for t, a in data["per_request"].items()},
+            edges=data["edges"],
         )

@@ -14,12 +14,22 @@ from typing import Any
 
 from exporter.core.errors import RequestError, StoreError, UnknownWindowError
 from exporter.core.isotime import iso_utc
+from exporter.core.perrequest import RequestStats
 from exporter.core.snapshot import ScrapeResult
 from exporter.core.stopped import LastWindow, StoppedWindow
 from exporter.core.window import AccumulatorRows, Window
 from exporter.server.isolate import Child, ChildError, in_thread
 from exporter.server.memory import give_back_free_memory
-from exporter.server.stop import END, FEED, FINAL, ResultCodec, forks_early, read_stop, stop_work
+from exporter.server.stop import (
+    END,
+    FEED,
+    FINAL,
+    RECORD,
+    ResultCodec,
+    forks_early,
+    read_stop,
+    stop_work,
+)
 from exporter.server.windowstart import StartRequest, retried
 from exporter.state.answertext import AnswerTexts
 from exporter.state.recovery import RECENT_WINDOWS, doc_from_files, window_from, write_lost_results
@@ -168,17 +178,32 @@ class WindowBook:
                     log.error("restart not saved id=%s target=%s error=%s",
                               window.id, result.target, exc)
 
+    def record(self, target: str, stats: RequestStats) -> None:
+        """One proxied request of `target`, its answer complete now, into
+        every open window that counts it (a stop's child too); saved with the next round."""
+        at = self.clock()
+        for window in self.open_windows():
+            if window.takes_scrapes_of(target):
+                window.record(target, stats, at)
+                if (stopping := self._stopping.get(window.id)) is not None:
+                    stopping[0].send((RECORD, target, stats, at))
+
     def save_round(self) -> None:
         """One transaction: every accumulator that changed since it was last saved (only its
-        round part where that is all that changed)."""
+        round part where that is all that changed), and windows with requests recorded."""
         if self.store.reopened():
             self._save_all()
             return
         rows = AccumulatorRows()
+        recorded = []
         for window in self.open_windows():
             if window.dirty:
                 rows.extend(window.accumulator_rows(window.dirty))
-        self._save_rows(rows)
+            if window.records_dirty:
+                recorded.append(window)
+        self._save_rows(rows, [w.to_dict() for w in recorded])
+        for window in recorded:
+            window.records_dirty = False
 
     def _save_rows(self, rows: AccumulatorRows, docs: Iterable[dict[str, Any]] = (), *,
                    sync: bool = False) -> None:
@@ -231,9 +256,10 @@ class WindowBook:
 
     # -- start and stop -----------------------------------------------------------------
 
-    async def start(self, request: StartRequest, scrape: ScrapeFn, max_open: int
-                    ) -> tuple[bool, Window]:
-        """Open a window, its targets scraped at once for the baseline; (created, window)."""
+    async def start(self, request: StartRequest, scrape: ScrapeFn, max_open: int, *,
+                    late: Iterable[str] = ()) -> tuple[bool, Window]:
+        """Open a window, its targets scraped at once for the baseline but the `late` ones
+        (each takes its own with `join`); (created, window)."""
         window = request.window(self.clock())
         await self._settled(window.id)
         existing = self._windows.get(window.id) or self._load(window.id, series=False)
@@ -246,20 +272,26 @@ class WindowBook:
         async with self._in_flight(window.id):
             # The other open windows take these scrapes too: a server restart right after
             # must not hide what they counted since their last scrape.
-            window.take_baseline(await scrape(list(window.targets), self.open_windows(), None))
+            left_out = set(late)
+            now = [t for t in window.targets if t not in left_out]
+            window.take_baseline(await scrape(now, self.open_windows(), None))
             self._commit_start(window)
         log.info("window started id=%s targets=%d", window.id, len(window.targets))
         return True, window
 
-    async def stop(self, window_id: str, scrape: ScrapeFn, *, answer: bool = True) -> Window:
+    async def stop(self, window_id: str, scrape: ScrapeFn, *, answer: bool = True,
+                   edges: dict[str, Any] | None = None) -> Window:
         """Close a window (its targets scraped at once); a second stop gives the same answer.
-        `answer=False`: without its answer (`take_answer_text` has its text)."""
+        `answer=False`: without its answer (`take_answer_text` has its text). `edges`: the
+        answer's `edges` block (a window bounded by the traffic)."""
         await self._settled(window_id)
         window = self.get(window_id)
         if not window.is_open:
             return window
         async with self._in_flight(window_id):
-            stop_errors = dict(window.stop_errors)
+            stop_errors, open_edges = dict(window.stop_errors), window.edges
+            if edges is not None:
+                window.edges = edges
             # A forked child makes the answer: forked now with a core to spare, fed the scrapes
             # as they come; else after them (it would compete with them).
             work = stop_work(window, self.results_dir(window.id))
@@ -289,6 +321,7 @@ class WindowBook:
                 # later stop retries and answers in full.
                 self._stopping.pop(window.id, None)
                 window.reopen(stop_errors)
+                window.edges = open_edges
                 if isinstance(exc, ChildError) and exc.kind == StoreError.__name__:
                     self.result_errors += 1  # the work's files
                 error = _stop_error(window.id, exc)
@@ -301,6 +334,13 @@ class WindowBook:
         give_back_free_memory()
         log.info("window stopped id=%s", window_id)
         return self.get(window_id) if answer else window.as_answer_only()
+
+    async def join(self, window_id: str, target: str, scrape: ScrapeFn) -> None:
+        """A target of an open window left out of its start takes its baseline now (scraped;
+        the other open windows take the scrape too)."""
+        window = self._windows[window_id]
+        others = [w for w in self.open_windows() if w is not window]
+        window.take_baseline(await scrape([target], others, None))
 
     def _commit_start(self, window: Window) -> None:
         try:
@@ -345,6 +385,7 @@ class WindowBook:
         """A window stopped elsewhere (a store's history), written and listed like one stopped
         here; 409 when its id is taken."""
         assert window.answer is not None and window.stopped_at is not None
+        window.answer["results_dir"] = str(self.results_dir(window.id))
         if (window.id in self._windows or window.id in self._pending
                 or self._load(window.id, series=False) is not None):
             raise RequestError(f'window "{window.id}" exists already: give another id',

@@ -19,6 +19,7 @@ from exporter.core.snapshot import ScrapeResult
 from exporter.core.window import TargetRef, Window
 from exporter.scrape.scraper import Scraper
 from exporter.server.book import StartRequest, WindowBook
+from exporter.server.edges import TrafficEdges
 from exporter.server.scheduler import Scheduler
 from exporter.server.stateview import StateView
 from exporter.server.targets import Targets, TargetState
@@ -47,11 +48,10 @@ class ExporterService:
         self._version = 0  # reloads: what the targets and book do not count themselves
         self._targets = Targets(config, clock)
         self.book = WindowBook(StateStore(config.state_path, connect=state_connect), clock,
-                               lambda window_id: Path(self.config.output_dir) / window_id)
+                               lambda window_id: Path(self.config.output_dir).resolve() / window_id)
         self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
                                    lambda: self._close_removed_targets("no longer discovered"))
-        # (window id, target) -> the window takes no scrape of it now (web/edges.py).
-        self.holds: Callable[[str, str], bool] = lambda window_id, target: False
+        self.edges = TrafficEdges(self)  # windows bounded by the proxied traffic
         # Called with each state a scrape leaves (`on_scraped`).
         self._scraped: list[Callable[[str, TargetState, LiveTrack, float], None]] = []
         self.book.restore(self._targets.states,
@@ -155,7 +155,7 @@ class ExporterService:
         def then(result: ScrapeResult) -> None:
             windows = feed if feed is not None else self.book.open_windows()
             self.book.feed((w for w in windows if w.takes_scrapes_of(name)
-                            and not self.holds(w.id, name)), result)
+                            and not self.edges.holds(w.id, name)), result)
             if also is not None:
                 also(result)
             if self._scraped:
@@ -180,9 +180,15 @@ class ExporterService:
 
     # -- windows ------------------------------------------------------------------------
 
-    async def _scrape_for_window(self, names: list[str], others: list[Window],
-                                 then: Callable[[ScrapeResult], None] | None
-                                 ) -> list[ScrapeResult]:
+    def resolve(self, names: list[str] | None, window_id: str) -> list[TargetConfig]:
+        """This shard's targets by name or host:port (all when None), or `UnknownTargetError`."""
+        return self._targets.resolve(names, window_id)
+
+    async def scrape_for_window(self, names: list[str], others: list[Window],
+                                then: Callable[[ScrapeResult], None] | None
+                                ) -> list[ScrapeResult]:
+        """Scrape the named targets at once for a window's start, stop or late baseline; the
+        `others` open windows take them too, then `then`."""
         known = [n for n in names if n in self._targets.states]
         return list(await asyncio.gather(*(self.scrape_target(n, feed=others, also=then)
                                            for n in known)))
@@ -193,14 +199,16 @@ class ExporterService:
         name: str | None = None,
         targets: list[str] | None = None,
         labels: dict[str, str] | None = None,
+        *, late: Iterable[str] = (),
     ) -> tuple[bool, Window]:
-        """Open a window (scraping its targets at once for the baseline); (created, window)."""
+        """Open a window (scraping its targets at once for the baseline, but the `late` ones,
+        whose baseline comes with their traffic: `WindowBook.join`); (created, window)."""
         chosen = self._targets.resolve(targets, window_id or "(new)")
         request = StartRequest(window_id, name, [TargetRef(t.name, t.url, t.host_port)
                                                  for t in chosen], dict(labels or {}))
-        return await self.book.start(request, self._scrape_for_window,
-                                     self.config.max_open_windows)
+        return await self.book.start(request, self.scrape_for_window,
+                                     self.config.max_open_windows, late=late)
 
     async def stop_window(self, window_id: str, *, answer: bool = True) -> Window:
         """Close a window (`WindowBook.stop`)."""
-        return await self.book.stop(window_id, self._scrape_for_window, answer=answer)
+        return await self.book.stop(window_id, self.scrape_for_window, answer=answer)

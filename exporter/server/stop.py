@@ -28,9 +28,9 @@ from exporter.server.isolate import leave_to_exit, spare_cores
 from exporter.state.answertext import AnswerTexts, compact, indented, stopped_row
 from exporter.state.resultfiles import ResultFolder
 
-# Message kinds (`Child.send`): a target's stop scrape, a scrape the window took meanwhile, and
-# the stop's end (its time, and the window's removed targets).
-FINAL, FEED, END = "final", "feed", "end"
+# Message kinds (`Child.send`): a target's stop scrape, a scrape the window took meanwhile, a
+# proxied request it took meanwhile, and the stop's end (its time, and the removed targets).
+FINAL, FEED, RECORD, END = "final", "feed", "record", "end"
 
 
 class Advice:
@@ -110,8 +110,9 @@ class ResultCodec:
 
 def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], bytes]:
     """A stop's work (`Child(work)`, or `in_thread`): `work(inbox)` takes what `window` has not
-    taken of the stop (`FINAL`, `FEED`, `END`), writing each RESULT's file as it comes, then
-    the answer; its bytes are for `read_stop`. `StoreError` if the files cannot be written."""
+    taken of the stop (`FINAL`, `FEED`, `RECORD`, `END`), writing each RESULT's file as it
+    comes, then the whole answer (its `results_dir` the `directory`); its bytes are for
+    `read_stop`. `StoreError` if the files cannot be written."""
 
     def work(inbox: Iterator[Any]) -> bytes:
         codec, parts, folder = ResultCodec(), AnswerParts(window, ADVICE), ResultFolder(directory)
@@ -128,6 +129,8 @@ def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], byte
                         folder.write(names[name], _file_text(texts, name, parts.target(name)[1]))
                 elif message[0] == FEED:
                     window.feed(codec.unpack(message[1]))
+                elif message[0] == RECORD:
+                    window.record(*message[1:])
                 elif message[0] == END:
                     # What the server's window changed without a scrape: a reload's removals.
                     _, window.stopped_at, window.removed = message
@@ -136,7 +139,7 @@ def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], byte
                 # The server died under the stop (kill -9): its window stays open in the state
                 # database, and no half-made answer goes to the files.
                 raise RuntimeError("the stop was cut short: no end of it came")
-            answer = parts.answer()
+            answer = parts.answer() | {"results_dir": str(directory.resolve())}
             encoded = AnswerTexts(
                 files={names[name]: _file_text(texts, name, body)
                        for name, body in answer["results"].items()},

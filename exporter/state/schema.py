@@ -1,6 +1,9 @@
 """The state database's schema version (SQLite's `user_version`), and the one migration to it.
 Version 1: every key present, accumulators in rows of their own written whole by the current
-codec. Version 0's forms are rewritten once, in one transaction, so that no reader knows them."""
+codec. Version 2: an open window's per-request tallies and edges in its row, a stopped one's
+answer whole (`per_request`, `edges` and `results_dir` in it, taken from its `window.json`
+where the handler had added them there). Older forms are rewritten once, in one transaction,
+so that no reader knows them."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 import logging
 import sqlite3
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from exporter.core.counting import Accumulator
@@ -16,11 +20,14 @@ from exporter.core.window import Window
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Keys added to a window's or an accumulator's row during version 0, as they were when absent.
 _WINDOW_DEFAULTS: Mapping[str, Any] = {
-    "accumulators": {}, "downtimes": [], "series": {}, "late_baselines": {}}
+    "accumulators": {}, "downtimes": [], "series": {}, "late_baselines": {}, "per_request": {},
+    "edges": None}
+# What version 1 added to a stop answer after its row was written (in `window.json` only).
+_SPLICED = ("edges", "per_request")
 _ACCUMULATOR_DEFAULTS: Mapping[str, Any] = {
     "dialect": "", "before": None, "reset_spans": [], "restart_times": [], "seen": [],
     "gauge_weighted": {}, "gauge_seconds": {}, "anomalies": [None, None, None]}
@@ -38,7 +45,7 @@ def migrate(db: sqlite3.Connection, path: object) -> None:
             f"{SCHEMA_VERSION}: run the newer exporter, or set another state_db")
     with db:
         db.execute("BEGIN IMMEDIATE")
-        windows = _migrate_windows(db)
+        windows = _migrate_windows(db, Path(str(path)).parent)
         accumulators = _migrate_accumulators(db)
         db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
     if windows or accumulators:
@@ -46,9 +53,10 @@ def migrate(db: sqlite3.Connection, path: object) -> None:
                     "accumulators=%d", path, version, SCHEMA_VERSION, windows, accumulators)
 
 
-def _migrate_windows(db: sqlite3.Connection) -> int:
+def _migrate_windows(db: sqlite3.Connection, output_dir: Path) -> int:
     """Window rows in the current form, their accumulators moved to rows of their own (where
-    the table has none for that target yet); the number rewritten."""
+    the table has none for that target yet), a stopped one's answer completed from its files
+    in `output_dir`; the number rewritten."""
     have = set(db.execute("SELECT window_id, target FROM accumulators").fetchall())
     changed = 0
     for window_id, raw in db.execute("SELECT id, doc FROM windows").fetchall():
@@ -61,6 +69,8 @@ def _migrate_windows(db: sqlite3.Connection) -> int:
             window = Window.from_dict(dict(_WINDOW_DEFAULTS) | doc | {"accumulators": {}})
         except (TypeError, ValueError, KeyError, AttributeError, IndexError):
             continue
+        if window.answer is not None and "results_dir" not in window.answer:
+            window.answer = _with_files(window.answer, output_dir / window.id)
         db.executemany("INSERT INTO accumulators (window_id, target, doc) VALUES (?, ?, ?)",
                        [(window_id, t, text) for t, text in accumulators.items()
                         if (window_id, t) not in have and window.is_open])
@@ -68,6 +78,19 @@ def _migrate_windows(db: sqlite3.Connection) -> int:
                    (json.dumps(window.to_dict()), window_id))
         changed += 1
     return changed
+
+
+def _with_files(answer: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """A version 1 stop answer with what its `window.json` in `directory` added, and where that
+    is; as it was when there is no such file (written elsewhere, or removed)."""
+    try:
+        written = json.loads((directory / "window.json").read_bytes())
+    except (OSError, ValueError):
+        return answer
+    if not isinstance(written, dict) or written.get("id") != answer.get("id"):
+        return answer
+    added = {k: written[k] for k in _SPLICED if k in written}
+    return answer | added | {"results_dir": str(directory.resolve())}
 
 
 def _migrate_accumulators(db: sqlite3.Connection) -> int:

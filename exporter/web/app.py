@@ -17,7 +17,6 @@ from exporter.config.model import Config
 from exporter.scrape.scraper import Scraper, make_session
 from exporter.server.service import ExporterService
 from exporter.state.store import connect_state
-from exporter.web.edges import TrafficEdges
 from exporter.web.exposition import MetricsWriter
 from exporter.web.fanout import FANOUT, Fanout
 from exporter.web.handlers import (
@@ -29,7 +28,7 @@ from exporter.web.handlers import (
     reload_config,
 )
 from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
-from exporter.web.proxy import PROXYING, Proxying, Recordings
+from exporter.web.proxy import PROXYING, Proxying
 from exporter.web.routes import add_routes
 
 log = logging.getLogger(__name__)
@@ -59,12 +58,7 @@ def make_app(
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))
     app.cleanup_ctx.append(app[FANOUT].peers.serve)
-    edges = TrafficEdges(service)
-    service.holds = edges.holds
-    app[PROXYING] = Proxying(Recordings(lambda: [(w.id, w.targets)
-                                                 for w in service.book.open_windows()],
-                                        clock=clock),
-                             lambda: service.config, edges)
+    app[PROXYING] = Proxying(service.book.record, lambda: service.config, service.edges)
     app.cleanup_ctx.append(app[PROXYING].serve)
     service.on_scraped(app[PROXYING].scraped)  # a reload's proxy ports open at its next scrape
     return app

@@ -31,7 +31,7 @@ class WindowRequest(BaseModel):
     targets: list[str] | None = None
     labels: dict[str, str] = {}
     # "traffic": opened at the first measured request through the recording proxy, closed on
-    # the scrape after the last response (web/edges.py); "command" (default): start to stop.
+    # the scrape after the last response (server/edges.py); "command" (default): start to stop.
     edges: Literal["command", "traffic"] | None = None
     skip_requests: int | None = Field(default=None, ge=0)
 

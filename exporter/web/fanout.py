@@ -32,7 +32,7 @@ from exporter.core.window import check_window_id, new_window_id
 from exporter.server.service import ExporterService
 from exporter.state.answertext import compact
 from exporter.web.bodies import resolve_targets, window_request
-from exporter.web.handlers import MAX_LIST, compare_response, list_query, local_list, results_dir
+from exporter.web.handlers import MAX_LIST, compare_response, list_query, local_list
 from exporter.web.pages.window import render_window_page
 from exporter.web.peers import PEER_HEADER, Peers
 
@@ -117,7 +117,7 @@ class Fanout:
     async def start(self, request: web.Request) -> web.Response:
         """Open the same window id on every shard; one start answer for the fleet."""
         body = await window_request(request)
-        if body.edges == "traffic":  # its proxy and its start live on one shard (edges.py)
+        if body.edges == "traffic":  # its proxy and its start live on one shard (server/edges.py)
             raise RequestError('"edges": "traffic" needs one exporter, not a fleet of shards')
         window_id = body.id or new_window_id(self.service.clock())
         fleet = self._fleet()
@@ -164,7 +164,7 @@ class Fanout:
         async def local() -> dict[str, Any]:
             window = await self.service.stop_window(window_id)
             assert window.answer is not None
-            return window.answer | {"results_dir": results_dir(self.service, window)}
+            return window.answer
 
         parts = await self._everywhere(local, "POST", f"/api/v1/windows/{window_id}/stop")
         self._refuse_if_retry_needed(parts, window_id)

@@ -10,7 +10,6 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -23,7 +22,7 @@ from exporter.core.results import window_series as series_view
 from exporter.core.window import Window, check_window_id
 from exporter.server.memory import give_back_free_memory
 from exporter.server.service import ExporterService
-from exporter.state.answertext import compact, with_key
+from exporter.state.answertext import compact
 from exporter.web.bodies import window_request
 from exporter.web.csrf import SAFE_METHODS, check_browser_safe, default_hosts
 from exporter.web.formats import Format, accepts_gzip, gzipped, negotiate
@@ -32,12 +31,7 @@ from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
 from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
 from exporter.web.pages.window import render_window_page
-from exporter.web.proxy import (
-    PROXY_TOKEN_HEADER,
-    add_to_window_file,
-    proxy_blocks,
-    traffic_edges,
-)
+from exporter.web.relay import PROXY_TOKEN_HEADER
 
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
@@ -76,8 +70,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
 
 @web.middleware
 async def body_limit_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A declared body over MAX_BODY is 413 on every route, read by the handler or not."""
-    if (request.content_length or 0) > MAX_BODY:
+    """A declared body over MAX_BODY is 413 on every route, read by the handler or not; under
+    /proxy/ the relay's own limit holds (a prompt is no API call)."""
+    if (request.content_length or 0) > MAX_BODY and not request.path.startswith("/proxy/"):
         return error_response(413, f"body of {request.content_length} bytes is over {MAX_BODY}")
     return await handler(request)
 
@@ -191,9 +186,8 @@ async def window_page(request: web.Request) -> web.Response:
     view = request.app[SERVICE].view()
     window = view.with_series(check_window_id(request.match_info["id"]))
     series = series_view(window) | {"now": view.now}
-    state = window.state()
-    state = state | proxy_blocks(request.app, window.id, lambda: state)
-    return web.Response(text=render_window_page(state, series), content_type="text/html")
+    return web.Response(text=render_window_page(window.state(), series),
+                        content_type="text/html")
 
 
 async def compare_page(request: web.Request) -> web.Response:
@@ -259,8 +253,8 @@ async def reload(request: web.Request) -> web.Response:
 async def start_window(request: web.Request) -> web.Response:
     """Open a window: 201 when new, 200 with the same window when the id exists."""
     body = await window_request(request)
-    if body.edges == "traffic":  # opens at its first request through the proxy (edges.py)
-        created, waiting = traffic_edges(request.app).expect(
+    if body.edges == "traffic":  # opens at its first request through the proxy (server/edges.py)
+        created, waiting = request.app[SERVICE].edges.expect(
             body.id, body.name, body.targets, body.labels, body.skip_requests or 0)
         return _json(waiting, status=201 if created else 200)
     created, window = await request.app[SERVICE].start_window(
@@ -275,21 +269,14 @@ async def stop_window(request: web.Request) -> web.Response:
     """Close a window; stopping it again answers the same body."""
     window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
-    edges = traffic_edges(request.app)
+    edges = service.edges
     window = await (edges.stop(window_id) if edges.knows(window_id)
                     else service.stop_window(window_id, answer=False))
     text = service.book.take_answer_text(window.id)
     if text is not None:
         # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
-        text = with_key(text, "results_dir", results_dir(service, window))
-        blocks = proxy_blocks(request.app, window.id, functools.partial(json.loads, text))
-        for key, value in blocks.items():
-            text = with_key(text, key, value)
-        if blocks:  # the files say what the answer says
-            await asyncio.to_thread(add_to_window_file, Path(results_dir(service, window)),
-                                    blocks)
         return _json_text(text)
-    return _window_json(request, window)
+    return _window_json(window)
 
 
 def _json(value: Any, status: int = 200) -> web.Response:
@@ -318,17 +305,9 @@ class SentResponse(web.Response):
             give_back_free_memory()
 
 
-def results_dir(service: ExporterService, window: Window) -> str:
-    return str(Path(service.config.output_dir).resolve() / window.id)
-
-
-def _window_json(request: web.Request, window: Window) -> web.Response:
-    """A window's state, with the proxy's blocks; a stopped one's says where its files are."""
-    state: dict[str, Any] = window.state()  # a stopped window's answer itself: not changed
-    if not window.is_open:
-        state = state | {"results_dir": results_dir(request.app[SERVICE], window)}
-    state = state | proxy_blocks(request.app, window.id, lambda: state)
-    return _json(with_iso_times(state))
+def _window_json(window: Window) -> web.Response:
+    """A window's state: open, or its stop answer as the stop made it."""
+    return _json(with_iso_times(window.state()))
 
 
 MAX_LIST = 1000
@@ -393,9 +372,9 @@ async def get_window(request: web.Request) -> web.Response:
     """One window: its open state, or its stop answer."""
     service = request.app[SERVICE]
     window_id = check_window_id(request.match_info["id"])
-    if (waiting := traffic_edges(request.app).waiting(window_id)) is not None:
+    if (waiting := service.edges.waiting(window_id)) is not None:
         return _json(waiting)  # not started yet: no request came through the proxy
-    return _window_json(request, service.book.get(window_id))
+    return _window_json(service.book.get(window_id))
 
 
 async def window_series(request: web.Request) -> web.Response:

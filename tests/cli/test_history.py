@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from exporter.cli.main import main
 from exporter.core.isotime import parse_time
@@ -80,3 +83,42 @@ def test_history_writes_the_window_and_prints_it(tmp_path: Path,
     assert "a:1" in console
     assert main(["history", "--prometheus", store, "--from", "99", "--to", "103"]) == 1
     assert "not reachable" in capsys.readouterr().err
+
+
+async def test_a_redirect_to_another_origin_gets_no_credentials(aiohttp_server: Any) -> None:
+    """The CLI follows a store's 302 to another origin without its token, tenant or Basic auth,
+    and says so on stderr."""
+    heard: list[dict[str, str]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        heard.append({k.lower(): v for k, v in request.headers.items()})
+        return web.json_response({"status": "success",
+                                  "data": {"resultType": "matrix", "result": []}})
+
+    evil_app = web.Application()
+    evil_app.router.add_get("/api/v1/query", record)
+    evil = str((await aiohttp_server(evil_app)).make_url("")).rstrip("/")
+
+    async def moved(request: web.Request) -> web.Response:
+        heard.append({"store": "configured", **{k.lower(): v for k, v in request.headers.items()}})
+        raise web.HTTPFound(evil + request.path_qs)
+
+    store_app = web.Application()
+    store_app.router.add_get("/api/v1/query", moved)
+    store = str((await aiohttp_server(store_app)).make_url("")).rstrip("/")
+    env = os.environ | {"STORE_TOKEN": "s3cret", "SPECDEC_STORE_PASSWORD": "pw"}
+    for auth in (["--token-env", "STORE_TOKEN", "--tenant", "team-a"],
+                 ["--username", "u", "--tenant", "team-a"]):
+        heard.clear()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "exporter", "history", "--prometheus", store, "--from", "99",
+            "--to", "103", *auth, env=env, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err
+        configured = [h for h in heard if h.get("store") == "configured"]
+        others = [h for h in heard if h.get("store") != "configured"]
+        assert configured and all("authorization" in h for h in configured)
+        assert others and all("authorization" not in h and "x-scope-orgid" not in h
+                              for h in others), others
+        assert "credentials and tenant were not sent there" in err.decode()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from conftest import free_port
 
-from exporter.config.model import HistoryConfig
+from exporter.config.model import StoreAuth
 from exporter.scrape import history
 from exporter.scrape.history import (
     HistoryError,
@@ -68,7 +68,7 @@ def test_chunks_are_merged_and_clipped_to_the_range(store: str,
     monkeypatch.setattr(history, "CHUNK_SECONDS", 10.0)
     _Store.answers = [(200, _matrix([_item("a", [(5.0, "1"), (10.0, "2"), (20.0, "3")])])),
                       (200, _matrix([_item("a", [(20.0, "3"), (25.0, "4"), (31.0, "9")])]))]
-    got = fetch_series(HistoryQuery(store, 10.0, 30.0))
+    got = fetch_series(HistoryQuery(store, 10.0, 30.0)).series
     assert [s.samples for s in got] == [[(10.0, 2.0), (20.0, 3.0), (25.0, 4.0)]]
     times = [params["time"][0] for params, _ in _Store.seen]
     assert times == ["20.000", "30.000"]
@@ -77,17 +77,17 @@ def test_chunks_are_merged_and_clipped_to_the_range(store: str,
 
 def test_auth_and_tenant_headers(store: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STORE_TOKEN", "s3cret")
-    fetch_series(HistoryQuery(store, 0.0, 1.0, auth=HistoryConfig(token_env="STORE_TOKEN",
+    fetch_series(HistoryQuery(store, 0.0, 1.0, auth=StoreAuth(token_env="STORE_TOKEN",
                                                                   tenant="team-a")))
     headers = _Store.seen[-1][1]
     assert headers["authorization"] == "Bearer s3cret"
     assert headers["x-scope-orgid"] == "team-a"
     monkeypatch.setenv("STORE_PASSWORD", "p")
-    auth = HistoryConfig(username="u", password_env="STORE_PASSWORD")
+    auth = StoreAuth(username="u", password_env="STORE_PASSWORD")
     fetch_series(HistoryQuery(store, 0.0, 1.0, auth=auth))
     assert _Store.seen[-1][1]["authorization"] == "Basic dTpw"
     with pytest.raises(HistoryError, match="NOT_SET_VAR is not set"):
-        fetch_series(HistoryQuery(store, 0.0, 1.0, auth=HistoryConfig(token_env="NOT_SET_VAR")))
+        fetch_series(HistoryQuery(store, 0.0, 1.0, auth=StoreAuth(token_env="NOT_SET_VAR")))
 
 
 def test_limits_and_errors_are_clear(store: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -79,6 +79,14 @@ class TestResultCodec:
                                                            for r in results]
 
 
+def worked(tmp_path, name: str, window: Window, inbox) -> tuple:
+    """`stop_work` writing to `tmp_path/w` (the answer's `results_dir`), then its folder moved
+    to `tmp_path/name`: two ways of one stop name the same folder."""
+    data = stop_work(window, tmp_path / "w")(inbox)
+    os.rename(tmp_path / "w", tmp_path / name)
+    return read_stop(data)
+
+
 def stopped_both_ways(tmp_path, n: int, change=None, before=None):
     """The same open window (`before` done to it) stopped twice by the one work: after its
     window took the stop's scrapes (a late fork, or a thread), and forked early, fed every
@@ -94,14 +102,13 @@ def stopped_both_ways(tmp_path, n: int, change=None, before=None):
     late.stopped_at = stop
     if change:
         change(late)
-    late_bytes = stop_work(late, tmp_path / "late")(iter([(END, stop, late.removed)]))
+    late_stopped = worked(tmp_path, "late", late, iter([(END, stop, late.removed)]))
 
     codec = ResultCodec()
     messages = [(FINAL, codec.pack(r)) for r in finals]
     messages.append((END, stop, late.removed))
-    early_bytes = stop_work(early, tmp_path / "early")(
-        iter(pickle.loads(pickle.dumps(m)) for m in messages))
-    return read_stop(late_bytes), read_stop(early_bytes)
+    return late_stopped, worked(tmp_path, "early", early,
+                                iter(pickle.loads(pickle.dumps(m)) for m in messages))
 
 
 def answer_of(stopped) -> dict:
@@ -155,11 +162,11 @@ class TestStopWork:
         parent.feed(between)
         for result in finals:
             parent.take_stop_scrape(result)
-        late = read_stop(stop_work(parent, tmp_path / "late")(iter([(END, stop, {})])))
+        late = worked(tmp_path, "late", parent, iter([(END, stop, {})]))
         codec = ResultCodec()
         messages = [(FEED, codec.pack(between))] + [(FINAL, codec.pack(r)) for r in finals]
         messages.append((END, stop, parent.removed))
-        early = read_stop(stop_work(child_copy, tmp_path / "early")(iter(messages)))
+        early = worked(tmp_path, "early", child_copy, iter(messages))
         assert early[1:] == late[1:]
         assert answer_of(early)["results"]["t0"]["scrapes"] == 6
 
@@ -231,8 +238,7 @@ class TestStopAnswerTexts:
         assert "\n" not in body
         assert answer["results"]["ok"]["last_scrape_at_iso"] is not None
         folder = tmp_path / "out" / "texts"
-        without_dir = {k: v for k, v in answer.items() if k != "results_dir"}
-        assert_indented((folder / "window.json").read_bytes(), without_dir)
+        assert_indented((folder / "window.json").read_bytes(), answer)
         files = sorted((folder / "performances").iterdir())
         assert len(files) == 3
         by_url = {r["url"]: r for r in answer["results"].values()}
@@ -242,7 +248,7 @@ class TestStopAnswerTexts:
             assert stat.S_IMODE(path.stat().st_mode) == 0o600  # as mkstemp made them
         assert not [p for p in folder.rglob("*") if p.name.endswith(".tmp")]
         # The state DB holds the same answer; a second stop and a GET answer the same body.
-        assert exp.service.book.store.load("texts")["answer"] == without_dir
+        assert exp.service.book.store.load("texts")["answer"] == answer
         again = await exp.client.post("/api/v1/windows/texts/stop")
         assert await again.text() == body
         assert again.content_type == "application/json"

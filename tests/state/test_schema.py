@@ -183,3 +183,42 @@ class TestVersions:
         with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, newer"):
             StateStore(path)
         assert path.exists() and not list(tmp_path.glob("*.corrupt-*"))
+
+
+def version_1_stopped(path, window_id: str) -> dict:
+    """A database as version 1 left it with one stopped window (its row without the blocks
+    the handler added to `window.json` only); the answer in the row."""
+    answer = {"id": window_id, "name": "w", "targets": ["a"], "results": {}, "aggregate": None}
+    window = Window(id=window_id, name="w", labels={}, started_at=100.0, stopped_at=110.0,
+                    targets={"a": TargetRef("a", "http://a:1/metrics", "a:1")}, answer=answer)
+    doc = {k: v for k, v in window.to_dict().items() if k not in ("per_request", "edges")}
+    store = StateStore(path)
+    store.save([doc])
+    store.close()
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version=1")
+    db.close()
+    return answer
+
+
+class TestVersion1:
+    def test_a_stopped_answer_takes_the_blocks_its_window_json_was_given(self, tmp_path):
+        answer = version_1_stopped(tmp_path / "state.sqlite", "w")
+        blocks = {"per_request": {"targets": {}, "aggregate": {"requests": 3}},
+                  "edges": {"edges": "traffic", "skipped": 1}}
+        (tmp_path / "w").mkdir()
+        (tmp_path / "w" / "window.json").write_text(json.dumps(answer | blocks))
+        store = StateStore(tmp_path / "state.sqlite")
+        doc = store.load("w")
+        store.close()
+        assert doc is not None
+        assert doc["answer"] == answer | blocks | {"results_dir": str(tmp_path / "w")}
+        assert (doc["per_request"], doc["edges"]) == ({}, None)
+        assert user_version(tmp_path / "state.sqlite") == SCHEMA_VERSION
+
+    def test_without_its_files_a_stopped_answer_stays_as_it_was(self, tmp_path):
+        answer = version_1_stopped(tmp_path / "state.sqlite", "gone")
+        store = StateStore(tmp_path / "state.sqlite")
+        doc = store.load("gone")
+        store.close()
+        assert doc is not None and doc["answer"] == answer

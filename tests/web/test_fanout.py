@@ -25,9 +25,10 @@ class Fleet:
     """N exporter processes as shards of one fleet over the same fake servers."""
 
     def __init__(self, stack: ExitStack, tmp: Path, shards: int, fakes: list[int],
-                 tokens: list[str] | None = None):
+                 tokens: list[str] | None = None, proxied: bool = False):
         self.fakes = fakes
         self.targets = [{"name": f"t{i}", "url": f"http://127.0.0.1:{p}/metrics"}
+                        | ({"proxy": {"listen": f"127.0.0.1:{free_port()}"}} if proxied else {})
                         for i, p in enumerate(fakes)]
         ports = [free_port() for _ in range(shards)]
         self.tmp = tmp
@@ -70,6 +71,20 @@ class Fleet:
             listed = json.loads(response.read())
         return [w["id"] for w in listed["windows"]]
 
+    def local(self, shard: int, window_id: str) -> dict:
+        """One shard's own answer for a window, as a peer asks it (not fanned out)."""
+        request = urllib.request.Request(f"{self.urls[shard]}/api/v1/windows/{window_id}",
+                                         headers={"X-Specdec-Peer": "1"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return dict(json.loads(response.read()))
+
+    def ask(self, target: int, max_tokens: int) -> None:
+        """One completion through target `t{target}`'s proxy port."""
+        port = self.targets[target]["proxy"]["listen"].rsplit(":", 1)[1]
+        status, answer = http("POST", f"http://127.0.0.1:{port}/v1/completions",
+                              {"model": "m", "prompt": "p", "max_tokens": max_tokens})
+        assert status == 200 and answer["metrics"]["speculative_decoding"], answer
+
     def traffic(self):
         for i, port in enumerate(self.fakes):
             fake_add(port, 10 * (i + 1), 30 * (i + 1), [10 * (i + 1), 5 * (i + 1), 0])
@@ -77,9 +92,12 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path):
-    def make(shards: int, servers: int, tokens: list[str] | None = None) -> Fleet:
-        fakes = [stack.enter_context(fake_vllm("--k", "3")) for _ in range(servers)]
-        return Fleet(stack, tmp_path, shards, fakes, tokens)
+    def make(shards: int, servers: int, tokens: list[str] | None = None,
+             proxied: bool = False) -> Fleet:
+        per_request = ("--per-request-spec-decode-metrics", "summary") if proxied else ()
+        fakes = [stack.enter_context(fake_vllm("--k", "3", *per_request))
+                 for _ in range(servers)]
+        return Fleet(stack, tmp_path, shards, fakes, tokens, proxied)
 
     with ExitStack() as stack:
         yield make
@@ -350,3 +368,43 @@ class TestNoDoubleCountingInPrometheus:
                 "$instance", ".*")
             assert wait(expr, 1) == 1
             assert wait('sum(specdec_windows_open{job="specdec"})', 2) == 2  # why not sum
+
+
+@pytest.mark.e2e
+class TestPerRequestAcrossShards:
+    @pytest.mark.parametrize("shards", [2, 3])
+    def test_every_answer_carries_every_proxied_targets_figures_as_its_shard_made_them(
+            self, fleet, shards):
+        f = fleet(shards, 4, proxied=True)
+        names = [t["name"] for t in f.targets]
+        assert len({f.owner(n) for n in names}) >= 2, "the test wants two shards used"
+        assert f.start(0, id="pr")[0] == 201
+        for i in range(len(names)):
+            for max_tokens in range(8, 8 + 6 * (i + 1), 6):
+                f.ask(i, max_tokens)
+        status, state = f.get(shards - 1, "pr")
+        assert status == 200 and state["status"] == "open"
+        assert {n: b["requests"] for n, b in state["per_request"]["targets"].items()} == {
+            n: i + 1 for i, n in enumerate(names)}
+        status, answer = f.stop(shards - 1, "pr")
+        assert status == 200, answer
+        merged = answer["per_request"]
+        assert sorted(merged["targets"]) == names
+        for name in names:
+            own = f.local(f.owner(name), "pr")
+            assert merged["targets"][name] == own["per_request"]["targets"][name]
+            assert merged["targets"][name]["covers_all"] is True
+            # Each shard's window.json is its own stop answer: its targets' figures.
+            written = json.loads((Path(own["results_dir"]) / "window.json").read_text())
+            assert written["per_request"]["targets"][name] == merged["targets"][name]
+        aggregate = merged["aggregate"]
+        assert aggregate["requests"] == sum(range(1, len(names) + 1))
+        assert aggregate["covers_all"] is True
+        assert aggregate["num_spec_steps"] == answer["aggregate"]["data"]["num_drafts"]
+        for via in range(shards):
+            status, read = f.get(via, "pr")
+            assert status == 200 and read["per_request"] == merged
+        with urllib.request.urlopen(f"{f.urls[0]}/windows/pr", timeout=10) as response:
+            page = response.read().decode()
+        assert "Acceptance across requests" in page
+        assert all(f"<td>{name}</td><td>{i + 1}</td>" in page for i, name in enumerate(names))

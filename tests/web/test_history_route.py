@@ -29,14 +29,17 @@ SERIES = [
 ]
 
 
-def _store_app(queries: list[str]) -> web.Application:
+def _store_app(queries: list[str], heard: list[dict[str, str]] | None = None,
+               base: str = "") -> web.Application:
     async def query(request: web.Request) -> web.Response:
         queries.append(request.query["query"])
+        if heard is not None:
+            heard.append({k.lower(): v for k, v in request.headers.items()})
         return web.json_response({"status": "success",
                                   "data": {"resultType": "matrix", "result": SERIES}})
 
     app = web.Application()
-    app.router.add_get("/api/v1/query", query)
+    app.router.add_get(base + "/api/v1/query", query)
     return app
 
 
@@ -99,7 +102,8 @@ class TestHistoryRoute:
     async def test_survives_a_restart_of_the_exporter(
             self, exporter: Any, store: tuple[str, list[str]], tmp_path: Path) -> None:
         url, _ = store
-        config = {"targets": [], "output_dir": str(tmp_path / "out")}
+        config = {"targets": [], "output_dir": str(tmp_path / "out"),
+                  "history": {"allowed_stores": [{"url": url}]}}
         first = await exporter(config)
         answer = await first.client.post("/api/v1/windows/history",
                                          json={"prometheus": url, "from": 99, "to": 103,
@@ -150,3 +154,114 @@ class TestHistoryRoute:
         under = await exporter({"targets": [], "history": {"prometheus": url}})
         answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
         assert answer.status == 401
+
+
+def _redirecting_app(to: str) -> web.Application:
+    """A store that sends every query on to `to` (another origin, or any URL) with a 302."""
+
+    async def query(request: web.Request) -> web.Response:
+        location = to + request.path_qs if to.startswith("http") else to
+        raise web.HTTPFound(location)
+
+    app = web.Application()
+    app.router.add_get("/api/v1/query", query)
+    return app
+
+
+CREDENTIALS = ("authorization", "x-scope-orgid")
+
+
+@pytest.fixture
+async def hostile(aiohttp_server: Any) -> tuple[str, list[dict[str, str]]]:
+    """A store on another origin that records every header it is sent."""
+    heard: list[dict[str, str]] = []
+    server = await aiohttp_server(_store_app([], heard))
+    return str(server.make_url("")).rstrip("/"), heard
+
+
+class TestStoreCredentials:
+    """The config's store credentials reach the configured store's origin and nothing else."""
+
+    CONFIG = {"token_env": "STORE_TOKEN", "tenant": "team-a"}
+
+    async def test_a_body_url_not_configured_is_refused_and_never_contacted(
+            self, exporter: Any, store: tuple[str, list[str]],
+            hostile: tuple[str, list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("STORE_TOKEN", "s3cret")
+        url, queries = store
+        evil, heard = hostile
+        under = await exporter({"targets": [], "history": {"prometheus": url, **self.CONFIG}})
+        for given in (evil, evil + "/", url + "/other", url.replace("127.0.0.1", "localhost")):
+            answer = await under.client.post("/api/v1/windows/history",
+                                             json={"prometheus": given, "from": 99, "to": 103})
+            assert answer.status == 400, given
+            error = (await answer.json())["error"]
+            assert "is not a configured store" in error and "history.allowed_stores" in error
+        assert heard == [] and queries == []
+
+    async def test_a_listed_store_gets_only_its_own_credentials(
+            self, exporter: Any, store: tuple[str, list[str]],
+            hostile: tuple[str, list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("STORE_TOKEN", "s3cret")
+        monkeypatch.setenv("OTHER_PASSWORD", "pw2")
+        url, _ = store
+        other, heard = hostile
+        listed = {"url": other, "username": "u2", "password_env": "OTHER_PASSWORD"}
+        under = await exporter({"targets": [], "history": {
+            "prometheus": url, **self.CONFIG, "allowed_stores": [listed, {"url": other + "/x"}]}})
+        answer = await under.client.post("/api/v1/windows/history",
+                                         json={"prometheus": other, "from": 99, "to": 103})
+        assert answer.status == 201, await answer.text()
+        assert heard and all(h["authorization"] == "Basic dTI6cHcy" for h in heard)
+        assert all("x-scope-orgid" not in h for h in heard)
+        heard.clear()
+        bare = await under.client.post("/api/v1/windows/history",
+                                       json={"prometheus": other + "/x", "from": 99, "to": 103})
+        assert bare.status == 502  # that path is no store; what counts is what it was sent
+        assert heard == []  # 404s are not recorded by the store app: nothing reached it
+
+    async def test_a_redirect_to_another_origin_carries_no_credentials(
+            self, exporter: Any, aiohttp_server: Any,
+            hostile: tuple[str, list[dict[str, str]]], monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("STORE_TOKEN", "s3cret")
+        evil, heard = hostile
+        mover = str((await aiohttp_server(_redirecting_app(evil))).make_url("")).rstrip("/")
+        for auth in (self.CONFIG, {"username": "u", "password_env": "STORE_TOKEN",
+                                   "tenant": "t"}):
+            heard.clear()
+            under = await exporter({"targets": [], "history": {"prometheus": mover, **auth}})
+            answer = await under.client.post("/api/v1/windows/history",
+                                             json={"from": 99, "to": 103})
+            body = await answer.json()
+            assert answer.status == 201, body
+            assert heard, "the redirect was not followed"
+            assert all(not set(CREDENTIALS) & set(h) for h in heard), heard
+            assert any("credentials and tenant were not sent" in n for n in body["store_notes"])
+
+    async def test_a_redirect_within_the_store_keeps_them(
+            self, exporter: Any, aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("STORE_TOKEN", "s3cret")
+        heard: list[dict[str, str]] = []
+        app = _store_app([], heard, base="/prom/old")
+
+        async def moved(request: web.Request) -> web.Response:
+            raise web.HTTPTemporaryRedirect("/prom" + request.path_qs)
+
+        app.router.add_get("/old/api/v1/query", moved)
+        base = str((await aiohttp_server(app)).make_url("")).rstrip("/")
+        under = await exporter({"targets": [], "history": {"prometheus": base + "/old",
+                                                            **self.CONFIG}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
+        assert answer.status == 201
+        assert heard and all(h["authorization"] == "Bearer s3cret" for h in heard)
+        assert (await answer.json())["store_notes"] == []
+
+    @pytest.mark.parametrize("to", ["file:///etc/passwd", "ftp://127.0.0.1/x",
+                                    "gopher://127.0.0.1:70/"])
+    async def test_a_redirect_out_of_http_is_refused(self, exporter: Any, aiohttp_server: Any,
+                                                     to: str) -> None:
+        mover = str((await aiohttp_server(_redirecting_app(to))).make_url("")).rstrip("/")
+        under = await exporter({"targets": [], "history": {"prometheus": mover}})
+        answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})
+        assert answer.status == 502
+        assert "only http:// and https:// are followed" in (await answer.json())["error"]

@@ -18,7 +18,7 @@ from conftest import free_port
 from exporter.config.model import validate_config
 from exporter.core.perrequest import PerRequest, RequestStats, per_position_accepted
 from exporter.fakevllm import FakeServer, make_fake_app
-from exporter.web.proxy import PROXYING, Proxying, Recordings, Upstream, proxy_app
+from exporter.web.proxy import PROXYING, Proxying, Upstream, proxy_app
 
 
 class Rig:
@@ -146,7 +146,7 @@ class TestRecordingProxy:
     async def test_a_huge_answer_is_relayed_whole_and_counted_unreadable(
             self, monkeypatch: pytest.MonkeyPatch) -> None:
         huge = b"x" * 300_000
-        monkeypatch.setattr("exporter.web.proxy.PARSE_LIMIT", 100_000)
+        monkeypatch.setattr("exporter.web.relay.PARSE_LIMIT", 100_000)
 
         async def big(request: web.Request) -> web.Response:
             return web.Response(body=huge, content_type="application/json")
@@ -321,7 +321,7 @@ class TestWindowsRecordProxiedRequests:
                  "proxy": {"listen": f"127.0.0.1:{free_port()}"}},
                 {"name": "v", "url": "http://127.0.0.1:9/metrics",
                  "proxy": {"listen": f"127.0.0.1:{port}"}}]})
-            proxying = Proxying(Recordings(list), lambda: config)
+            proxying = Proxying(lambda target, stats: None, lambda: config)
             with pytest.raises(OSError, match=rf"targets.1.proxy.listen: .*127.0.0.1:{port}"):
                 async for _ in proxying.serve(web.Application()):
                     pass
@@ -357,7 +357,7 @@ class TestDisconnects:
         config = validate_config({"header_timeout": "200ms", "targets": [
             {"name": "v", "url": "http://127.0.0.1:9/metrics",
              "proxy": {"listen": f"127.0.0.1:{port}"}}]})
-        proxying = Proxying(Recordings(list), lambda: config)
+        proxying = Proxying(lambda target, stats: None, lambda: config)
         serving = proxying.serve(web.Application())
         await anext(serving)
         try:

@@ -1,4 +1,4 @@
-"""exporter/web/edges.py: windows bounded by the traffic through the recording proxy, exact
+"""exporter/server/edges.py: windows bounded by the traffic through the recording proxy, exact
 with periodic window scrapes running and other traffic on the server before and after."""
 
 from __future__ import annotations
@@ -166,3 +166,48 @@ class TestTrafficEdges:
         refused = await under.client.post("/api/v1/windows", json={"edges": "traffic"})
         assert refused.status == 400
         assert "needs one exporter" in json.loads(await refused.text())["error"]
+
+
+class TestAISBenchWarmUps:
+    async def test_skip_requests_leaves_out_each_models_warm_up(
+            self, exporter: Any, aiohttp_server: Any) -> None:
+        # Two models, one server each, asked as AISBench asks them one after the other: GET
+        # /v1/models twice, the warm-up POST, GET /v1/models (and GET /metrics: its host_port
+        # is the proxy), then the measured POSTs.
+        fakes = {m: FakeServer(k=3, acceptance=0.6, per_request_metrics="summary")
+                 for m in ("a", "b")}
+        upstreams = {m: await aiohttp_server(make_fake_app(f)) for m, f in fakes.items()}
+        ports = {m: free_port() for m in fakes}
+        under = await exporter({"scrape_interval": "5s", "window_scrape_interval": "50ms",
+                                "targets": [{"name": m, "url": str(u.make_url("/metrics")),
+                                             "proxy": {"listen": f"127.0.0.1:{ports[m]}"}}
+                                            for m, u in upstreams.items()]})
+        await under.round()
+        periodic = asyncio.create_task(under.service.scheduler.window_rounds())
+        await start(under, id="ais", edges="traffic", skip_requests=1)
+        measured: dict[str, list[dict[str, int]]] = {}
+        async with aiohttp.ClientSession() as session:
+            for model in ("a", "b"):
+                base = f"http://127.0.0.1:{ports[model]}"
+                bench = Bench(base, str(upstreams[model].make_url("")).rstrip("/"), session)
+                for path in ("/v1/models", "/v1/models"):
+                    async with session.get(base + path) as answer:
+                        assert answer.status == 200
+                warm_up = await bench.ask(max_tokens=50)
+                for path in ("/v1/models", "/metrics"):
+                    async with session.get(base + path) as answer:
+                        assert answer.status == 200
+                measured[model] = [await bench.ask(max_tokens=n) for n in (9, 22, 14)]
+                assert summed(measured[model]) != summed([warm_up, *measured[model]])
+                await asyncio.sleep(0.15)  # window scrapes between the models
+        answer = await under.stop("ais")
+        periodic.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await periodic
+        for model in ("a", "b"):
+            assert counted(answer["results"][model]) == summed(measured[model]), model
+            block = answer["per_request"]["targets"][model]
+            assert block["requests"] == 3 and block["covers_all"] is True
+        edges = answer["edges"]
+        assert (edges["skipped"], edges["measured_requests"], edges["ended_by"]) == (
+            2, 6, "the last response")
