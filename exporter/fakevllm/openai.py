@@ -10,6 +10,7 @@ import json
 import secrets
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -139,6 +140,18 @@ def _choice(chat: bool, text: str | None, finish: str | None, stream: bool,
     return {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """One request as read: what to decode and how the answer is dressed."""
+
+    chat: bool
+    body: dict[str, Any]
+    head: dict[str, Any]
+    prompt: int
+    plans: list[list[tuple[int, int]]]  # per sequence, its decode steps
+    spec: dict[str, Any] | None  # the request's figures, when vLLM would give them
+
+
 async def completions(request: web.Request, server: ServerModel, chat: bool) -> web.StreamResponse:
     """Answer one (chat) completion request, streamed as server-sent events when asked."""
     try:
@@ -162,22 +175,20 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
         "created": int(time.time()),
         "model": str(body.get("model") or server.model_name),
     }
-    spec = _spec(server, plans[0], n)
-    if not body.get("stream"):
-        for steps in plans:
-            for proposed, accepted in steps:
-                server.count_step(engine, proposed, accepted)
-        return web.json_response(head | {
-            "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
-                        for i, steps in enumerate(plans)],
-            "usage": _usage(prompt, tokens * n), "metrics": answer_metrics(spec)})
-    return await _stream(request, server, engine, plans, head, chat, body, spec, prompt)
+    asked = _Asked(chat, body, head, prompt, plans, _spec(server, plans[0], n))
+    if body.get("stream"):
+        return await _stream(request, server, engine, asked)
+    for steps in plans:
+        for proposed, accepted in steps:
+            server.count_step(engine, proposed, accepted)
+    return web.json_response(head | {
+        "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
+                    for i, steps in enumerate(plans)],
+        "usage": _usage(prompt, tokens * n), "metrics": answer_metrics(asked.spec)})
 
 
 async def _stream(request: web.Request, server: ServerModel, engine: int,
-                  plans: list[list[tuple[int, int]]], head: dict[str, Any], chat: bool,
-                  body: dict[str, Any], spec: dict[str, Any] | None,
-                  prompt: int) -> web.StreamResponse:
+                  asked: _Asked) -> web.StreamResponse:
     """The answer as server-sent events: token chunks, finishing chunks, the usage chunk."""
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
@@ -187,8 +198,9 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
         data = payload if isinstance(payload, str) else json.dumps(payload)
         await response.write(f"data: {data}\n\n".encode())
 
+    head, chat = asked.head, asked.chat
     # Counters move step by step while the answer streams, as a scrape mid-request would see.
-    for index, steps in enumerate(plans):
+    for index, steps in enumerate(asked.plans):
         for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
             server.count_step(engine, proposed, accepted)
             await send(head | {"choices": [_choice(chat, text, None, True, index)]})
@@ -196,10 +208,11 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
                                                index)]})
     # vLLM sends the request's metrics on the usage chunk alone, which only
     # stream_options.include_usage asks for: without it a stream carries no figures.
-    options = body.get("stream_options")
+    options = asked.body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage"):
-        tokens = sum(1 + a for steps in plans for _, a in steps)
-        usage = head | {"choices": [], "usage": _usage(prompt, tokens)}
+        tokens = sum(1 + a for steps in asked.plans for _, a in steps)
+        usage = head | {"choices": [], "usage": _usage(asked.prompt, tokens)}
+        spec = asked.spec
         await send(usage | ({"metrics": {"speculative_decoding": spec}} if spec else {}))
     await send("[DONE]")
     await response.write_eof()

@@ -27,7 +27,9 @@ _SAMPLE = re.compile(rb'^vllm:spec_decode_(\w+)_total\{([^}]*)\} (\S+)$', re.M)
 _POSITION = re.compile(rb'position="(\d+)"')
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of this folder is marked `vllm` and `e2e`."""
     for item in items:
         if _HERE in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.vllm)
@@ -116,16 +118,16 @@ class Exporter:
 
 
 @contextmanager
-def exporter_over(server: servers.RealVllm, tmp_path: Path, *,
-                  proxy: bool = False) -> Iterator[Exporter]:
+def exporter_over(server: servers.RealVllm, tmp_path: Path, *, proxy: bool = False,
+                  interval: str = "1s") -> Iterator[Exporter]:
     """`specdec-exporter serve` over one real server (named `real`), with its proxy if asked."""
     port = free_port()
     target: dict[str, object] = {"name": "real", "url": server.metrics_url}
     proxy_port = free_port() if proxy else None
     if proxy_port is not None:
         target["proxy"] = {"listen": f"127.0.0.1:{proxy_port}"}
-    config = write_config(tmp_path / "exporter.yaml", port, [target], scrape_interval="1s",
-                          scrape_timeout="1s", window_scrape_interval="250ms")
+    config = write_config(tmp_path / "exporter.yaml", port, [target], scrape_interval=interval,
+                          scrape_timeout="1s", window_scrape_interval=interval)
     with process(CLI + ["serve", "--config", str(config)]) as proc:
         try:
             wait_http(f"http://127.0.0.1:{port}/-/ready", deadline=30)
@@ -166,11 +168,15 @@ def tiny_model() -> Path:
     return servers.make_model()
 
 
-@pytest.fixture(scope="session")
-def fleet(tiny_model: Path) -> Iterator[Fleet]:
+# Package scope: the servers (6 GiB between them) stop after the tier's last test, not at the
+# end of a whole-suite run.
+@pytest.fixture(scope="package")
+def fleet(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Both servers, started side by side once for the whole tier; their pages before traffic."""
-    ngram = servers.RealVllm(tiny_model, free_port(), servers.ngram(3))
-    draft = servers.RealVllm(tiny_model, free_port(), servers.draft_model(tiny_model, 5))
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    ngram = servers.RealVllm(tiny_model, free_port(), servers.ngram(3), log=logs / "ngram.log")
+    draft = servers.RealVllm(tiny_model, free_port(), servers.draft_model(tiny_model, 5),
+                             log=logs / "draft.log")
     with servers.serving(ngram, draft):
         first = {"ngram": get(ngram.metrics_url), "draft": get(draft.metrics_url)}
         sys.stderr.write(f"\nreal vLLM servers ready: rss ngram {ngram.rss_bytes() >> 20} MiB, "

@@ -48,11 +48,12 @@ def unavailable() -> str | None:
         return reason_file.read_text().strip()
     if not python().exists():
         return f"no vLLM virtualenv at {VENV}: run `bash scripts/vllm-env.sh`"
-    done = subprocess.run([str(python()), "-c", "import vllm"], capture_output=True,
-                          text=True, timeout=300)
+    # Found, not imported (seconds): a broken install fails the first server's start loudly.
+    done = subprocess.run([str(python()), "-c", "import importlib.util as u; "
+                           "assert u.find_spec('vllm') and u.find_spec('transformers')"],
+                          capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["?"])[-1]
-        return f"`import vllm` fails in {VENV}: {last}"
+        return f"no vllm or transformers in {VENV}: run `bash scripts/vllm-env.sh`"
     return None
 
 
@@ -65,8 +66,10 @@ def make_model(cache: Path = CACHE) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix="building-", dir=cache))
     try:
-        subprocess.run([str(python()), str(MAKE_MODEL), str(building)], check=True,
-                       capture_output=True, timeout=600, env=os.environ | ENV)
+        done = subprocess.run([str(python()), str(MAKE_MODEL), str(building)], text=True,
+                              capture_output=True, timeout=600, env=os.environ | ENV)
+        if done.returncode != 0:
+            raise RuntimeError(f"making the tiny model failed: {done.stderr[-2000:]}")
         building.rename(folder)
     except OSError:
         if not (folder / "config.json").exists():  # not another session's rename: a real error
