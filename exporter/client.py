@@ -28,7 +28,7 @@ from exporter.core.console import format_window
 from exporter.core.errors import ExporterError
 from exporter.core.perrequest import format_per_request
 from exporter.core.redact import redact_url
-from exporter.core.result import Result, Status, aggregate
+from exporter.core.result import Result, aggregate
 from exporter.core.window import new_window_id
 
 
@@ -76,11 +76,28 @@ def split_userinfo(url: str) -> tuple[str, str | None]:
     return urlunsplit(parts._replace(netloc=host)), "Basic " + base64.b64encode(pair).decode()
 
 
+def exporter_base_url(text: str) -> str:
+    """An exporter's base URL as given anywhere (`--exporter`, the client): `host:port` means
+    `http://host:port`, as it does for targets; a scheme other than http(s) is a ClientError."""
+    url = text.strip().rstrip("/")
+    if "://" not in url:
+        url = f"http://{url}"
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # an unclosed IPv6 bracket
+        host = None
+    if not host or parts.scheme.lower() not in ("http", "https"):
+        raise ClientError(f"exporter URL {redact_url(text.strip())!r}: give host:port or "
+                          "http(s)://host:port")
+    return url
+
+
 class ExporterClient:
     """Starts and stops windows on one exporter."""
 
     def __init__(self, url: str, token: str | None = None, timeout: float = 60.0):
-        url = url.rstrip("/")
+        url = exporter_base_url(url)
         # `url` is what messages show: credentials in it never reach a terminal or a log.
         self.url = redact_url(url)
         self._base, self._basic = split_userinfo(url)
@@ -207,8 +224,3 @@ def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
     # Each shard's advice covers only its own targets: advise again over the merged whole.
     return merged | {"advice": window_advice(merged)}
 
-
-def unreachable_answer(window_id: str | None, label: str, reason: str) -> dict[str, Any]:
-    """What to print when no exporter answered: one N/A block saying why."""
-    result = Result(status=Status.NA, url=None, error=reason, host_port=label).to_json()
-    return {"id": window_id, "name": None, "results": {label: result}, "aggregate": None}

@@ -95,3 +95,11 @@ def write_config(path: Path, port: int, targets: list[dict], **extra) -> Path:
               "targets": targets} | extra
     path.write_text(json.dumps(config))  # JSON is YAML
     return path
+
+
+def measured(work_dir: Path) -> Path:
+    """The `performances` folder of the one `measure` run under `work_dir` (its timestamped
+    folder, as AISBench names its runs)."""
+    runs = [p for p in work_dir.iterdir() if p.is_dir() and p.name[:8].isdigit()]
+    assert len(runs) == 1, runs
+    return runs[0] / "performances"

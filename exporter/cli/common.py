@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported where used, so each sub-command loads only what it needs
     from exporter.client import FleetClient
@@ -17,9 +18,10 @@ EXIT_NO_RESULT = 3  # every target failed at start, or none has a result at stop
 
 
 def exporter_urls(args: argparse.Namespace) -> list[str]:
-    urls = [url.strip() for item in args.exporter for url in item.split(",") if url.strip()]
-    # `--exporter 127.0.0.1:9400` means what it says: plain HTTP, as everywhere else here.
-    return [url if "://" in url else f"http://{url}" for url in urls]
+    from exporter.client import exporter_base_url
+
+    return [exporter_base_url(url) for item in args.exporter for url in item.split(",")
+            if url.strip()]
 
 
 def fleet_client(args: argparse.Namespace) -> FleetClient:
@@ -29,8 +31,16 @@ def fleet_client(args: argparse.Namespace) -> FleetClient:
     return FleetClient(exporter_urls(args), token=args.token)
 
 
-def say(message: str) -> None:
-    print(f"specdec-exporter: {message}", file=sys.stderr, flush=True)
+def say(message: str, *, prefix: str = "specdec-exporter", level: int = logging.INFO,
+        **fields: Any) -> None:
+    """A message on stderr: `prefix: message`, or under `--log-format json` a JSON line with
+    `fields` as keys of their own."""
+    from exporter.cli.logformat import json_messages, say_json
+
+    if json_messages():
+        say_json(message, level, fields)
+    else:
+        print(f"{prefix}: {message}" if prefix else message, file=sys.stderr, flush=True)
 
 
 def one_line(exc: Exception) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import logging
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from exporter.cli.common import say
 from exporter.config.model import TargetConfig
 from exporter.core.errors import ExporterError
 from exporter.core.snapshot import ScrapeResult
@@ -125,8 +126,8 @@ async def run_command(cmd: Sequence[str]) -> int:
     try:
         process = await asyncio.create_subprocess_exec(*cmd)
     except OSError as exc:
-        print(f"specdec-exporter: cannot run {cmd[0]!r}: {exc.strerror or exc}",
-              file=sys.stderr, flush=True)
+        say(f"cannot run {cmd[0]!r}: {exc.strerror or exc}", level=logging.ERROR,
+            command=cmd[0], error=str(exc.strerror or exc))
         return 127
     loop = asyncio.get_running_loop()
     forwarded = (signal.SIGINT, signal.SIGTERM)
@@ -145,15 +146,19 @@ def _forward(process: asyncio.subprocess.Process, sig: int) -> None:
         process.send_signal(sig)
 
 
-def clear_earlier_results(work_dir: Path) -> list[Path]:
-    """Remove (and return) an earlier measure's files, or they join this run's; AISBench's stay."""
-    removed = []
-    for path in sorted((work_dir / "performances").glob("spec_decode_*.json")):
-        with contextlib.suppress(OSError):
-            if path.is_file() and b'"first_scrape_at"' in path.read_bytes()[:1 << 20]:
-                path.unlink()
-                removed.append(path)
-    return removed
+def run_folder(work_dir: Path, now: float) -> Path:
+    """A new folder under `work_dir` named by the local time, as AISBench names its runs
+    (`YYYYMMDD_HHMMSS`, `_2`... when taken): a reused work dir never mixes or loses runs."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d_%H%M%S", time.localtime(now))
+    for n in range(1, 1000):
+        folder = work_dir / (stamp if n == 1 else f"{stamp}_{n}")
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            continue
+        return folder
+    raise ExporterError(f"{work_dir}: no free run folder for {stamp}")
 
 
 async def measure(targets: Sequence[TargetConfig], cmd: Sequence[str], work_dir: Path, *,

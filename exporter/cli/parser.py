@@ -126,7 +126,7 @@ def _exporter_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", help="bearer token for the exporter (default $SPECDEC_TOKEN)")
 
 
-def _window_args(p: argparse.ArgumentParser) -> None:
+def _window_args(p: argparse.ArgumentParser, bounds: str) -> None:
     p.add_argument("--id", help="window id to use (default: one made from the start time)")
     p.add_argument("--name", help="a name for the window, shown on its page and results")
     p.add_argument("--target", action="append", metavar="T",
@@ -135,8 +135,8 @@ def _window_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", action="append", metavar="KEY=VALUE",
                    help="a label of the window (repeatable)")
     p.add_argument("--edges", choices=["command", "traffic"], default="command",
-                   help="what bounds the window: the command's start and exit (default), or the "
-                        "traffic through the exporter's recording proxy (opened as the first "
+                   help=f"what bounds the window: {bounds} (default), or the traffic"
+                        " through the exporter's recording proxy (opened as the first "
                         "measured request arrives, closed on the counts right after the last "
                         "response)")
     p.add_argument("--skip-requests", type=int, default=None, metavar="N",
@@ -155,7 +155,7 @@ def _window(command: Command) -> None:
     start = command("start", "open a window; prints its id",
                     "open a window; prints its id on stdout, failed targets on stderr", parent=wsub)
     _exporter_args(start)
-    _window_args(start)
+    _window_args(start, "this start and the `window stop` of its id")
     _allow_na(start)
     start.set_defaults(func=cmd_window_start)
     stop = command("stop", "close a window; prints the console blocks",
@@ -173,7 +173,7 @@ def _run(command: Command) -> None:
     run = command("run", "open a window, run the command given after --, close the window",
                   usage="%(prog)s --exporter URL [options] -- CMD [ARGS...]")
     _exporter_args(run)
-    _window_args(run)
+    _window_args(run, "the command's start and exit")
     run.add_argument("--require-window", action="store_true",
                      help="exit 1 without running the command when the window cannot open "
                           "(for CI: a mistyped --exporter fails the job)")
@@ -192,7 +192,8 @@ def _measure(command: Command) -> None:
                          help="AISBench model config whose host_ip/host_port or url name the "
                               "servers")
     measure.add_argument("--work-dir", default=".", metavar="DIR",
-                         help="results go to DIR/performances/ (default .)")
+                         help="each run's results go to a new DIR/YYYYMMDD_HHMMSS/performances/, "
+                              "as AISBench names its runs (default .)")
     measure.add_argument("--interval", type=float, default=1.0,
                          help="seconds between scrapes while the command runs (default 1): "
                               "a server restart loses the window at most this span")

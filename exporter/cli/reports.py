@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
+
+from exporter.cli.common import say
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from exporter.analysis.compare import GateError, apply_gates, compare_answers, parse_gate
-    from exporter.cli.sources import SourceError, load_source
+    from exporter.cli.sources import SourceError, align_names, load_source
     from exporter.cli.tables import format_comparison
 
     # 2 for anything that keeps the comparison from being made: a CI gate must not read a
@@ -19,8 +21,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         a = load_source(args.a, args.exporter, args.token)
         b = load_source(args.b, args.exporter, args.token)
     except (GateError, SourceError) as exc:
-        print(f"specdec-exporter compare: {exc}", file=sys.stderr)
+        say(str(exc), prefix="specdec-exporter compare", level=logging.ERROR)
         return 2
+    a, b = align_names(a, b)
     body = apply_gates({"a": a.label, "b": b.label} | compare_answers(a.answer, b.answer), gates)
     print(json.dumps(body, indent=2) + "\n" if args.json else format_comparison(body), end="")
     return 1 if body["tripped"] else 0
@@ -28,15 +31,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_advise(args: argparse.Namespace) -> int:
     from exporter.analysis.advise import DEFAULT_COSTS, window_advice
-    from exporter.cli.sources import SourceError, load_source
+    from exporter.cli.sources import ExporterSourceError, SourceError, load_source
     from exporter.cli.tables import format_window_advice
 
     costs = args.draft_cost or list(DEFAULT_COSTS)
     try:
         source = load_source(args.window, args.exporter, args.token)
     except SourceError as exc:
-        print(f"specdec-exporter advise: {exc}", file=sys.stderr)
-        return 2
+        say(str(exc), prefix="specdec-exporter advise", level=logging.ERROR)
+        # README's exit codes: 1 the exporter unreachable or refusing, 2 a folder's mistake.
+        return 1 if isinstance(exc, ExporterSourceError) else 2
     body = window_advice(source.answer, costs)
     print(json.dumps({"window": source.label} | body, indent=2) + "\n" if args.json
           else format_window_advice(source.label, body), end="")

@@ -10,13 +10,13 @@ import os
 import re
 import signal
 import socket
-import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from exporter import __version__
-from exporter.cli.common import EXIT_USAGE
+from exporter.cli.common import EXIT_USAGE, say
 from exporter.cli.hints import with_hint
 from exporter.core.errors import ConfigError, ListenError
 
@@ -54,13 +54,14 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         for problem in exc.problems:
             print(with_hint(problem))
         return 1
-    print(f"{args.file}: ok, {len(config.targets)} target(s)")
+    print(f"{args.file}: ok, {len(config.targets)} target(s); results in "
+          f"{Path(config.output_dir).resolve()} (output_dir, relative to the working directory)")
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from exporter.config.model import load_config
-    from exporter.state.lock import hold_state_dir
+    from exporter.state.lock import hold_state_dir, release_state_dir
 
     path = args.config or os.environ.get("SPECDEC_CONFIG") or "config/exporter.yaml"
     try:
@@ -73,19 +74,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         for problem in exc.problems:
             # A bad --listen is the flag's fault, not the file's.
-            if args.listen and problem.startswith("listen: "):
-                print(f"--listen: {problem.removeprefix('listen: ')}", file=sys.stderr)
+            key, _, what = problem.partition(": ")
+            if args.listen and key == "listen":
+                say(what, prefix="--listen", level=logging.ERROR, key="--listen")
             else:
-                print(f"{path}: {with_hint(problem)}", file=sys.stderr)
+                say(with_hint(problem), prefix=path, level=logging.ERROR, file=path, key=key)
         return 1
     host, _, port = config.listen.rpartition(":")
-    lock = hold_state_dir(config.state_path.parent)
+    state_dir = config.state_path.parent
+    made = not state_dir.exists()
+    lock = hold_state_dir(state_dir)
     try:
         # Before the first log line: a taken port is the one line that matters.
         _probe_listen(host.strip("[]"), int(port), config.listen)
         return _serve(config, path, overrides, host, port)
     finally:
-        os.close(lock)
+        # A serve that never ran leaves nothing behind: not its lock, not a folder it made.
+        release_state_dir(lock, state_dir, remove_directory=made)
 
 
 def _serve(config: Config, path: str, overrides: dict[str, Any], host: str, port: str) -> int:
@@ -115,6 +120,8 @@ def _serve(config: Config, path: str, overrides: dict[str, Any], host: str, port
     loop = new_event_loop()
     log.info("starting version=%s listen=http://%s:%s/ targets=%d loop=%s", __version__, host,
              port, len(config.targets), type(loop).__module__.split(".")[0])
+    # A relative output_dir is the working directory's, not the config file's: say where.
+    log.info("results output_dir=%s", Path(config.output_dir).resolve())
     # Read per request, so setting the variable later needs no restart; say how it is now.
     if os.environ.get(config.auth.token_env):
         log.info("auth on: every POST needs the token of token_env=%s", config.auth.token_env)
@@ -162,7 +169,7 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
                             spec_decode=not args.no_spec_decode, ngram=args.ngram,
                             per_request_metrics=args.per_request_spec_decode_metrics or "")
     except ValueError as exc:
-        print(f"specdec-exporter fake-vllm: {exc}", file=sys.stderr)
+        say(str(exc), prefix="specdec-exporter fake-vllm", level=logging.ERROR)
         return EXIT_USAGE
     address = f"{args.host}:{args.port}"
 

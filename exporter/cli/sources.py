@@ -29,28 +29,67 @@ class Source:
     answer: dict[str, Any]  # {"results": {name: RESULT}, "aggregate": RESULT or None, ...}
 
 
+class ExporterSourceError(SourceError):
+    """The exporter unreachable or refusing (README's exit code 1 where it applies)."""
+
+
 def load_source(spec: str, exporter: str | None, token: str | None) -> Source:
     """A stopped window's answer from `exporter`'s API, or (without one) a result folder."""
     if not exporter:
         return load_folder(Path(spec))
     try:
-        state = ExporterClient(exporter, token=token, timeout=30).get(spec)
+        client = ExporterClient(exporter, token=token, timeout=30)
+        state = client.get(spec)
     except ClientError as exc:
-        raise SourceError(f"window {spec!r}: {exc}") from None
+        raise ExporterSourceError(f"window {spec!r}: {exc}") from None
     if state.get("stopped_at") is None or "results" not in state:
-        raise SourceError(f"window {spec!r} on {exporter} is still open; stop it first")
-    return Source(f"window {spec} on {exporter}", state)
+        raise SourceError(f"window {spec!r} on {client.url} is still open; stop it first")
+    return Source(f"window {spec} on {client.url}", state)
 
 
 def _label(result: dict[str, Any], path: Path) -> str:
-    # Ours and AISBench's files for the same server must meet under one name.
+    """Our files by the target's config name, as a window on the exporter names it;
+    AISBench's (no `target`) by host:port (`align_names` lets the two meet)."""
+    target = result.get("target")
+    if isinstance(target, str) and target:
+        return target
+    return _address(result) or path.stem.removeprefix("spec_decode_")
+
+
+def _address(result: dict[str, Any]) -> str | None:
+    """The server's host:port, from our `host_port` or AISBench's `url`."""
     host_port = result.get("host_port")
-    if isinstance(host_port, str):
+    if isinstance(host_port, str) and host_port:
         return host_port
     url = result.get("url")
     if isinstance(url, str) and url:
         return re.sub(r"^https?://", "", url).rstrip("/").removesuffix("/metrics")
-    return path.stem.removeprefix("spec_decode_")
+    return None
+
+
+def align_names(a: Source, b: Source) -> tuple[Source, Source]:
+    """A server named by its config name on one side and by host:port on the other (AISBench's
+    files) meets under its config name on both."""
+    ra, rb = a.answer["results"], b.answer["results"]
+    only_b = {_address(r): n for n, r in rb.items() if n not in ra}
+    rename_a: dict[str, str] = {}
+    rename_b: dict[str, str] = {}
+    for name_a, result in ra.items():
+        address = _address(result)
+        name_b = only_b.get(address) if name_a not in rb and address else None
+        if name_b is None:
+            continue
+        # The config name, where one side has it (neither is taken on the other side).
+        name = name_b if name_a == address else name_a
+        rename_a[name_a], rename_b[name_b] = name, name
+    return _renamed(a, rename_a), _renamed(b, rename_b)
+
+
+def _renamed(source: Source, names: dict[str, str]) -> Source:
+    if not names:
+        return source
+    results = {names.get(n, n): r for n, r in source.answer["results"].items()}
+    return Source(source.label, source.answer | {"results": results})
 
 
 def load_folder(folder: Path) -> Source:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import shutil
-import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from exporter.cli.common import (
     EXIT_FAILED,
@@ -24,14 +25,19 @@ from exporter.cli.common import (
 )
 from exporter.core.errors import ExporterError
 
+if TYPE_CHECKING:
+    from exporter.client import FleetClient
+
 
 def _say_start_failures(started: dict[str, Any]) -> bool:
     """Name each target whose start scrape failed; True when every target failed."""
     failed = started.get("start_errors") or {}
     for name, reason in failed.items():
-        say(f"target {name} failed at window start: {reason}")
+        say(f"target {name} failed at window start: {reason}", level=logging.WARNING,
+            target=name, error=reason)
     for url, reason in (started.get("errors") or {}).items():
-        say(f"exporter {url} did not open the window: {reason}")
+        say(f"exporter {url} did not open the window: {reason}", level=logging.WARNING,
+            exporter=url, error=reason)
     targets = started.get("targets") or []
     return bool(targets) and all(name in failed for name in targets)
 
@@ -41,9 +47,12 @@ def _say_stop_failures(answer: dict[str, Any]) -> bool:
     results = answer.get("results") or {}
     for name, result in results.items():
         if result.get("status") != "ok":
-            say(f"target {name}: no result: {result.get('error') or 'unknown reason'}")
+            reason = result.get("error") or "unknown reason"
+            say(f"target {name}: no result: {reason}", level=logging.WARNING, target=name,
+                error=reason)
     for url, reason in (answer.get("errors") or {}).items():
-        say(f"exporter {url} did not stop the window: {reason}")
+        say(f"exporter {url} did not stop the window: {reason}", level=logging.WARNING,
+            exporter=url, error=reason)
     return not any(r.get("status") == "ok" for r in results.values())
 
 
@@ -67,7 +76,7 @@ def _say_waiting(started: dict[str, Any]) -> None:
 def _say_written(answer: dict[str, Any]) -> None:
     """Where the results were written, and the window's edges when the traffic set them."""
     if where := answer.get("results_dir"):
-        print(f"results written to {where}", file=sys.stderr, flush=True)
+        say(f"results written to {where}", prefix="", results_dir=where)
     edges = answer.get("edges")
     if isinstance(edges, dict):
         say(f"window edges: the traffic, {edges.get('skipped')} request(s) skipped, "
@@ -91,10 +100,30 @@ def cmd_window_start(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _stopped_before(client: FleetClient, window_id: str) -> float | None:
+    """When the window was stopped, if it was before this stop (its answer is the same)."""
+    from exporter.client import ClientError
+
+    try:
+        stopped_at = client.clients[0].get(window_id).get("stopped_at")
+    except ClientError:
+        return None  # the stop itself says what is wrong
+    return stopped_at if isinstance(stopped_at, int | float) else None
+
+
 def cmd_window_stop(args: argparse.Namespace) -> int:
-    answer = fleet_client(args).stop(args.id)
+    from exporter.core.isotime import iso_utc
+
+    client = fleet_client(args)
+    earlier = _stopped_before(client, args.id)
+    answer = client.stop(args.id)
     print(json.dumps(answer.body, indent=2) if args.json else answer.console(), end="")
-    _say_written(answer.body)
+    if earlier is None:
+        _say_written(answer.body)
+    else:
+        say(f"window {args.id} was already stopped at {iso_utc(earlier)}: nothing written now; "
+            f"its results are in {answer.body.get('results_dir')}", window=args.id,
+            stopped_at=iso_utc(earlier))
     if _say_stop_failures(answer.body) and not args.allow_na:
         say(f"window {args.id} has no result for any target (--allow-na to accept that)")
         return EXIT_NO_RESULT
@@ -103,8 +132,7 @@ def cmd_window_stop(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from exporter.cli.measure import run_command
-    from exporter.client import ClientError, unreachable_answer
-    from exporter.core.console import format_window
+    from exporter.client import ClientError
 
     cmd = benchmark_command(args)
     if shutil.which(cmd[0]) is None:
@@ -112,43 +140,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         say(f"cannot run {cmd[0]!r}: no such command; no window recorded")
         return 127
     client = fleet_client(args)
-    window_id = None
-    failure = None
     try:
         started = client.start(args.id, args.name, args.target, window_labels(args.label),
                                **_edges(args))
-        window_id = started["id"]
-        say(f"window {window_id} started")
-        _say_waiting(started)
-        _say_start_failures(started)
     except ClientError as exc:
-        failure = str(exc)
         if args.require_window:
             say(f"{exc}; not running the command (--require-window)")
             return EXIT_FAILED
-        say(f"no window recorded: {exc}")
+        # Best effort, as AISBench's collection: the benchmark runs, said once, no N/A block.
+        say(f"no window recorded: {exc}; running the command anyway (--require-window to "
+            "refuse)", level=logging.WARNING, exporter=",".join(exporter_urls(args)),
+            error=str(exc))
+        return asyncio.run(run_command(cmd))
+    window_id = started["id"]
+    say(f"window {window_id} started", window=window_id)
+    _say_waiting(started)
+    _say_start_failures(started)
     code = asyncio.run(run_command(cmd))
-    if window_id is not None:
-        try:
-            answer = client.stop(window_id)
-        except ClientError as exc:
-            failure = f"{exc} (window {window_id} may still be open)"
-        else:
-            print(answer.console(), end="", flush=True)
-            _say_written(answer.body)
-            if _say_stop_failures(answer.body):
-                say(f"window {window_id} has no result")
-            return code
-    say(f"window has no result: {failure}")
-    label = ",".join(exporter_urls(args))
-    print(format_window(unreachable_answer(window_id, label, failure or "")), end="")
+    try:
+        answer = client.stop(window_id)
+    except ClientError as exc:
+        say(f"window {window_id} has no result: {exc} (it may still be open)",
+            level=logging.WARNING, window=window_id, error=str(exc))
+        return code
+    print(answer.console(), end="", flush=True)
+    _say_written(answer.body)
+    if _say_stop_failures(answer.body):
+        say(f"window {window_id} has no result")
     return code
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
     from exporter.cli.measure import (
-        clear_earlier_results,
         measure,
+        run_folder,
         target_from_spec,
         targets_from_model_config,
     )
@@ -164,10 +189,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
         args.parser.error(f"--target/--model-config: {one_line(exc)}")
     if not targets:
         args.parser.error("give --target HOST:PORT|URL or --model-config FILE")
-    work_dir = Path(args.work_dir)
-    if removed := clear_earlier_results(work_dir):
-        say(f"removed {len(removed)} result file(s) of an earlier measure from "
-            f"{work_dir / 'performances'}")
+    try:
+        work_dir = run_folder(Path(args.work_dir), time.time())
+    except (ExporterError, OSError) as exc:
+        args.parser.error(f"--work-dir: {one_line(exc)}")
     code, answer = asyncio.run(
         measure(targets, cmd, work_dir, interval=args.interval, timeout=args.timeout)
     )

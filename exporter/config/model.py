@@ -17,10 +17,16 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails
 
 from exporter.config.documents import DocumentError, parse_yaml, read_text
-from exporter.config.values import parse_duration, parse_matcher, parse_retention
+from exporter.config.problems import problem_line
+from exporter.config.values import (
+    implied_url,
+    not_a_bare_port,
+    parse_duration,
+    parse_matcher,
+    parse_retention,
+)
 from exporter.core.dialects import Dialect, default_path
 from exporter.core.errors import ConfigError
 from exporter.core.parse import PageLimits
@@ -29,6 +35,7 @@ from exporter.core.text import TextError, clean_tree
 
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_MAX_TARGETS = 10_000
+DEFAULT_SCRAPE_TIMEOUT = 3.0
 _RESERVED_LABELS = {"target", "model_name", "position", "engine", "le", "quantile"}
 
 
@@ -76,6 +83,9 @@ def _check_host_port(value: str) -> str:
     return value
 
 
+_HostPort = Annotated[str, BeforeValidator(not_a_bare_port), AfterValidator(_check_host_port)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -90,7 +100,7 @@ class ProxyConfig(_Strict):
     """The recording proxy for one target: its own port (clients point there instead of at
     vLLM; unset: `/proxy/<name>/` on the exporter's port only) and its waits on the upstream."""
 
-    listen: str | None = None  # HOST:PORT
+    listen: Annotated[str, BeforeValidator(not_a_bare_port)] | None = None  # HOST:PORT
     connect_timeout: Duration = 10.0
     # A saturating benchmark's queued request waits minutes for its first byte; nginx's 60 s
     # would cut it.
@@ -102,7 +112,7 @@ class TargetConfig(_Strict):
     """One server to scrape: `url`, or `host` + `port` (AISBench's `host_ip`/`host_port` too)."""
 
     name: str = ""
-    url: _URL = ""
+    url: Annotated[_URL, BeforeValidator(implied_url)] = ""
     host: str = ""
     port: int | None = Field(default=None, ge=1, le=65535)
     scheme: str = "http"
@@ -132,8 +142,11 @@ class TargetConfig(_Strict):
     @classmethod
     def _aisbench_words(cls, data: Any) -> Any:
         # AISBench model configs say host_ip/host_port/enable_ssl; accept them as synonyms.
+        if isinstance(data, str):  # a bare `- 127.0.0.1:8000` is its url
+            return {"url": implied_url(data)}
         if not isinstance(data, dict):
-            return data
+            raise ValueError("must be host:port, or a mapping such as {name: a, url: "
+                             f"http://10.0.0.1:8080/metrics}}, not {data!r}")
         data = dict(data)
         for alias, key in (("host_ip", "host"), ("host_port", "port")):
             if alias in data:
@@ -289,9 +302,9 @@ class HistoryConfig(StoreAuth):
 class Config(_Strict):
     """The whole exporter configuration; replaced whole on reload."""
 
-    listen: Annotated[str, AfterValidator(_check_host_port)] = "127.0.0.1:9400"
+    listen: _HostPort = "127.0.0.1:9400"
     scrape_interval: Duration = 5.0
-    scrape_timeout: Duration = 3.0
+    scrape_timeout: Duration = DEFAULT_SCRAPE_TIMEOUT  # unset: never past scrape_interval
     live_window: Duration = 60.0
     # Open windows' targets are scraped this often: a restart loses what came since the last.
     window_scrape_interval: Duration | None = None
@@ -324,6 +337,10 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
+        if "scrape_timeout" not in self.model_fields_set:
+            # As Prometheus does: an unset timeout is capped by a shorter interval.
+            object.__setattr__(self, "scrape_timeout", min(self.scrape_timeout,
+                                                           self.scrape_interval))
         durations = [("scrape_timeout", self.scrape_timeout),
                      ("window_scrape_interval", self.window_scrape_interval)]
         durations += [(f"targets.{i}.timeout", t.timeout) for i, t in enumerate(self.targets)]
@@ -345,28 +362,6 @@ class Config(_Strict):
     @property
     def state_path(self) -> Path:
         return Path(self.state_db) if self.state_db else Path(self.output_dir) / "state.sqlite"
-
-
-def _location(error: ErrorDetails) -> str:
-    # pydantic puts validator names like "function-after[...]" in loc for model validators.
-    parts = [str(part) for part in error["loc"] if not str(part).startswith("function-")]
-    cause = (error.get("ctx") or {}).get("error")
-    if isinstance(cause, _KeyError):
-        parts.append(cause.key)
-    return ".".join(parts) or "(top)"
-
-
-def _message(error: ErrorDetails) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        return "unknown key"
-    if kind == "missing":
-        return "field required"
-    message = error["msg"].removeprefix("Value error, ")
-    # pydantic's own checks say "Input should be ..."; match the voice of ours.
-    if message.startswith("Input should be "):
-        message = "must be " + message.removeprefix("Input should be ")
-    return message
 
 
 def validate_config(data: Any, source: str = "<config>") -> Config:
@@ -393,7 +388,7 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
     try:
         config = Config.model_validate(data)
     except ValidationError as exc:
-        problems += [f"{_location(e)}: {_message(e)}" for e in exc.errors()]
+        problems += [problem_line(e, data) for e in exc.errors()]
     # pydantic skips whole-model checks once a field fails; run them on the raw values too,
     # so a file with four mistakes shows four lines in one run, not one per run.
     problems += _cross_field_problems(data)
@@ -414,7 +409,8 @@ def _cross_field_problems(data: dict[str, Any]) -> list[str]:
     """Checks across keys on the raw document, skipping values that are wrong on their own."""
     problems = []
     interval = _try_duration(data.get("scrape_interval"), 5.0)
-    timeout = _try_duration(data.get("scrape_timeout"), 3.0)
+    # Unset, it follows a shorter scrape_interval (`Config._consistent`): no problem to say.
+    timeout = _try_duration(data["scrape_timeout"], 0.0) if "scrape_timeout" in data else None
     window = _try_duration(data.get("window_scrape_interval"), 0.0)
     for key, value in (("scrape_timeout", timeout), ("window_scrape_interval", window)):
         if problem := _over_interval(value, interval):
@@ -425,10 +421,10 @@ def _cross_field_problems(data: dict[str, Any]) -> list[str]:
     targets = data.get("targets")
     seen: dict[str, int] = {}
     for position, raw in enumerate(targets if isinstance(targets, list) else []):
-        try:
-            target = TargetConfig.model_validate(raw)
-        except ValidationError:
-            continue  # its own problems are listed already
+        # A target with problems of its own (listed already) may still have a duplicate name.
+        target = _valid_target(raw) or _identity(raw)
+        if target is None:
+            continue
         if problem := _over_interval(target.timeout, interval):
             problems.append(f"targets.{position}.timeout: {problem}")
         if target.name in seen:
@@ -436,6 +432,24 @@ def _cross_field_problems(data: dict[str, Any]) -> list[str]:
                             f" (also targets.{seen[target.name]})")
         seen.setdefault(target.name, position)
     return problems
+
+
+_IDENTITY_KEYS = ("name", "url", "host", "port", "host_ip", "host_port", "scheme", "enable_ssl",
+                  "path", "dialect")
+
+
+def _valid_target(raw: Any) -> TargetConfig | None:
+    try:
+        return TargetConfig.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+def _identity(raw: Any) -> TargetConfig | None:
+    """A target that fails validation, made of only the keys that name it, or None."""
+    if not isinstance(raw, dict):
+        return None
+    return _valid_target({k: v for k, v in raw.items() if k in _IDENTITY_KEYS})
 
 
 def load_config(

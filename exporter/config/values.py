@@ -67,3 +67,24 @@ def parse_matcher(text: str) -> tuple[str, str, str]:
         except re.error as exc:
             raise ValueError(f"{text!r}: bad regex: {exc}") from None
     return name, op, value
+
+
+def not_a_bare_port(value: Any) -> Any:
+    """A HOST:PORT value as given, or ValueError for a number."""
+    # YAML reads `listen: 19420` as a number: say what to write, not "must be a valid string".
+    if isinstance(value, int) and not isinstance(value, bool):
+        raise ValueError(f'must be "HOST:PORT", not the port alone: e.g. "127.0.0.1:{value}" '
+                         f'(loopback only) or "0.0.0.0:{value}" (every interface)')
+    return value
+
+
+def implied_url(value: Any) -> Any:
+    """`host:port[/path]` as a target's url: `http://` implied, and `/metrics` without a path,
+    as `--target` on the command line reads it."""
+    if not isinstance(value, str) or "://" in value or not value:
+        return value
+    address, slash, path = value.partition("/")
+    host, sep, port = address.rpartition(":")
+    if not (sep and host and port.isdigit()):
+        raise ValueError(f"must be an http:// or https:// URL, or host:port, not {value!r}")
+    return f"http://{address}/{path}" if slash else f"http://{address}/metrics"

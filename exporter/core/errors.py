@@ -30,9 +30,11 @@ class RequestError(ExporterError):
 class UnknownTargetError(RequestError):
     """A window named a target the config does not have."""
 
-    def __init__(self, name: str, window: str, known: list[str]):
+    def __init__(self, name: str, window: str | None, known: list[str]):
+        # A start without an id has no window to name yet.
+        where = f' in window "{window}"' if window else ""
         super().__init__(
-            f'unknown target "{name}" in window "{window}"; known: {", ".join(known) or "none"}'
+            f'unknown target "{name}"{where}; known: {", ".join(known) or "none"}'
         )
 
 

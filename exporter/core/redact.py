@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from exporter.core.logfields import message_fields
+
 SECRET = "<secret>"
 # scheme://userinfo@ anywhere in a text (error messages quote URLs).
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s?#]*@")
@@ -84,6 +86,11 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         secrets = self._known()
+        # The fields first, from the message's own shape, which flattening it loses.
+        event, fields = fields_of(record)
+        record.specdec_event = redact_text(event, secrets)
+        record.specdec_fields = {k: redact_text(v, secrets) if isinstance(v, str) else v
+                                 for k, v in fields.items()}
         record.msg = redact_text(record.getMessage(), secrets)
         record.args = None
         if record.exc_info:
@@ -93,6 +100,14 @@ class RedactingFilter(logging.Filter):
         elif record.exc_text:
             record.exc_text = redact_text(record.exc_text, secrets)
         return True
+
+
+def fields_of(record: logging.LogRecord) -> tuple[str, dict[str, Any]]:
+    """A record's event and fields: given with it (`specdec_fields`), else from its message."""
+    given = getattr(record, "specdec_fields", None)
+    if isinstance(given, dict):
+        return str(getattr(record, "specdec_event", record.getMessage())), given
+    return message_fields(record.msg, record.args)
 
 
 def redact_logs(config: Callable[[], Any]) -> None:

@@ -12,7 +12,8 @@ from typing import Any
 from exporter.core.snapshot import Counts, PackedCounts, pack_counts, unpack_counts
 
 # What a list item shows of the aggregate (`api.window_summary`, the landing page's table).
-AGGREGATE_FIGURES = ("acceptance_rate", "acceptance_length", "num_drafts")
+AGGREGATE_FIGURES = ("acceptance_rate", "acceptance_length", "num_drafts", "draft_tokens",
+                     "accepted_tokens")
 
 
 @dataclass(frozen=True)

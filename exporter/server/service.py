@@ -203,7 +203,7 @@ class ExporterService:
     ) -> tuple[bool, Window]:
         """Open a window (scraping its targets at once for the baseline, but the `late` ones,
         whose baseline comes with their traffic: `WindowBook.join`); (created, window)."""
-        chosen = self._targets.resolve(targets, window_id or "(new)")
+        chosen = self._targets.resolve(targets, window_id)
         request = StartRequest(window_id, name, [TargetRef(t.name, t.url, t.host_port)
                                                  for t in chosen], dict(labels or {}))
         return await self.book.start(request, self.scrape_for_window,

@@ -29,11 +29,14 @@ class TargetState:
     errors_total: int = 0
     last_error: str | None = None
     last_error_at: float | None = None
+    # The last successful scrape (`last` while up): a down target's model is still known.
+    last_ok: ScrapeResult | None = None
 
     def scraped(self, result: ScrapeResult) -> TargetState:
         """This state after a successful scrape (built directly: `replace` is slower)."""
-        return TargetState(self.config, usable_only(result), self.errors_total,
-                           self.last_error, self.last_error_at)
+        usable = usable_only(result)
+        return TargetState(self.config, usable, self.errors_total, self.last_error,
+                           self.last_error_at, usable)
 
     @property
     def up(self) -> bool:
@@ -141,7 +144,7 @@ class Targets:
             return f"moved to shard {owner(name, config.shards)} of {config.shards}"
         return why
 
-    def resolve(self, names: list[str] | None, window_id: str) -> list[TargetConfig]:
+    def resolve(self, names: list[str] | None, window_id: str | None) -> list[TargetConfig]:
         """Targets by name or host:port (all when None), or `UnknownTargetError`."""
         if names is None:
             return [s.config for s in self.states.values()]

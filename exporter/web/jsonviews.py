@@ -13,6 +13,8 @@ def target_view(state: TargetState, live: LiveTrack, now: float) -> dict[str, An
     """One target: health, last error, counters and live figures."""
     last = state.last
     snapshot = last.snapshot if last is not None else None
+    # A down target's model and engines are the last ones seen, as its greyed figures are.
+    known = state.last_ok.snapshot if state.last_ok is not None else None
     span = live.over_span(now)
     view = {
         "name": state.config.name,
@@ -30,8 +32,8 @@ def target_view(state: TargetState, live: LiveTrack, now: float) -> dict[str, An
         "last_seen_at": live.points[-1][0] if live.points else None,
         "spec_decode_present": snapshot.has_spec_decode if snapshot else None,
         "dialect": snapshot.dialect if snapshot and snapshot.has_spec_decode else None,
-        "model_names": snapshot.model_names if snapshot else [],
-        "engines": snapshot.engines if snapshot else 0,
+        "model_names": known.model_names if known else [],
+        "engines": known.engines if known else 0,
         "counters": snapshot.totals().as_raw() if snapshot else None,
         "live": None,
     }

@@ -15,7 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
+from clitools import (
+    CLI,
+    fake_add,
+    fake_vllm,
+    free_port,
+    http,
+    measured,
+    process,
+    wait_http,
+    write_config,
+)
 
 from exporter.core.result import result_file_name
 from exporter.state.schema import SCHEMA_VERSION
@@ -150,17 +160,22 @@ class TestRun:
         assert "Acceptance rate (%)                           50.00" in done.stdout
         assert "Drafts                                        4" in done.stdout
 
-    def test_run_without_exporter_still_runs_the_command(self, tmp_path):
+    def test_run_without_exporter_still_runs_the_command_and_says_so_once(self, tmp_path):
         marker = tmp_path / "ran"
+        port = free_port()
         done = subprocess.run(
-            CLI + ["run", "--exporter", f"http://127.0.0.1:{free_port()}", "--",
+            CLI + ["run", "--exporter", f"127.0.0.1:{port}", "--",
                    "python", "-c", f"open({str(marker)!r}, 'w').write('x')"],
             capture_output=True, text=True, timeout=60,
         )
         assert done.returncode == 0
         assert marker.exists()
-        assert "Status                                        N/A" in done.stdout
-        assert "unreachable" in done.stdout
+        # No block pretending to be a server's: one line on stderr, naming the exporter.
+        assert done.stdout == ""
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("specdec-exporter: no window recorded: exporter "
+                               f"http://127.0.0.1:{port} unreachable: ")
+        assert line.endswith("running the command anyway (--require-window to refuse)")
 
     def test_run_closes_the_window_on_ctrl_c(self, tmp_path):
         with fake_vllm("--k", "2") as vllm:
@@ -206,7 +221,7 @@ class TestMeasure:
                 capture_output=True, text=True, timeout=60,
             )
         assert done.returncode == 0, done.stderr
-        path = tmp_path / "performances" / result_file_name(f"127.0.0.1:{vllm}")
+        path = measured(tmp_path) / result_file_name(f"127.0.0.1:{vllm}")
         result = json.loads(path.read_text())
         assert set(result) >= {"status", "url", "error", "data", "raw"}
         assert result["data"]["num_drafts"] == 16
@@ -228,7 +243,7 @@ class TestMeasure:
                 capture_output=True, text=True, timeout=60,
             )
         assert done.returncode == 7  # the command's code, whatever the collection gave
-        result = json.loads((tmp_path / "performances" /
+        result = json.loads((measured(tmp_path) /
                              result_file_name(f"127.0.0.1:{vllm}")).read_text())
         assert result["status"] == "na"
         assert result["error"] == "No spec decode activity detected during benchmark window"
@@ -241,7 +256,7 @@ class TestMeasure:
             capture_output=True, text=True, timeout=60,
         )
         assert done.returncode == 0
-        result = json.loads((tmp_path / "performances" /
+        result = json.loads((measured(tmp_path) /
                              result_file_name(f"127.0.0.1:{port}")).read_text())
         assert result["status"] == "na"
         assert "at window start" in result["error"] and "at window stop" in result["error"]

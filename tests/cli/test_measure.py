@@ -192,7 +192,7 @@ class TestMeasureWindow:
 @pytest.mark.e2e
 class TestMeasureCommand:
     def test_inheriting_model_config_through_the_cli(self, tmp_path, mmengine):
-        from clitools import CLI, fake_vllm
+        from clitools import CLI, fake_vllm, measured
 
         child = _inheriting_config(tmp_path)
         with fake_vllm("--k", "2") as port:
@@ -211,7 +211,7 @@ class TestMeasureCommand:
                 capture_output=True, text=True, timeout=120,
             )
         assert done.returncode == 0, done.stderr
-        result = json.loads((tmp_path / "w" / "performances" /
+        result = json.loads((measured(tmp_path / "w") /
                              f"spec_decode_127.0.0.1_{port}.json").read_text())
         assert result["status"] == "ok", result
         assert result["data"]["num_drafts"] == 10 and result["data"]["accepted_tokens"] == 9

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from clitools import CLI, fake_vllm, free_port, http, process, wait_http, write_config
+import pytest
+from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
+
+pytestmark = pytest.mark.e2e  # every test runs the real CLI in a subprocess
 
 
 def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
@@ -92,17 +98,43 @@ class TestConfigErrors:
         assert "zzz: unknown key\n" in far.stdout and "did you mean" not in far.stdout
 
 
+class TestHostPortTargets:
+    def test_a_config_names_servers_by_host_port_alone(self, tmp_path):
+        port = free_port()
+        with fake_vllm("--k", "2") as bare, fake_vllm("--k", "3") as by_url:
+            path = tmp_path / "c.yaml"
+            path.write_text(f"listen: 127.0.0.1:{port}\nscrape_interval: 250ms\n"
+                            f"output_dir: {tmp_path / 'out'}\ntargets:\n"
+                            f"  - 127.0.0.1:{bare}\n  - {{name: b, url: 127.0.0.1:{by_url}}}\n")
+            checked = _cli("check-config", str(path))
+            with process(CLI + ["serve", "--config", str(path)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                status, body = http("GET", f"http://127.0.0.1:{port}/api/v1/targets")
+        assert checked.returncode == 0, checked.stdout
+        assert status == 200
+        assert [(t["name"], t["url"], t["up"]) for t in body["targets"]] == [
+            (f"127.0.0.1:{bare}", f"http://127.0.0.1:{bare}/metrics", True),
+            ("b", f"http://127.0.0.1:{by_url}/metrics", True)]
+
+
 class TestReusedWorkDir:
-    def test_a_second_measure_never_mixes_with_the_first(self, tmp_path):
+    def test_each_measure_gets_a_fresh_timestamped_folder_and_keeps_the_last(self, tmp_path):
         with fake_vllm() as first, fake_vllm() as second:
             one = _cli("measure", "--target", f"127.0.0.1:{first}", "--work-dir", str(tmp_path),
                        "--interval", "0.2", "--", sys.executable, "-c", "pass")
             two = _cli("measure", "--target", f"127.0.0.1:{second}", "--work-dir",
                        str(tmp_path), "--interval", "0.2", "--", sys.executable, "-c", "pass")
         assert one.returncode == 0 and two.returncode == 0
-        assert "removed 1 result file(s) of an earlier measure" in two.stderr
-        files = sorted(p.name for p in (tmp_path / "performances").iterdir())
-        assert files == [f"spec_decode_127.0.0.1_{second}.json"]
+        assert not (tmp_path / "performances").exists()
+        runs = sorted(tmp_path.iterdir())
+        assert len(runs) == 2 and all(re.fullmatch(r"\d{8}_\d{6}(_\d+)?", r.name) for r in runs)
+        files = {r.name: sorted(p.name for p in (r / "performances").iterdir()) for r in runs}
+        assert sorted(files.values()) == sorted([[f"spec_decode_127.0.0.1_{first}.json"],
+                                                 [f"spec_decode_127.0.0.1_{second}.json"]])
+        for done, port in ((one, first), (two, second)):
+            (where,) = [line for line in done.stdout.splitlines() if "results in" in line]
+            folder = Path(where.rsplit(" ", 1)[1])
+            assert (folder / f"spec_decode_127.0.0.1_{port}.json").is_file()
 
     def test_compare_refuses_a_folder_of_two_windows(self, tmp_path):
         def result(first: float, last: float) -> dict:
@@ -121,3 +153,174 @@ class TestReusedWorkDir:
         assert refused.returncode == 2
         assert "its files come from different windows" in refused.stderr
         assert _cli("compare", str(single.parent), str(single.parent)).returncode == 0
+
+
+class TestExporterWithoutScheme:
+    def test_host_port_means_http_for_compare_advise_and_the_client(self, tmp_path):
+        from exporter.client import ExporterClient
+
+        port = free_port()
+        with fake_vllm("--k", "2") as vllm:
+            config = write_config(tmp_path / "c.yaml", port,
+                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                client = ExporterClient(f"127.0.0.1:{port}")
+                for window_id in ("w1", "w2"):
+                    client.start(window_id)
+                    fake_add(vllm, 10, 20, [8, 4])
+                    client.stop(window_id)
+                compared = _cli("compare", "w1", "w2", "--exporter", f"127.0.0.1:{port}")
+                advised = _cli("advise", "w2", "--exporter", f"127.0.0.1:{port}", "--json")
+        assert client.url == f"http://127.0.0.1:{port}"
+        assert compared.returncode == 0, compared.stderr
+        assert f"window w1 on http://127.0.0.1:{port}" in compared.stdout
+        assert advised.returncode == 0, advised.stderr
+        assert json.loads(advised.stdout)["window"] == f"window w2 on http://127.0.0.1:{port}"
+
+    def test_an_unreachable_exporter_is_said_with_the_readme_exit_codes(self):
+        dead = f"127.0.0.1:{free_port()}"
+        compared = _cli("compare", "w1", "w2", "--exporter", dead)
+        advised = _cli("advise", "w1", "--exporter", dead)
+        for done in (compared, advised):
+            assert "unknown url type" not in done.stderr
+            assert f"exporter http://{dead} unreachable" in done.stderr, done.stderr
+        assert compared.returncode == 2  # cannot be compared: never a gate's 1
+        assert advised.returncode == 1  # the exporter unreachable
+
+    def test_a_scheme_other_than_http_is_refused_by_name(self):
+        from exporter.client import ClientError, ExporterClient
+
+        with pytest.raises(ClientError, match="'ftp://h:1': give host:port or http"):
+            ExporterClient("ftp://h:1")
+        done = _cli("window", "start", "--exporter", "ftp://h:1")
+        assert done.returncode == 1
+        assert "give host:port or http(s)://host:port" in done.stderr
+
+
+class TestJsonLogs:
+    def test_every_field_is_a_key_of_its_own_in_serve_logs(self, tmp_path):
+        port, dead = free_port(), free_port()
+        config = write_config(tmp_path / "c.yaml", port, [
+            {"name": "gone", "url": f"http://127.0.0.1:{dead}/metrics"}])
+        with process(CLI + ["serve", "--config", str(config), "--log-format", "json"]) as serve:
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            serve.send_signal(signal.SIGTERM)
+            assert serve.wait(timeout=30) == 0
+            lines = serve.stderr.read().splitlines()
+        logged = [json.loads(line) for line in lines]  # every line is JSON
+        starting = next(e for e in logged if e["event"] == "starting")
+        assert starting["listen"] == f"http://127.0.0.1:{port}/" and starting["targets"] == 1
+        down = next(e for e in logged if e["event"] == "target down")
+        assert down["target"] == "gone" and down["url"] == f"http://127.0.0.1:{dead}/metrics"
+        assert down["level"] == "warning" and "refused" in down["error"]
+
+    def test_the_cli_messages_are_json_lines_too(self, tmp_path):
+        dead = free_port()
+        done = _cli("run", "--exporter", f"127.0.0.1:{dead}", "--log-format", "json", "--",
+                    sys.executable, "-c", "pass")
+        (line,) = done.stderr.splitlines()
+        said = json.loads(line)
+        assert said["exporter"] == f"http://127.0.0.1:{dead}" and said["level"] == "warning"
+        assert said["msg"].startswith("no window recorded: ")
+        assert said["error"].startswith(f"exporter http://127.0.0.1:{dead} unreachable")
+        config = tmp_path / "c.yaml"
+        config.write_text("listen: 19420\ntargets: []\n")
+        refused = _cli("serve", "--config", str(config), "--log-format", "json")
+        (problem,) = [json.loads(line) for line in refused.stderr.splitlines()]
+        assert refused.returncode == 1
+        assert problem["level"] == "error" and problem["key"] == "listen"
+        assert problem["file"] == str(config)
+
+
+class TestSmallerOnes:
+    def test_a_failed_serve_leaves_no_lock_and_says_where_results_go(self, tmp_path):
+        import socket
+
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            (tmp_path / "c.yaml").write_text(f"listen: 127.0.0.1:{port}\ntargets: []\n")
+            done = _cli("serve", "--config", "c.yaml", cwd=tmp_path)
+        assert done.returncode == 2 and "address already in use" in done.stderr
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]  # no outputs/ left
+        checked = _cli("check-config", "c.yaml", "--allow-empty", cwd=tmp_path)
+        assert (f"results in {tmp_path / 'outputs'} (output_dir, relative to the working "
+                "directory)") in checked.stdout
+
+    def test_a_second_stop_says_when_the_first_was_and_that_nothing_was_written(
+            self, tmp_path):
+        port = free_port()
+        with fake_vllm("--k", "2") as vllm:
+            config = write_config(tmp_path / "c.yaml", port,
+                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                exporter = f"127.0.0.1:{port}"
+                assert _cli("window", "start", "--exporter", exporter, "--id", "w").returncode == 0
+                fake_add(vllm, 10, 20, [8, 4])
+                first = _cli("window", "stop", "--exporter", exporter, "w")
+                second = _cli("window", "stop", "--exporter", exporter, "w")
+                _, state = http("GET", f"http://{exporter}/api/v1/windows/w")
+                unknown = _cli("window", "start", "--exporter", exporter, "--target", "nope")
+        assert "results written to" in first.stderr
+        assert second.returncode == 0 and second.stdout == first.stdout
+        assert "results written to" not in second.stderr
+        assert (f"window w was already stopped at {state['stopped_at_iso']}: nothing written "
+                "now; its results are in ") in second.stderr
+        assert 'unknown target "nope"; known: a' in unknown.stderr
+        assert "(new)" not in unknown.stderr
+
+    def test_window_start_help_says_what_bounds_its_window(self):
+        start = _cli("window", "start", "--help")
+        run = _cli("run", "--help")
+        assert "command's start" not in start.stdout
+        assert "this start and the `window stop` of its id" in " ".join(start.stdout.split())
+        assert "the command's start and exit" in " ".join(run.stdout.split())
+
+    def test_demo_into_a_closed_pipe_ends_quietly(self, tmp_path):
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        demo = subprocess.Popen(CLI + ["demo", "--port", str(free_port()), "--duration", "30"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=os.environ | {"TMPDIR": str(tmp)})
+        demo.stdout.readline()  # `| head -1`: read one line, then leave
+        demo.stdout.close()
+        with demo.stderr:
+            err = demo.stderr.read().decode()
+        assert demo.wait(timeout=60) == 0
+        assert "Traceback" not in err and "BrokenPipeError" not in err, err
+        assert list(tmp.iterdir()) == []  # cleaned up as at Ctrl-C
+
+
+class TestTargetNamesInReports:
+    def test_windows_and_folders_name_a_target_alike_and_aisbench_files_meet_it(
+            self, tmp_path):
+        port = free_port()
+        with fake_vllm("--k", "2") as vllm:
+            config = write_config(tmp_path / "c.yaml", port,
+                                  [{"name": "eagle", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                exporter = f"127.0.0.1:{port}"
+                assert _cli("window", "start", "--exporter", exporter, "--id", "w").returncode == 0
+                fake_add(vllm, 100, 200, [60, 30])
+                assert _cli("window", "stop", "--exporter", exporter, "w").returncode == 0
+                on_exporter = _cli("advise", "w", "--exporter", exporter, "--json")
+        folder = _cli("advise", str(tmp_path / "out" / "w"), "--json")
+        assert on_exporter.returncode == 0 and folder.returncode == 0, folder.stderr
+        assert list(json.loads(on_exporter.stdout)["results"]) == ["eagle"]
+        assert list(json.loads(folder.stdout)["results"]) == ["eagle"]
+        # AISBench's own file for the same server (named by host:port) meets it by name.
+        ours = json.loads((tmp_path / "out" / "w" / "performances" /
+                           f"spec_decode_127.0.0.1_{vllm}.json").read_text())
+        theirs = tmp_path / "aisbench" / "performances"
+        theirs.mkdir(parents=True)
+        (theirs / f"spec_decode_127.0.0.1_{vllm}.json").write_text(json.dumps(
+            {k: ours[k] for k in ("status", "url", "error", "data", "raw")}))
+        compared = _cli("compare", str(theirs.parent), str(tmp_path / "out" / "w"), "--json")
+        assert compared.returncode == 0, compared.stderr
+        body = json.loads(compared.stdout)
+        assert list(body["targets"]) == ["eagle"]
+        assert body["only_in_a"] == [] and body["only_in_b"] == []

@@ -63,6 +63,18 @@ INVALID = {
         "scrape_timeout: must not be longer than scrape_interval (5s > 1s)",
         'targets.1.name: duplicate target name "a" (also targets.0)',
     ],
+    "invalid-as-written.yaml": [
+        'listen: must be "HOST:PORT", not the port alone: e.g. "127.0.0.1:19420" (loopback '
+        'only) or "0.0.0.0:19420" (every interface)',
+        "targets.0.host_port: must be less than or equal to 65535",
+        "targets.2.labels: 'target' is reserved by the exporter",
+        "targets.3: must be an http:// or https:// URL, or host:port, not 'nohost'",
+        "targets.4.url: must be an http:// or https:// URL, or host:port, not '10.0.0.4'",
+        "targets.5: must be host:port, or a mapping such as {name: a, url: "
+        "http://10.0.0.1:8080/metrics}, not 7",
+        # A target with a problem of its own is still checked for a duplicate name.
+        'targets.2.name: duplicate target name "b" (also targets.1)',
+    ],
     "invalid-several.yaml": [
         "scrape_interval: must be a duration like 250ms, 5s or 1m, not '1 minute'",
         "targets.0.ulr: unknown key",
@@ -159,6 +171,9 @@ class TestTarget:
             ({"url": "https://vllm.example/metrics"}, "https://vllm.example/metrics",
              "vllm.example:443"),
             ({"host": "10.0.0.1", "port": 8080}, "http://10.0.0.1:8080/metrics", "10.0.0.1:8080"),
+            # host:port alone, as on the command line: http:// and /metrics implied
+            ({"url": "127.0.0.1:8000"}, "http://127.0.0.1:8000/metrics", "127.0.0.1:8000"),
+            ({"url": "h:9/stats"}, "http://h:9/stats", "h:9"),
             ({"host_ip": "10.0.0.2", "host_port": 8081}, "http://10.0.0.2:8081/metrics",
              "10.0.0.2:8081"),
             ({"host_ip": "10.0.0.2", "host_port": "8081", "enable_ssl": True},
@@ -221,6 +236,20 @@ class TestConfig:
             'targets.1.name: duplicate target name "h:1" (also targets.0)'
         ]
 
+    def test_a_bare_host_port_is_a_target(self):
+        config = validate_config({"targets": ["127.0.0.1:8000", "[::1]:8001/stats"]})
+        assert [(t.name, t.url) for t in config.targets] == [
+            ("127.0.0.1:8000", "http://127.0.0.1:8000/metrics"),
+            ("[::1]:8001", "http://[::1]:8001/stats")]
+
+    @pytest.mark.parametrize(("fields", "timeout"), [
+        ({"scrape_interval": 1}, 1.0),  # unset: capped by the interval, as Prometheus does
+        ({"scrape_interval": "10s"}, 3.0),
+        ({"scrape_interval": "10s", "scrape_timeout": "8s"}, 8.0),
+    ])
+    def test_an_unset_scrape_timeout_follows_a_shorter_interval(self, fields, timeout):
+        assert validate_config(fields).scrape_timeout == timeout
+
     def test_state_path_defaults_under_output_dir(self):
         assert str(validate_config({"output_dir": "o"}).state_path) == "o/state.sqlite"
         assert str(validate_config({"state_db": "/s.db"}).state_path) == "/s.db"
@@ -235,7 +264,8 @@ class TestCheckConfigCommand:
         assert "ok" in done.stdout
 
     @pytest.mark.parametrize(
-        "name", ["invalid-several.yaml", "invalid-duplicate-names.yaml", "invalid-yaml-syntax.yaml"]
+        "name", ["invalid-several.yaml", "invalid-duplicate-names.yaml", "invalid-yaml-syntax.yaml",
+                 "invalid-as-written.yaml"]
     )
     def test_invalid_exits_1_one_line_per_problem(self, name):
         done = _check_config(DATA / name)

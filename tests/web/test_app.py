@@ -238,6 +238,20 @@ class TestLanding:
         assert 'href="/windows/done-one"' in page and "finished" in page
         assert "75.00" in page  # done-one's acceptance rate: 15 of 20
 
+    async def test_every_en_dash_says_why_and_a_never_seen_target_shows_no_engines(
+            self, exporter, fake_vllm, unused_tcp_port):
+        quiet = await fake_vllm(k=2)
+        exp = await exporter({"targets": [
+            {"name": "quiet", "url": quiet.url},
+            {"name": "never", "url": f"http://127.0.0.1:{unused_tcp_port}/metrics"}]})
+        await exp.round()
+        page = await (await exp.client.get("/")).text()
+        rows = dict(re.findall(r'<tr><td class="name">(\w+)<br>(.*?)</tr>', page, re.S))
+        assert "–<div><small>no drafts in the last 60s</small></div>" in rows["quiet"]
+        assert "–<div><small>down, no figures seen</small></div>" in rows["never"]
+        assert "engines: 0" not in page and "engines: 1" in rows["quiet"]
+        assert "<b>1 of 2 up</b>" in page and "1 up without drafts in the last 60s" in page
+
     async def test_no_targets(self, exporter):
         exp = await exporter({"targets": []})
         page = await (await exp.client.get("/")).text()
@@ -398,6 +412,10 @@ class TestWindowsList:
         assert w2["state"] == "stopped" and w2["name"] == "run w2" and w2["targets"] == ["a"]
         assert w2["href"] == "/api/v1/windows/w2" and w2["page"] == "/windows/w2"
         assert w2["aggregate"]["acceptance_rate"] == pytest.approx(60.0)
+        # The counts beside the ratio, as the full answer has them (they were null here).
+        assert {k: w2["aggregate"][k] for k in ("num_drafts", "draft_tokens",
+                                                "accepted_tokens")} == {
+            "num_drafts": 10, "draft_tokens": 20, "accepted_tokens": 12}
         assert "results" not in w2  # the full answer is at href
         assert w2["started_at_iso"] == iso_utc(w2["started_at"]) == "2027-01-15T08:00:20.000Z"
         assert w2["stopped_at_iso"] == iso_utc(w2["stopped_at"])

@@ -21,6 +21,9 @@ text-align:left;vertical-align:top}td.num,th.num{text-align:right}
 .up{color:#070}.down{color:#b00}.err{color:#b00;font-size:90%}.note{color:#a60;font-size:90%}
 .stale{color:#999}.stale svg rect{fill:#bbb}
 small{color:#666}pre{overflow-x:auto;background:#f6f6f6;padding:.5em;font-size:85%}
+td.name{min-width:7em;max-width:14em;overflow-wrap:anywhere}td.notes{min-width:18em}
+@media (max-width:600px){td.name{min-width:5em;max-width:8em}td,th{padding:3px 4px}}
+details>summary{cursor:pointer;font-weight:bold}
 svg.chart{width:100%;max-width:720px;height:auto}
 .legend span{display:inline-block;margin-right:1em;white-space:nowrap}
 .legend i{display:inline-block;width:1.2em;height:.25em;vertical-align:middle;margin-right:.3em}
@@ -33,6 +36,15 @@ POSITION = ".4f"  # per-position acceptance ratio
 
 COLOURS = ("#3b7dd8", "#d8743b", "#2a9d5c", "#b03bd8", "#d83b5b", "#7d7d3b", "#3bc4d8")
 AGGREGATE_COLOUR = "#222"
+
+
+def series_colour(i: int) -> str:
+    """The i-th line's colour: the palette, then hues a golden angle apart (never one twice)."""
+    if i < len(COLOURS):
+        return COLOURS[i]
+    n = i - len(COLOURS)
+    # Lightness steps too, so hues that come close again still differ.
+    return f"hsl({(n * 137.508 + 20) % 360:.2f},65%,{38 + 8 * (n % 3)}%)"
 
 
 def page(title: str, body: str, *, refresh: float | None = None, style: str = "") -> str:
@@ -136,7 +148,7 @@ def line_chart(lines: Mapping[str, Sequence[tuple[float, float]]], *, start: flo
     )
     legend = []
     for i, (name, points) in enumerate(sorted(drawn.items())):
-        colour = COLOURS[i % len(COLOURS)]
+        colour = series_colour(i)
         parts.append(_polyline(points, x, y, colour, 1.5, name))
         legend.append(_legend_item(colour, name))
     if aggregate:

@@ -117,9 +117,11 @@ def header_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
 
 
 def console_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """The console blocks as `window stop` prints them: last, folded (the tables say it all)."""
     if not state.get("results"):
-        return "<h2>Console</h2><p>Results appear here when the window is stopped.</p>"
-    return f"<h2>Console</h2><pre>{escape(format_window(state))}</pre>"
+        return ""
+    return ('<details class="console"><summary>Console text (as <code>window stop</code> '
+            f"prints it)</summary><pre>{escape(format_window(state))}</pre></details>")
 
 
 def _target_row(name: str, result: Mapping[str, Any]) -> str:
@@ -138,8 +140,8 @@ def _target_row(name: str, result: Mapping[str, Any]) -> str:
     numbers = "".join(f'<td class="num">{c}</td>' for c in cells)
     note_html = "".join(f'<div class="note">{escape(str(n))}</div>' for n in notes)
     where = result.get("host_port") or result.get("url") or ""
-    return (f"<tr><td>{escape(name)}<br><small>{escape(str(where))}</small></td>"
-            f"<td>{status}{error}</td>{numbers}<td>{note_html or '–'}</td></tr>")
+    return (f'<tr><td class="name">{escape(name)}<br><small>{escape(str(where))}</small></td>'
+            f'<td>{status}{error}</td>{numbers}<td class="notes">{note_html or "–"}</td></tr>')
 
 
 def results_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
@@ -151,7 +153,8 @@ def results_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
         rows = [f"<tr><td>{escape(t)}</td><td class=\"num\">{scrapes.get(t, 0)}</td>"
                 f"<td>{escape(errors.get(t, '')) or '–'}</td></tr>"
                 for t in state.get("targets") or []]
-        return "<h2>Targets</h2>" + table(["target", "scrapes so far", "last error"], rows)
+        return ("<h2>Targets</h2><p>Results appear here when the window is stopped.</p>"
+                + table(["target", "scrapes so far", "last error"], rows))
     rows = [_target_row(name, result) for name, result in results.items()]
     aggregate = state.get("aggregate")
     if aggregate and len(results) >= 2:
@@ -219,9 +222,11 @@ def advisor_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
     return window_advice_html(state)
 
 
-SECTIONS: list[Section] = [header_section, console_section, results_section,
-                           unobserved_section, positions_section, per_request_section,
-                           advisor_section, chart_section]
+# The answer first (results, per position, per request), then how it came about, and the
+# console text, which says the same as the tables, last.
+SECTIONS: list[Section] = [header_section, results_section, positions_section,
+                           per_request_section, unobserved_section, chart_section,
+                           advisor_section, console_section]
 
 
 def render_window_page(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:

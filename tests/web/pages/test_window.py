@@ -132,10 +132,16 @@ class TestWindowPage:
         exp, _ = await _scenario(exporter, fake_vllm, clock)
         page = await (await exp.client.get("/")).text()
         assert 'href="/windows/w-page"' in page
-        assert '<meta http-equiv="refresh" content="5">' in page  # the scrape interval
-        stale = re.search(r'<tr class="stale"><td>qwen-mtp.*?</tr>', page, re.S)
+        # Gently: a reading eye's pace, not the scrape interval's (5 s here, 1 s in the demo).
+        assert '<meta http-equiv="refresh" content="30">' in page
+        stale = re.search(r'<tr class="stale"><td class="name">qwen-mtp.*?</tr>', page, re.S)
         assert stale and "last seen " in stale.group(0) and "down" in stale.group(0)
-        assert '<tr class="stale"><td>llama-eagle' not in page
+        assert "Qwen/Qwen3-8B" in stale.group(0)  # a down target's model is kept
+        assert "engines: 2" in stale.group(0)
+        assert '<tr class="stale"><td class="name">llama-eagle' not in page
+        assert "<b>1 of 2 up</b>" in page
+        # The down target first, above the fold.
+        assert page.index(">qwen-mtp<br>") < page.index(">llama-eagle<br>")
         quiet = await (await exp.client.get("/?refresh=0")).text()
         assert 'http-equiv="refresh"' not in quiet
 
@@ -154,6 +160,19 @@ async def test_pages_in_headless_chromium(exporter, fake_vllm, tmp_path, width):
             labels: [...svg.querySelectorAll('text.axis-label')].map(t => t.textContent),
             lines: svg.querySelectorAll('polyline').length})),
         tables: [...document.querySelectorAll('table')].map(t => t.closest('.scroll') !== null),
+        headings: [...document.querySelectorAll('h2, details > summary')].map(
+            h => h.textContent.split(' ')[0]),
+        results_top: (document.querySelector('h2') || {getBoundingClientRect: () => ({})})
+            .getBoundingClientRect().top,
+        screen: window.innerHeight,
+        console_open: [...document.querySelectorAll('details.console')].map(d => d.open),
+        console_last: document.querySelector('details.console') ===
+            [...document.body.children].filter(e => e.tagName !== 'P').pop(),
+        rate_right: [...document.querySelectorAll('table')[0].querySelectorAll('th')].filter(
+            th => th.textContent.startsWith('acceptance rate')).map(
+            th => th.getBoundingClientRect().right),
+        summary: (document.querySelector('p.summary') || {}).textContent || null,
+        width: window.innerWidth,
         title: document.title})"""
     async with Browser(tmp_path / "profile") as browser:
         seen = {}
@@ -166,6 +185,15 @@ async def test_pages_in_headless_chromium(exporter, fake_vllm, tmp_path, width):
         assert facts["overflow"] <= 0 and facts["body"] <= 0, (name, facts)
         assert all(facts["tables"]), name  # every table scrolls inside its own box
     window = seen["window"]
+    # The answer first: results, per position, per request; the console text last, folded.
+    assert window["headings"] == ["Results", "Per-position", "Unobserved", "Acceptance",
+                                  "Which", "Console"], window["headings"]
+    assert window["results_top"] < window["screen"] / 2  # on the first screen, at 400 px too
+    assert window["console_open"] == [False] and window["console_last"]
+    landing = seen["landing"]
+    assert landing["summary"].startswith("1 of 2 up")
+    # The acceptance columns, the point of the page, fit the screen without scrolling.
+    assert landing["rate_right"] and all(r <= landing["width"] for r in landing["rate_right"])
     assert window["title"].startswith("window eagle vs mtp <k>")
     assert len(window["charts"]) == 1
     chart = window["charts"][0]
@@ -183,3 +211,16 @@ class TestUnobservedSection:
 
     def test_nothing_without_restarts(self):
         assert unobserved_section({"results": {"a": {"coverage": "full"}}}, {}) == ""
+
+
+class TestLineChartLegend:
+    @pytest.mark.parametrize("count", [8, 20, 100])
+    def test_every_line_has_a_colour_of_its_own(self, count):
+        from exporter.web.pages.html import line_chart
+
+        lines = {f"t{i:03d}": [(0.0, 50.0), (1.0, 60.0)] for i in range(count)}
+        html = line_chart(lines, start=0.0, end=1.0, aggregate=[(0.0, 55.0)])
+        legend = re.findall(r'<i style="background:([^"]+)"></i>', html)
+        strokes = re.findall(r'<polyline fill="none" stroke="([^"]+)"', html)
+        assert len(legend) == count + 1 and len(set(legend)) == count + 1
+        assert strokes == legend  # each legend entry is its line's colour
