@@ -46,6 +46,8 @@ EXPORTER_METRICS = {
     "specdec_engine_draft_tokens_total",
     "specdec_engine_accepted_tokens_total",
     "specdec_request_acceptance_length_bucket",  # the recording proxy's histogram
+    "specdec_request_acceptance_length_count",
+    "specdec_request_acceptance_length_sum",
 }
 PROMQL_KEYWORDS = {
     "and",
@@ -284,6 +286,32 @@ class TestDashboard:
             assert name in by_metric, name
         annotations = [a["expr"] for a in dash["annotations"]["list"] if "expr" in a]
         assert any("specdec_last_window_info" in a for a in annotations)
+
+    def test_collapse_row_draws_what_the_alerts_compare(self):
+        """Same windows, same bucket and the same collapse line as the rules' alerts."""
+        dash = _dashboard()
+        titles = [p["title"] for p in dash["panels"]]
+        row = titles.index("Collapse")
+        assert dash["panels"][row]["type"] == "row"
+        panels = {p["title"]: p for p in dash["panels"][row + 1 : row + 4]}
+        alerts = {a["alert"]: a["expr"] for a in _alerts()}
+        length = panels["Acceptance length: last 5m against the trailing 6h"]["targets"]
+        assert [("[5m]" in t["expr"], "[6h]" in t["expr"]) for t in length] == [
+            (True, False), (False, True), (False, True)]
+        factor = re.search(r"< 1 \+ ([0-9.]+) \* \(specdec_target:acceptance_length:increase6h",
+                           alerts["SpecDecAcceptanceCollapse"])
+        assert factor and length[2]["expr"].startswith(f"1 + {factor.group(1)} * (1 + sum by")
+        share = panels["Proxied requests that accepted nothing"]
+        rules = {r["record"]: r["expr"] for g in _rules()["groups"] for r in g["rules"]
+                 if "record" in r}
+        bucket = re.search(r'le="[^"]+"',
+                           rules["specdec_target:requests_nothing_accepted:increase5m"]).group(0)
+        for t in share["targets"]:
+            assert bucket in t["expr"] and "_count{" in t["expr"], t["expr"]
+        assert share["fieldConfig"]["defaults"]["unit"] == "percentunit"
+        evidence = panels["Evidence in the last 5m: drafts and proxied requests"]["targets"]
+        assert [metric_names(t["expr"]) for t in evidence] == [
+            {"specdec_drafts_total"}, {"specdec_request_acceptance_length_count"}]
 
     @pytest.mark.e2e
     def test_exprs_are_valid_promql(self, promtool, tmp_path):

@@ -359,6 +359,34 @@ class TestFakeApp:
         response = await client.post("/control/add", data=b"{nope")
         assert response.status == 400
 
+    async def test_control_acceptance_changes_later_drafts(self, aiohttp_client):
+        app = make_fake_app(FakeServer(k=3, acceptance=0.8))
+        client = await aiohttp_client(app)
+        app[FAKE_SERVER].simulate(500)
+        healthy = app[FAKE_SERVER].totals()
+        assert healthy["num_accepted_tokens"] > 500
+        response = await client.post("/control/acceptance", json={"acceptance": 0})
+        assert response.status == 200 and await response.json() == {"acceptance": 0.0}
+        app[FAKE_SERVER].simulate(500)
+        collapsed = app[FAKE_SERVER].totals()
+        assert collapsed["num_drafts"] == healthy["num_drafts"] + 500
+        assert collapsed["num_accepted_tokens"] == healthy["num_accepted_tokens"]
+        answer = await (await client.post("/v1/completions", json={
+            "model": "m", "prompt": "p", "max_tokens": 16})).json()
+        assert answer["choices"][0]["text"]
+        assert app[FAKE_SERVER].totals()["num_accepted_tokens"] == healthy["num_accepted_tokens"]
+
+    @pytest.mark.parametrize("body", [{"acceptance": 1.5}, {"acceptance": -0.1},
+                                      {"acceptance": "0.5"}, {"acceptance": True}, {},
+                                      "not an object"])
+    async def test_control_acceptance_refuses_bad_body(self, aiohttp_client, body):
+        app = make_fake_app(FakeServer(acceptance=0.8))
+        client = await aiohttp_client(app)
+        response = await client.post("/control/acceptance", json=body)
+        assert response.status == 400
+        assert "acceptance" in (await response.json())["error"]
+        assert app[FAKE_SERVER].acceptance == 0.8
+
     async def test_control_restart(self, aiohttp_client):
         server = FakeServer()
         server.simulate(100)

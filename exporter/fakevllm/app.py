@@ -113,6 +113,25 @@ async def _add(request: web.Request) -> web.Response:
     return web.json_response(_totals_json(server))
 
 
+async def _acceptance(request: web.Request) -> web.Response:
+    """Change the acceptance of every later draft, as a server whose drafts collapse would."""
+    server = request.app[FAKE_SERVER]
+    try:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise ValueError('the body must be {"acceptance": number}')
+        value = body["acceptance"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"acceptance must be a number, got {value!r}")
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"acceptance must be within 0..1, got {value}")
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        return web.json_response({"error": what}, status=400)
+    server.acceptance = float(value)
+    return web.json_response({"acceptance": server.acceptance})
+
+
 def _set_traffic(on: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
     """Return a handler that pauses or resumes the simulated traffic."""
 
@@ -149,6 +168,7 @@ def make_fake_app(
     app.router.add_get("/control/totals", _totals)
     app.router.add_post("/control/restart", _restart)
     app.router.add_post("/control/add", _add)
+    app.router.add_post("/control/acceptance", _acceptance)
     app.router.add_post("/control/pause", _set_traffic(False))
     app.router.add_post("/control/resume", _set_traffic(True))
     app.router.add_post("/v1/completions", _completions(chat=False))
