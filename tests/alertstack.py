@@ -8,16 +8,13 @@ drafts and requests in the short window, for servers slower than production's fl
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
 import subprocess
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from clitools import http as request
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "rules.yml"
 ALERTS = ("SpecDecAcceptanceCollapse", "SpecDecAcceptanceSplit")
@@ -57,20 +55,9 @@ def render_rules(path: Path, short: int, long: int, hold: str = "3s",
     return path
 
 
-def http(url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, Any]:
+def http(url: str, body: dict | None = None) -> tuple[int, Any]:
     """(status, JSON or text) of a GET, or of a POST of `body`; never raises for a status."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method="POST" if data else "GET",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    try:
-        return status, json.loads(raw)
-    except ValueError:
-        return status, raw.decode(errors="replace")
+    return request("POST" if body is not None else "GET", url, body)
 
 
 def wait(what: str, probe: Callable[[], Any], timeout: float, logs: Path,
