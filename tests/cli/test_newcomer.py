@@ -8,6 +8,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,19 @@ pytestmark = pytest.mark.e2e  # every test runs the real CLI in a subprocess
 
 def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=90, **kwargs)
+
+
+@contextmanager
+def _served(tmp_path: Path, name: str) -> Iterator[tuple[int, str]]:
+    """One fake-vllm (k=2) as target `name` of a served exporter: (fake-vllm's port, the
+    exporter's host:port)."""
+    port = free_port()
+    with fake_vllm("--k", "2") as vllm:
+        config = write_config(tmp_path / "c.yaml", port,
+                              [{"name": name, "url": f"http://127.0.0.1:{vllm}/metrics"}])
+        with process(CLI + ["serve", "--config", str(config)]):
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            yield vllm, f"127.0.0.1:{port}"
 
 
 class TestRun:
@@ -159,24 +174,19 @@ class TestExporterWithoutScheme:
     def test_host_port_means_http_for_compare_advise_and_the_client(self, tmp_path):
         from exporter.client import ExporterClient
 
-        port = free_port()
-        with fake_vllm("--k", "2") as vllm:
-            config = write_config(tmp_path / "c.yaml", port,
-                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
-            with process(CLI + ["serve", "--config", str(config)]):
-                wait_http(f"http://127.0.0.1:{port}/-/ready")
-                client = ExporterClient(f"127.0.0.1:{port}")
-                for window_id in ("w1", "w2"):
-                    client.start(window_id)
-                    fake_add(vllm, 10, 20, [8, 4])
-                    client.stop(window_id)
-                compared = _cli("compare", "w1", "w2", "--exporter", f"127.0.0.1:{port}")
-                advised = _cli("advise", "w2", "--exporter", f"127.0.0.1:{port}", "--json")
-        assert client.url == f"http://127.0.0.1:{port}"
+        with _served(tmp_path, "a") as (vllm, exporter):
+            client = ExporterClient(exporter)
+            for window_id in ("w1", "w2"):
+                client.start(window_id)
+                fake_add(vllm, 10, 20, [8, 4])
+                client.stop(window_id)
+            compared = _cli("compare", "w1", "w2", "--exporter", exporter)
+            advised = _cli("advise", "w2", "--exporter", exporter, "--json")
+        assert client.url == f"http://{exporter}"
         assert compared.returncode == 0, compared.stderr
-        assert f"window w1 on http://127.0.0.1:{port}" in compared.stdout
+        assert f"window w1 on http://{exporter}" in compared.stdout
         assert advised.returncode == 0, advised.stderr
-        assert json.loads(advised.stdout)["window"] == f"window w2 on http://127.0.0.1:{port}"
+        assert json.loads(advised.stdout)["window"] == f"window w2 on http://{exporter}"
 
     def test_an_unreachable_exporter_is_said_with_the_readme_exit_codes(self):
         dead = f"127.0.0.1:{free_port()}"
@@ -251,19 +261,13 @@ class TestSmallerOnes:
 
     def test_a_second_stop_says_when_the_first_was_and_that_nothing_was_written(
             self, tmp_path):
-        port = free_port()
-        with fake_vllm("--k", "2") as vllm:
-            config = write_config(tmp_path / "c.yaml", port,
-                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
-            with process(CLI + ["serve", "--config", str(config)]):
-                wait_http(f"http://127.0.0.1:{port}/-/ready")
-                exporter = f"127.0.0.1:{port}"
-                assert _cli("window", "start", "--exporter", exporter, "--id", "w").returncode == 0
-                fake_add(vllm, 10, 20, [8, 4])
-                first = _cli("window", "stop", "--exporter", exporter, "w")
-                second = _cli("window", "stop", "--exporter", exporter, "w")
-                _, state = http("GET", f"http://{exporter}/api/v1/windows/w")
-                unknown = _cli("window", "start", "--exporter", exporter, "--target", "nope")
+        with _served(tmp_path, "a") as (vllm, exporter):
+            assert _cli("window", "start", "--exporter", exporter, "--id", "w").returncode == 0
+            fake_add(vllm, 10, 20, [8, 4])
+            first = _cli("window", "stop", "--exporter", exporter, "w")
+            second = _cli("window", "stop", "--exporter", exporter, "w")
+            _, state = http("GET", f"http://{exporter}/api/v1/windows/w")
+            unknown = _cli("window", "start", "--exporter", exporter, "--target", "nope")
         assert "results written to" in first.stderr
         assert second.returncode == 0 and second.stdout == first.stdout
         assert "results written to" not in second.stderr
@@ -297,17 +301,11 @@ class TestSmallerOnes:
 class TestTargetNamesInReports:
     def test_windows_and_folders_name_a_target_alike_and_aisbench_files_meet_it(
             self, tmp_path):
-        port = free_port()
-        with fake_vllm("--k", "2") as vllm:
-            config = write_config(tmp_path / "c.yaml", port,
-                                  [{"name": "eagle", "url": f"http://127.0.0.1:{vllm}/metrics"}])
-            with process(CLI + ["serve", "--config", str(config)]):
-                wait_http(f"http://127.0.0.1:{port}/-/ready")
-                exporter = f"127.0.0.1:{port}"
-                assert _cli("window", "start", "--exporter", exporter, "--id", "w").returncode == 0
-                fake_add(vllm, 100, 200, [60, 30])
-                assert _cli("window", "stop", "--exporter", exporter, "w").returncode == 0
-                on_exporter = _cli("advise", "w", "--exporter", exporter, "--json")
+        with _served(tmp_path, "eagle") as (vllm, exporter):
+            assert _cli("window", "start", "--exporter", exporter, "--id", "w").returncode == 0
+            fake_add(vllm, 100, 200, [60, 30])
+            assert _cli("window", "stop", "--exporter", exporter, "w").returncode == 0
+            on_exporter = _cli("advise", "w", "--exporter", exporter, "--json")
         folder = _cli("advise", str(tmp_path / "out" / "w"), "--json")
         assert on_exporter.returncode == 0 and folder.returncode == 0, folder.stderr
         assert list(json.loads(on_exporter.stdout)["results"]) == ["eagle"]
