@@ -28,8 +28,8 @@ from typing import Any
 
 from bench.fleet import PageSet
 from exporter.core.parse import parse_page
-from exporter.core.results import window_answer
 from exporter.core.snapshot import ScrapeResult, Snapshot
+from exporter.core.stopanswer import window_answer
 from exporter.core.window import TargetRef, Window
 from exporter.server.stop import ADVICE
 from exporter.state.answertext import compact, indented

@@ -24,11 +24,11 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from exporter.analysis.advise import window_advice
+from exporter.core.aisbench import Result, aggregate
 from exporter.core.console import format_window
 from exporter.core.errors import ExporterError
 from exporter.core.perrequest import format_per_request
 from exporter.core.redact import redact_url
-from exporter.core.result import Result, aggregate
 from exporter.core.window import new_window_id
 
 

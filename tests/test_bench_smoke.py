@@ -78,7 +78,7 @@ class TestAnswerBench:
         assert "window_answer over 30 targets" in out and "its two texts" in out
 
     def test_window_takes_every_path(self):
-        from exporter.core.results import window_answer
+        from exporter.core.stopanswer import window_answer
 
         results = window_answer(answer.build_window(120))["results"]
         assert results["t0"]["status"] == "ok" and results["t0"]["coverage"] == "full"

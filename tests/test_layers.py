@@ -227,7 +227,7 @@ class TestPureDomain:
     def test_domain_and_client_import_no_io_libraries(self):
         # A fresh interpreter: what importing the domain (and the stdlib-only client) loads.
         modules = ("exporter.core.snapshot", "exporter.core.counting", "exporter.core.window",
-                   "exporter.core.derive", "exporter.core.results", "exporter.core.console",
+                   "exporter.core.derive", "exporter.core.stopanswer", "exporter.core.console",
                    "exporter.client")
         code = (
             "import importlib, sys\n"

@@ -26,8 +26,8 @@ from exporter.analysis.stats import (
     verdict,
     wilson,
 )
+from exporter.core.aisbench import Result, Status, aggregate
 from exporter.core.errors import ExporterError
-from exporter.core.result import Result, Status, aggregate
 from exporter.core.snapshot import Counts
 
 RATE = "acceptance_rate"

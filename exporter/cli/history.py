@@ -40,8 +40,8 @@ def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
 def _answer(args: argparse.Namespace, frm: float, to: float) -> dict[str, Any]:
     """The window the store's samples make; `ExporterError` when the store cannot give them."""
     from exporter.config.model import StoreAuth
-    from exporter.core.history import history_answer
-    from exporter.scrape.history import HistoryQuery, fetch_series
+    from exporter.core.storecount import history_answer
+    from exporter.scrape.storequery import HistoryQuery, fetch_series
 
     auth = StoreAuth(token_env=args.token_env, username=args.username,
                      password_env="SPECDEC_STORE_PASSWORD", ca_file=args.ca_file,
@@ -55,7 +55,7 @@ def _answer(args: argparse.Namespace, frm: float, to: float) -> dict[str, Any]:
 def cmd_history(args: argparse.Namespace) -> int:
     from exporter.core.console import format_window
     from exporter.core.isotime import iso_utc
-    from exporter.scrape.history import check_range
+    from exporter.scrape.storequery import check_range
     from exporter.state.answertext import AnswerTexts
     from exporter.state.resultfiles import write_results
 

@@ -23,7 +23,7 @@ from exporter.core.snapshot import (
     unpack_counts,
 )
 
-# What an accumulator's whole row holds beyond its round part (`AccumulatorRows._shape`).
+# What an accumulator's whole row holds beyond its round part (`RowCodec._shape`).
 Shape = tuple[Any, ...]
 
 
@@ -37,7 +37,7 @@ class Encoded:
     scrapes: int  # the accumulator's scrapes when it was encoded
 
 
-class AccumulatorRows:
+class RowCodec:
     """The row codec of `counting.Accumulator` (its base)."""
 
     last: Mapping[SeriesKey, float]

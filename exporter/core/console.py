@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from exporter.core.result import NO_ACTIVITY
+from exporter.core.aisbench import NO_ACTIVITY
 
 _LABEL_WIDTH = 46
 

@@ -13,10 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.core.accrows import AccumulatorRows, Packed, Point, Shape, fields_of
+from exporter.core.accrows import Packed, Point, RowCodec, Shape, fields_of
+from exporter.core.aisbench import restart_time, restart_times
 from exporter.core.anomaly import NO_ANOMALIES, AnomalyTally, find_anomaly
 from exporter.core.empties import NO_ITEMS, shared_engines, writable
-from exporter.core.result import restart_time, restart_times
 from exporter.core.snapshot import (
     Counts,
     Engine,
@@ -54,7 +54,7 @@ def _known(created: float | None) -> bool:
 
 
 @dataclass(slots=True)
-class Accumulator(AccumulatorRows):
+class Accumulator(RowCodec):
     """Increases of one target's series since a baseline scrape, fed scrape by scrape; `last`
     and `created` are the last usable snapshot's own mappings (shared: never mutated)."""
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from exporter.core.aisbench import Coverage, Result, Status, aggregate
 from exporter.core.isotime import is_number
 from exporter.core.requestblock import merged_block
-from exporter.core.result import Coverage, Result, Status, aggregate
 from exporter.core.snapshot import DRAFTS_PER_POS, Field, integral
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from exporter.core.errors import RequestError, StoreError, UnknownWindowError
 from exporter.core.isotime import iso_utc
+from exporter.core.kept import LastWindow, StoppedWindow
 from exporter.core.perrequest import RequestStats
 from exporter.core.snapshot import ScrapeResult
-from exporter.core.stopped import LastWindow, StoppedWindow
 from exporter.core.window import AccumulatorRows, Window
 from exporter.server.isolate import Child, ChildError, in_thread
 from exporter.server.memory import give_back_free_memory

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from exporter.config.model import Config
 from exporter.core.counting import LiveTrack
-from exporter.core.stopped import LastWindow, StoppedWindow
+from exporter.core.kept import LastWindow, StoppedWindow
 from exporter.core.window import Window
 from exporter.server.targets import TargetState
 

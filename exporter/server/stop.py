@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from exporter.analysis.advise import result_advice, window_advice
-from exporter.core.result import result_file_names
-from exporter.core.results import AnswerParts
+from exporter.core.aisbench import result_file_names
+from exporter.core.kept import kept_of
 from exporter.core.snapshot import (
     Field,
     ScrapeResult,
@@ -22,7 +22,7 @@ from exporter.core.snapshot import (
     pack_values,
     unpack_values,
 )
-from exporter.core.stopped import kept_of
+from exporter.core.stopanswer import AnswerParts
 from exporter.core.window import Window
 from exporter.server.isolate import leave_to_exit, spare_cores
 from exporter.state.answertext import AnswerTexts, compact, indented, stopped_row

@@ -11,10 +11,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporter.core.history import CountError, history_answer
-from exporter.core.stopped import kept_of
+from exporter.core.kept import kept_of
+from exporter.core.storecount import CountError, history_answer
 from exporter.core.window import TargetRef, Window
-from exporter.scrape.history import (
+from exporter.scrape.storequery import (
     CHUNK_SECONDS,
     HistoryError,
     HistoryQuery,

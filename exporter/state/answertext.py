@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from exporter.core.result import result_file_names
+from exporter.core.aisbench import result_file_names
 
 _INDENTED = orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE
 

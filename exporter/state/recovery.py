@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from exporter.core.errors import StoreError
-from exporter.core.stopped import StoppedWindow
+from exporter.core.kept import StoppedWindow
 from exporter.core.window import TargetRef, Window
 from exporter.state.answertext import AnswerTexts
 from exporter.state.resultfiles import write_results

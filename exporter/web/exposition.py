@@ -14,8 +14,8 @@ from prometheus_client.process_collector import ProcessCollector
 from exporter import __version__
 from exporter.core.counting import LiveTrack
 from exporter.core.derive import acceptance_length, acceptance_ratio, position_ratios, span_figures
+from exporter.core.kept import LastWindow
 from exporter.core.snapshot import FILTERED, Counts, Field, SeriesKey, Snapshot
-from exporter.core.stopped import LastWindow
 from exporter.server.stateview import StateView
 from exporter.server.targets import TargetState
 from exporter.web.families import (

@@ -14,7 +14,6 @@ from exporter.analysis.advise import window_advice
 from exporter.config.model import Config, TargetConfig
 from exporter.core.errors import RequestError, StoreError, UnknownWindowError
 from exporter.core.isotime import with_iso_times
-from exporter.core.results import window_series
 from exporter.core.shards import (
     ShardPart,
     merge_delete,
@@ -28,6 +27,7 @@ from exporter.core.shards import (
     vet_open,
     vet_stop,
 )
+from exporter.core.stopanswer import window_series
 from exporter.core.window import check_window_id, new_window_id
 from exporter.server.service import ExporterService
 from exporter.state.answertext import compact

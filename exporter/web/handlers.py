@@ -18,7 +18,7 @@ from aiohttp.typedefs import Handler
 from exporter.config.model import Config, load_config
 from exporter.core.errors import ConfigError, RequestError, StoreError
 from exporter.core.isotime import with_iso_times
-from exporter.core.results import window_series as series_view
+from exporter.core.stopanswer import window_series as series_view
 from exporter.core.window import Window, check_window_id
 from exporter.server.memory import give_back_free_memory
 from exporter.server.service import ExporterService

@@ -12,7 +12,7 @@ from aiohttp.typedefs import Handler
 
 from exporter.web import handlers
 from exporter.web.fanout import FANOUT, Fanout
-from exporter.web.history import history_window
+from exporter.web.historyroute import history_window
 from exporter.web.proxy import main_listener_proxy
 
 SCOPE_HEADER = "X-Specdec-Scope"

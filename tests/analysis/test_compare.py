@@ -206,7 +206,7 @@ class TestMixedK:
 
     @staticmethod
     def window() -> dict:
-        from exporter.core.result import Result, Status, aggregate
+        from exporter.core.aisbench import Result, Status, aggregate
         from exporter.core.snapshot import Counts
 
         k3 = Counts(390, 1170, 500, {0: 250, 1: 160, 2: 90})

@@ -27,7 +27,7 @@ from clitools import (
     write_config,
 )
 
-from exporter.core.result import result_file_name
+from exporter.core.aisbench import result_file_name
 from exporter.state.schema import SCHEMA_VERSION
 from exporter.state.store import StateStore
 
@@ -475,7 +475,7 @@ class TestProductionPath:
             "from exporter.web.app import make_app\n"
             "from exporter.config.model import load_config\n"
             "import exporter.web.handlers, exporter.web.pages.landing, exporter.web.exposition, "
-            "exporter.core.results\n"
+            "exporter.core.stopanswer\n"
             f"make_app(load_config({str(ROOT / 'config' / 'exporter.yaml')!r}))\n"
             "print(sorted(m for m in sys.modules if m.startswith('exporter.')))\n"
         )

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from exporter.core.aisbench import unobserved_span, unobserved_text
 from exporter.core.console import format_block, format_caveats, format_window
 from exporter.core.derive import result_data
-from exporter.core.result import unobserved_span, unobserved_text
 from exporter.core.snapshot import Counts
 
 CONSOLE = Path(__file__).resolve().parents[1] / "testdata" / "console"

@@ -6,7 +6,7 @@ import zlib
 
 import pytest
 
-from exporter.core.result import NO_ACTIVITY
+from exporter.core.aisbench import NO_ACTIVITY
 from exporter.core.shards import (
     ShardPart,
     merge_delete,

@@ -11,10 +11,7 @@ import json
 
 import pytest
 
-from exporter.core.console import format_caveats
-from exporter.core.counting import Accumulator
-from exporter.core.isotime import iso_utc
-from exporter.core.result import (
+from exporter.core.aisbench import (
     Coverage,
     Result,
     Status,
@@ -22,8 +19,11 @@ from exporter.core.result import (
     unobserved_span,
     unobserved_spans,
 )
-from exporter.core.results import target_result, window_answer
+from exporter.core.console import format_caveats
+from exporter.core.counting import Accumulator
+from exporter.core.isotime import iso_utc
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
+from exporter.core.stopanswer import target_result, window_answer
 from exporter.core.window import TargetRef, Window
 
 T0 = 1796234400.0  # 2026-12-02T18:00:00Z

@@ -13,11 +13,11 @@ import pytest
 from jsonlayout import assert_indented
 
 from bench.answer import EVERY, REMOVED, open_window
+from exporter.core.aisbench import result_file_names
 from exporter.core.isotime import with_iso_times
+from exporter.core.kept import LastWindow, StoppedWindow
 from exporter.core.parse import parse_page
-from exporter.core.result import result_file_names
 from exporter.core.snapshot import ScrapeResult, Snapshot
-from exporter.core.stopped import LastWindow, StoppedWindow
 from exporter.core.window import Window
 from exporter.server import isolate
 from exporter.server.stop import END, FEED, FINAL, ResultCodec, read_stop, stop_work

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from storeanswers import HOSTILE_ANSWERS
 
-from exporter.scrape import history
+from exporter.scrape import storequery
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 
@@ -318,7 +318,7 @@ class TestBounds:
 
     async def test_samples_in_all_are_bounded(self, exporter: Any, store: tuple[str, list[str]],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr(history, "MAX_SAMPLES", 10)  # the store holds 18 in the range
+        monkeypatch.setattr(storequery, "MAX_SAMPLES", 10)  # the store holds 18 in the range
         url, _ = store
         under = await exporter({"targets": [], "history": {"prometheus": url}})
         answer = await under.client.post("/api/v1/windows/history", json={"from": 99, "to": 103})

@@ -6,7 +6,7 @@ from html import escape
 from typing import Any
 
 from exporter import __version__
-from exporter.core.results import window_series
+from exporter.core.stopanswer import window_series
 from exporter.server.stateview import StateView
 from exporter.web.jsonviews import target_view
 from exporter.web.pages.compare import compare_form

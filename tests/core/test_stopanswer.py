@@ -11,9 +11,9 @@ from aiohttp import web
 from conftest import Clock
 
 from exporter.client import merge_answers
+from exporter.core.aisbench import Result, Status, result_file_name, result_file_names
 from exporter.core.console import format_window
 from exporter.core.derive import result_data
-from exporter.core.result import Result, Status, result_file_name, result_file_names
 from exporter.core.snapshot import Counts
 
 T0 = 1796234400.0  # 2026-12-02T18:00:00Z

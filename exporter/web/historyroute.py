@@ -18,7 +18,7 @@ from exporter.core.errors import ExporterError, RequestError
 from exporter.core.isotime import parse_time
 from exporter.core.redact import redact_url
 from exporter.core.window import MAX_NAME, Window, check_window_id, new_window_id
-from exporter.scrape.history import HistoryQuery, check_range, selectors
+from exporter.scrape.storequery import HistoryQuery, check_range, selectors
 from exporter.server.isolate import ChildError
 from exporter.server.storewindow import STORE_FAULTS, history_work, read_budget
 from exporter.state.answertext import compact

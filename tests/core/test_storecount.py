@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
-from exporter.core.history import RawSeries, coverage, family_names, group_targets, history_answer
+from exporter.core.storecount import (
+    RawSeries,
+    coverage,
+    family_names,
+    group_targets,
+    history_answer,
+)
 
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 TOKENS = "vllm:spec_decode_num_draft_tokens_total"

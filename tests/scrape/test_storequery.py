@@ -13,8 +13,8 @@ import pytest
 from conftest import free_port
 
 from exporter.config.model import StoreAuth
-from exporter.scrape import history
-from exporter.scrape.history import (
+from exporter.scrape import storequery
+from exporter.scrape.storequery import (
     HistoryError,
     HistoryQuery,
     check_range,
@@ -72,7 +72,7 @@ def store() -> Iterator[str]:
 
 def test_chunks_are_merged_and_clipped_to_the_range(store: str,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(history, "CHUNK_SECONDS", 10.0)
+    monkeypatch.setattr(storequery, "CHUNK_SECONDS", 10.0)
     _Store.answers = [(200, _matrix([_item("a", [(5.0, "1"), (10.0, "2"), (20.0, "3")])])),
                       (200, _matrix([_item("a", [(20.0, "3"), (25.0, "4"), (31.0, "9")])]))]
     got = fetch_series(HistoryQuery(store, 10.0, 30.0)).series
@@ -98,11 +98,11 @@ def test_auth_and_tenant_headers(store: str, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_limits_and_errors_are_clear(store: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(history, "MAX_SERIES", 1)
+    monkeypatch.setattr(storequery, "MAX_SERIES", 1)
     _Store.answers = [(200, _matrix([_item("a", [(1.0, "1")]), _item("b", [(1.0, "1")])]))]
     with pytest.raises(HistoryError, match="over 1 series"):
         fetch_series(HistoryQuery(store, 0.0, 1.0))
-    monkeypatch.setattr(history, "MAX_BYTES", 100)
+    monkeypatch.setattr(storequery, "MAX_BYTES", 100)
     _Store.answers = [(200, _matrix([_item("a", [(1.0, "1")] * 50)]))]
     with pytest.raises(HistoryError, match="over 100 bytes"):
         fetch_series(HistoryQuery(store, 0.0, 1.0))

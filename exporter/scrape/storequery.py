@@ -23,10 +23,10 @@ from typing import Any
 
 from exporter.config.model import StoreAuth
 from exporter.core.errors import ExporterError
-from exporter.core.history import RawSeries, family_names
 from exporter.core.isotime import is_number
 from exporter.core.redact import redact_url
 from exporter.core.shards import MAX_COUNT
+from exporter.core.storecount import RawSeries, family_names
 
 log = logging.getLogger(__name__)
 

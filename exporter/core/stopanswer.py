@@ -6,13 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from exporter.core.anomaly import Anomaly, AnomalyTally
-from exporter.core.counting import Accumulator
-from exporter.core.derive import acceptance_length, acceptance_ratio, has_activity
-from exporter.core.dialects import SGLANG_LENGTH, dialect_note, is_estimate
-from exporter.core.isotime import iso_utc, with_iso_times
-from exporter.core.requestblock import per_request_block
-from exporter.core.result import (
+from exporter.core.aisbench import (
     NO_ACTIVITY,
     NO_METRICS,
     NO_USABLE_SPAN,
@@ -24,6 +18,12 @@ from exporter.core.result import (
     unobserved_spans,
     unobserved_text,
 )
+from exporter.core.anomaly import Anomaly, AnomalyTally
+from exporter.core.counting import Accumulator
+from exporter.core.derive import acceptance_length, acceptance_ratio, has_activity
+from exporter.core.dialects import SGLANG_LENGTH, dialect_note, is_estimate
+from exporter.core.isotime import iso_utc, with_iso_times
+from exporter.core.requestblock import per_request_block
 from exporter.core.snapshot import Counts
 from exporter.core.window import TargetRef, Window
 

@@ -1,4 +1,4 @@
-"""exporter/core/stopped.py: what memory keeps of stopped windows (list items, last gauges)."""
+"""exporter/core/kept.py: what memory keeps of stopped windows (list items, last gauges)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pickle
 import sys
 import tracemalloc
 
+from exporter.core.kept import LastWindow, PackedIncreases, StoppedWindow
 from exporter.core.snapshot import Counts
-from exporter.core.stopped import LastWindow, PackedIncreases, StoppedWindow
 
 
 def counts(i: int, k: int = 8) -> Counts:
