@@ -21,6 +21,7 @@ from pydantic import (
 from exporter.config.documents import DocumentError, parse_yaml, read_text
 from exporter.config.problems import problem_line
 from exporter.config.values import (
+    header_name,
     implied_url,
     not_a_bare_port,
     parse_duration,
@@ -106,6 +107,8 @@ class ProxyConfig(_Strict):
     # would cut it.
     first_byte_timeout: Duration = 300.0
     idle_timeout: Duration = 120.0  # between two pieces of an answer
+    # The header a client names its request's segment in (per_request.by.tag).
+    tag_header: Annotated[str, AfterValidator(header_name)] = "X-Specdec-Tag"
 
 
 class TargetConfig(_Strict):

@@ -69,6 +69,17 @@ def parse_matcher(text: str) -> tuple[str, str, str]:
     return name, op, value
 
 
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # RFC 9110's token
+
+
+def header_name(value: str) -> str:
+    """An HTTP header name as given, or ValueError saying the rule."""
+    if not _HEADER_NAME.fullmatch(value):
+        raise ValueError(f"must be an HTTP header name (letters, digits, - and !#$%&'*+.^_`|~), "
+                         f"not {value!r}")
+    return value
+
+
 def not_a_bare_port(value: Any) -> Any:
     """A HOST:PORT value as given, or ValueError for a number."""
     # YAML reads `listen: 19420` as a number: say what to write, not "must be a valid string".

@@ -15,7 +15,9 @@ from typing import Any
 
 from exporter.core.answershapes import engine_spec, is_partial
 from exporter.core.isotime import iso_utc
-from exporter.core.tallies import Buckets, finite
+from exporter.core.segments import NOTES as SEGMENT_NOTES
+from exporter.core.segments import RequestContext, Segment, Segments
+from exporter.core.tallies import Buckets, add_counts, finite
 from exporter.core.unreadable import MAX_HISTOGRAM as MAX_HISTOGRAM
 from exporter.core.unreadable import Unreadable as Unreadable
 from exporter.core.unreadable import as_count
@@ -43,6 +45,7 @@ class RequestStats:
     completion_tokens: int | None
     spec: dict[str, Any] | None
     unreadable: Unreadable | None = None
+    context: RequestContext | None = None  # the proxy's, as the request started
 
     @classmethod
     def unread(cls, reason: Unreadable) -> RequestStats:
@@ -184,10 +187,12 @@ class PerRequest:
     accepted: array[int] = field(default_factory=lambda: array("q"))
     kept: int = 0
     overflowed: bool = False  # a finish time was not kept (MAX_TIMES)
+    by: Segments = field(default_factory=Segments)
 
     def record(self, stats: RequestStats, at: float | None = None) -> None:
         """Count one proxied request, finished at `at` (unreadable, with its reason, or not)."""
         self.requests += 1
+        self.by.record(stats)
         if stats.unreadable is not None:
             self.unreadable += 1
             self.reasons[stats.unreadable] = self.reasons.get(stats.unreadable, 0) + 1
@@ -207,7 +212,7 @@ class PerRequest:
             return
         for key in SUM_KEYS:
             self.sums[key] += spec[key]
-        self._add_histogram(spec["acceptance_histogram"])
+        add_counts(self.histogram, spec["acceptance_histogram"])
         steps = spec["num_spec_steps"]
         length = 1 + spec["num_accepted_draft_tokens"] / steps if steps else 1.0
         self.lengths.add(length)
@@ -229,12 +234,6 @@ class PerRequest:
 
     def _keep_lowest(self, rows: list[dict[str, Any]]) -> None:
         self.rows = sorted(self.rows + rows, key=lambda r: r["acceptance_length"])[:LOWEST]
-
-    def _add_histogram(self, hist: list[int]) -> None:
-        if len(hist) > len(self.histogram):
-            self.histogram.extend([0] * (len(hist) - len(self.histogram)))
-        for j, count in enumerate(hist):
-            self.histogram[j] += count
 
     def scraped(self, at: float, restarted: bool) -> None:
         """The window took a scrape of the target at `at`: the times before it are kept if it
@@ -260,7 +259,8 @@ class PerRequest:
             self.reasons[reason] = self.reasons.get(reason, 0) + count
         for key in SUM_KEYS:
             self.sums[key] += other.sums[key]
-        self._add_histogram(other.histogram)
+        add_counts(self.histogram, other.histogram)
+        self.by.merge(other.by)
         self.lengths.merge(other.lengths)
         self.rates.merge(other.rates)
         self._keep_lowest(other.rows)
@@ -290,7 +290,7 @@ class PerRequest:
         }
         if counters is not None:
             block.update(coverage(self.sums, counters))
-        return block
+        return block | {"by": self.by.answer(counters), "by_notes": SEGMENT_NOTES}
 
     @classmethod
     def from_block(cls, block: object) -> PerRequest:
@@ -318,6 +318,8 @@ class PerRequest:
         if acc.unreadable + acc.lengths.count + acc.partial > acc.requests or (
                 sum(acc.reasons.values()) > acc.unreadable):
             raise ValueError("more requests with figures than requests")
+        acc.by = Segments.from_block(block.get("by"), Segment(
+            acc.requests, acc.lengths.count + acc.partial, dict(acc.sums), list(acc.histogram)))
         return acc
 
     def to_dict(self) -> dict[str, Any]:

@@ -101,6 +101,14 @@ class Buckets:
         return tally
 
 
+def add_counts(into: list[int], more: list[int]) -> None:
+    """Add `more` into `into` position by position, `into` grown to fit."""
+    if len(more) > len(into):
+        into.extend([0] * (len(more) - len(into)))
+    for j, count in enumerate(more):
+        into[j] += count
+
+
 def natural(value: object) -> TypeGuard[int]:
     """A whole number from 0 (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

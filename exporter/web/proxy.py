@@ -15,6 +15,7 @@ from aiohttp import web
 
 from exporter.config.model import Config, ProxyConfig
 from exporter.core.perrequest import RequestStats
+from exporter.core.segments import InFlight
 from exporter.core.shards import owner
 from exporter.server.edges import TrafficEdges
 from exporter.web.guard import GuardedSite
@@ -69,15 +70,18 @@ class Proxying:
     seen: Config | None = None
     pending: asyncio.Task[None] | None = None
     lengths: RequestLengths = field(default_factory=RequestLengths)  # the live histogram
+    flights: dict[str, InFlight] = field(default_factory=dict)  # `/proxy/<name>/`'s
 
     def upstream(self, name: str) -> Upstream | None:
         """The upstream of a configured target by name, or None."""
         config = self.config()
         for target in config.targets:
             if target.name == name and _ours(config, name):
+                flight = self.flights.setdefault(name, InFlight())
+                flight.header = target.proxy.tag_header if target.proxy else flight.header
                 return Upstream(name, origin_of(target.api_url or target.url), self._record,
                                 self.edges, os.environ.get(config.auth.token_env, ""),
-                                _timeouts(target.proxy))
+                                _timeouts(target.proxy), flight)
         return None
 
     def _record(self, target: str, stats: RequestStats) -> None:
@@ -91,7 +95,8 @@ class Proxying:
             return None
         home = asyncio.get_running_loop()
         edges = HandedEdges(self.edges, home) if self.edges is not None else None
-        return replace(upstream, record=handed_record(home, self._record), edges=edges)
+        return replace(upstream, record=handed_record(home, self._record), edges=edges,
+                       flight=InFlight(upstream.flight.header))  # the port's own, on its loop
 
     async def serve(self, app: web.Application) -> AsyncGenerator[None, None]:
         """cleanup_ctx: every target's `proxy.listen`; OSError naming the key for a taken port."""

@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import hmac
 from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -17,6 +17,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_sse
+from exporter.core.segments import InFlight
 
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
 SMALL_BODY = 64 * 1024  # a request body below this size (with its length given) is sent whole
@@ -69,6 +70,7 @@ class Upstream:
     edges: Edges | None = None
     own_token: str = ""  # the exporter's token: never sent on, in whatever header it arrives
     timeouts: Timeouts = field(default_factory=Timeouts)
+    flight: InFlight = field(default_factory=InFlight)  # this port's requests, keyed as they go
 
 
 def forwarded(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
@@ -174,9 +176,14 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
                       " (the relayed body limit, 64 MiB)")
     edges = upstream.edges
     tickets = await edges.arrive(upstream.target) if edges is not None else []
+    small = request.body_exists and (request.content_length or SMALL_BODY) < SMALL_BODY
+    context = upstream.flight.start(request.headers, await request.read() if small else None)
+    record = upstream.record
+    stamped = replace(upstream, record=lambda t, stats: record(t, replace(stats, context=context)))
     try:
-        return await _while_connected(request, _forward(request, session, upstream, path))
+        return await _while_connected(request, _forward(request, session, stamped, path))
     finally:
+        upstream.flight.end()
         if edges is not None:
             edges.done(tickets)
 
