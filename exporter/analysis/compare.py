@@ -178,6 +178,7 @@ def compare_answers(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any
         "aggregate": aggregate,
         "only_in_a": [n for n in ra if n not in rb],
         "only_in_b": [n for n in rb if n not in ra],
+        "segments": compare_segments(a, b),
     }
 
 
@@ -276,3 +277,45 @@ def summed_result(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | 
         counted.append((name, Result(status=Status.OK, url=None, increase=counts)))
     total = aggregate(counted)
     return total.to_json() if total.ok else None
+
+
+def _by(answer: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The aggregate's `per_request.by` of a window's answer ({} without the proxy)."""
+    per_request = answer.get("per_request")
+    aggregate = per_request.get("aggregate") if isinstance(per_request, Mapping) else None
+    by = aggregate.get("by") if isinstance(aggregate, Mapping) else None
+    return by if isinstance(by, Mapping) else {}
+
+
+def _segment_length(segment: object) -> Estimate | None:
+    """A segment's acceptance length with its normal interval, None without a figure."""
+    figure = segment.get("acceptance_length") if isinstance(segment, Mapping) else None
+    if not isinstance(figure, Mapping) or any(
+            _number(figure.get(k)) is None for k in ("value", "low", "high")):
+        return None
+    return Estimate(figure["value"], figure["low"], figure["high"],
+                    (figure["high"] - figure["value"]) / Z)
+
+
+def compare_segments(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, list[Any]]:
+    """Acceptance length segment by segment: per dimension of the aggregate's segments, each
+    value in both windows with A, B, B - A and the verdict (`unknown` where a side has too few
+    requests for a figure)."""
+    by_a, by_b = _by(a), _by(b)
+    out: dict[str, list[Any]] = {}
+    for dimension, values in by_a.items():
+        theirs = by_b.get(dimension)
+        if not isinstance(values, Mapping) or not isinstance(theirs, Mapping):
+            continue
+        rows = []
+        for value in (v for v in values if v in theirs):
+            ea, eb = _segment_length(values[value]), _segment_length(theirs[value])
+            diff = normal_difference(ea, eb) if ea is not None and eb is not None else None
+            rows.append({"value": value, "a_requests": values[value].get("requests"),
+                         "b_requests": theirs[value].get("requests"),
+                         "a": ea and ea.as_dict(), "b": eb and eb.as_dict(),
+                         "difference": diff and diff.as_dict(),
+                         "verdict": (verdict(diff) if diff else Verdict.UNKNOWN).value})
+        if rows:
+            out[dimension] = rows
+    return out

@@ -37,6 +37,26 @@ def format_entry(name: str, entry: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _segment_text(e: Mapping[str, Any] | None, signed: bool = False) -> str:
+    return "too few requests" if e is None else estimate_text(e, ".3f", signed, _SPELLED)
+
+
+def format_segments(segments: Mapping[str, Any]) -> list[str]:
+    """Acceptance length segment by segment (the aggregate's), one table per dimension."""
+    lines = []
+    for dimension, entries in segments.items():
+        rows = [(dimension, "A", "B", "B - A", "verdict")] + [(
+            f"{row['value']} ({row['a_requests']}/{row['b_requests']} req)",
+            _segment_text(row["a"]), _segment_text(row["b"]),
+            _segment_text(row["difference"], signed=True), row["verdict"]) for row in entries]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines.append(f"[acceptance length by {dimension}]")
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+                  for r in rows]
+        lines.append("")
+    return lines
+
+
 def format_comparison(body: Mapping[str, Any]) -> str:
     """The whole `compare` console output."""
     lines = [f"A: {body['a']}", f"B: {body['b']}", ASSUMPTION + ".", ""]
@@ -46,6 +66,7 @@ def format_comparison(body: Mapping[str, Any]) -> str:
         lines += format_entry("all", body["aggregate"]) + [""]
     if not body["targets"] and body.get("aggregate") is None:
         lines += ["no target in both A and B has results to compare", ""]
+    lines += format_segments(body.get("segments") or {})
     for side, key in (("A", "only_in_a"), ("B", "only_in_b")):
         if body.get(key):
             lines.append(f"only in {side}: {', '.join(body[key])}")

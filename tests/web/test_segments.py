@@ -4,12 +4,15 @@ in flight key each request; the window's segments sum to its totals and those to
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
+from browser import Browser
 from conftest import free_port
 
 from exporter.config.model import validate_config
@@ -58,12 +61,13 @@ async def _post(session: aiohttp.ClientSession, url: str, tag: str | None,
 
 
 async def _wave(session: aiohttp.ClientSession, url: str, gate: Gate,
-                requests: list[tuple[str | None, dict[str, Any]]]) -> None:
+                requests: list[tuple[str | None, dict[str, Any]]],
+                header: str = "X-Run-Tag") -> None:
     """Send `requests` one after another while the upstream holds them, then let them go."""
     gate.open.clear()
     tasks = []
     for tag, body in requests:
-        tasks.append(asyncio.ensure_future(_post(session, url, tag, body)))
+        tasks.append(asyncio.ensure_future(_post(session, url, tag, body, header)))
         await gate.reached(gate.arrived + 1)  # each one's start sees those before it in flight
     gate.open.set()
     await asyncio.gather(*tasks)
@@ -148,3 +152,99 @@ class TestTagHeaderKey:
                                                "proxy": {}}]})
         assert config.targets[0].proxy is not None
         assert config.targets[0].proxy.tag_header == "X-Specdec-Tag"
+
+
+async def _run(exporter: Any, aiohttp_server: Any, window: str, acceptance: float) -> Any:
+    """A window of 24 requests through the proxy: 12 alone, then three waves of four at once,
+    tags `a` and `b` by turns."""
+    fake = FakeServer(k=3, acceptance=acceptance, per_request_metrics="summary", seed=len(window))
+    gate = Gate()
+    upstream = await aiohttp_server(gate.app(fake))
+    port = free_port()
+    under = await exporter({"targets": [{
+        "name": "v", "url": str(upstream.make_url("/metrics")),
+        "proxy": {"listen": f"127.0.0.1:{port}"}}]})
+    await under.round()
+    await under.start(id=window)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    body = {"model": "m", "prompt": "p", "max_tokens": 40}
+    async with aiohttp.ClientSession() as session:
+        gate.open.set()
+        for i in range(12):
+            await _post(session, url, "ab"[i % 2], body, "X-Specdec-Tag")
+        for _ in range(3):
+            await _wave(session, url, gate, [("ab"[i % 2], body) for i in range(4)],
+                        "X-Specdec-Tag")
+    return under, await under.stop(window)
+
+
+MEASURE = """JSON.stringify({
+    overflow: document.documentElement.scrollWidth - window.innerWidth,
+    charts: [...document.querySelectorAll('svg.chart.segments')].map(svg => {
+        const box = svg.getBoundingClientRect();
+        return {label: svg.getAttribute('aria-label'), width: box.width,
+                dots: [...svg.querySelectorAll('circle')].map(c => {
+                    const r = c.getBoundingClientRect();
+                    return r.left >= box.left && r.right <= box.right; }),
+                whiskers: svg.querySelectorAll('line').length,
+                none: [...svg.querySelectorAll('text')].filter(
+                    t => t.textContent.startsWith('too few')).length}; }),
+    tables: [...document.querySelectorAll('table.segments')].map(t => ({
+        scrolls: t.closest('.scroll') !== null, rows: t.querySelectorAll('tr').length - 1}))})"""
+
+
+@pytest.mark.e2e
+class TestSegmentPages:
+    async def test_window_and_compare_pages_draw_segments_in_headless_chromium(
+            self, exporter: Any, aiohttp_server: Any, tmp_path: Any) -> None:
+        under, first = await _run(exporter, aiohttp_server, "w1", 0.8)
+        by = first["per_request"]["aggregate"]["by"]
+        assert {c: s["requests"] for c, s in by["concurrency"].items()} == {
+            "1": 15, "2-3": 6, "4-7": 3}
+        assert by["concurrency"]["1"]["acceptance_length"] is not None
+        assert by["concurrency"]["4-7"]["acceptance_length"] is None
+        base = str(under.client.make_url("/")).rstrip("/")
+        async with Browser(tmp_path / "profile") as browser:
+            seen = {}
+            for width in (1400, 400):
+                await browser.open(f"{base}/windows/w1", width)
+                seen[width] = json.loads(await browser.evaluate(MEASURE))
+                await browser.screenshot(f"segments-window-{width}px")
+            await browser.open(f"{base}/compare?a=w1&b=w1", 1400)
+            compared = json.loads(await browser.evaluate(MEASURE))
+        for width, facts in seen.items():
+            assert facts["overflow"] <= 0, width
+            charts = {c["label"]: c for c in facts["charts"]}
+            assert list(charts) == ["acceptance length by concurrency", "acceptance length by tag"]
+            concurrency, tag = charts.values()
+            # 1 has a figure; 2-3 and 4-7 are too few (fewer than 10 requests): said, not drawn
+            assert concurrency["dots"] == [True] and concurrency["none"] == 2
+            assert tag["dots"] == [True, True] and tag["none"] == 0
+            assert tag["whiskers"] == 2 and 0 < tag["width"] <= width
+        assert compared["overflow"] <= 0
+        assert compared["tables"] and all(t["scrolls"] for t in compared["tables"])
+        rows = {r["rows"] for r in compared["tables"]}
+        assert len(compared["tables"]) == 6 and 3 in rows  # six dimensions; 3 concurrency bands
+
+    async def test_compare_lines_up_segments_in_json_and_on_the_console(
+            self, exporter: Any, aiohttp_server: Any) -> None:
+        under, _ = await _run(exporter, aiohttp_server, "w1", 0.9)
+        url = str(under.client.make_url("/")).rstrip("/")
+        for args, want in ((["--json"], "json"), ([], "text")):
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "exporter", "compare", "w1", "w1", "--exporter", url,
+                *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await proc.communicate()
+            assert proc.returncode == 0, err
+            if want == "json":
+                segments = json.loads(out)["segments"]
+                assert [r["value"] for r in segments["tag"]] == ["a", "b"]
+                row = segments["concurrency"][0]
+                assert (row["value"], row["a_requests"], row["verdict"]) == (
+                    "1", 15, "no significant difference")
+                assert row["difference"]["value"] == 0 and row["a"] == row["b"]
+                assert segments["concurrency"][2]["verdict"] == "unknown"  # 4-7: too few
+            else:
+                text = out.decode()
+                assert "[acceptance length by tag]" in text
+                assert "4-7 (3/3 req)" in text and "too few requests" in text

@@ -81,6 +81,28 @@ def _entry_table(name: str, entry: Mapping[str, Any]) -> str:
     return f"<h3>{escape(name)}{drafts}</h3>{table}{notes}"
 
 
+def segment_tables(segments: Mapping[str, Any]) -> str:
+    """Acceptance length segment by segment (the aggregate's): one table per dimension."""
+    def cell(e: Mapping[str, Any] | None, signed: bool = False) -> str:
+        return "<small>too few requests</small>" if e is None else estimate_text(
+            e, ".3f", signed)
+
+    out = []
+    for dimension, entries in segments.items():
+        rows = "".join(
+            f"<tr><td>{escape(str(r['value']))}</td><td>{r['a_requests']} / {r['b_requests']}"
+            f"</td><td>{cell(r['a'])}</td><td>{cell(r['b'])}</td><td>"
+            f"{interval_svg(r['a'], r['b']) if r['a'] and r['b'] else ''}</td>"
+            f"<td>{cell(r['difference'], True)}</td>"
+            f'<td class="{_VERDICT_CLASS.get(r["verdict"], "same")}">{escape(r["verdict"])}'
+            "</td></tr>" for r in entries)
+        out.append(f'<h3>acceptance length by {escape(dimension)}</h3><div class="scroll">'
+                   f'<table class="segments"><tr><th>{escape(dimension)}</th><th>requests A / B'
+                   "</th><th>A</th><th>B</th><th></th><th>B − A</th><th>verdict</th></tr>"
+                   f"{rows}</table></div>")
+    return "".join(out)
+
+
 def _window_head(side: str, answer: Mapping[str, Any]) -> str:
     wid = str(answer.get("id", ""))
     return (f'<div><h2>{side}: <a href="/windows/{escape(wid, quote=True)}">{escape(wid)}</a>'
@@ -114,6 +136,7 @@ def render_compare(a: Mapping[str, Any], b: Mapping[str, Any],
 <p><small>{escape(ASSUMPTION)}. Better and worse mean the 95% interval of B − A excludes 0.
 </small></p>
 {''.join(sections)}
+{segment_tables(body["segments"])}
 {only}
 <div class="side">{_advice_column("A", a)}{_advice_column("B", b)}</div>"""
     return page(title, body_html, style=_STYLE)

@@ -1,8 +1,10 @@
-"""The window page's per-request section: how acceptance spread across the proxied requests,
-one box plot per target on one acceptance-length axis."""
+"""The window page's per-request sections: how acceptance spread across the proxied requests,
+one box plot per target on one acceptance-length axis; and acceptance length by concurrency and
+by tag, each segment with its 95% interval."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from html import escape
 from typing import Any
@@ -83,3 +85,65 @@ def per_request_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> 
             + (spread_chart(boxes) if boxes else "")
             + table(["target", "requests", "with stats", "mean", "p5", "p50", "p95", "note"],
                     rows))
+
+
+CHARTED = ("concurrency", "tag")  # the segments the page draws (all are in the JSON)
+
+
+def _figure(segment: object) -> tuple[float, float, float] | None:
+    """A segment's acceptance length and interval if all are numbers (a peer's is not vetted)."""
+    length = segment.get("acceptance_length") if isinstance(segment, Mapping) else None
+    if not isinstance(length, Mapping) or not all(
+            isinstance(length.get(k), int | float) for k in ("value", "low", "high")):
+        return None
+    return float(length["value"]), float(length["low"]), float(length["high"])
+
+
+def segment_chart(dimension: str, segments: Mapping[str, Any]) -> str:
+    """An inline SVG: per segment its acceptance length (dot) and 95% interval (whisker), or
+    why it has none, on one axis from 1."""
+    figures = {str(v): _figure(s) for v, s in segments.items()}
+    top = float(math.ceil(max([2.0] + [f[2] for f in figures.values() if f is not None])))
+    height = ROW * len(figures) + 20
+
+    def x(value: float) -> float:
+        return LEFT + (max(value, 1.0) - 1.0) / (top - 1.0) * WIDTH
+
+    parts = [f'<svg class="chart segments" viewBox="0 0 {LEFT + WIDTH + 20} {height}" '
+             f'role="img" aria-label="acceptance length by {escape(dimension)}">']
+    for i, (value, figure) in enumerate(figures.items()):
+        mid = i * ROW + ROW / 2
+        requests = segments[value].get("requests") if isinstance(segments[value], Mapping) else 0
+        parts.append(f'<text x="{LEFT - 6}" y="{mid + 4:.1f}" font-size="11" text-anchor="end">'
+                     f"{escape(value)} ({escape(str(requests))})</text>")
+        if figure is None:
+            parts.append(f'<text x="{LEFT + 4}" y="{mid + 4:.1f}" font-size="11" fill="#888">'
+                         "too few requests for a figure</text>")
+            continue
+        value_, low, high = figure
+        parts.append(f'<line x1="{x(low):.1f}" x2="{x(high):.1f}" y1="{mid:.1f}" y2="{mid:.1f}"'
+                     f' stroke="#3b7dd8" stroke-width="2"/><circle cx="{x(value_):.1f}" '
+                     f'cy="{mid:.1f}" r="4" fill="#3b7dd8"><title>{fmt(value_, LENGTH)} '
+                     f"[{fmt(low, LENGTH)}, {fmt(high, LENGTH)}]</title></circle>")
+    for tick in range(1, int(top) + 1):
+        parts.append(f'<text x="{x(tick):.1f}" y="{height - 6}" font-size="10" '
+                     f'text-anchor="middle">{tick}</text>')
+    return "".join(parts) + "</svg>"
+
+
+def segments_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
+    """Acceptance length by concurrency and by tag over every proxied target (the aggregate)."""
+    block = state.get("per_request")
+    aggregate = block.get("aggregate") if isinstance(block, Mapping) else None
+    by = aggregate.get("by") if isinstance(aggregate, Mapping) else None
+    if not isinstance(by, Mapping):
+        return ""
+    charts = [f"<h3>by {escape(d)}</h3>" + segment_chart(d, by[d]) for d in CHARTED
+              if isinstance(by.get(d), Mapping) and by[d]]
+    if not charts:
+        return ""
+    return ("<h2>Acceptance length by concurrency and by tag (recording proxy)</h2><p><small>"
+            "Token-weighted within each segment (1 + accepted / steps) with its 95% interval "
+            "(delta method over requests); concurrency is the requests in flight through the "
+            "proxy as each started; the tag is the client's X-Specdec-Tag header. Segments of "
+            "fewer than 10 requests give no figure.</small></p>" + "".join(charts))

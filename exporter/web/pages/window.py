@@ -21,7 +21,7 @@ from exporter.web.pages.html import (
     position_bars,
     table,
 )
-from exporter.web.pages.requests import per_request_section
+from exporter.web.pages.requests import per_request_section, segments_section
 
 Section = Callable[[Mapping[str, Any], Mapping[str, Any]], str]
 Point = tuple[float, float]
@@ -225,7 +225,7 @@ def advisor_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
 # The answer first (results, per position, per request), then how it came about, and the
 # console text, which says the same as the tables, last.
 SECTIONS: list[Section] = [header_section, results_section, positions_section,
-                           per_request_section, unobserved_section, chart_section,
+                           per_request_section, segments_section, unobserved_section, chart_section,
                            advisor_section, console_section]
 
 
