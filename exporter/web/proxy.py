@@ -15,7 +15,7 @@ from aiohttp import web
 
 from exporter.config.model import Config, ProxyConfig
 from exporter.core.perrequest import RequestStats
-from exporter.core.segments import InFlight
+from exporter.core.segments import TAG_HEADER, InFlight
 from exporter.core.shards import owner
 from exporter.server.edges import TrafficEdges
 from exporter.web.guard import GuardedSite
@@ -71,14 +71,14 @@ class Proxying:
     pending: asyncio.Task[None] | None = None
     lengths: RequestLengths = field(default_factory=RequestLengths)  # the live histogram
     flights: dict[str, InFlight] = field(default_factory=dict)  # `/proxy/<name>/`'s
+    port_flights: dict[str, InFlight] = field(default_factory=dict)  # each port's own
 
     def upstream(self, name: str) -> Upstream | None:
         """The upstream of a configured target by name, or None."""
         config = self.config()
         for target in config.targets:
             if target.name == name and _ours(config, name):
-                flight = self.flights.setdefault(name, InFlight())
-                flight.header = target.proxy.tag_header if target.proxy else flight.header
+                flight = self.flights.setdefault(name, InFlight(_tag_header(target.proxy)))
                 return Upstream(name, origin_of(target.api_url or target.url), self._record,
                                 self.edges, os.environ.get(config.auth.token_env, ""),
                                 _timeouts(target.proxy), flight)
@@ -95,8 +95,9 @@ class Proxying:
             return None
         home = asyncio.get_running_loop()
         edges = HandedEdges(self.edges, home) if self.edges is not None else None
+        flight = self.port_flights[name] = InFlight(upstream.flight.header)  # on its loop
         return replace(upstream, record=handed_record(home, self._record), edges=edges,
-                       flight=InFlight(upstream.flight.header))  # the port's own, on its loop
+                       flight=flight)
 
     async def serve(self, app: web.Application) -> AsyncGenerator[None, None]:
         """cleanup_ctx: every target's `proxy.listen`; OSError naming the key for a taken port."""
@@ -128,6 +129,10 @@ class Proxying:
         """Make the open ports those of the config; a taken one is logged (raised if strict)."""
         config = self.seen = self.config()
         self.lengths.keep({t.name: t.labels for t in config.targets})
+        for t in config.targets:  # a new tag header applies to the open ports too
+            for flight in (self.flights.get(t.name), self.port_flights.get(t.name)):
+                if flight is not None:
+                    flight.header = _tag_header(t.proxy)
         wanted = {t.name: (i, (t.proxy.listen, origin_of(t.api_url or t.url)))
                   for i, t in enumerate(config.targets)
                   if t.proxy and t.proxy.listen and _ours(config, t.name)}
@@ -171,6 +176,10 @@ async def _opened(app: web.Application, listen: str, header_timeout: float) -> w
         await runner.cleanup()
         raise
     return runner
+
+
+def _tag_header(proxy: ProxyConfig | None) -> str:
+    return TAG_HEADER if proxy is None else proxy.tag_header
 
 
 def _timeouts(proxy: ProxyConfig | None) -> Timeouts:

@@ -3,6 +3,7 @@ and reading back (a peer's block, a window saved before segments)."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from exporter.core.perrequest import PerRequest, RequestStats
+from exporter.core.requestblock import merged_block
 from exporter.core.segments import (
     DIMENSIONS,
     MAX_SEGMENTS,
@@ -207,3 +209,21 @@ class TestReadBack:
             by["tag"] |= {f"z{i}": by["tag"]["a"] for i in range(MAX_SEGMENTS + 1)}
         with pytest.raises(ValueError):
             PerRequest.from_block(block)
+
+
+class TestFleetAndState:
+    def test_shards_blocks_merge_to_the_segments_of_one_tally(self) -> None:
+        one, two = _random_tally(8), _random_tally(9)
+        merged = merged_block({"x": one.answer(), "y": two.answer()}, None)["aggregate"]
+        whole = _random_tally(8)
+        whole.merge(_random_tally(9))
+        assert merged["by"] == whole.answer()["by"]
+        _sums_match(merged)
+
+    def test_an_open_windows_saved_tally_keeps_its_segments(self) -> None:
+        acc = _random_tally(10)
+        again = PerRequest.from_dict(json.loads(json.dumps(acc.to_dict())))
+        assert again.answer()["by"] == acc.answer()["by"]
+        again.record(_stats("a", [1, 2]))
+        acc.record(_stats("a", [1, 2]))
+        assert again.answer() == acc.answer()

@@ -19,6 +19,7 @@ from exporter.config.model import validate_config
 from exporter.core.errors import ConfigError
 from exporter.core.segments import DIMENSIONS
 from exporter.fakevllm import FakeServer, make_fake_app
+from exporter.web.proxy import PROXYING
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -137,6 +138,40 @@ class TestSegmentsThroughTheProxy:
         by = (await under.stop("w1"))["per_request"]["aggregate"]["by"]
         assert {t: s["requests"] for t, s in by["tag"].items()} == {"a": 1, "b": 1}
         assert {c: s["requests"] for c, s in by["concurrency"].items()} == {"1": 1, "2-3": 1}
+
+
+class TestTagHeaderReload:
+    async def test_a_reloaded_tag_header_applies_to_the_open_port_and_the_proxy_route(
+            self, exporter: Any, aiohttp_server: Any, tmp_path: Any) -> None:
+        fake = FakeServer(k=3, acceptance=0.7, per_request_metrics="summary")
+        upstream = await aiohttp_server(make_fake_app(fake))
+        port = free_port()
+        target = {"name": "v", "url": str(upstream.make_url("/metrics")),
+                  "proxy": {"listen": f"127.0.0.1:{port}"}}
+        path = tmp_path / "exporter.yaml"
+        path.write_text(json.dumps({"targets": [target]}))
+        under = await exporter({"targets": [target]}, config_path=str(path))
+        await under.round()
+        await under.start(id="w1")
+        body = {"model": "m", "prompt": "p", "max_tokens": 5}
+        urls = (f"http://127.0.0.1:{port}/v1/completions",
+                str(under.client.make_url("/proxy/v/v1/completions")))
+        async with aiohttp.ClientSession() as session:
+            for url in urls:
+                await _post(session, url, "before", body, "X-Specdec-Tag")
+            target["proxy"] |= {"tag_header": "X-Run-Tag"}
+            path.write_text(json.dumps({"targets": [target]}))
+            assert (await under.client.post("/-/reload")).status == 200
+            await under.round()
+            proxying = under.client.app[PROXYING]
+            assert proxying.pending is not None
+            await proxying.pending
+            for url in urls:
+                await _post(session, url, "after", body, "X-Run-Tag")
+                await _post(session, url, "ignored", body, "X-Specdec-Tag")
+        tags = (await under.stop("w1"))["per_request"]["aggregate"]["by"]["tag"]
+        assert {t: s["requests"] for t, s in tags.items()} == {
+            "after": 2, "before": 2, "untagged": 2}
 
 
 class TestTagHeaderKey:
