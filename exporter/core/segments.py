@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from statistics import NormalDist
@@ -88,14 +89,15 @@ class InFlight:
     header: str = TAG_HEADER
     count: int = 0
 
-    def start(self, headers: Mapping[str, str], body: bytes | None) -> RequestContext:
-        """One more request in flight: its context."""
+    @contextmanager
+    def counted(self, headers: Mapping[str, str], body: bytes | None
+                ) -> Iterator[RequestContext]:
+        """One more request in flight while inside: its context."""
         self.count += 1
-        return request_context(headers.get(self.header), body, self.count)
-
-    def end(self) -> None:
-        """A request in flight has ended."""
-        self.count -= 1
+        try:
+            yield request_context(headers.get(self.header), body, self.count)
+        finally:
+            self.count -= 1
 
 
 def band(value: int | None) -> str:

@@ -176,16 +176,25 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
                       " (the relayed body limit, 64 MiB)")
     edges = upstream.edges
     tickets = await edges.arrive(upstream.target) if edges is not None else []
-    small = request.body_exists and (request.content_length or SMALL_BODY) < SMALL_BODY
-    context = upstream.flight.start(request.headers, await request.read() if small else None)
-    record = upstream.record
-    stamped = replace(upstream, record=lambda t, stats: record(t, replace(stats, context=context)))
     try:
-        return await _while_connected(request, _forward(request, session, stamped, path))
+        return await _while_connected(request, _keyed(request, session, upstream, path))
     finally:
-        upstream.flight.end()
         if edges is not None:
             edges.done(tickets)
+
+
+async def _keyed(request: web.Request, session: aiohttp.ClientSession, upstream: Upstream,
+                 path: str) -> web.StreamResponse:
+    """`_forward`, the request counted in flight and its record keyed by its tag, body and
+    load (per_request.by)."""
+    body = None
+    if request.body_exists and (request.content_length or SMALL_BODY) < SMALL_BODY:
+        with contextlib.suppress(aiohttp.ClientError, OSError):  # _forward meets it and answers
+            body = await request.read()  # kept: `_Body` sends these bytes
+    with upstream.flight.counted(request.headers, body) as context:
+        record = upstream.record
+        return await _forward(request, session, replace(upstream, record=lambda t, stats: record(
+            t, replace(stats, context=context))), path)
 
 
 async def _while_connected(request: web.Request,

@@ -109,10 +109,12 @@ class TestKeys:
 
     def test_the_in_flight_count_is_each_requests_own_start(self) -> None:
         flight = InFlight("X-Tag")
-        first = flight.start({"X-Tag": "a"}, None)
-        second = flight.start({}, b'{"model": "q", "temperature": 1}')
-        flight.end()
-        third = flight.start({"X-Tag": "c"}, None)
+        with flight.counted({"X-Tag": "a"}, None) as first:
+            with flight.counted({}, b'{"model": "q", "temperature": 1}') as second:
+                pass
+            with pytest.raises(OSError), flight.counted({"X-Tag": "c"}, None) as third:
+                raise OSError  # a relay that fails leaves the count too
+        assert flight.count == 0
         assert (first.concurrency, second.concurrency, third.concurrency) == (1, 2, 2)
         assert (first.tag, second.tag, second.model, second.temperature) == ("a", None, "q", "1")
 
