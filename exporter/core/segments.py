@@ -140,18 +140,28 @@ class Segment:
         if spec is None:
             return
         self.with_stats += 1
-        n, d, a = (spec[k] for k in SUM_KEYS)
-        partial = is_partial(spec)
-        steps = {} if partial else {"k_n": 1, "n": n, "a_n": a, "nn": n * n, "an": a * n,
-                                     "aa_n": a * a}
-        for key, value in (steps | {"k_d": 1, "d": d, "a": a, "dd": d * d, "ad": a * d,
-                                    "aa": a * a}).items():
-            if self.moments is not None:
-                self.moments[key] += value
-        for key, value in zip(SUM_KEYS, (0 if partial else n, d, a), strict=True):
-            self.sums[key] += value
-        if not partial:
-            add_counts(self.histogram, spec["acceptance_histogram"])
+        n, d, a = (spec[key] for key in SUM_KEYS)
+        sums, m = self.sums, self.moments
+        sums["num_draft_tokens"] += d
+        sums["num_accepted_draft_tokens"] += a
+        if m is not None:
+            m["k_d"] += 1
+            m["d"] += d
+            m["a"] += a
+            m["dd"] += d * d
+            m["ad"] += a * d
+            m["aa"] += a * a
+        if is_partial(spec):
+            return
+        sums["num_spec_steps"] += n
+        add_counts(self.histogram, spec["acceptance_histogram"])
+        if m is not None:
+            m["k_n"] += 1
+            m["n"] += n
+            m["a_n"] += a
+            m["nn"] += n * n
+            m["an"] += a * n
+            m["aa_n"] += a * a
 
     def merge(self, other: Segment) -> None:
         """Add another segment's requests."""
@@ -231,9 +241,12 @@ class Segments:
 
     def _slot(self, dimension: str, value: str) -> Segment:
         values = self.by[dimension]
-        if value not in values and len(values) >= MAX_SEGMENTS:
-            value = OTHER
-        return values.setdefault(value, Segment())
+        segment = values.get(value)
+        if segment is None:
+            if len(values) >= MAX_SEGMENTS:
+                value = OTHER
+            segment = values.get(value) or values.setdefault(value, Segment())
+        return segment
 
     def record(self, stats: Any) -> None:
         """One request (a perrequest.RequestStats) in its segment of each dimension."""
