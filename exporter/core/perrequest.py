@@ -318,8 +318,8 @@ class PerRequest:
         if acc.unreadable + acc.lengths.count + acc.partial > acc.requests or (
                 sum(acc.reasons.values()) > acc.unreadable):
             raise ValueError("more requests with figures than requests")
-        acc.by = Segments.from_block(block.get("by"), Segment(
-            acc.requests, acc.lengths.count + acc.partial, dict(acc.sums), list(acc.histogram)))
+        acc.by = Segments.from_block(block.get("by"), Segment.totals(
+            acc.requests, acc.lengths.count + acc.partial, acc.sums, acc.histogram))
         return acc
 
     def to_dict(self) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
+from operator import add
 from statistics import NormalDist
 from typing import Any
 
@@ -23,6 +24,9 @@ TAG_HEADER = "X-Specdec-Tag"
 # Distinct values kept per dimension: a client's tag is its own text, so past this many the
 # rest fall in OTHER rather than growing the state without bound.
 MAX_SEGMENTS = 32
+# Requests of one combination of keys are added together and folded into each dimension when
+# read: a record costs one addition, not one per dimension.
+MAX_COMBINED = 256
 MIN_REQUESTS = 10  # fewer requests in a ratio than this give no figure, only a note
 OTHER, UNKNOWN, UNTAGGED, DEFAULT = "other", "unknown", "untagged", "default"
 _TEXT = re.compile(r"[A-Za-z0-9._:/@+=-]{1,128}")
@@ -110,99 +114,101 @@ def band(value: int | None) -> str:
     return f"{low}-{2 * low - 1}"
 
 
-def keys_of(stats: Any) -> dict[str, str]:
-    """A request's segment in each dimension (`stats` a perrequest.RequestStats)."""
+_UNKNOWN_KEYS = (UNKNOWN,) * len(DIMENSIONS)
+
+
+def keys_of(stats: Any) -> tuple[str, ...]:
+    """A request's segment in each dimension, in DIMENSIONS order (`stats` a
+    perrequest.RequestStats)."""
     ctx: RequestContext | None = stats.context
     if ctx is None:
-        return dict.fromkeys(DIMENSIONS, UNKNOWN)
+        return _UNKNOWN_KEYS
     model = stats.model or ctx.model
-    return {"tag": UNTAGGED if ctx.tag is None else _text(ctx.tag),
-            "model": UNKNOWN if model is None else _text(model),
-            "prompt_tokens": band(stats.prompt_tokens),
-            "output_tokens": band(stats.completion_tokens),
-            "temperature": ctx.temperature, "concurrency": band(ctx.concurrency)}
+    return (UNTAGGED if ctx.tag is None else _text(ctx.tag),
+            UNKNOWN if model is None else _text(model), band(stats.prompt_tokens),
+            band(stats.completion_tokens), ctx.temperature, band(ctx.concurrency))
+
+
+_FIELDS = ("requests", "with_stats", *SUM_KEYS, *MOMENTS)
+_NONE = (1,) + (0,) * (len(_FIELDS) - 1)  # a request without figures
+
+
+def delta(spec: dict[str, Any] | None) -> tuple[int, ...]:
+    """What one request (its spec-decode object, None without figures) adds to a segment's
+    counts, in `_FIELDS` order: made once, added to a segment in each dimension."""
+    if spec is None:
+        return _NONE
+    n, d, a = (spec[key] for key in SUM_KEYS)
+    tokens = (1, d, a, d * d, a * d, a * a)  # k_d, d, a, dd, ad, aa
+    if is_partial(spec):  # no steps: in the rate, not the length
+        return (1, 1, 0, d, a, 0, 0, 0, 0, 0, 0, *tokens)
+    return (1, 1, n, d, a, 1, n, a, n * n, a * n, a * a, *tokens)
 
 
 @dataclass
 class Segment:
-    """One segment's requests: counts, exact sums, histogram and moments (None: saved before
-    segments were kept, so no interval)."""
+    """One segment's requests: counts, exact sums and moments (`_FIELDS`), its histogram, and
+    whether its moments were kept (not in a window saved before segments: no interval)."""
 
-    requests: int = 0
-    with_stats: int = 0
-    sums: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SUM_KEYS, 0))
+    counts: list[int] = field(default_factory=lambda: [0] * len(_FIELDS))
     histogram: list[int] = field(default_factory=list)
-    moments: dict[str, int] | None = field(default_factory=lambda: dict.fromkeys(MOMENTS, 0))
+    kept: bool = True
 
-    def add(self, spec: dict[str, Any] | None) -> None:
-        """One request (its spec-decode object, None without figures)."""
-        self.requests += 1
-        if spec is None:
-            return
-        self.with_stats += 1
-        n, d, a = (spec[key] for key in SUM_KEYS)
-        sums, m = self.sums, self.moments
-        sums["num_draft_tokens"] += d
-        sums["num_accepted_draft_tokens"] += a
-        if m is not None:
-            m["k_d"] += 1
-            m["d"] += d
-            m["a"] += a
-            m["dd"] += d * d
-            m["ad"] += a * d
-            m["aa"] += a * a
-        if is_partial(spec):
-            return
-        sums["num_spec_steps"] += n
-        add_counts(self.histogram, spec["acceptance_histogram"])
-        if m is not None:
-            m["k_n"] += 1
-            m["n"] += n
-            m["a_n"] += a
-            m["nn"] += n * n
-            m["an"] += a * n
-            m["aa_n"] += a * a
+    @classmethod
+    def totals(cls, requests: int, with_stats: int, sums: Mapping[str, int],
+               histogram: list[int]) -> Segment:
+        """A segment of these totals without moments."""
+        counts = [requests, with_stats, *(sums[k] for k in SUM_KEYS)] + [0] * len(MOMENTS)
+        return cls(counts, list(histogram), kept=False)
+
+    @property
+    def requests(self) -> int:
+        """Its requests, with figures or not."""
+        return self.counts[0]
+
+    def head(self) -> tuple[list[int], list[int]]:
+        """Requests, with figures, the sums, and the histogram: what must add up."""
+        return self.counts[:5], self.histogram
+
+    def add(self, change: tuple[int, ...], histogram: list[int] | None) -> None:
+        """One request: its `delta` and its histogram (None when it has none)."""
+        self.counts[:] = map(add, self.counts, change)
+        if histogram is not None:
+            add_counts(self.histogram, histogram)
 
     def merge(self, other: Segment) -> None:
         """Add another segment's requests."""
-        self.requests += other.requests
-        self.with_stats += other.with_stats
-        for key in SUM_KEYS:
-            self.sums[key] += other.sums[key]
-        add_counts(self.histogram, other.histogram)
-        if self.moments is None or other.moments is None:
-            self.moments = None
-        else:
-            for key in MOMENTS:
-                self.moments[key] += other.moments[key]
+        self.add(tuple(other.counts), other.histogram)
+        self.kept = self.kept and other.kept
 
     def answer(self, drafts: int | None) -> dict[str, Any]:
         """Its block: counts, sums, histogram, length and rate with intervals, share of the
         counters' drafts (`drafts`, None without counters)."""
-        length, note = ratio(self.moments, "n", "a_n", "nn", "an", "aa_n", "k_n")
-        rate, _ = ratio(self.moments, "d", "a", "dd", "ad", "aa", "k_d")
+        named = dict(zip(_FIELDS[:5], self.counts, strict=False))
+        moments = dict(zip(MOMENTS, self.counts[5:], strict=True)) if self.kept else None
+        length, note = ratio(moments, "n", "a_n", "nn", "an", "aa_n", "k_n")
+        rate, _ = ratio(moments, "d", "a", "dd", "ad", "aa", "k_d")
         if length is not None:
             length = {k: 1 + v for k, v in length.items()}
-        return {"requests": self.requests, "with_stats": self.with_stats, **self.sums,
-                "acceptance_histogram": list(self.histogram), "acceptance_length": length,
-                "draft_acceptance_rate": rate, "note": note,
-                "share_of_drafts": self.sums["num_spec_steps"] / drafts if drafts else None,
-                "moments": None if self.moments is None else dict(self.moments)}
+        return named | {
+            "acceptance_histogram": list(self.histogram), "acceptance_length": length,
+            "draft_acceptance_rate": rate, "note": note,
+            "share_of_drafts": named["num_spec_steps"] / drafts if drafts else None,
+            "moments": moments}
 
     @classmethod
     def from_block(cls, block: object) -> Segment:
         """Inverse of `answer`; `ValueError` when it is not one (a peer's)."""
         if not isinstance(block, Mapping):
             raise ValueError("a segment is not an object")
-        counts = [block.get(k) for k in ("requests", "with_stats", *SUM_KEYS)]
         hist, moments = block.get("acceptance_histogram"), block.get("moments")
-        if not all(natural(c) for c in counts) or not isinstance(hist, list) or not all(
-                natural(h) for h in hist) or not (moments is None or isinstance(
-                    moments, Mapping) and all(natural(moments.get(k)) for k in MOMENTS)):
+        values = [block.get(k) for k in _FIELDS[:5]] + [
+            0 if moments is None else moments.get(k) if isinstance(moments, Mapping) else None
+            for k in MOMENTS]
+        if not all(natural(v) for v in values) or not isinstance(hist, list) or not all(
+                natural(h) for h in hist):
             raise ValueError("a segment's counts are not counts")
-        sound = [c for c in counts if natural(c)]
-        return cls(sound[0], sound[1], dict(zip(SUM_KEYS, sound[2:], strict=True)),
-                   list(hist), None if moments is None else {k: moments[k] for k in MOMENTS})
+        return cls([v for v in values if natural(v)], list(hist), kept=moments is not None)
 
 
 def ratio(moments: Mapping[str, int] | None, den: str, num: str, dd: str, nd: str, nn: str,
@@ -234,10 +240,20 @@ def _sorted(values: Mapping[str, Segment]) -> dict[str, Segment]:
 
 @dataclass
 class Segments:
-    """A window's requests by dimension and value, at most MAX_SEGMENTS values (+ OTHER) each."""
+    """A window's requests by dimension and value, at most MAX_SEGMENTS values (+ OTHER) each.
+    A request is added once, to the segment of its keys in every dimension together
+    (`combined`); those are folded into each dimension's when read, or past MAX_COMBINED."""
 
     by: dict[str, dict[str, Segment]] = field(
         default_factory=lambda: {d: {} for d in DIMENSIONS})
+    combined: dict[tuple[str, ...], Segment] = field(default_factory=dict)
+
+    def _fold(self) -> None:
+        """Each combined segment into its value's segment of each dimension."""
+        for keys, segment in self.combined.items():
+            for dimension, value in zip(DIMENSIONS, keys, strict=True):
+                self._slot(dimension, value).merge(segment)
+        self.combined.clear()
 
     def _slot(self, dimension: str, value: str) -> Segment:
         values = self.by[dimension]
@@ -251,11 +267,19 @@ class Segments:
     def record(self, stats: Any) -> None:
         """One request (a perrequest.RequestStats) in its segment of each dimension."""
         spec = None if stats.unreadable is not None else stats.spec
-        for dimension, value in keys_of(stats).items():
-            self._slot(dimension, value).add(spec)
+        keys = keys_of(stats)
+        segment = self.combined.get(keys)
+        if segment is None:
+            if len(self.combined) >= MAX_COMBINED:
+                self._fold()
+            segment = self.combined[keys] = Segment()
+        histogram = None if spec is None or is_partial(spec) else spec["acceptance_histogram"]
+        segment.add(delta(spec), histogram)
 
     def merge(self, other: Segments) -> None:
         """Add another tally's segments (overflow past MAX_SEGMENTS into OTHER)."""
+        self._fold()
+        other._fold()
         for dimension, values in other.by.items():
             for value, segment in values.items():
                 self._slot(dimension, value).merge(segment)
@@ -263,6 +287,7 @@ class Segments:
     def answer(self, counters: Mapping[str, int] | None) -> dict[str, Any]:
         """`by`: each dimension's segments in order (`counters`: the window's increase)."""
         drafts = None if counters is None else counters.get("num_drafts")
+        self._fold()
         return {d: {v: s.answer(drafts) for v, s in _sorted(values).items()}
                 for d, values in self.by.items()}
 
@@ -271,8 +296,8 @@ class Segments:
         """Inverse of `answer`; a block without segments (saved before them) puts `whole` in
         UNKNOWN of each dimension; `ValueError` when malformed or not summing to `whole`."""
         if block is None:
-            return cls({d: {UNKNOWN: Segment(whole.requests, whole.with_stats, dict(whole.sums),
-                                             list(whole.histogram), None)} for d in DIMENSIONS})
+            return cls({d: {UNKNOWN: Segment(list(whole.counts), list(whole.histogram),
+                                             kept=False)} for d in DIMENSIONS})
         if not isinstance(block, Mapping) or set(block) != set(DIMENSIONS):
             raise ValueError("its segments are not by " + ", ".join(DIMENSIONS))
         out = cls()
@@ -280,11 +305,10 @@ class Segments:
             values = block[dimension]
             if not isinstance(values, Mapping) or len(values) > MAX_SEGMENTS + 1:
                 raise ValueError(f"its {dimension} segments are not a bounded object")
-            total = Segment(moments=None)
+            total = Segment()
             for value, segment in values.items():
                 out.by[dimension][str(value)] = parsed = Segment.from_block(segment)
                 total.merge(parsed)
-            if (total.requests, total.with_stats, total.sums, total.histogram) != (
-                    whole.requests, whole.with_stats, whole.sums, whole.histogram):
+            if total.head() != whole.head():
                 raise ValueError(f"its {dimension} segments do not sum to its requests")
         return out

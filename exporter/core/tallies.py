@@ -5,6 +5,7 @@ merge exactly (a fleet's shards, a window's targets)."""
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -105,8 +106,7 @@ def add_counts(into: list[int], more: list[int]) -> None:
     """Add `more` into `into` position by position, `into` grown to fit."""
     if len(more) > len(into):
         into.extend([0] * (len(more) - len(into)))
-    for j, count in enumerate(more):
-        into[j] += count
+    into[:len(more)] = map(operator.add, into, more)
 
 
 def natural(value: object) -> TypeGuard[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -14,14 +15,20 @@ from exporter.core.perrequest import PerRequest, RequestStats
 from exporter.core.requestblock import merged_block
 from exporter.core.segments import (
     DIMENSIONS,
+    MAX_COMBINED,
     MAX_SEGMENTS,
     MIN_REQUESTS,
     OTHER,
     InFlight,
     Segment,
     band,
+    delta,
     request_context,
 )
+
+
+def _add(segment: Segment, spec: dict[str, Any]) -> None:
+    segment.add(delta(spec), spec["acceptance_histogram"])
 
 
 def _spec(steps: int, accepted: list[int], k: int = 3) -> dict[str, Any]:
@@ -125,6 +132,22 @@ class TestSums:
             self, seed: int) -> None:
         _sums_match(_random_tally(seed).answer())
 
+    def test_more_combinations_than_are_held_together_fold_with_nothing_lost(self) -> None:
+        rng = random.Random(11)
+        acc, want = PerRequest(), Counter()
+        for _ in range(3 * MAX_COMBINED):
+            tag, concurrency = f"t{rng.randrange(20)}", rng.randint(1, 64)
+            acc.record(_stats(tag, [1, 2], concurrency=concurrency, prompt=rng.randint(1, 9000)))
+            want[tag, band(concurrency)] += 1
+        block = acc.answer()
+        _sums_match(block)
+        tags, loads = Counter(), Counter()
+        for (tag, load), n in want.items():
+            tags[tag] += n
+            loads[load] += n
+        assert {t: s["requests"] for t, s in block["by"]["tag"].items()} == dict(tags)
+        assert {c: s["requests"] for c, s in block["by"]["concurrency"].items()} == dict(loads)
+
     def test_merged_tallies_and_their_segments_still_sum_exactly(self) -> None:
         acc = _random_tally(1)
         acc.merge(_random_tally(2))
@@ -145,7 +168,7 @@ class TestInterval:
         seg = Segment()
         rows = [(4, [1, 2, 0, 3]), (2, [3, 3]), (5, [0, 0, 1, 0, 0])] * 4
         for steps, accepted in rows:
-            seg.add(_spec(steps, accepted))
+            _add(seg, _spec(steps, accepted))
         n = [s for s, _ in rows]
         a = [sum(x) for _, x in rows]
         r = sum(a) / sum(n)
@@ -166,7 +189,7 @@ class TestInterval:
             seg = Segment()
             for _ in range(40):
                 steps = rng.randint(1, 20)
-                seg.add(_spec(steps, [rng.choice([0, 1, 3]) for _ in range(steps)]))
+                _add(seg, _spec(steps, [rng.choice([0, 1, 3]) for _ in range(steps)]))
             length = seg.answer(None)["acceptance_length"]
             covered += length["low"] <= 1 + 4 / 3 <= length["high"]
         assert 0.91 <= covered / 400 <= 0.99
@@ -174,11 +197,11 @@ class TestInterval:
     def test_a_segment_with_too_few_requests_says_so_instead_of_a_number(self) -> None:
         seg = Segment()
         for _ in range(MIN_REQUESTS - 1):
-            seg.add(_spec(2, [1, 1]))
+            _add(seg, _spec(2, [1, 1]))
         block = seg.answer(None)
         assert block["acceptance_length"] is None and block["draft_acceptance_rate"] is None
         assert f"{MIN_REQUESTS - 1} requests" in block["note"] and "too few" in block["note"]
-        seg.add(_spec(2, [1, 1]))
+        _add(seg, _spec(2, [1, 1]))
         assert seg.answer(None)["acceptance_length"]["value"] == 2.0
 
 
