@@ -161,11 +161,6 @@ class Segment:
         counts = [requests, with_stats, *(sums[k] for k in SUM_KEYS)] + [0] * len(MOMENTS)
         return cls(counts, list(histogram), kept=False)
 
-    @property
-    def requests(self) -> int:
-        """Its requests, with figures or not."""
-        return self.counts[0]
-
     def head(self) -> tuple[list[int], list[int]]:
         """Requests, with figures, the sums, and the histogram: what must add up."""
         return self.counts[:5], self.histogram
