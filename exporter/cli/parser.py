@@ -116,6 +116,12 @@ def _fake_vllm(command: Command) -> None:
                            "speculation does")
     fake.add_argument("--per-request-spec-decode-metrics", choices=["summary", "detailed"],
                       help="put vLLM's per-request metrics.speculative_decoding in each answer")
+    fake.add_argument("--enable-per-request-metrics", action="store_true",
+                      help="put vLLM's per-request timings (metrics.mean_itl_ms, "
+                           "tokens_per_second, time_to_first_token_ms) in each answer")
+    fake.add_argument("--step-ms", type=float, default=0.0,
+                      help="milliseconds of one forward pass: answers take the time a server's "
+                           "would (default 0: at once)")
     fake.add_argument("--name-filter", default="honour", choices=["honour", "empty", "ignore"],
                       help="what the prometheus_client route (vLLM's /metrics/, SGLang's "
                            "/metrics) does with ?name[]=: honour it, answer nothing as a "

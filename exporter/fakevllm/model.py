@@ -13,6 +13,8 @@ from typing import Any
 
 from exporter.core.dialects import SIMULATED_DIALECTS, default_path
 
+DRAFT_COST = 0.1  # a drafted token's share of one forward pass, when steps take time
+
 
 @dataclass
 class EngineCounters:
@@ -51,12 +53,19 @@ class ServerModel:
     lora_adapters: int = 0
     # "", "summary" or "detailed": vLLM's --per-request-spec-decode-metrics.
     per_request_metrics: str = ""
+    # vLLM's --enable-per-request-metrics: each answer's timings (metrics.mean_itl_ms and more).
+    request_timing: bool = False
+    # Milliseconds of one forward pass (0: answers at once). A spec-decode step costs one pass
+    # plus DRAFT_COST of one per token drafted; without spec decode every token is a pass.
+    step_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if not 0.0 <= self.acceptance <= 1.0:
             raise ValueError(f"acceptance must be within 0..1, got {self.acceptance}")
+        if not 0.0 <= self.step_ms <= 60_000.0:
+            raise ValueError(f"step_ms must be within 0..60000, got {self.step_ms}")
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
         if self.dialect not in SIMULATED_DIALECTS:
@@ -160,6 +169,12 @@ class ServerModel:
         """Count one decode step as vLLM does: one draft, its tokens, its accepted prefix."""
         if self.spec_decode:
             self.add(engine, 1, proposed, [1] * accepted)
+
+    def step_seconds(self, proposed: int, accepted: int) -> float:
+        """How long one decode step (emitting 1 + accepted tokens) takes."""
+        if not self.spec_decode:
+            return self.step_ms / 1000 * (1 + accepted)
+        return self.step_ms / 1000 * (1 + DRAFT_COST * proposed)
 
     def pick_engine(self) -> int:
         """The data-parallel rank a new request lands on."""
