@@ -8,7 +8,7 @@ from typing import Any
 
 from exporter import __version__
 from exporter.cli.history import add_history
-from exporter.cli.reports import cmd_advise, cmd_compare, draft_cost
+from exporter.cli.reports import cmd_advise, cmd_compare, draft_cost, speed_ratio
 from exporter.cli.serving import cmd_check_config, cmd_demo, cmd_fake_vllm, cmd_serve
 from exporter.cli.windows import cmd_measure, cmd_run, cmd_window_start, cmd_window_stop
 from exporter.core.dialects import SIMULATED_DIALECTS
@@ -221,7 +221,8 @@ def _compare(command: Command) -> None:
         "compare", "is B better than A? per target and overall, with 95%% intervals",
         description="Compare two stopped windows (ids on --exporter) or two result folders "
                     "holding performances/spec_decode_*.json (ours or AISBench's). Exit 0, "
-                    "1 when a --fail-if-worse gate trips, 2 when they cannot be compared.")
+                    "1 when a --fail-if-worse or --fail-if-slower gate trips, 2 when they cannot "
+                    "be compared.")
     compare.add_argument("a", metavar="A", help="window id (with --exporter) or result folder")
     compare.add_argument("b", metavar="B", help="window id (with --exporter) or result folder")
     compare.add_argument("--exporter", help="exporter base URL: A and B are window ids on it")
@@ -232,6 +233,11 @@ def _compare(command: Command) -> None:
         help="exit 1 when B is significantly worse than A by more than LIMIT: "
              "acceptance_length=2%% (relative) or acceptance_rate=1.5 (absolute, in the "
              "metric's unit); metrics: acceptance_rate, acceptance_length, position_<i>")
+    compare.add_argument(
+        "--fail-if-slower", nargs="?", const=1.0, type=speed_ratio, metavar="RATIO",
+        help="A ran without speculative decoding, B with it: exit 1 when B's speed-up in "
+             "tokens per second per request lies, with 95%% confidence, below RATIO (default "
+             "1: B slower than A); 2 when the windows carry no timings")
     compare.set_defaults(func=cmd_compare)
 
 

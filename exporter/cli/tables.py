@@ -63,6 +63,40 @@ def format_comparison(body: Mapping[str, Any]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def _speed_lines(name: str, entry: Mapping[str, Any]) -> list[str]:
+    rows = [("figure", "A", "B", "speed-up B over A [95%]", "verdict")]
+    for row in entry["rows"]:
+        up = row["speedup"]
+        rows.append((f"{row['figure']} {row['stat']}", f"{row['a']:.4g}", f"{row['b']:.4g}",
+                     estimate_text(up, ".3f", spelled=_SPELLED) + "x", row["verdict"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return [f"[{name}]  timed answers A: {entry['a_timed']}, B: {entry['b_timed']}"] + [
+        "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        for r in rows]
+
+
+def format_speedup(body: Mapping[str, Any]) -> str:
+    """`compare`'s paired speed-up section and its gate (none when no window was timed)."""
+    speed = body.get("speedup")
+    if speed is None:
+        return ""
+    lines = ["", "Paired speed-up (A without speculative decoding, B with it): " + speed["method"]]
+    for name, entry in speed["targets"].items():
+        lines += _speed_lines(name, entry)
+    if speed["aggregate"] is not None and len(speed["targets"]) != 1:
+        lines += _speed_lines("all", speed["aggregate"])
+    lines += [f"no timings in {side}" for side in speed["missing"]]
+    lines.append(f"not split {speed['not_split']}")
+    gate = body.get("speed_gate")
+    for check in (gate or {}).get("checks", []):
+        up = check["speedup"]
+        if up["high"] is not None:
+            lines.append(f"{'FAIL' if check['tripped'] else 'pass'} --fail-if-slower "
+                         f"{check['ratio']:g} [{check['target']}]: speed-up {up['value']:.3f}x,"
+                         f" at most {up['high']:.3f}x with 95% confidence")
+    return "\n".join(lines) + "\n"
+
+
 def format_advice(name: str, advice: Mapping[str, Any] | None) -> str:
     """One target's advisor table."""
     lines = [f"========== Speculation advisor  [{name}] =========="]

@@ -53,7 +53,7 @@ class Spread:
 
     def quantile(self, q: float) -> float:
         """The q quantile, within 0.5% of the exact one."""
-        return math.exp(self.logs.quantile(q))
+        return self.logs.quantile(q, math.exp)
 
     def variance(self) -> float:
         """The values' variance (n - 1), exact up to float rounding; 0 for one value."""
