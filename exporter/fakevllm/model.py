@@ -55,8 +55,8 @@ class ServerModel:
     per_request_metrics: str = ""
     # vLLM's --enable-per-request-metrics: each answer's timings (metrics.mean_itl_ms and more).
     request_timing: bool = False
-    # Milliseconds of one forward pass (0: answers at once). A spec-decode step costs one pass
-    # plus DRAFT_COST of one per token drafted; without spec decode every token is a pass.
+    # Milliseconds of one forward pass (0: answers at once); a step costs one pass plus
+    # DRAFT_COST of one per token drafted.
     step_ms: float = 0.0
 
     def __post_init__(self) -> None:
@@ -156,6 +156,8 @@ class ServerModel:
     def plan_steps(self, tokens: int) -> list[tuple[int, int]]:
         """Decode steps emitting exactly `tokens` tokens (the last one cut, as at max_tokens)."""
         check_count("tokens", tokens)
+        if not self.spec_decode:
+            return [(0, 0)] * tokens  # one token a step: nothing drafted
         conditional = self._conditional()
         steps = []
         left = tokens
@@ -170,10 +172,8 @@ class ServerModel:
         if self.spec_decode:
             self.add(engine, 1, proposed, [1] * accepted)
 
-    def step_seconds(self, proposed: int, accepted: int) -> float:
-        """How long one decode step (emitting 1 + accepted tokens) takes."""
-        if not self.spec_decode:
-            return self.step_ms / 1000 * (1 + accepted)
+    def step_seconds(self, proposed: int) -> float:
+        """How long one decode step drafting `proposed` tokens takes."""
         return self.step_ms / 1000 * (1 + DRAFT_COST * proposed)
 
     def pick_engine(self) -> int:

@@ -271,7 +271,7 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
         return await _stream(request, server, engine, asked)
     for steps in plans:
         for proposed, accepted in steps:
-            await _step(server, asked.times, proposed, accepted)
+            await _step(server, asked.times, proposed)
             server.count_step(engine, proposed, accepted)
     return web.json_response(head | {
         "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
@@ -294,7 +294,7 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     # Counters move step by step while the answer streams, as a scrape mid-request would see.
     for index, steps in enumerate(asked.plans):
         for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
-            await _step(server, asked.times, proposed, accepted)
+            await _step(server, asked.times, proposed)
             server.count_step(engine, proposed, accepted)
             await send(head | {"choices": [_choice(chat, text, None, True, index)]})
         if index < len(asked.plans) - 1:
@@ -314,11 +314,10 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     return response
 
 
-async def _step(server: ServerModel, times: _Times | None, proposed: int = 0,
-                accepted: int = 0) -> None:
+async def _step(server: ServerModel, times: _Times | None, proposed: int) -> None:
     """One decode step's time passes (when steps take time); its tokens go."""
     if server.step_ms:
-        await asyncio.sleep(server.step_seconds(proposed, accepted))
+        await asyncio.sleep(server.step_seconds(proposed))
     if times is not None:
         times.token()
 
