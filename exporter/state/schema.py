@@ -3,8 +3,8 @@ Version 1: every key present, accumulators in rows of their own written whole by
 codec. Version 2: an open window's per-request tallies and edges in its row, a stopped one's
 answer whole (`per_request`, `edges` and `results_dir` in it, taken from its `window.json`
 where the handler had added them there). Version 3: every per-request block has its `timing`
-(empty in a block written before timings were kept). Older forms are rewritten once, in one transaction,
-so that no reader knows them."""
+(empty in a block written before timings were kept). Older forms are rewritten once, in one
+transaction, so that no reader knows them."""
 
 from __future__ import annotations
 
