@@ -253,5 +253,12 @@ def _advise(command: Command) -> None:
     advise.add_argument("--draft-cost", action="append", type=draft_cost, metavar="C",
                         help="cost of drafting one token relative to one target forward pass "
                              "(repeatable; default 0, 0.05, 0.1, 0.25)")
+    advise.add_argument("--baseline", metavar="A",
+                        help="a window of the same server without speculative decoding: the "
+                             "draft cost is measured from the two windows' timings (TPOT) "
+                             "instead of assumed")
+    advise.add_argument("--rank-by", default="speedup", choices=["speedup", "acceptance_rate"],
+                        help="what ranks k (default speedup; acceptance_rate is refused, "
+                             "saying why: it falls with k by arithmetic)")
     advise.add_argument("--json", action="store_true", help="print the advice as JSON")
     advise.set_defaults(func=cmd_advise)

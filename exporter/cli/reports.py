@@ -40,18 +40,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_advise(args: argparse.Namespace) -> int:
-    from exporter.analysis.advise import DEFAULT_COSTS, window_advice
+    from exporter.analysis.advise import DEFAULT_COSTS, NOT_BY_RATE, measured_cost, window_advice
     from exporter.cli.sources import ExporterSourceError, SourceError, load_source
     from exporter.cli.tables import format_window_advice
 
-    costs = args.draft_cost or list(DEFAULT_COSTS)
+    if args.rank_by == "acceptance_rate":
+        say(NOT_BY_RATE, prefix="specdec-exporter advise", level=logging.ERROR)
+        return 2
     try:
         source = load_source(args.window, args.exporter, args.token)
+        baseline = load_source(args.baseline, args.exporter, args.token) if (
+            args.baseline) else None
     except SourceError as exc:
         say(str(exc), prefix="specdec-exporter advise", level=logging.ERROR)
         # README's exit codes: 1 the exporter unreachable or refusing, 2 a folder's mistake.
         return 1 if isinstance(exc, ExporterSourceError) else 2
-    body = window_advice(source.answer, costs)
+    measured = measured_cost(baseline.answer, source.answer) if baseline else None
+    costs = list(args.draft_cost or ([] if measured and "value" in measured else DEFAULT_COSTS))
+    if measured and "value" in measured:
+        costs.append(measured["value"])
+    body = window_advice(source.answer, costs) | {"ranked_by": "speedup",
+                                                  "measured_cost": measured}
     print(json.dumps({"window": source.label} | body, indent=2) + "\n" if args.json
           else format_window_advice(source.label, body), end="")
     advised = [a for a in [*body["results"].values(), body["aggregate"]] if a and "error" not in a]

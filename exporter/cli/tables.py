@@ -139,9 +139,21 @@ def format_advice(name: str, advice: Mapping[str, Any] | None) -> str:
 def format_window_advice(label: str, body: Mapping[str, Any]) -> str:
     """Every target's advisor table, then the aggregate's when there are two or more."""
     parts = [f"window: {label}\n"]
+    measured = body.get("measured_cost")
+    if measured is not None and "value" in measured:
+        parts.append(f"draft cost measured: c = {measured['value']:.4g} (a spec step "
+                     f"{measured['step_ratio']:.3f}x a no-spec one: TPOT "
+                     f"{measured['tpot_ms']:.4g} ms x length {measured['acceptance_length']:.3f}"
+                     f" over the baseline's {measured['baseline_tpot_ms']:.4g} ms, "
+                     f"{measured['draft_tokens_per_step']:.3g} tokens drafted a step)\n"
+                     + (f"note: {measured['note']}\n" if measured["note"] else ""))
+    elif measured is not None:
+        parts.append(f"draft cost not measured: {measured['error']}; assumed costs shown\n")
     results = body["results"]
     for name, advice in results.items():
         parts.append(format_advice(name, advice))
     if len(results) >= 2:
         parts.append(format_advice("all", body.get("aggregate")))
+    parts.append("k is ranked by S, not by acceptance rate (the rate falls as k grows, by "
+                 "arithmetic)\n")
     return "\n".join(parts)

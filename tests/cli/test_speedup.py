@@ -95,3 +95,29 @@ class TestPairedSpeedup:
     def test_no_timings_or_a_bad_ratio_is_a_usage_error(self, windows, args):
         done = _cli("compare", *args, "--exporter", windows)
         assert done.returncode == 2, done.stdout
+
+
+@pytest.mark.e2e
+class TestAdviseMeasuredCost:
+    def test_the_baseline_window_gives_the_draft_cost_used_instead_of_assumed_ones(
+            self, windows):
+        done = _cli("advise", "b", "--baseline", "a", "--exporter", windows, "--json")
+        assert done.returncode == 0, done.stderr
+        body = json.loads(done.stdout)
+        measured = body["measured_cost"]
+        assert measured["value"] >= 0 and body["draft_costs"] == [measured["value"]]
+        assert measured["step_ratio"] == pytest.approx(
+            measured["tpot_ms"] * measured["acceptance_length"] / measured["baseline_tpot_ms"])
+        text = _cli("advise", "b", "--baseline", "a", "--exporter", windows).stdout
+        assert "draft cost measured: c = " in text
+
+    def test_a_baseline_without_timings_falls_back_to_the_assumed_costs(self, windows):
+        done = _cli("advise", "b", "--baseline", "idle", "--exporter", windows, "--json")
+        body = json.loads(done.stdout)
+        assert "no timed requests" in body["measured_cost"]["error"]
+        assert body["draft_costs"] == [0.0, 0.05, 0.1, 0.25]
+
+    def test_ranking_k_by_acceptance_rate_is_refused_saying_why(self, windows):
+        done = _cli("advise", "b", "--exporter", windows, "--rank-by", "acceptance_rate")
+        assert done.returncode == 2
+        assert "falls as k grows" in done.stderr
