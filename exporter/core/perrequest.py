@@ -183,6 +183,7 @@ class PerRequest:
     lengths: Buckets = field(default_factory=lambda: Buckets(LENGTH_WIDTH))
     rates: Buckets = field(default_factory=lambda: Buckets(RATE_WIDTH))
     rows: list[dict[str, Any]] = field(default_factory=list)
+    timing: Timings = field(default_factory=Timings)  # every answer timed, with figures or not
     # Requests whose engine reports drafted and accepted tokens but not its steps or histogram
     # (llama.cpp): in the token sums and rates, not in the steps, histogram or lengths.
     partial: int = 0
@@ -194,7 +195,6 @@ class PerRequest:
     accepted: array[int] = field(default_factory=lambda: array("q"))
     kept: int = 0
     overflowed: bool = False  # a finish time was not kept (MAX_TIMES)
-    timing: Timings = field(default_factory=Timings)
 
     def record(self, stats: RequestStats, at: float | None = None) -> None:
         """Count one proxied request, finished at `at` (unreadable, with its reason, or not)."""
@@ -331,8 +331,9 @@ class PerRequest:
                   rows=[_lowest_row(r) for r in rows[:LOWEST]],
                   reasons=_reasons(block.get("unreadable_reasons", {})),
                   timing=Timings.from_block(block.get("timing")))
-        if acc.unreadable + max(acc.lengths.count + acc.partial, acc.timing.timed) > (
-                acc.requests) or (
+        if acc.timing.timed > acc.requests:
+            raise ValueError("more timed requests than requests")
+        if acc.unreadable + acc.lengths.count + acc.partial > acc.requests or (
                 sum(acc.reasons.values()) > acc.unreadable):
             raise ValueError("more requests with figures than requests")
         return acc
