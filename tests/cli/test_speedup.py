@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from clitools import CLI, fake_vllm, free_port, http, process, wait_http, write_config
@@ -29,6 +31,12 @@ def _ask(proxy: int, i: int) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(CLI + list(args), capture_output=True, text=True, timeout=120)
+
+
+@dataclass(frozen=True)
+class Served:
+    url: str
+    out: Path  # each window's result folder: performances/ and window.json
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +63,13 @@ def windows(tmp_path_factory):
                     _ask(proxies[target], i)
                 status, _ = http("POST", f"{url}/api/v1/windows/{window}/stop", {})
                 assert status == 200
-            yield url
+            yield Served(url, tmp / "out")
 
 
 @pytest.mark.e2e
 class TestPairedSpeedup:
     def test_b_is_faster_with_an_interval_and_the_gate_passes(self, windows):
-        done = _cli("compare", "a", "b", "--exporter", windows, "--json", "--fail-if-slower")
+        done = _cli("compare", "a", "b", "--exporter", windows.url, "--json", "--fail-if-slower")
         assert done.returncode == 0, done.stderr
         body = json.loads(done.stdout)
         entry = body["speedup"]["aggregate"]
@@ -75,15 +83,15 @@ class TestPairedSpeedup:
         assert body["speed_gate"]["tripped"] is False
 
     def test_the_gate_trips_when_b_falls_short_of_the_ratio_or_is_slower(self, windows):
-        done = _cli("compare", "a", "b", "--exporter", windows, "--fail-if-slower=50")
+        done = _cli("compare", "a", "b", "--exporter", windows.url, "--fail-if-slower=50")
         assert done.returncode == 1, done.stderr
         assert "FAIL --fail-if-slower 50 [all]" in done.stdout
-        done = _cli("compare", "b", "a", "--exporter", windows, "--fail-if-slower")
+        done = _cli("compare", "b", "a", "--exporter", windows.url, "--fail-if-slower")
         assert done.returncode == 1, done.stderr
         assert "FAIL --fail-if-slower 1 [all]" in done.stdout
 
     def test_the_console_shows_the_speedup_table(self, windows):
-        done = _cli("compare", "a", "b", "--exporter", windows)
+        done = _cli("compare", "a", "b", "--exporter", windows.url)
         assert done.returncode == 0, done.stderr
         assert "Paired speed-up (A without speculative decoding, B with it)" in done.stdout
         line = next(x for x in done.stdout.splitlines() if x.startswith("tokens_per_second mean"))
@@ -93,7 +101,7 @@ class TestPairedSpeedup:
                                       ("a", "b", "--fail-if-slower=0"),
                                       ("a", "b", "--fail-if-slower=fast")])
     def test_no_timings_or_a_bad_ratio_is_a_usage_error(self, windows, args):
-        done = _cli("compare", *args, "--exporter", windows)
+        done = _cli("compare", *args, "--exporter", windows.url)
         assert done.returncode == 2, done.stdout
 
 
@@ -101,23 +109,33 @@ class TestPairedSpeedup:
 class TestAdviseMeasuredCost:
     def test_the_baseline_window_gives_the_draft_cost_used_instead_of_assumed_ones(
             self, windows):
-        done = _cli("advise", "b", "--baseline", "a", "--exporter", windows, "--json")
+        done = _cli("advise", "b", "--baseline", "a", "--exporter", windows.url, "--json")
         assert done.returncode == 0, done.stderr
         body = json.loads(done.stdout)
         measured = body["measured_cost"]
         assert measured["value"] >= 0 and body["draft_costs"] == [measured["value"]]
         assert measured["step_ratio"] == pytest.approx(
             measured["tpot_ms"] * measured["acceptance_length"] / measured["baseline_tpot_ms"])
-        text = _cli("advise", "b", "--baseline", "a", "--exporter", windows).stdout
+        text = _cli("advise", "b", "--baseline", "a", "--exporter", windows.url).stdout
         assert "draft cost measured: c = " in text
 
     def test_a_baseline_without_timings_falls_back_to_the_assumed_costs(self, windows):
-        done = _cli("advise", "b", "--baseline", "idle", "--exporter", windows, "--json")
+        done = _cli("advise", "b", "--baseline", "idle", "--exporter", windows.url, "--json")
         body = json.loads(done.stdout)
         assert "no timed requests" in body["measured_cost"]["error"]
         assert body["draft_costs"] == [0.0, 0.05, 0.1, 0.25]
 
     def test_ranking_k_by_acceptance_rate_is_refused_saying_why(self, windows):
-        done = _cli("advise", "b", "--exporter", windows, "--rank-by", "acceptance_rate")
+        done = _cli("advise", "b", "--exporter", windows.url, "--rank-by", "acceptance_rate")
         assert done.returncode == 2
         assert "falls as k grows" in done.stderr
+
+
+@pytest.mark.e2e
+class TestResultFolders:
+    def test_window_folders_carry_their_timings_to_compare(self, windows):
+        done = _cli("compare", str(windows.out / "a"), str(windows.out / "b"), "--json",
+                    "--fail-if-slower")
+        assert done.returncode == 0, done.stderr
+        entry = json.loads(done.stdout)["speedup"]["aggregate"]
+        assert (entry["a_timed"], entry["b_timed"]) == (REQUESTS, REQUESTS)
