@@ -104,6 +104,8 @@ class _Times:
         if self.last > self.arrived:
             out["tokens_per_second"] = tokens / (self.last - self.arrived)
         return out
+
+
 MAX_N = 16  # bounds the sequences one request can ask of the simulator
 
 
