@@ -180,3 +180,24 @@ class TestPerRequestTiming:
         again.merge(tally)
         assert again.answer()["timing"]["tokens_per_second"]["count"] == 2
         assert set(FIGURES) <= set(block["timing"]["buckets"])
+
+
+class TestShardMerge:
+    def test_targets_blocks_merge_into_the_aggregates_timing_exactly(self) -> None:
+        from exporter.core.requestblock import merged_block
+
+        blocks = {}
+        for name, tpot in (("a", 4.0), ("b", 6.0)):
+            tally = PerRequest()
+            for _ in range(3):
+                tally.record(from_json(json.dumps({
+                    "id": "c", "model": "m", "choices": [],
+                    "metrics": {"mean_itl_ms": tpot, "tokens_per_second": 1000 / tpot},
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 9}}).encode()))
+            blocks[name] = json.loads(json.dumps(tally.answer()))  # as a peer sends it
+        merged = merged_block(blocks, None)
+        timing = merged["aggregate"]["timing"]
+        assert (timing["timed"], timing["by_server"]) == (6, 6)
+        assert timing["tpot_ms"]["mean"] == pytest.approx(5.0)
+        assert merged["targets"]["b"]["timing"]["tpot_ms"]["p50"] == pytest.approx(6.0,
+                                                                                 rel=0.005)
