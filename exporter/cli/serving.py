@@ -169,7 +169,7 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
                             spec_decode=not args.no_spec_decode, ngram=args.ngram,
                             per_request_metrics=args.per_request_spec_decode_metrics or "",
                             request_timing=args.enable_per_request_metrics,
-                            step_ms=args.step_ms)
+                            step_seconds=args.step_ms / 1000)
     except ValueError as exc:
         say(str(exc), prefix="specdec-exporter fake-vllm", level=logging.ERROR)
         return EXIT_USAGE

@@ -55,17 +55,17 @@ class ServerModel:
     per_request_metrics: str = ""
     # vLLM's --enable-per-request-metrics: each answer's timings (metrics.mean_itl_ms and more).
     request_timing: bool = False
-    # Milliseconds of one forward pass (0: answers at once); a step costs one pass plus
-    # DRAFT_COST of one per token drafted.
-    step_ms: float = 0.0
+    # Seconds one decode step takes an API request (0: none); a spec-decode step costs one
+    # more DRAFT_COST of it per token drafted.
+    step_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.k < 1:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if not 0.0 <= self.acceptance <= 1.0:
             raise ValueError(f"acceptance must be within 0..1, got {self.acceptance}")
-        if not 0.0 <= self.step_ms <= 60_000.0:
-            raise ValueError(f"step_ms must be within 0..60000, got {self.step_ms}")
+        if not 0.0 <= self.step_seconds <= 60.0:
+            raise ValueError(f"step_seconds must be within 0..60, got {self.step_seconds}")
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
         if self.dialect not in SIMULATED_DIALECTS:
@@ -172,9 +172,9 @@ class ServerModel:
         if self.spec_decode:
             self.add(engine, 1, proposed, [1] * accepted)
 
-    def step_seconds(self, proposed: int) -> float:
-        """How long one decode step drafting `proposed` tokens takes."""
-        return self.step_ms / 1000 * (1 + DRAFT_COST * proposed)
+    def step_time(self, proposed: int) -> float:
+        """Seconds one decode step drafting `proposed` tokens takes."""
+        return self.step_seconds * (1 + DRAFT_COST * proposed)
 
     def pick_engine(self) -> int:
         """The data-parallel rank a new request lands on."""

@@ -317,9 +317,9 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
 
 
 async def _step(server: ServerModel, times: _Times | None, proposed: int) -> None:
-    """One decode step's time passes (when steps take time); its tokens go."""
-    if server.step_ms:
-        await asyncio.sleep(server.step_seconds(proposed))
+    """One decode step's time (`step_time`), if it takes any; its tokens go."""
+    if server.step_seconds:
+        await asyncio.sleep(server.step_time(proposed))
     if times is not None:
         times.token()
 

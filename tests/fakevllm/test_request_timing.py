@@ -38,7 +38,7 @@ class TestTimingFields:
     @pytest.mark.parametrize("spec", [True, False])
     async def test_a_whole_body_has_every_field_as_vllm_dumps_it(self, aiohttp_client: object,
                                                                spec: bool) -> None:
-        fake = FakeServer(k=3, spec_decode=spec, request_timing=True, step_ms=1.0,
+        fake = FakeServer(k=3, spec_decode=spec, request_timing=True, step_seconds=0.001,
                           per_request_metrics="summary")
         raw = await _answer(aiohttp_client, fake, stream=False)
         (metrics,) = _metrics(raw, stream=False)
@@ -72,5 +72,5 @@ class TestTimingFields:
             assert (from_sse(raw) if stream else from_json(raw)).timing is None
 
     def test_a_step_time_outside_its_range_is_refused(self) -> None:
-        with pytest.raises(ValueError, match="step_ms"):
-            FakeServer(step_ms=-1.0)
+        with pytest.raises(ValueError, match="step_seconds"):
+            FakeServer(step_seconds=-1.0)

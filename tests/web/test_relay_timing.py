@@ -40,7 +40,7 @@ async def _through_proxy(fake: FakeServer, stream: bool) -> RequestStats:
 
 class TestProxyClock:
     async def test_a_stream_is_timed_by_the_proxy_when_the_server_does_not(self) -> None:
-        stats = await _through_proxy(FakeServer(k=3, step_ms=2.0), stream=True)
+        stats = await _through_proxy(FakeServer(k=3, step_seconds=0.002), stream=True)
         timing = stats.timing
         assert timing is not None and not timing.by_server
         assert timing.tokens_per_second is not None and timing.tokens_per_second > 0
@@ -48,7 +48,7 @@ class TestProxyClock:
         assert timing.gaps_ms is not None and timing.gaps_ms.count >= 1
 
     async def test_a_whole_body_gives_tokens_per_second_only(self) -> None:
-        stats = await _through_proxy(FakeServer(k=3, step_ms=2.0), stream=False)
+        stats = await _through_proxy(FakeServer(k=3, step_seconds=0.002), stream=False)
         timing = stats.timing
         assert timing is not None and timing.tokens_per_second is not None
         assert (timing.tpot_ms, timing.ttft_ms, timing.gaps_ms) == (None, None, None)

@@ -111,8 +111,9 @@ async def _timed_windows(exporter, aiohttp_server):
 
     from exporter.fakevllm import FakeServer, make_fake_app
 
-    fakes = {"a": FakeServer(spec_decode=False, step_ms=2.0),
-             "b": FakeServer(k=3, acceptance=0.8, step_ms=2.0, per_request_metrics="summary")}
+    fakes = {"a": FakeServer(spec_decode=False, step_seconds=0.002),
+             "b": FakeServer(k=3, acceptance=0.8, step_seconds=0.002,
+                             per_request_metrics="summary")}
     ports = {name: free_port() for name in fakes}
     targets = []
     for name, fake in fakes.items():
