@@ -1,8 +1,9 @@
 """Windows bounded by the traffic (`"edges": "traffic"`), driven through the window book: each
 target's first `skip_requests` generation requests (its warm-up) stay out; the window starts
 before the first measured request is forwarded, and each other target takes its baseline
-before its own first measured one; a target idle again is scraped and held from later scrapes
-(until its next request), and a stop takes those: counts after the last response stay out."""
+before its own first measured one; a target idle again is scraped, the window ends there (a
+stop takes it: counts after the last response stay out) and still takes the later scrapes that
+show no count since, until its next request."""
 
 from __future__ import annotations
 
@@ -93,6 +94,13 @@ class TrafficWindow:
 
 
 Ticket = tuple[TrafficWindow, str, bool]  # window, target, skipped
+
+
+def _unchanged(before: ScrapeResult, after: ScrapeResult) -> bool:
+    """Both read, with the same counters (values and `_created`) and gauges."""
+    old, new = before.snapshot, after.snapshot
+    return old is not None and new is not None and (old.values, old.created, old.gauges) == (
+        new.values, new.created, new.gauges)
 
 
 class TrafficEdges:
@@ -206,15 +214,30 @@ class TrafficEdges:
                     self._end_scrape(w, target, generation))
 
     async def _end_scrape(self, w: TrafficWindow, target: str, generation: int) -> None:
-        # No window takes it: it is this window's stop scrape, if no request comes after.
-        result = await self.host.scrape_target(target, feed=[])
-        if w.generation.get(target) == generation and target in w.held:
+        # The first scrape begun after the last response (a target's scrapes are handed on in
+        # turn): the window's count ends here, and takes it now, saved with the next round.
+        def ended(result: ScrapeResult) -> None:
+            if w.generation.get(target) != generation or target not in w.held:
+                return
             w.ends[target] = result
+            window = self.host.book.get(w.id)
+            if result.ok and window.takes_scrapes_of(target):
+                self.host.book.feed([window], result)
 
-    def holds(self, window_id: str, target: str) -> bool:
-        """Whether a scrape of `target` must not feed that window (it is idle there)."""
+        await self.host.scrape_target(target, feed=[], also=ended)
+
+    def seen(self, window_id: str, result: ScrapeResult) -> ScrapeResult | None:
+        """The scrape as that window takes it, or None. Where its target is idle, only one that
+        shows no count since the scrape after its last response: sampled all the same, a
+        restart of the server while idle loses the window nothing (nor our own, once saved)."""
         w = self._windows.get(window_id)
-        return w is not None and target in w.held
+        if w is None or result.target not in w.held:
+            return result
+        end = w.ends.get(result.target)
+        if end is None or result.at < end.at or not _unchanged(end, result):
+            return None
+        w.ends[result.target] = result  # the same counts, later: where the window ends now
+        return result
 
     def knows(self, window_id: str) -> bool:
         """A traffic-edged window not stopped yet."""

@@ -105,6 +105,24 @@ class TestTrafficEdges:
         again = await (await under.client.get("/api/v1/windows/w")).json()
         assert again["edges"] == edges and again["results"] == answer["results"]
 
+    async def test_a_server_restart_while_idle_loses_the_window_nothing(self, rig: Any) -> None:
+        under, bench, fake = rig
+        await start(under, id="i", edges="traffic")
+        measured = []
+        for n in (30, 12, 25, 40):  # paced: idle between the requests
+            measured.append(await bench.ask(max_tokens=n))
+            await asyncio.sleep(0.12)
+        sampled = (await (await under.client.get("/api/v1/windows/i")).json())["scrapes"]["v"]
+        await asyncio.sleep(0.2)
+        idle = (await (await under.client.get("/api/v1/windows/i")).json())["scrapes"]["v"]
+        assert idle > sampled  # still sampled while idle (at window_scrape_interval)
+        fake.restart()  # what it counted is gone from its counters
+        measured += [await bench.ask(max_tokens=n) for n in (9, 22)]
+        answer = await under.stop("i")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert answer["results"]["v"]["resets"] == 1
+        assert answer["edges"]["ended_by"] == "the last response"
+
     async def test_concurrent_requests_after_a_skip_of_three_are_exact(self, rig: Any) -> None:
         under, bench, _ = rig
         await start(under, id="c", edges="traffic", skip_requests=3)
