@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -109,6 +110,8 @@ class TrafficEdges:
     def __init__(self, host: Host) -> None:
         self.host = host
         self._windows: dict[str, TrafficWindow] = {}
+        # `registered` is read by the relays' thread: it sees each change made here whole.
+        self._lock = threading.Lock()
 
     def expect(self, window_id: str | None, name: str | None, targets: list[str] | None,
                labels: dict[str, str], skip: int) -> tuple[bool, dict[str, Any]]:
@@ -127,9 +130,11 @@ class TrafficEdges:
         limit = self.host.config.max_open_windows
         if len(self._windows) + len(self.host.book.open_windows()) >= limit:
             raise RequestError(f"too many open windows (max_open_windows={limit})", status=429)
-        self._windows[window_id] = TrafficWindow(window_id, name, chosen, dict(labels), skip)
+        w = TrafficWindow(window_id, name, chosen, dict(labels), skip)
+        with self._lock:
+            self._windows[window_id] = w
         log.info("window waits for traffic id=%s skip_requests=%d", window_id, skip)
-        return True, self._answer(self._windows[window_id])
+        return True, self._answer(w)
 
     def _answer(self, w: TrafficWindow) -> dict[str, Any]:
         return {"id": w.id, "name": w.name or w.id, "targets": list(w.targets),
@@ -146,8 +151,14 @@ class TrafficEdges:
 
     @property
     def registered(self) -> bool:
-        """Whether any traffic-edged window is registered (else `arrive` has nothing to do)."""
-        return bool(self._windows)
+        """Whether any traffic-edged window is registered (else `arrive` has nothing to do);
+        safe to read from another thread."""
+        with self._lock:
+            return bool(self._windows)
+
+    def _forget(self, window_id: str) -> None:
+        with self._lock:
+            self._windows.pop(window_id, None)
 
     async def arrive(self, target: str) -> list[Ticket]:
         """Before a generation request for `target` goes: returns once every window it opens
@@ -252,7 +263,7 @@ class TrafficEdges:
             ended_by = "the stop: no measured request reached the proxy"
         await asyncio.shield(w.started)
         if w.failed is not None:
-            del self._windows[window_id]
+            self._forget(window_id)
             raise RequestError(f'window "{window_id}" did not start at its first request: '
                                f"{w.failed}", status=409)
         for task in [*w.joined.values(), *w.ending.values()]:
@@ -265,7 +276,7 @@ class TrafficEdges:
         # Held until the stop has taken its scrapes (a failed stop leaves it open, held).
         window = await self.host.book.stop(window_id, self._stop_scrape(ends), answer=False,
                                            edges=w.block(ended_by))
-        self._windows.pop(window_id, None)
+        self._forget(window_id)
         return window
 
     def _stop_scrape(self, ends: dict[str, ScrapeResult]) -> Callable[..., Any]:
