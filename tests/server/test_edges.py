@@ -27,9 +27,9 @@ class Bench:
     session: aiohttp.ClientSession
 
     async def ask(self, *, through_proxy: bool = True, stream: bool = True,
-                  max_tokens: int = 24) -> dict[str, int]:
+                  max_tokens: int = 24, model: str = "m") -> dict[str, int]:
         base = self.proxy if through_proxy else self.direct
-        body = {"model": "m", "messages": [{"role": "user", "content": "q w e"}],
+        body = {"model": model, "messages": [{"role": "user", "content": "q w e"}],
                 "max_tokens": max_tokens, "stream": stream}
         if stream:  # vLLM sends a stream's figures on the usage chunk alone
             body["stream_options"] = {"include_usage": True}
@@ -129,7 +129,9 @@ class TestTrafficEdges:
         # Three skipped requests at once, then eight measured ones four at a time: the first
         # measured one waits until the skipped ones have completed.
         skipped = asyncio.gather(*(bench.ask(max_tokens=30) for _ in range(3)))
-        await asyncio.sleep(0)
+        while (await (await under.client.get("/api/v1/windows/c")).json())["edges"][
+                "skipped"] < 3:  # the three have reached the proxy before any measured one
+            await asyncio.sleep(0.005)
         measured: list[dict[str, int]] = []
         for _ in range(2):
             measured += await asyncio.gather(*(bench.ask(max_tokens=n) for n in (9, 21, 4, 13)))
@@ -226,6 +228,35 @@ class TestAISBenchWarmUps:
             assert counted(answer["results"][model]) == summed(measured[model]), model
             block = answer["per_request"]["targets"][model]
             assert block["requests"] == 3 and block["covers_all"] is True
+        edges = answer["edges"]
+        assert (edges["skipped"], edges["measured_requests"], edges["ended_by"]) == (
+            2, 6, "the last response")
+
+    async def test_two_models_on_one_target_each_leave_their_warm_up_out(
+            self, rig: Any) -> None:
+        # Both models behind one server (one proxy port), asked as AISBench asks them one
+        # after the other: the second model's warm-up comes while the window is open.
+        under, bench, _ = rig
+        await start(under, id="two", edges="traffic", skip_requests=1)
+        measured: list[dict[str, int]] = []
+        warm_ups: list[dict[str, int]] = []
+        for model in ("a", "b"):
+            for path in ("/v1/models", "/v1/models"):
+                async with bench.session.get(bench.proxy + path) as answer:
+                    assert answer.status == 200
+            warm_ups.append(await bench.ask(max_tokens=50, model=model))
+            for path in ("/v1/models", "/metrics"):
+                async with bench.session.get(bench.proxy + path) as answer:
+                    assert answer.status == 200
+            measured += [await bench.ask(max_tokens=n, model=model, stream=n % 2 == 0)
+                         for n in (9, 22, 14)]
+            await asyncio.sleep(0.15)  # window scrapes between the models
+        answer = await under.stop("two")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert summed(measured) != summed([*warm_ups, *measured])
+        block = answer["per_request"]["targets"]["v"]
+        assert block["requests"] == 6 and block["covers_all"] is True
+        assert block["num_spec_steps"] == summed(measured)["num_spec_steps"]
         edges = answer["edges"]
         assert (edges["skipped"], edges["measured_requests"], edges["ended_by"]) == (
             2, 6, "the last response")
