@@ -260,3 +260,34 @@ class TestAISBenchWarmUps:
         edges = answer["edges"]
         assert (edges["skipped"], edges["measured_requests"], edges["ended_by"]) == (
             2, 6, "the last response")
+
+    async def test_a_warm_up_among_measured_requests_waits_and_is_taken_off(
+            self, rig: Any) -> None:
+        # Model b's warm-up sent while model a's measured requests are in flight; then the
+        # server restarts (the warm-up's counts gone with the rest) and b goes on.
+        under, bench, fake = rig
+        await start(under, id="mix", edges="traffic", skip_requests=1)
+        await bench.ask(max_tokens=40, model="a")  # a's warm-up: before the window
+        first = [await bench.ask(max_tokens=11, model="a")]
+        mixed = await asyncio.gather(*(bench.ask(max_tokens=n, model="a") for n in (30, 27)),
+                                     bench.ask(max_tokens=45, model="b"))
+        measured = [*first, *mixed[:2], await bench.ask(max_tokens=19, model="b")]
+        await asyncio.sleep(0.15)
+        fake.restart()
+        measured += [await bench.ask(max_tokens=n, model="b") for n in (16, 8)]
+        answer = await under.stop("mix")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert answer["per_request"]["targets"]["v"]["requests"] == 6
+        assert (answer["edges"]["skipped"], answer["edges"]["measured_requests"]) == (2, 6)
+
+    async def test_a_stop_after_a_warm_up_ends_before_it(self, rig: Any) -> None:
+        under, bench, _ = rig
+        await start(under, id="end", edges="traffic", skip_requests=1)
+        await bench.ask(max_tokens=40, model="a")
+        measured = [await bench.ask(max_tokens=n, model="a") for n in (13, 28)]
+        await bench.ask(max_tokens=35, model="b")  # b's warm-up, and no request after it
+        await asyncio.sleep(0.15)  # window scrapes after it
+        answer = await under.stop("end")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert answer["per_request"]["targets"]["v"]["requests"] == 2
+        assert answer["edges"]["ended_by"] == "the last response"
