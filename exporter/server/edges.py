@@ -245,10 +245,10 @@ class TrafficEdges:
         return tickets
 
     async def _skipped(self, w: TrafficWindow, target: str) -> None:
-        for task in (w.started, w.joined.get(target)):
-            if task is not None:  # its baseline is being taken: before or after it, not during
-                await asyncio.shield(task)
-        w.skipping[target] = w.skipping.get(target, 0) + 1
+        if target in w.joined and w.started is not None:  # its baseline is under way: after it
+            await asyncio.shield(w.started)
+            await asyncio.shield(w.joined[target])
+        w.skipping[target] = w.skipping.get(target, 0) + 1  # no await since: a baseline waits
         w.warmed_up(target)
         if not w.counting(target):
             return  # before the target's baseline: left out by it
