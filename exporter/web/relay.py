@@ -100,15 +100,16 @@ def _recorded(request: web.Request) -> bool:
     return request.method == "POST" and request.path.rstrip("/").endswith("completions")
 
 
-async def _model(request: web.Request) -> str:
+async def _model(request: web.Request, wait: float) -> str:
     """The `model` a request body names (traffic edges skip each model's warm-up); "" when
     not read: a body streamed through (no length, or SMALL_BODY or more) is never held."""
     length = request.content_length
     if length is None or length >= SMALL_BODY:
         return ""
     try:
-        model = json.loads(await request.read()).get("model")
-    except (ValueError, AttributeError):
+        async with asyncio.timeout(wait):  # a client slow to send it: the relay says so
+            model = json.loads(await request.read()).get("model")
+    except (ValueError, AttributeError, TimeoutError, OSError):
         return ""
     return model if isinstance(model, str) else ""
 
@@ -187,8 +188,10 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
     if (request.content_length or 0) > MAX_RELAYED_BODY:
         return _error(413, f"body of {request.content_length} bytes is over {MAX_RELAYED_BODY}"
                       " (the relayed body limit, 64 MiB)")
-    edges = upstream.edges
-    tickets = await edges.arrive(upstream.target, await _model(request)) if edges else []
+    edges, tickets = upstream.edges, []
+    if edges is not None:
+        model = await _model(request, upstream.timeouts.first_byte)
+        tickets = await edges.arrive(upstream.target, model)
     try:
         return await _while_connected(request, _forward(request, session, upstream, path))
     finally:
