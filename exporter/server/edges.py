@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -71,8 +71,8 @@ class TrafficWindow:
     last_response_at: float | None = None
     in_flight: dict[str, int] = field(default_factory=dict)  # measured, per target
     generation: dict[str, int] = field(default_factory=dict)  # measured arrivals, per target
-    held: set[str] = field(default_factory=set)  # all done: later scrapes are not the window's
-    ends: dict[str, ScrapeResult] = field(default_factory=dict)  # scraped as each was held
+    held: set[str] = field(default_factory=set)  # all done: it ends at `ends` (see `seen`)
+    ends: dict[str, ScrapeResult] = field(default_factory=dict)  # raw, as each was held
     ending: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     # A warm-up on a target the open window counts: the scrape before it (`pausing` takes it),
     # the one after (`rebasing`, at the next measured request), what they differ by (`shifts`).
@@ -121,6 +121,14 @@ class TrafficWindow:
 
 
 Ticket = tuple[TrafficWindow, str, bool]  # window, target, skipped
+
+
+async def _once(tasks: dict[str, asyncio.Task[None]], target: str,
+                work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """`work` run once for every caller while it runs (it removes itself from `tasks`)."""
+    if target not in tasks:
+        tasks[target] = asyncio.get_running_loop().create_task(work())
+    await asyncio.shield(tasks[target])
 
 
 def _flag(events: dict[str, asyncio.Event], target: str, on: bool) -> asyncio.Event:
@@ -255,10 +263,7 @@ class TrafficEdges:
         while w.in_flight.get(target):
             await w.idle(target).wait()
         if target not in w.before:
-            if target not in w.pausing:
-                w.pausing[target] = asyncio.get_running_loop().create_task(
-                    self._pause(w, target))
-            await asyncio.shield(w.pausing[target])
+            await _once(w.pausing, target, lambda: self._pause(w, target))
 
     async def _pause(self, w: TrafficWindow, target: str) -> None:
         """The scrape after the target's measured requests, before its warm-up goes."""
@@ -285,10 +290,7 @@ class TrafficEdges:
         w.idle(target)
         w.generation[target] = w.generation.get(target, 0) + 1
         if target in w.before:
-            if target not in w.rebasing:
-                w.rebasing[target] = asyncio.get_running_loop().create_task(
-                    self._rebase(w, target))
-            await asyncio.shield(w.rebasing[target])
+            await _once(w.rebasing, target, lambda: self._rebase(w, target))
         w.held.discard(target)
         w.ends.pop(target, None)
         return True
