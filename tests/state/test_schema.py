@@ -230,11 +230,12 @@ def _untimed(block: dict) -> dict:
 
 class TestVersion2:
     def test_per_request_blocks_get_an_empty_timing_once(self, tmp_path):
-        from exporter.core.perrequest import PerRequest
+        from exporter.core.perrequest import PerRequest, RequestStats
         from exporter.core.timing import Timings
 
         tally = PerRequest()
-        tally.requests = 2
+        for _ in range(2):  # answers without figures: counted, in their segments too
+            tally.record(RequestStats("r", "m", None, None, None))
         open_window = Window(id="o", name="o", labels={}, started_at=100.0,
                              targets={"a": TargetRef("a", "http://a:1/metrics", "a:1")},
                              per_request={"a": tally})
