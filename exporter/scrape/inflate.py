@@ -16,8 +16,7 @@ try:
     _ISAL_ERROR: type[Exception] = getattr(igzip_lib, "IsalError")  # noqa: B009
 except ImportError:  # pragma: no cover - depends on what is installed
     pass
-_fastest = BACKENDS.get("isal")
-BACKEND = "isal" if _fastest is not None else "zlib"
+BACKEND = "isal" if "isal" in BACKENDS else "zlib"
 
 
 class InflateError(ValueError):
@@ -80,5 +79,5 @@ def use_fastest_zlib() -> None:
     """Let aiohttp (TLS and proxied scrapes, our gzip'd /metrics) use the same backend."""
     import aiohttp
 
-    if _fastest is not None and hasattr(aiohttp, "set_zlib_backend"):  # aiohttp >= 3.12
-        aiohttp.set_zlib_backend(_fastest)
+    if BACKEND == "isal" and hasattr(aiohttp, "set_zlib_backend"):  # aiohttp >= 3.12
+        aiohttp.set_zlib_backend(BACKENDS["isal"])
