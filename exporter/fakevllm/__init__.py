@@ -1,9 +1,6 @@
 """A simulated vLLM server whose spec-decode counters grow the way real traffic makes them.
-
-Each module imports only those before it in: model, histograms, families, pages, server,
-exposition, openai, app. Test and demo tooling only: `specdec-exporter serve` never imports
-this package.
-"""
+Test and demo tooling only (`serve` never imports it); each module imports only those before
+it in: model, histograms, families, pages, server, exposition, openai, app."""
 
 from exporter.core.dialects import SIMULATED_DIALECTS as DIALECTS
 from exporter.fakevllm.app import FAKE_SERVER, make_fake_app, serve_fake_vllm

@@ -46,8 +46,7 @@ async def _instrumentator(request: web.Request) -> web.Response:
 
 
 async def _client_app(request: web.Request) -> web.Response:
-    """prometheus_client's app: the samples `name[]` names (as the app's mode has it), gzip
-    when the client accepts it."""
+    """prometheus_client's app: the samples `name[]` names (as its mode has it), maybe gzip'd."""
     server = request.app[FAKE_SERVER]
     mode = request.app[_NAME_FILTER]
     if server.dialect in _IGNORING_DIALECTS:
@@ -150,8 +149,7 @@ def make_fake_app(
     server: FakeServer, *, drafts_per_second: float = 0.0, tick: float = 0.25,
     name_filter: NameFilter = NameFilter.HONOUR,
 ) -> web.Application:
-    """Build the aiohttp app serving the fake /metrics, control endpoints and optional traffic;
-    `name_filter` is what its prometheus_client route does with `name[]`."""
+    """Build the aiohttp app serving the fake /metrics, control endpoints and optional traffic."""
     app = web.Application()
     app[FAKE_SERVER] = server
     app[_TRAFFIC_ON] = asyncio.Event()

@@ -93,9 +93,7 @@ def _render_vllm(server: ServerModel) -> bytes:
         cache["rest"] = generate_latest(_Families(rest_families(server)))
         cache["key"], cache["at"] = key, now
     spec = generate_latest(_Families(spec_families(server))) if server.spec_decode else b""
-    head: bytes = cache["head"]
-    rest: bytes = cache["rest"]
-    return head + spec + rest
+    return b"".join((cache["head"], spec, cache["rest"]))
 
 
 def _render_llamacpp(server: ServerModel) -> bytes:
