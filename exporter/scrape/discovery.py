@@ -199,13 +199,6 @@ class Discovery:
             del self.sources[gone]
         return self.targets() != before
 
-    def _bounded(self, targets: list[TargetConfig], source: str) -> list[TargetConfig]:
-        # A source gone wild (a generator loop, a wrong glob) keeps its last good list.
-        if len(targets) > self.config.max_targets:
-            raise DiscoveryError(f"{source}: {len(targets)} targets is over max_targets "
-                                 f"({self.config.max_targets})")
-        return targets
-
     async def _refresh_file(self, path: Path) -> None:
         source = self.sources.setdefault(str(path), _Source())
         try:
@@ -224,7 +217,11 @@ class Discovery:
         """Read a source's targets; whatever it holds or sends, a failure keeps its last list."""
         refused: list[str] = []
         try:
-            source.targets = self._bounded(await read(refused), name)
+            targets = await read(refused)
+            if len(targets) > self.config.max_targets:  # a source gone wild (a wrong glob)
+                raise DiscoveryError(f"{name}: {len(targets)} targets is over max_targets "
+                                     f"({self.config.max_targets})")
+            source.targets = targets
             source.error = "; ".join(refused) or None
             return
         except DiscoveryError as exc:

@@ -148,10 +148,9 @@ class StateStore:
             db.execute(_SCHEMA)
             db.execute(_ACC_SCHEMA.format("accumulators", ""))
             db.execute(_ACC_SCHEMA.format("accumulator_rounds", " WITHOUT ROWID"))
-            # Every row must be readable, not just the page structure.
-            db.execute("SELECT id, open, started_at, length(doc) FROM windows").fetchall()
-            db.execute("SELECT window_id, target, length(doc) FROM accumulators").fetchall()
-            db.execute("SELECT window_id, target, length(doc) FROM accumulator_rounds").fetchall()
+            for table, columns in _TABLES.items():  # every row readable, not just the pages
+                keys = ", ".join(sorted(columns - {"doc"}))
+                db.execute(f"SELECT {keys}, length(doc) FROM {table}").fetchall()
             migrate(db, self.path)
         except (sqlite3.DatabaseError, StoreError):
             db.close()
