@@ -1,10 +1,6 @@
 """Targets from `file_sd` files, `http_sd` URLs and `prometheus_sd`, re-read as they change.
-
-file_sd and http_sd speak Prometheus's `[{"targets": ["host:port"], "labels": {...}}]`; the meta
-labels `__scheme__`, `__metrics_path__`, `__specdec_name__`, `__specdec_dialect__` set a static
-target's keys, other `__` labels are dropped. A source that breaks (whatever it sends, read up
-to its cap and parsed in a thread within `config.documents`' limits) keeps its last good list.
-"""
+`_META`'s labels set a target's keys, other `__` labels are dropped; a source that breaks
+(whatever it sends) keeps its last good list."""
 
 from __future__ import annotations
 
