@@ -285,8 +285,7 @@ def _child(work: Callable[[], bytes], channel: socket.socket, inbox: int
             os.closerange(low + 1, high)
         # No record reaches a handler: its lock, or its stream's, may be a thread's.
         logging.disable(logging.CRITICAL)
-        # A collection would walk (and so copy) every page of the parent's heap; the child
-        # lives for a second and frees everything by exiting.
+        # A collection would copy every page of the parent's heap; exiting frees everything.
         gc.disable()
         try:
             _send_frame(channel, _OK + work())

@@ -94,8 +94,7 @@ class StateStore:
         return db
 
     def _check_wal(self) -> None:
-        # SQLite replays a write-ahead log up to its first bad frame and drops the rest without
-        # a word: committed windows would vanish silently. Say so, and keep a copy.
+        # SQLite drops a log's frames after a bad one without a word: say so, and keep a copy.
         wal = self.path.with_name(self.path.name + "-wal")
         try:
             damage = wal_damage(wal.read_bytes()) if wal.exists() else None
