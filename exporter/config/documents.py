@@ -1,6 +1,5 @@
-"""Documents from outside (the config file, discovery files and answers) read within limits:
-a size, a depth and a count of values (a YAML "billion laughs" is aliases counted at each use),
-checked before anything walks them."""
+"""Documents from outside (the config file, discovery files and answers) read within limits of
+size, depth and count of values, checked before anything walks them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""gzip/deflate bodies inflated, capped, with `isal` (Intel ISA-L) where installed (a
-dependency on Linux), else the stdlib's slower zlib."""
+"""gzip/deflate bodies inflated, capped, with `isal` (Intel ISA-L) where installed, else zlib."""
 
 from __future__ import annotations
 
