@@ -24,9 +24,6 @@ def main(argv: list[str] | None = None) -> int:
         # The reader left (`demo | head`): quiet, and stdout to /dev/null, or the exit flush raises.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except ListenError as exc:
-        say(str(exc), level=logging.ERROR)
-        return EXIT_USAGE
     except ExporterError as exc:
         say(str(exc), level=logging.ERROR)
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, ListenError) else EXIT_FAILED
