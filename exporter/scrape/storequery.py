@@ -178,11 +178,10 @@ def _get(query: HistoryQuery, params: dict[str, str], notes: list[str],
                                "only http:// and https:// are followed")
         if _origin(url) != home and headers:
             headers = {}
-            note = (f"store {where} redirected to another origin ({redact_url(url)}): "
-                    "its credentials and tenant were not sent there")
             log.warning("history store redirected to another origin; credentials dropped "
                         "store=%s location=%s", where, redact_url(url))
-            notes.append(note)
+            notes.append(f"store {where} redirected to another origin ({redact_url(url)}): "
+                         "its credentials and tenant were not sent there")
     raise HistoryError(f"store {where}: over {MAX_REDIRECTS} redirects")
 
 
