@@ -109,7 +109,6 @@ async def run_demo(port: int, duration: float | None, output_dir: str | None) ->
 
 
 async def _cleanup(runners: list[web.AppRunner], temporary: str | None) -> None:
-    """Stop every server, then remove the demo's temporary results folder if it made one."""
     for runner in reversed(runners):
         with contextlib.suppress(Exception):
             await runner.cleanup()

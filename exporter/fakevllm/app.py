@@ -124,8 +124,6 @@ async def _acceptance(request: web.Request) -> web.Response:
 
 
 def _set_traffic(on: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """Return a handler that pauses or resumes the simulated traffic."""
-
     async def handler(request: web.Request) -> web.Response:
         event = request.app[_TRAFFIC_ON]
         if on:

@@ -230,7 +230,6 @@ class Discovery:
 
     async def _get(self, session: aiohttp.ClientSession, sd: HttpSDConfig | PrometheusSDConfig,
                    name: str, url: str, refused: list[str]) -> list[TargetConfig]:
-        """GET `url` as JSON and parse it into targets."""
         headers = dict(sd.headers)
         if sd.token_env and (token := os.environ.get(sd.token_env)):
             headers["Authorization"] = f"Bearer {token}"
