@@ -28,7 +28,7 @@ class Ask:
 
     method: str
     path: str
-    window_id: str | None = None
+    window_id: str = ""  # "" for a route without one
     query: Mapping[str, str] = field(default_factory=dict)
     body: dict[str, Any] | None = None
     fleet: bool = False
@@ -65,23 +65,21 @@ class Fleet:
     refuses: tuple[type[RequestError], ...] = (UnknownWindowError,)
 
 
-def fleet_targets(config: Config, service: ExporterService) -> dict[str, TargetConfig]:
+def fleet_targets(service: ExporterService) -> dict[str, TargetConfig]:
     """Every target of the fleet, before the split: static ones first, as shards merge."""
-    merged = {t.name: t for t in config.targets}
+    merged = {t.name: t for t in service.config.targets}
     for target in service.discovered_targets():
         merged.setdefault(target.name, target)
     return merged
 
 
-def share(service: ExporterService, names: list[str] | None,
-          window_id: str | None) -> list[str] | None:
-    """A start's `targets` (names or host:ports) on this shard: in a fleet, its share of them."""
-    config = service.config
-    if names is None or len(config.peers) <= 1:
-        return names
-    fleet = fleet_targets(config, service)
-    chosen = resolve_targets(names, {n: t.host_port for n, t in fleet.items()}, window_id)
-    return split(chosen, config.shards)[config.shard_index]
+def shares(service: ExporterService, names: list[str] | None,
+           window_id: str | None) -> dict[int, list[str]]:
+    """Each shard's share of a start's `targets` (names or host:ports), else of the fleet."""
+    fleet = fleet_targets(service)
+    if names is not None:
+        names = resolve_targets(names, {n: t.host_port for n, t in fleet.items()}, window_id)
+    return split(fleet if names is None else names, service.config.shards)
 
 
 class Fanout:
@@ -107,7 +105,7 @@ class Fanout:
         """What `request` asks of a fleet route (its window id checked, an opening's body read)."""
         match = request.match_info.get("id")
         return Ask("GET" if request.method == "HEAD" else request.method, request.path_qs,
-                   None if match is None else check_window_id(match), request.query,
+                   "" if match is None else check_window_id(match), request.query,
                    await json_body(request) if fleet.opens else None, self.active(request))
 
     async def answer(self, request: web.Request, answer: Answer, fleet: Fleet,
@@ -142,16 +140,12 @@ class Fanout:
             part.status, part.error = exc.status, str(exc)
         return part
 
-    def _asked(self, ask: Ask, window_id: str | None) -> Asked:
+    def _asked(self, ask: Ask, window_id: str) -> Asked:
         """The fleet as the merge reads it; each shard's targets: its share of those asked."""
-        fleet = fleet_targets(self.config, self.service)
-        names = (ask.body or {}).get("targets")
-        if names is not None:  # a start's, taken by the shard asked first already
-            names = resolve_targets(names, {n: t.host_port for n, t in fleet.items()},
-                                    window_id)
-        shares = split(fleet if names is None else names, self.config.shards)
+        fleet = fleet_targets(self.service)
         return Asked(self.config.shards, {n: (t.url, t.host_port) for n, t in fleet.items()},
-                     shares, window_id, ask.query)
+                     shares(self.service, (ask.body or {}).get("targets"), window_id),
+                     window_id or None, ask.query)
 
 
 FANOUT = web.AppKey("fanout", Fanout)

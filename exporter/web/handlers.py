@@ -26,7 +26,7 @@ from exporter.server.service import ExporterService
 from exporter.state.answertext import compact
 from exporter.web.bodies import window_request
 from exporter.web.csrf import SAFE_METHODS, check_browser_safe, default_hosts
-from exporter.web.fanout import Ask, Reply, share
+from exporter.web.fanout import Ask, Reply, shares
 from exporter.web.formats import Format, accepts_gzip, gzipped, negotiate
 from exporter.web.jsonviews import target_view
 from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
@@ -244,8 +244,10 @@ async def start_answer(request: web.Request, ask: Ask) -> Reply:
         created, waiting = service.edges.expect(
             body.id, body.name, body.targets, body.labels, body.skip_requests or 0)
         return Reply(waiting, 201 if created else 200)
-    created, window = await service.start_window(
-        body.id, body.name, share(service, body.targets, body.id), body.labels)
+    mine = body.targets
+    if mine is not None and len(service.config.peers) > 1:  # in a fleet: this shard's share
+        mine = shares(service, mine, body.id)[service.config.shard_index]
+    created, window = await service.start_window(body.id, body.name, mine, body.labels)
     # Which targets failed their start scrape and why: the CLI says so on stderr.
     answer = window.summary() | {"start_errors": dict(window.start_errors)}
     return Reply(with_iso_times(answer), 201 if created else 200)
@@ -253,7 +255,6 @@ async def start_answer(request: web.Request, ask: Ask) -> Reply:
 
 async def stop_answer(request: web.Request, ask: Ask) -> Reply:
     """Close a window; stopping it again answers the same body."""
-    assert ask.window_id is not None
     service = request.app[SERVICE]
     edges = service.edges
     window = await (edges.stop(ask.window_id) if edges.knows(ask.window_id)
@@ -339,7 +340,6 @@ async def list_answer(request: web.Request, ask: Ask) -> Reply:
 
 async def window_answer(request: web.Request, ask: Ask) -> Reply:
     """One window: its open state, or its stop answer."""
-    assert ask.window_id is not None
     service = request.app[SERVICE]
     if (waiting := service.edges.waiting(ask.window_id)) is not None:
         return Reply(waiting)  # not started yet: no request came through the proxy
@@ -348,13 +348,11 @@ async def window_answer(request: web.Request, ask: Ask) -> Reply:
 
 async def series_answer(request: web.Request, ask: Ask) -> Reply:
     """A window's per-scrape series."""
-    assert ask.window_id is not None
     return Reply(series_view(request.app[SERVICE].book.with_series(ask.window_id)))
 
 
 async def delete_answer(request: web.Request, ask: Ask) -> Reply:
     """Forget a stopped window (its result files stay); 409 while it is open."""
-    assert ask.window_id is not None
     request.app[SERVICE].book.delete(ask.window_id)
     return Reply({"id": ask.window_id, "deleted": True})
 

@@ -67,7 +67,7 @@ async def _reply(route: Route, request: web.Request, ask: Ask | None = None) -> 
     return await fanout.answer(request, cast(Answer, route.handler), route.fleet, ask)
 
 
-async def _shown(route: Route, request: web.Request, window_id: str | None = None) -> Any:
+async def _shown(route: Route, request: web.Request, window_id: str = "") -> Any:
     """What a page shows of a fleet route's answer: asked as `request` is (of the fleet or not)."""
     path = route.path.format(id=window_id)
     ask = Ask("GET", path, window_id, fleet=request.app[FANOUT].active(request))
