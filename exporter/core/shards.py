@@ -66,7 +66,7 @@ class Asked:
     """A fanned-out call as its merge reads it: the fleet and what each shard was asked for."""
 
     shards: int
-    fleet: Mapping[str, tuple[str, str]]  # every target of the fleet: name -> (url, host:port)
+    fleet: dict[str, tuple[str, str]]  # every target of the fleet: name -> (url, host:port)
     shares: Mapping[int, list[str]]  # each shard's targets, for N/A when it gave no answer
     window_id: str | None = None
     query: Mapping[str, str] = field(default_factory=dict)  # checked by the shard asked first
@@ -81,8 +81,8 @@ def settle(parts: Sequence[ShardPart], asked: Asked) -> None:
     """Each part told its targets; a shard that could not save (503) keeps its window open and
     the caller retries (`StoreError`); a window no shard has is `UnknownWindowError`."""
     for part in parts:
-        part.expected, part.urls = asked.shares.get(part.index, []), dict(asked.fleet)
-        if part.status == 503:
+        part.expected, part.urls = asked.shares.get(part.index, []), asked.fleet
+        if part.status == 503 and asked.window_id is not None:  # not a list's
             raise StoreError(part.reason)
     if asked.window_id is not None and all(p.status == 404 for p in parts):
         raise UnknownWindowError(asked.window_id)

@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from exporter.analysis.advise import window_advice
-from exporter.config.model import Config, TargetConfig
+from exporter.config.model import TargetConfig
 from exporter.core.errors import RequestError, UnknownWindowError
 from exporter.core.shards import Asked, Merge, ShardPart, settle, split
 from exporter.core.window import check_window_id
@@ -89,13 +89,9 @@ class Fanout:
         self.service = service
         self.peers = Peers(lambda: self.service.config)
 
-    @property
-    def config(self) -> Config:
-        return self.service.config
-
     def sharded(self) -> bool:
         """Whether this exporter is one of several shards that know each other."""
-        return len(self.config.peers) > 1
+        return len(self.service.config.peers) > 1
 
     def active(self, request: web.Request) -> bool:
         """Whether this request covers the fleet: peers configured, not itself a peer's call."""
@@ -113,14 +109,14 @@ class Fanout:
         """`answer` of this shard alone, or of every shard merged when `ask.fleet`."""
         if not ask.fleet:
             return await answer(request, ask)
-        me = self.config.shard_index
+        me = self.service.config.shard_index
         first = [await self._local(request, answer, fleet, ask)] if fleet.opens else []
         window_id = first[0].answer["id"] if first and first[0].answer else ask.window_id
         body = None if ask.method == "GET" else (ask.body or {}) | (
             {"id": window_id} if fleet.opens else {})
         calls = [self._local(request, answer, fleet, ask) if i == me
                  else self.peers.call(i, ask.method, ask.path, body)
-                 for i in range(len(self.config.peers)) if not (first and i == me)]
+                 for i in range(len(self.service.config.peers)) if not (first and i == me)]
         parts = sorted([*first, *await asyncio.gather(*calls)], key=lambda p: p.index)
         asked = self._asked(ask, window_id)
         settle(parts, asked)
@@ -131,8 +127,8 @@ class Fanout:
 
     async def _local(self, request: web.Request, answer: Answer, fleet: Fleet,
                      ask: Ask) -> ShardPart:
-        index = self.config.shard_index
-        part = ShardPart(index, self.config.peers[index], local=True)
+        index = self.service.config.shard_index
+        part = ShardPart(index, self.service.config.peers[index], local=True)
         try:
             reply = await answer(request, ask)
             part.answer, part.status = reply.json(), reply.status
@@ -142,8 +138,8 @@ class Fanout:
 
     def _asked(self, ask: Ask, window_id: str) -> Asked:
         """The fleet as the merge reads it; each shard's targets: its share of those asked."""
-        fleet = fleet_targets(self.service)
-        return Asked(self.config.shards, {n: (t.url, t.host_port) for n, t in fleet.items()},
+        fleet = {n: (t.url, t.host_port) for n, t in fleet_targets(self.service).items()}
+        return Asked(self.service.config.shards, fleet,
                      shares(self.service, (ask.body or {}).get("targets"), window_id),
                      window_id or None, ask.query)
 

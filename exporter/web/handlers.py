@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -20,7 +20,7 @@ from exporter.core.errors import ConfigError, RequestError, StoreError
 from exporter.core.isotime import with_iso_times
 from exporter.core.shards import MAX_LIST
 from exporter.core.stopanswer import window_series as series_view
-from exporter.core.window import Window, check_window_id
+from exporter.core.window import Window
 from exporter.server.memory import give_back_free_memory
 from exporter.server.service import ExporterService
 from exporter.state.answertext import compact
@@ -30,7 +30,6 @@ from exporter.web.fanout import Ask, Reply, shares
 from exporter.web.formats import Format, accepts_gzip, gzipped, negotiate
 from exporter.web.jsonviews import target_view
 from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
-from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
 from exporter.web.relay import PROXY_TOKEN_HEADER
 
@@ -181,26 +180,6 @@ async def landing(request: web.Request) -> web.Response:
     refresh = request.query.get("refresh", "1") not in ("0", "false", "no", "off")
     return web.Response(text=render_landing(request.app[SERVICE].view(), refresh=refresh),
                         content_type="text/html")
-
-
-async def compare_response(
-    request: web.Request, windows: Sequence[Mapping[str, Any]],
-    answer: Callable[[str], Awaitable[Mapping[str, Any] | None]],
-) -> web.Response:
-    """Two stopped windows side by side (`answer` None: still open), or the form to pick them."""
-    a_id, b_id = request.query.get("a"), request.query.get("b")
-    if not a_id and not b_id:
-        return web.Response(text=render_picker(windows), content_type="text/html")
-    if not a_id or not b_id:
-        raise RequestError("give both windows: /compare?a=ID&b=ID")
-    answers = []
-    for window_id in (a_id, b_id):
-        found = await answer(check_window_id(window_id))
-        if found is None:
-            raise RequestError(f'window "{window_id}" is still open; stop it first', status=409)
-        answers.append(found)
-    text = render_compare(answers[0], answers[1], windows)
-    return web.Response(text=text, content_type="text/html")
 
 
 async def healthy(request: web.Request) -> web.Response:

@@ -19,6 +19,7 @@ from exporter.web import handlers
 from exporter.web.fanout import FANOUT, Answer, Ask, Fleet, Reply
 from exporter.web.historyroute import history_window
 from exporter.web.keys import SERVICE
+from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.window import render_window_page
 from exporter.web.proxy import main_listener_proxy
 
@@ -85,13 +86,20 @@ async def window_page(request: web.Request) -> web.Response:
 
 async def compare_page(request: web.Request) -> web.Response:
     """Two stopped windows side by side, or the form to pick them."""
-
-    async def answer(window_id: str) -> dict[str, Any] | None:
-        found = await _shown(WINDOW, request, window_id)
-        return found if "results" in found else None
-
     windows = (await _shown(WINDOWS, request))["windows"]
-    return await handlers.compare_response(request, windows, answer)
+    a_id, b_id = request.query.get("a"), request.query.get("b")
+    if not a_id and not b_id:
+        return web.Response(text=render_picker(windows), content_type="text/html")
+    if not a_id or not b_id:
+        raise RequestError("give both windows: /compare?a=ID&b=ID")
+    answers = []
+    for window_id in (a_id, b_id):
+        found = await _shown(WINDOW, request, check_window_id(window_id))
+        if "results" not in found:
+            raise RequestError(f'window "{window_id}" is still open; stop it first', status=409)
+        answers.append(found)
+    text = render_compare(answers[0], answers[1], windows)
+    return web.Response(text=text, content_type="text/html")
 
 
 ROUTES = (
@@ -134,9 +142,8 @@ def _dispatch(route: Route) -> Handler:
 
 async def _say_scope(request: web.Request, response: web.StreamResponse) -> None:
     # on_response_prepare: also for a streamed answer, whose headers go before its body.
-    fanout = request.app[FANOUT]
-    if request.get(_SCOPE) is Scope.SHARD and fanout.sharded():
-        config = fanout.config
+    if request.get(_SCOPE) is Scope.SHARD and request.app[FANOUT].sharded():
+        config = request.app[SERVICE].config
         response.headers[SCOPE_HEADER] = (
             f"shard {config.shard_index} of {config.shards}: this shard's targets only")
 
