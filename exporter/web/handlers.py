@@ -1,4 +1,4 @@
-"""HTTP handlers: validate -> call the service -> json_response. No math, no parsing here."""
+"""HTTP handlers and each fleet route's one answer: validate, call the service, answer."""
 
 from __future__ import annotations
 
