@@ -74,6 +74,7 @@ class Asked:
 
 # The most windows a list answers, on one shard and over the fleet.
 MAX_LIST = 1000
+# A fleet route's merge: every shard's part (a peer's not vetted yet) -> (status, one body).
 Merge = Callable[[list[ShardPart], Asked], tuple[int, dict[str, Any]]]
 
 
