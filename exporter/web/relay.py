@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_sse
+from exporter.core.timing import Clock
 
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
 SMALL_BODY = 64 * 1024  # a request body below this size (with its length given) is sent whole
@@ -135,13 +137,15 @@ class _Body:
 class _Kept:
     """A recorded answer's bytes as relayed, up to PARSE_LIMIT, read once it has ended."""
 
-    def __init__(self, answer: aiohttp.ClientResponse) -> None:
+    def __init__(self, answer: aiohttp.ClientResponse, sent: float) -> None:
         self.sse = "text/event-stream" in answer.headers.get("Content-Type", "")
+        self.clock = Clock(sent)
         self.length = answer.content_length
         self.parts: list[bytes] = []
         self.size = 0
 
     def add(self, chunk: bytes) -> None:
+        self.clock.tick(time.monotonic())
         self.size += len(chunk)
         if self.size > PARSE_LIMIT:
             self.parts.clear()
@@ -157,7 +161,9 @@ class _Kept:
         if not self.sse and ended is not None and self.length != self.size:
             return RequestStats.unread(ended)
         stats = from_sse(whole) if self.sse else from_json(whole)
-        return stats if ended is None or stats.unreadable is None else RequestStats.unread(ended)
+        if ended is None:
+            return stats.timed(self.clock, self.sse)
+        return stats if stats.unreadable is None else RequestStats.unread(ended)
 
 
 async def _client_gone(request: web.Request) -> None:
@@ -205,6 +211,7 @@ async def _forward(request: web.Request, session: aiohttp.ClientSession, upstrea
     waits = upstream.timeouts
     key = f"proxy.{{}} of target {upstream.target}"
     body = _Body(request)
+    sent = time.monotonic()
     try:
         async with asyncio.timeout(waits.first_byte):
             answer = await session.request(
@@ -224,17 +231,17 @@ async def _forward(request: web.Request, session: aiohttp.ClientSession, upstrea
                           "limit, 64 MiB)")
         return _error(502, f"upstream {upstream.origin} failed: {exc}")
     async with answer:
-        return await _relay_answer(request, answer, upstream)
+        return await _relay_answer(request, answer, upstream, sent)
 
 
 async def _relay_answer(request: web.Request, answer: aiohttp.ClientResponse,
-                        upstream: Upstream) -> web.StreamResponse:
+                        upstream: Upstream, sent: float) -> web.StreamResponse:
     """The answer to the client piece by piece; a recorded one counted once, however it ends."""
     response = web.StreamResponse(status=answer.status, reason=answer.reason,
                                   headers=forwarded(answer.headers))
     if answer.content_length is not None:
         response.content_length = answer.content_length
-    kept = _Kept(answer) if _recorded(request) else None
+    kept = _Kept(answer, sent) if _recorded(request) else None
     ended: Unreadable | None = Unreadable.CLIENT_LEFT  # until the upstream's answer has ended
     try:
         await response.prepare(request)
