@@ -152,8 +152,8 @@ def _window_args(p: argparse.ArgumentParser, bounds: str) -> None:
                         "measured request arrives, closed on the counts right after the last "
                         "response)")
     p.add_argument("--skip-requests", type=int, default=None, metavar="N",
-                   help="with --edges traffic: leave the first N requests out (warm-up; "
-                        "AISBench's --num-warmups)")
+                   help="with --edges traffic: leave each model's first N requests out "
+                        "(warm-up; AISBench's --num-warmups)")
 
 
 def _allow_na(p: argparse.ArgumentParser) -> None:
