@@ -132,12 +132,12 @@ class _Body:
             yield chunk
 
 
-class _Kept:
-    """A recorded answer's bytes as relayed, up to PARSE_LIMIT, read once it has ended."""
+class Kept:
+    """A recorded answer's body as relayed, up to PARSE_LIMIT, read once it has ended."""
 
-    def __init__(self, answer: aiohttp.ClientResponse) -> None:
-        self.sse = "text/event-stream" in answer.headers.get("Content-Type", "")
-        self.length = answer.content_length
+    def __init__(self, sse: bool, length: int | None) -> None:
+        self.sse = sse
+        self.length = length
         self.parts: list[bytes] = []
         self.size = 0
 
@@ -234,7 +234,8 @@ async def _relay_answer(request: web.Request, answer: aiohttp.ClientResponse,
                                   headers=forwarded(answer.headers))
     if answer.content_length is not None:
         response.content_length = answer.content_length
-    kept = _Kept(answer) if _recorded(request) else None
+    kept = Kept("text/event-stream" in answer.headers.get("Content-Type", ""),
+                answer.content_length) if _recorded(request) else None
     ended: Unreadable | None = Unreadable.CLIENT_LEFT  # until the upstream's answer has ended
     try:
         await response.prepare(request)
@@ -253,7 +254,7 @@ async def _relay_answer(request: web.Request, answer: aiohttp.ClientResponse,
 
 
 async def _pump(answer: aiohttp.ClientResponse, response: web.StreamResponse,
-                kept: _Kept | None, idle: float) -> Unreadable | None:
+                kept: Kept | None, idle: float) -> Unreadable | None:
     """Relay the answer's body; None when the upstream sent it whole, else why it stopped."""
     while True:
         try:

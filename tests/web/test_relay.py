@@ -24,7 +24,7 @@ from exporter.config.model import validate_config
 from exporter.core.errors import ConfigError
 from exporter.core.perrequest import PerRequest, RequestStats, Unreadable
 from exporter.fakevllm import FakeServer, make_fake_app
-from exporter.web.proxy import proxy_app
+from exporter.web.passthrough import PortRelay
 from exporter.web.relay import MAX_RELAYED_BODY, SMALL_BODY, Timeouts, Upstream
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -93,18 +93,13 @@ async def proxied(origin: str, timeouts: Timeouts | None = None) -> AsyncIterato
     def record(target: str, stats: RequestStats) -> None:
         recorded.record(stats)
 
-    async with aiohttp.ClientSession(auto_decompress=False) as session:
-        # As `Proxying` serves a port: aiohttp's TestServer cancels a handler whose client
-        # left, which the served exporter does not, so it would hide what a leave does.
-        runner = web.AppRunner(proxy_app(Upstream("t", origin, record, timeouts=timeouts),
-                                         session), access_log=None)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            yield f"http://127.0.0.1:{port}", recorded
-        finally:
-            await runner.cleanup()
+    relay = PortRelay(Upstream("t", origin, record, timeouts=timeouts))
+    port = free_port()
+    await relay.open("127.0.0.1", port, header_timeout=30.0)  # as `Proxying` serves a port
+    try:
+        yield f"http://127.0.0.1:{port}", recorded
+    finally:
+        await relay.close()
 
 
 def raw_request(path: str, body: bytes = b"{}", extra: str = "") -> bytes:
