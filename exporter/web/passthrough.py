@@ -88,7 +88,7 @@ class Answer:
         self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.done: asyncio.Future[Unreadable | None] = asyncio.get_running_loop().create_future()
         self.kept: Kept | None = None
-        self.complete = self.paused = self.framed = False
+        self.complete = self.paused = self.framed = self.reusable = False
         self.close_client = not request.keep_alive
         self.bodiless = request.method == "HEAD"
         self.last = 0.0
@@ -108,6 +108,7 @@ class Answer:
             self.interim += 1
             return
         self.bodiless = self.bodiless or self.status in (204, 304)
+        self.reusable = self.parser.should_keep_alive()
         if self.request.recorded:
             self.kept = Kept("text/event-stream" in self.headers.get("Content-Type", ""),
                              _length(self.headers))
@@ -119,6 +120,7 @@ class Answer:
     def on_message_complete(self) -> None:
         if self.status >= 200:
             self.complete = True
+            self.reusable = self.parser.should_keep_alive()  # llhttp forgets it once past
 
     # from the upstream connection
     def received(self, data: bytes) -> None:
@@ -379,7 +381,7 @@ async def _exchange(port: PortRelay, request: Request, client: ClientConnection,
         if answer.kept is not None:  # the relay's one place where an answer has ended
             upstream.record(upstream.target, answer.kept.stats(ended))
         if conn is not None:
-            if ended is None and answer.framed and answer.parser.should_keep_alive():
+            if ended is None and answer.framed and answer.reusable:
                 port.pool.put(conn)
             else:
                 conn.abort()

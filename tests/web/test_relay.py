@@ -410,6 +410,32 @@ class TestBodies:
         assert sink.bodies == [] and rec.requests == 0  # the upstream never had a whole body
 
 
+class TestConnections:
+    async def test_answers_in_turn_share_one_upstream_connection_and_its_bytes_pass_through(
+            self) -> None:
+        events = [b'data: {"id": "c", "model": "m", "choices": []}\n\n', b"data: [DONE]\n\n"]
+        framed = b"".join(chunk(e) for e in events) + b"0\r\n\r\n"
+
+        async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for _ in range(3):
+                await read_head(reader)
+                await reader.readexactly(2)  # the request's body, {}
+                writer.write(SSE_HEAD + framed)
+                await writer.drain()
+
+        upstream = RawUpstream(keep_alive)
+        async with upstream as origin, proxied(origin) as (base, rec):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(base))
+            for _ in range(3):
+                writer.write(raw_request("/v1/completions"))
+                head = await read_head(reader)
+                # The upstream's chunks as it framed them, not re-framed by the relay.
+                assert b"transfer-encoding: chunked" in head.lower()
+                assert await reader.readexactly(len(framed)) == framed
+            writer.close()
+        assert upstream.accepted == 1 and rec.requests == 3 and rec.unreadable == 0
+
+
 class TestHopByHop:
     async def test_hop_headers_and_those_connection_names_stay_on_their_hop(self) -> None:
         seen: list[bytes] = []
