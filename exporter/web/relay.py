@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -18,7 +19,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_sse
 
-PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
+PARSE_LIMIT = 4 * 1024 * 1024  # a JSON answer larger than this is relayed, not parsed
+# An event stream's end read for its figures: its last events (usage, the engine's per-request
+# object, [DONE]) are a few KiB; a token chunk before them carries nothing read.
+TAIL = 64 * 1024
 SMALL_BODY = 64 * 1024  # a request body below this size (with its length given) is sent whole
 # A relayed request body, streamed through, never held: a 128k-token prompt is ~1 MiB of JSON,
 # a chat with base64 images tens of MiB.
@@ -133,31 +137,61 @@ class _Body:
 
 
 class Kept:
-    """A recorded answer's body as relayed, up to PARSE_LIMIT, read once it has ended."""
+    """A recorded answer's body as relayed, read once it has ended: a JSON body whole (up to
+    PARSE_LIMIT); an event stream's first event and its last TAIL bytes, where its usage and
+    the engine's figures are, so that no token chunk is held or parsed."""
 
     def __init__(self, sse: bool, length: int | None) -> None:
         self.sse = sse
         self.length = length
-        self.parts: list[bytes] = []
-        self.size = 0
+        self.parts: deque[bytes] = deque()
+        self.held = self.size = 0
+        self.first = b""  # an event stream's first event: its id and model
+        self.dropped = False
 
     def add(self, chunk: bytes) -> None:
         self.size += len(chunk)
-        if self.size > PARSE_LIMIT:
-            self.parts.clear()
-        else:
-            self.parts.append(chunk)
+        if not self.sse:
+            if self.size > PARSE_LIMIT:
+                self.parts.clear()
+            else:
+                self.parts.append(chunk)
+            return
+        if not self.dropped and len(self.first) < TAIL:
+            self.first += chunk
+        self.parts.append(chunk)
+        self.held += len(chunk)
+        while self.held - len(self.parts[0]) >= TAIL:
+            self.held -= len(self.parts.popleft())
+            self.dropped = True
+
+    def read(self) -> bytes:
+        """What is parsed: the body; or the stream's first event and its tail's whole events."""
+        tail = b"".join(self.parts)
+        if not self.dropped:
+            return tail
+        return _events_from(self.first, first_only=True) + _events_from(tail)
 
     def stats(self, ended: Unreadable | None) -> RequestStats:
         """Its figures; `ended` says why the relay stopped early, when it did: an answer whose
         bytes all came (an event stream to its `[DONE]`, a body to its length) reads anyway."""
-        if self.size > PARSE_LIMIT:
+        if self.size > PARSE_LIMIT and not self.sse:
             return RequestStats.unread(Unreadable.TOO_LARGE)
-        whole = b"".join(self.parts)
+        whole = self.read()
         if not self.sse and ended is not None and self.length != self.size:
             return RequestStats.unread(ended)
         stats = from_sse(whole) if self.sse else from_json(whole)
         return stats if ended is None or stats.unreadable is None else RequestStats.unread(ended)
+
+
+def _events_from(data: bytes, first_only: bool = False) -> bytes:
+    """`data` from its first event boundary on (a tail begun mid-event), or up to and
+    including it (`first_only`: the first event); all of it where no boundary is seen."""
+    ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.find(sep)) >= 0]
+    if not ends:
+        return b"" if first_only else data
+    at, size = min(ends)
+    return data[:at + size] if first_only else data[at + size:]
 
 
 async def _client_gone(request: web.Request) -> None:

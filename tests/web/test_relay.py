@@ -22,10 +22,18 @@ from conftest import free_port
 
 from exporter.config.model import validate_config
 from exporter.core.errors import ConfigError
-from exporter.core.perrequest import PerRequest, RequestStats, Unreadable
+from exporter.core.perrequest import PerRequest, RequestStats, Unreadable, from_sse
 from exporter.fakevllm import FakeServer, make_fake_app
 from exporter.web.passthrough import PortRelay
-from exporter.web.relay import MAX_RELAYED_BODY, SMALL_BODY, Timeouts, Upstream
+from exporter.web.relay import (
+    MAX_RELAYED_BODY,
+    PARSE_LIMIT,
+    SMALL_BODY,
+    TAIL,
+    Kept,
+    Timeouts,
+    Upstream,
+)
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -536,3 +544,27 @@ class TestHostileAnswers:
                     with pytest.raises(aiohttp.ClientPayloadError):
                         await r.read()  # the client sees the cut too
         assert rec.reasons == {Unreadable.CUT: 1} and rec.requests == 1
+
+
+class TestTailRead:
+    def test_a_long_streams_figures_come_from_its_first_event_and_tail_alone(self) -> None:
+        spec = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6,
+                "acceptance_histogram": [1, 1, 1, 1]}
+        token = b'data: {"id": "c", "model": "m", "choices": [{"text": "' + b"t" * 60 + b'"}]}'
+        last = json.dumps({"id": "c", "model": "m", "choices": [], "usage": {
+            "prompt_tokens": 3, "completion_tokens": 60_000},
+            "metrics": {"speculative_decoding": spec}}).encode()
+        for sep in (b"\n\n", b"\r\n\r\n"):
+            stream = sep.join([token] * 60_000 + [b"data: " + last, b"data: [DONE]"]) + sep
+            assert len(stream) > PARSE_LIMIT  # read whole, it would be too large to read
+            kept = Kept(sse=True, length=None)
+            for at in range(0, len(stream), 4093):  # pieces that cut events anywhere
+                kept.add(stream[at:at + 4093])
+                assert kept.held < TAIL + 4093  # the tokens before the tail are not held
+            stats = kept.stats(None)
+            assert stats == from_sse(stream) and stats.unreadable is None
+            assert (stats.request_id, stats.model, stats.completion_tokens, stats.spec) == (
+                "c", "m", 60_000, spec)
+            cut = Kept(sse=True, length=None)
+            cut.add(stream[:-len(sep) - 3])  # ended mid-event, [DONE] never whole
+            assert cut.stats(None).unreadable == Unreadable.CUT_MID_EVENT
