@@ -125,6 +125,8 @@ class Answer:
     # from the upstream connection
     def received(self, data: bytes) -> None:
         """Bytes from the upstream: before the head, parsed and held; after, passed on."""
+        if self.done.done():
+            return  # cut already: nothing more goes to the client
         self.last = asyncio.get_running_loop().time()
         if self.head.done():
             self.client.write(data)
@@ -269,6 +271,9 @@ class ClientConnection(asyncio.Protocol):
         p = self.parser
         self.requests.append(Request(p.get_method().decode("latin-1"), self.url, self.headers,
                                      p.should_keep_alive(), p.get_http_version()))
+        if self.headers.get("Expect", "").lower() == "100-continue" and self.transport:
+            # The client waits for this before its body; the upstream is asked without it.
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         if self.arrived is not None and not self.arrived.done():
             self.arrived.set_result(None)
 
@@ -427,6 +432,7 @@ async def _send(conn: UpstreamConnection, request: Request, client: ClientConnec
     assert conn.transport is not None
     headers = CIMultiDict({"Host": port.pool.netloc})
     headers.extend(sent_on(CIMultiDictProxy(request.headers), port.upstream.own_token))
+    headers.popall("Expect", None)  # answered by the relay (ClientConnection)
     first = b"%s %s HTTP/1.1" % (request.method.encode("latin-1"), request.url)
     length = _length(request.headers)
     if length is not None and length < SMALL_BODY:

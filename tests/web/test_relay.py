@@ -443,6 +443,25 @@ class TestConnections:
             writer.close()
         assert upstream.accepted == 1 and rec.requests == 3 and rec.unreadable == 0
 
+    async def test_a_client_that_expects_100_continue_gets_it_and_its_body_goes_on(
+            self) -> None:
+        sink = Sink()  # as curl sends a large body: the head, then the body once told to
+        server = TestServer(sink.app())
+        await server.start_server()
+        try:
+            async with proxied(str(server.make_url("")).rstrip("/")) as (base, _):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port_of(base))
+                writer.write(b"POST /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                             b"Expect: 100-continue\r\n\r\n")
+                told = await asyncio.wait_for(read_head(reader), 10)
+                assert told == b"HTTP/1.1 100 Continue\r\n\r\n"
+                writer.write(b"hello")
+                assert (await read_head(reader)).startswith(b"HTTP/1.1 200")
+                writer.close()
+        finally:
+            await server.close()
+        assert sink.bodies == [5]
+
 
 class TestHopByHop:
     async def test_hop_headers_and_those_connection_names_stay_on_their_hop(self) -> None:
