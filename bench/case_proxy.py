@@ -313,10 +313,11 @@ def main() -> None:
                 bases, children, pid = start_rig(Path(tmp), cpus, args)
             if cpus[2]:
                 os.sched_setaffinity(0, {int(cpus[2])})
-            relay_pid = children[2].pid if children else None
+            pids = {"proxied": pid} | ({"relay": children[2].pid} if children else {}) | (
+                {"nginx": children[3].pid} if len(children) > 3 else {})
             out: dict[str, object] = {"load_before": os.getloadavg()}
             for streams in (int(n) for n in str(args.streams).split(",")):
-                out[f"streams_{streams}"] = _one_count(bases, streams, args, pid, relay_pid)
+                out[f"streams_{streams}"] = _one_count(bases, streams, args, pids)
             out["load_after"] = os.getloadavg()
             out["host_cpus"] = os.cpu_count()
             out["event_loop"] = loop_kind()
@@ -328,30 +329,34 @@ def main() -> None:
     print(json.dumps(out, indent=1))
 
 
-def _one_count(bases: dict[str, str], streams: int, args: argparse.Namespace, pid: int | None,
-               relay_pid: int | None) -> dict[str, object]:
-    """The figures at one count of streams, with the exporter's and the relay's CPU."""
-    before, relay_before = _cpu_seconds(pid), _cpu_seconds(relay_pid)
+def _one_count(bases: dict[str, str], streams: int, args: argparse.Namespace,
+               pids: dict[str, int | None]) -> dict[str, object]:
+    """The figures at one count of streams, with each hop's CPU per request it relayed (the
+    exporter's includes its scrapes; nginx's its workers')."""
+    before = {path: _cpu_seconds(pid) for path, pid in pids.items()}
     out = asyncio.run(measure_paced(bases, streams, args.rounds, args.span)
                       if args.shape == "paced" else measure(bases, streams, args.rounds))
-    proxied, relay = out["proxied"], out.get("relay")
-    if pid and isinstance(proxied, dict):
-        used = _cpu_seconds(pid) - before
-        out["exporter_cpu_ms_per_proxied_request"] = 1000 * used / proxied["requests"]
-    if relay_pid and isinstance(relay, dict):
-        used = _cpu_seconds(relay_pid) - relay_before
-        out["relay_cpu_ms_per_request"] = 1000 * used / relay["requests"]
+    out["cpu_ms_per_request"] = {
+        path: 1000 * (_cpu_seconds(pid) - before[path]) / figures["requests"]
+        for path, pid in pids.items()
+        if pid and isinstance(figures := out.get(path), dict) and figures["requests"]}
     out["load"] = os.getloadavg()
     return out
 
 
 def _cpu_seconds(pid: int | None) -> float:
-    """User + system CPU of a process (Linux /proc), 0.0 without a pid."""
+    """User + system CPU of a process and its children's (Linux /proc), 0.0 without a pid."""
     if not pid:
         return 0.0
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        with open(f"/proc/{pid}/task/{pid}/children") as kids:
+            children = [int(k) for k in kids.read().split()]
+    except FileNotFoundError:
+        return 0.0
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return own + sum(_cpu_seconds(child) for child in children)
 
 
 if __name__ == "__main__":

@@ -85,8 +85,10 @@ class Answer:
         self.headers: CIMultiDict[str] = CIMultiDict()
         self.reason = b""
         self.status = 0
-        self.head: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.done: asyncio.Future[Unreadable | None] = asyncio.get_running_loop().create_future()
+        # Kept: asyncio.get_running_loop() costs a getpid() system call, once per chunk here.
+        self.loop = asyncio.get_running_loop()
+        self.head: asyncio.Future[None] = self.loop.create_future()
+        self.done: asyncio.Future[Unreadable | None] = self.loop.create_future()
         self.kept: Kept | None = None
         self.complete = self.paused = self.framed = self.reusable = False
         self.close_client = not request.keep_alive
@@ -127,7 +129,7 @@ class Answer:
         """Bytes from the upstream: before the head, parsed and held; after, passed on."""
         if self.done.done():
             return  # cut already: nothing more goes to the client
-        self.last = asyncio.get_running_loop().time()
+        self.last = self.loop.time()
         if self.head.done():
             self.client.write(data)
             self._feed(data)
@@ -170,7 +172,7 @@ class Answer:
         """One timer per answer, re-armed from the last byte's time: nothing done per chunk."""
         if self.done.done():
             return
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         if self.paused:  # a client slow to read is not a stalled upstream
             self.last = loop.time()
         wait = self.last + self.idle - loop.time()
