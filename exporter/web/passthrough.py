@@ -36,10 +36,9 @@ class Request:
     """One client request as parsed: its head, and its body as it arrives (the relay's one
     place where a request's headers and body are known)."""
 
-    def __init__(self, method: str, url: bytes, headers: CIMultiDict[str], keep_alive: bool,
-                 version: str) -> None:
-        self.method, self.url, self.headers = method, url, headers
-        self.keep_alive, self.version = keep_alive, version
+    def __init__(self, method: str, url: bytes, headers: CIMultiDict[str],
+                 keep_alive: bool) -> None:
+        self.method, self.url, self.headers, self.keep_alive = method, url, headers, keep_alive
         self.pieces: deque[bytes] = deque()
         self.held = self.size = 0
         self.ended = self.too_large = False
@@ -56,6 +55,7 @@ class Request:
         return self.url.split(b"?", 1)[0]
 
     def add(self, piece: bytes) -> None:
+        """A piece of the body, held until sent on; past MAX_RELAYED_BODY, none is."""
         self.size += len(piece)
         if self.size > MAX_RELAYED_BODY:
             self.too_large = True
@@ -66,6 +66,7 @@ class Request:
         self._wake()
 
     def end(self) -> None:
+        """The body is whole."""
         self.ended = True
         self._wake()
 
@@ -272,7 +273,7 @@ class ClientConnection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         p = self.parser
         self.requests.append(Request(p.get_method().decode("latin-1"), self.url, self.headers,
-                                     p.should_keep_alive(), p.get_http_version()))
+                                     p.should_keep_alive()))
         if self.headers.get("Expect", "").lower() == "100-continue" and self.transport:
             # The client waits for this before its body; the upstream is asked without it.
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
