@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from http import HTTPStatus
@@ -81,6 +82,7 @@ class Answer:
 
     def __init__(self, request: Request, client: asyncio.Transport, idle: float) -> None:
         self.request, self.client, self.idle = request, client, idle
+        self.sent = time.monotonic()  # the request goes now (connect included), as Kept's clock
         self.parser = httptools.HttpResponseParser(self)
         self.buffer = bytearray()
         self.headers: CIMultiDict[str] = CIMultiDict()
@@ -114,7 +116,7 @@ class Answer:
         self.reusable = self.parser.should_keep_alive()
         if self.request.recorded:
             self.kept = Kept("text/event-stream" in self.headers.get("Content-Type", ""),
-                             _length(self.headers))
+                             _length(self.headers), self.sent)
 
     def on_body(self, body: bytes) -> None:
         if self.kept is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_sse
+from exporter.core.timing import Clock
 
 PARSE_LIMIT = 4 * 1024 * 1024  # a JSON answer larger than this is relayed, not parsed
 # An event stream's end read for its figures: its last events (usage, the engine's per-request
@@ -141,15 +143,17 @@ class Kept:
     PARSE_LIMIT); an event stream's first event and its last TAIL bytes, where its usage and
     the engine's figures are, so that no token chunk is held or parsed."""
 
-    def __init__(self, sse: bool, length: int | None) -> None:
+    def __init__(self, sse: bool, length: int | None, sent: float) -> None:
         self.sse = sse
         self.length = length
+        self.clock = Clock(sent)  # `sent`: time.monotonic() when the request went
         self.parts: deque[bytes] = deque()
         self.held = self.size = 0
         self.first = b""  # an event stream's first event: its id and model
         self.dropped = False
 
     def add(self, chunk: bytes) -> None:
+        self.clock.tick(time.monotonic())
         self.size += len(chunk)
         if not self.sse:
             if self.size > PARSE_LIMIT:
@@ -181,7 +185,9 @@ class Kept:
         if not self.sse and ended is not None and self.length != self.size:
             return RequestStats.unread(ended)
         stats = from_sse(whole) if self.sse else from_json(whole)
-        return stats if ended is None or stats.unreadable is None else RequestStats.unread(ended)
+        if ended is None:
+            return stats.timed(self.clock, self.sse)
+        return stats if stats.unreadable is None else RequestStats.unread(ended)
 
 
 def _events_from(data: bytes, first_only: bool = False) -> bytes:
@@ -239,6 +245,7 @@ async def _forward(request: web.Request, session: aiohttp.ClientSession, upstrea
     waits = upstream.timeouts
     key = f"proxy.{{}} of target {upstream.target}"
     body = _Body(request)
+    sent = time.monotonic()
     try:
         async with asyncio.timeout(waits.first_byte):
             answer = await session.request(
@@ -258,18 +265,18 @@ async def _forward(request: web.Request, session: aiohttp.ClientSession, upstrea
                           "limit, 64 MiB)")
         return _error(502, f"upstream {upstream.origin} failed: {exc}")
     async with answer:
-        return await _relay_answer(request, answer, upstream)
+        return await _relay_answer(request, answer, upstream, sent)
 
 
 async def _relay_answer(request: web.Request, answer: aiohttp.ClientResponse,
-                        upstream: Upstream) -> web.StreamResponse:
+                        upstream: Upstream, sent: float) -> web.StreamResponse:
     """The answer to the client piece by piece; a recorded one counted once, however it ends."""
     response = web.StreamResponse(status=answer.status, reason=answer.reason,
                                   headers=forwarded(answer.headers))
     if answer.content_length is not None:
         response.content_length = answer.content_length
     kept = Kept("text/event-stream" in answer.headers.get("Content-Type", ""),
-                answer.content_length) if _recorded(request) else None
+                answer.content_length, sent) if _recorded(request) else None
     ended: Unreadable | None = Unreadable.CLIENT_LEFT  # until the upstream's answer has ended
     try:
         await response.prepare(request)

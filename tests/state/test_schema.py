@@ -222,3 +222,44 @@ class TestVersion1:
         doc = store.load("gone")
         store.close()
         assert doc is not None and doc["answer"] == answer
+
+
+def _untimed(block: dict) -> dict:
+    return {k: v for k, v in block.items() if k != "timing"}
+
+
+class TestVersion2:
+    def test_per_request_blocks_get_an_empty_timing_once(self, tmp_path):
+        from exporter.core.perrequest import PerRequest
+        from exporter.core.timing import Timings
+
+        tally = PerRequest()
+        tally.requests = 2
+        open_window = Window(id="o", name="o", labels={}, started_at=100.0,
+                             targets={"a": TargetRef("a", "http://a:1/metrics", "a:1")},
+                             per_request={"a": tally})
+        block = _untimed(tally.answer())
+        answer = {"id": "s", "name": "s", "targets": ["a"], "results": {}, "aggregate": None,
+                  "results_dir": str(tmp_path / "s"),
+                  "per_request": {"targets": {"a": block}, "aggregate": block}}
+        stopped = Window(id="s", name="s", labels={}, started_at=100.0, stopped_at=110.0,
+                         targets={"a": TargetRef("a", "http://a:1/metrics", "a:1")},
+                         answer=answer)
+        docs = [open_window.to_dict(), stopped.to_dict()]
+        docs[0]["per_request"]["a"] = _untimed(docs[0]["per_request"]["a"])
+        path = tmp_path / "state.sqlite"
+        store = StateStore(path)
+        store.save(docs)
+        store.close()
+        with sqlite3.connect(path) as db:
+            db.execute("PRAGMA user_version=2")
+        db.close()
+        store = StateStore(path)
+        opened, done = store.load("o"), store.load("s")
+        store.close()
+        empty = Timings().answer()
+        assert opened is not None and opened["per_request"]["a"]["timing"] == empty
+        assert done is not None
+        blocks = done["answer"]["per_request"]
+        assert blocks["targets"]["a"]["timing"] == blocks["aggregate"]["timing"] == empty
+        assert user_version(path) == SCHEMA_VERSION == 3
