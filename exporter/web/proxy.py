@@ -1,5 +1,6 @@
 """The recording proxy: its ports and route, which relay a benchmark's OpenAI traffic to a
-target unchanged (relay.py), and the per-request figures recorded per window."""
+target unchanged (passthrough.py on a target's port, relay.py on `/proxy/`), and the
+per-request figures recorded per window."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class Proxying:
     config: Callable[[], Config]
     edges: TrafficEdges | None = None  # traffic-edged windows (their starts wait on requests)
     session: aiohttp.ClientSession | None = None  # `/proxy/`'s, on the exporter's loop
-    relays: RelayLoop | None = None  # the per-target ports' thread, loop and session
+    relays: RelayLoop | None = None  # the per-target ports' thread and loop
     # target name -> ((listen, origin), its relay on the relay loop)
     ports: dict[str, tuple[tuple[str, str], PortRelay]] = field(default_factory=dict)
     seen: Config | None = None
