@@ -362,14 +362,33 @@ async def relay(port: PortRelay, request: Request, client: ClientConnection) -> 
         transport.write(_error(413, f"body of {_length(request.headers)} bytes is over "
                                f"{MAX_RELAYED_BODY} (the relayed body limit, 64 MiB)", True))
         return False
-    edges = upstream.edges if request.recorded else None
-    tickets = await edges.arrive(upstream.target) if edges is not None else []
+    edges, tickets = upstream.edges if request.recorded else None, []
+    if edges is not None:
+        model = await _model(request, upstream.timeouts.first_byte)
+        tickets = await edges.arrive(upstream.target, model)
     try:
         return await _exchange(port, request, client, transport)
     finally:
         client.requests.popleft()
         if edges is not None:
             edges.done(tickets)
+
+
+async def _model(request: Request, wait: float) -> str:
+    """The `model` a request body names (traffic edges skip each model's warm-up); "" when
+    not read: a body streamed through (no length, or SMALL_BODY or more) is never held."""
+    length = _length(request.headers)
+    if length is None or length >= SMALL_BODY:
+        return ""
+    try:
+        async with asyncio.timeout(wait):  # a client slow to send it: the relay says so
+            while not request.ended:
+                request.more = asyncio.get_running_loop().create_future()
+                await request.more
+        model = json.loads(b"".join(request.pieces)).get("model")
+    except (ValueError, AttributeError, TimeoutError):
+        return ""
+    return model if isinstance(model, str) else ""
 
 
 async def _exchange(port: PortRelay, request: Request, client: ClientConnection,
