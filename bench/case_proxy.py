@@ -31,7 +31,16 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from bench.common import Child, free_port, http_status, percentile, wait_until
+from bench.common import (
+    CaseResult,
+    Child,
+    Row,
+    Skip,
+    free_port,
+    http_status,
+    percentile,
+    wait_until,
+)
 from bench.fleet import find_nginx
 from exporter.server.eventloop import loop_kind, new_event_loop
 
@@ -278,7 +287,8 @@ def _answers(url: str) -> bool:
     return http_status(url) is not None
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of `python -m bench.case_proxy`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--direct")
     parser.add_argument("--proxied")
@@ -297,12 +307,41 @@ def main() -> None:
     parser.add_argument("--exporter-pid", type=int, help="report the exporter's CPU per request")
     parser.add_argument("--relay", help=argparse.SUPPRESS)  # run as the baseline relay
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.relay or args.paced_upstream:  # a child of the rig, on the exporter's loop
         app = relay_app(args.relay, []) if args.relay else paced_app(args.tokens, args.token_ms)
         web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None,
                     loop=new_event_loop())
         return
+    print(json.dumps(measure_rig(args), indent=1))
+
+
+def run(*, rounds: int = 5, span: float = 3.0) -> CaseResult:
+    """`python -m bench`'s proxy case: the rig at 64 and 8 streams, the proxy's added p99 time
+    to first byte and chunk gap against nginx's in the same run (issue 45's bar)."""
+    if find_nginx() is None:
+        raise Skip("nginx is not installed: the baseline of the proxy case")
+    args = build_parser().parse_args(["--rounds", str(rounds), "--span", str(span)])
+    out = measure_rig(args)
+    result = CaseResult("proxy", data=out)
+    for streams in (64, 8):
+        goal = out[f"streams_{streams}"]["goal"]
+        nginx = out[f"streams_{streams}"]["nginx_added_ms"]
+        for key, what in (("ttfb_p99_ms", "p99 time to first byte"),
+                          ("gap_p99_ms", "p99 gap between chunks")):
+            result.rows.append(Row(
+                "proxy", f"added {what}, {streams} streams", goal[key]["proxy_ms"], "ms",
+                baseline=nginx[key], baseline_name="nginx", target="<= 2x nginx's + 1 ms",
+                met=goal[key]["met"]))
+    return result
+
+
+def measure_rig(args: argparse.Namespace) -> dict[str, object]:
+    """Every figure of one run of the rig (or of the servers `--direct`/`--proxied` name)."""
     cpus: list[str | None] = (args.cpus.split(",") if args.cpus else [None, None, None])
     children: list[Child] = []
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
@@ -326,7 +365,7 @@ def main() -> None:
         finally:
             for child in children:
                 child.stop()
-    print(json.dumps(out, indent=1))
+    return out
 
 
 def _one_count(bases: dict[str, str], streams: int, args: argparse.Namespace,
