@@ -10,12 +10,14 @@ import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from http import HTTPStatus
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.core.perrequest import Unreadable
+from exporter.core.segments import RequestContext
 from exporter.web.guard import MAX_CONNECTIONS, ConnectionGuard
 from exporter.web.relay import MAX_RELAYED_BODY, SMALL_BODY, Kept, Upstream, forwarded, sent_on
 from exporter.web.relayloop import ConnectTimeout, Pool, UpstreamConnection
@@ -362,37 +364,37 @@ async def relay(port: PortRelay, request: Request, client: ClientConnection) -> 
         transport.write(_error(413, f"body of {_length(request.headers)} bytes is over "
                                f"{MAX_RELAYED_BODY} (the relayed body limit, 64 MiB)", True))
         return False
-    edges, tickets = upstream.edges if request.recorded else None, []
-    if edges is not None:
-        model = await _model(request, upstream.timeouts.first_byte)
-        tickets = await edges.arrive(upstream.target, model)
-    try:
-        return await _exchange(port, request, client, transport)
-    finally:
-        client.requests.popleft()
-        if edges is not None:
-            edges.done(tickets)
+    body = await _whole(request, upstream.timeouts.first_byte) if request.recorded else None
+    with upstream.flight.counted(request.headers, body) as context:  # per_request.by
+        edges, tickets = upstream.edges if request.recorded else None, []
+        if edges is not None:  # they skip each model's warm-up
+            tickets = await edges.arrive(upstream.target, context.model or "")
+        try:
+            return await _exchange(port, request, client, transport, context)
+        finally:
+            client.requests.popleft()
+            if edges is not None:
+                edges.done(tickets)
 
 
-async def _model(request: Request, wait: float) -> str:
-    """The `model` a request body names (traffic edges skip each model's warm-up); "" when
-    not read: a body streamed through (no length, or SMALL_BODY or more) is never held."""
+async def _whole(request: Request, wait: float) -> bytes | None:
+    """A small request body once whole; None when not held: a body streamed through (no
+    length, or SMALL_BODY or more), or one a client is slow to send."""
     length = _length(request.headers)
     if length is None or length >= SMALL_BODY:
-        return ""
+        return None
     try:
         async with asyncio.timeout(wait):  # a client slow to send it: the relay says so
             while not request.ended:
                 request.more = asyncio.get_running_loop().create_future()
                 await request.more
-        model = json.loads(b"".join(request.pieces)).get("model")
-    except (ValueError, AttributeError, TimeoutError):
-        return ""
-    return model if isinstance(model, str) else ""
+    except TimeoutError:
+        return None
+    return b"".join(request.pieces)
 
 
 async def _exchange(port: PortRelay, request: Request, client: ClientConnection,
-                    transport: asyncio.Transport) -> bool:
+                    transport: asyncio.Transport, context: RequestContext) -> bool:
     upstream, waits = port.upstream, port.upstream.timeouts
     answer = Answer(request, transport, waits.idle)
     conn: UpstreamConnection | None = None
@@ -408,7 +410,7 @@ async def _exchange(port: PortRelay, request: Request, client: ClientConnection,
     finally:
         client.upstream = client.answer = None
         if answer.kept is not None:  # the relay's one place where an answer has ended
-            upstream.record(upstream.target, answer.kept.stats(ended))
+            upstream.record(upstream.target, replace(answer.kept.stats(ended), context=context))
         if conn is not None:
             if ended is None and answer.framed and answer.reusable:
                 port.pool.put(conn)
