@@ -14,6 +14,7 @@ from typing import Any
 from exporter.core.derive import has_activity, result_data
 from exporter.core.dialects import SGLANG_LENGTH, SGLANG_RATE
 from exporter.core.isotime import is_number, iso_utc
+from exporter.core.loadbands import Bands, bands_from_json, bands_json, reported, summed
 from exporter.core.snapshot import Counts, integral, sum_counts
 
 NO_METRICS = "No spec decode metrics found on server"
@@ -180,6 +181,7 @@ class Result:
     increase_until_removed: Counts | None = None
     # `unobserved_span` per restart; in an aggregate, every target's, with its `target`.
     unobserved: tuple[Mapping[str, Any], ...] = ()
+    by_load: Bands = field(default_factory=dict)  # the increase by running-requests band
 
     @property
     def ok(self) -> bool:
@@ -248,6 +250,8 @@ class Result:
                 model: self._model_part(counts, body)
                 for model, counts in sorted(self.per_model.items()) if has_activity(counts)
             }
+            if reported(self.by_load):
+                body["by_load"] = bands_json(self.by_load)
             if self.targets is not None:
                 increase = self.increase or Counts()
                 body["per_position_drafts"] = {
@@ -291,6 +295,7 @@ class Result:
             resets=body.get("resets") or 0,
             increase_until_removed=_counts(body.get("increase_until_removed")),
             unobserved=_read_spans(body.get("unobserved")),
+            by_load=bands_from_json(body.get("by_load")),
         )
 
 
@@ -339,7 +344,7 @@ def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
         return base
     return replace(
         base, status=Status.OK, error=None, increase=total, before=before, after=after,
-        per_model=per_model,
+        per_model=per_model, by_load=summed(r.by_load for _, r in used),
         coverage=Coverage.PARTIAL if partial else Coverage.FULL,
         coverage_note=(
             f"partial: includes targets whose numbers cover part of the window: "

@@ -9,7 +9,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Final, cast
 
@@ -199,7 +199,34 @@ def parse_page(
         if found is None:
             return Snapshot({}, {}, {}, Dialect.AUTO.value, 0)
         dialect = found
-    return _read(page, frm, DIALECTS[dialect], limits, dialect.value)
+    spec = DIALECTS[dialect]
+    snapshot = _read(page, frm, spec, limits, dialect.value)
+    running = read_running(page, spec.running)
+    return snapshot if running is None else replace(snapshot, running=running)
+
+
+def read_running(page: bytes, name: str) -> float | None:
+    """The gauge `name`'s samples on `page` summed (over engines and models); None if none."""
+    if not name:
+        return None
+    needle = b"\n" + name.encode()
+    total: float | None = None
+    # Where `needle` was found (-1: the page's first line is one of its samples).
+    first = page.startswith(needle[1:])
+    at = -1 if first else page.find(needle)
+    while first or at >= 0:
+        first = False
+        start = at + len(needle)
+        end = page.find(b"\n", start)
+        if end < 0:
+            break  # a cut-off last line, as `_read` drops it
+        if page[start:start + 1] in (b"{", b" ", b"\t"):
+            close = page.rfind(b"}", start, end)
+            value = _sample_value(page[close + 1 if close >= 0 else start:end])
+            if value is not None and math.isfinite(value):
+                total = (total or 0.0) + value
+        at = page.find(needle, end)
+    return total
 
 
 _UNDERSCORE: Final = ord("_")

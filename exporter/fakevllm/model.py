@@ -51,6 +51,8 @@ class ServerModel:
     lora_adapters: int = 0
     # "", "summary" or "detailed": vLLM's --per-request-spec-decode-metrics.
     per_request_metrics: str = ""
+    # Seconds one decode step takes an API request (0: none), so that requests overlap as load.
+    step_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -67,6 +69,8 @@ class ServerModel:
         self.page_cache: dict[str, Any] = {}
         self.generation = 0
         self.created = 0.0
+        self.in_flight = [0] * self.engines  # API requests decoding, per engine
+        self.background = 0  # the background traffic's sequences decoding (app.py's)
         self.restart()
 
     def restart(self) -> None:
@@ -160,6 +164,12 @@ class ServerModel:
         """Count one decode step as vLLM does: one draft, its tokens, its accepted prefix."""
         if self.spec_decode:
             self.add(engine, 1, proposed, [1] * accepted)
+
+    def running(self, engine: int) -> int:
+        """Requests decoding on `engine` now (vLLM's num_requests_running): the API's in flight
+        and its share of the background traffic's sequences."""
+        share, extra = divmod(self.background, self.engines)
+        return self.in_flight[engine] + share + (engine < extra)
 
     def pick_engine(self) -> int:
         """The data-parallel rank a new request lands on."""

@@ -8,6 +8,7 @@ llama.cpp's; docs/api.md, "The recording proxy").
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import time
@@ -227,6 +228,17 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
             {"error": {"message": message, "type": "invalid_request_error", "code": 400}},
             status=400)
     engine = server.pick_engine()
+    server.in_flight[engine] += 1
+    try:
+        return await _answer(request, server, chat, body, engine, (tokens, prompt, n))
+    finally:
+        server.in_flight[engine] -= 1
+
+
+async def _answer(request: web.Request, server: ServerModel, chat: bool, body: dict[str, Any],
+                  engine: int, asked_for: tuple[int, int, int]) -> web.StreamResponse:
+    """`completions`' answer of a valid request, decoded on `engine`."""
+    tokens, prompt, n = asked_for
     plans = [server.plan_steps(tokens) for _ in range(n)]
     head = {
         "id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12),
@@ -240,6 +252,7 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
         return await _stream(request, server, engine, asked)
     for steps in plans:
         for proposed, accepted in steps:
+            await _step(server)
             server.count_step(engine, proposed, accepted)
     return web.json_response(head | {
         "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
@@ -262,6 +275,7 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     # Counters move step by step while the answer streams, as a scrape mid-request would see.
     for index, steps in enumerate(asked.plans):
         for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
+            await _step(server)
             server.count_step(engine, proposed, accepted)
             await send(head | {"choices": [_choice(chat, text, None, True, index)]})
         if index < len(asked.plans) - 1:
@@ -279,6 +293,12 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     await send("[DONE]")
     await response.write_eof()
     return response
+
+
+async def _step(server: ServerModel) -> None:
+    """One decode step's time (`step_seconds`), if it takes any."""
+    if server.step_seconds:
+        await asyncio.sleep(server.step_seconds)
 
 
 def models(server: ServerModel) -> dict[str, Any]:

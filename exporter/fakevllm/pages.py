@@ -8,7 +8,7 @@ from collections.abc import Callable
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.fakevllm.families import process_families, rest_families
+from exporter.fakevllm.families import process_families, rest_families, running_family
 from exporter.fakevllm.histograms import MAX_MODEL_LEN
 from exporter.fakevllm.model import EngineCounters, ServerModel
 
@@ -95,7 +95,8 @@ def _render_vllm(server: ServerModel) -> bytes:
     spec = generate_latest(_Families(spec_families(server))) if server.spec_decode else b""
     head: bytes = cache["head"]
     rest: bytes = cache["rest"]
-    return head + spec + rest
+    # Not kept with the rest: it moves with every request that starts or ends.
+    return head + generate_latest(_Families([running_family(server)])) + spec + rest
 
 
 def _render_llamacpp(server: ServerModel) -> bytes:

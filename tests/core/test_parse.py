@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.parse import Dialect, PageLimitError, PageLimits, parse_page
+from exporter.core.parse import DIALECTS, Dialect, PageLimitError, PageLimits, parse_page
 from exporter.core.snapshot import Field, SeriesKey, Snapshot, counts_by_model
 from exporter.fakevllm import FakeServer, page_for_bench
 
@@ -39,8 +39,12 @@ def reference_snapshot(text: str, dialect: Dialect = Dialect.VLLM) -> Snapshot:
     gauges: dict[str, list[float]] = {}
     gauge_series: dict[tuple[str, tuple], float] = {}
     duplicates = 0
+    running: float | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if sample.name == DIALECTS[dialect].running and math.isfinite(sample.value):
+                running = (running or 0.0) + sample.value
+                continue
             if dialect is Dialect.VLLM and sample.name in V0_GAUGES:
                 if math.isfinite(sample.value):
                     labelset = tuple(sorted(sample.labels.items()))
@@ -76,7 +80,7 @@ def reference_snapshot(text: str, dialect: Dialect = Dialect.VLLM) -> Snapshot:
         gauges.setdefault(name, [])
         gauges[name].append(value)
     means = {name: sum(vs) / len(vs) for name, vs in gauges.items()}
-    return Snapshot(values, created, means, dialect.value, duplicates)
+    return Snapshot(values, created, means, dialect.value, duplicates, running=running)
 
 
 def reference_text(text: str) -> str:

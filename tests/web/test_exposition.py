@@ -421,6 +421,8 @@ GOLDEN_TYPES = [
     "# TYPE specdec_acceptance_ratio gauge",
     "# TYPE specdec_acceptance_length gauge",
     "# TYPE specdec_position_acceptance_ratio gauge",
+    "# TYPE specdec_acceptance_ratio_by_load gauge",
+    "# TYPE specdec_acceptance_length_by_load gauge",
     "# TYPE specdec_last_window_acceptance_ratio gauge",
     "# TYPE specdec_last_window_acceptance_length gauge",
     "# TYPE specdec_last_window_position_acceptance_ratio gauge",
