@@ -95,8 +95,9 @@ def _render_vllm(server: ServerModel) -> bytes:
     spec = generate_latest(_Families(spec_families(server))) if server.spec_decode else b""
     head: bytes = cache["head"]
     rest: bytes = cache["rest"]
-    # Not kept with the rest: it moves with every request that starts or ends.
-    return head + generate_latest(_Families([running_family(server)])) + spec + rest
+    # Not kept with the rest: it moves with every request that starts or ends. After the
+    # spec-decode families, as vLLM registers them.
+    return head + spec + generate_latest(_Families([running_family(server)])) + rest
 
 
 def _render_llamacpp(server: ServerModel) -> bytes:

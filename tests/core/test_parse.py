@@ -688,16 +688,23 @@ class TestRunningGauge:
         assert parse_page(page, dialect).running == running
         assert parse_page(page, "auto").running == running
 
-    def test_engines_and_models_summed_lookalikes_and_a_cut_line_not(self):
-        page = (b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
-                b"vllm:num_requests_running_total 50\n"
-                b'vllm:num_requests_running{engine="1",model_name="m"} 4\n'
-                b'vllm:num_requests_running{engine="1",model_name="lora"} NaN\n'
-                b'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7\n'
-                b'vllm:num_requests_running{engine="2",model_name="m"} 9')
+    @pytest.mark.parametrize("before", [b"", b"# TYPE x gauge\n"])
+    def test_engines_and_models_summed_lookalikes_not(self, before):
+        page = before + (
+            b"vllm:num_requests_running_total 50\n"  # another family, then ours
+            b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            b'vllm:num_requests_running{engine="1",model_name="m"} 4\n'
+            b'vllm:num_requests_running{engine="1",model_name="lora"} NaN\n'
+            b"vllm:num_requests_running_x 50\n"  # its run ended
+            b'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7\n')
         snapshot = parse_page(page)
         assert snapshot.running == 7.0
         assert snapshot.totals().drafts == 7
+
+    def test_a_cut_off_last_line_is_not_read(self):
+        page = (b'vllm:num_requests_running{engine="0"} 3\n'
+                b'vllm:num_requests_running{engine="1"} 9')
+        assert parse_page(page).running == 3.0
 
     def test_a_page_with_only_the_gauge_has_no_spec_decode(self):
         snapshot = parse_page(b'vllm:num_requests_running{engine="0"} 2\n')
