@@ -18,6 +18,11 @@ from exporter.analysis.distribution import Distribution, distribution, rates_fro
 
 DEFAULT_COSTS = (0.0, 0.05, 0.1, 0.25)
 TAIL_FIT = "least squares of log p_i on i over the measured positions with p_i > 0"
+NOT_BY_RATE = (
+    "k is ranked by the speed-up S, never by the acceptance rate: the rate is accepted over "
+    "drafted tokens, and each position added is drafted at every step but accepted only after "
+    "all before it, so the rate falls as k grows whatever the drafter; ranked by it, k = 1 "
+    "would always win")
 
 
 def tail_ratio(rates: Sequence[float]) -> float | None:
@@ -148,3 +153,31 @@ def window_advice(
     else:
         aggregate = result_advice(answer.get("aggregate"), costs)
     return {"draft_costs": [float(c) for c in costs], "results": results, "aggregate": aggregate}
+
+
+def _tpot(answer: Mapping[str, Any]) -> float | None:
+    """A window's mean time per output token (ms) over its timed requests, all targets."""
+    block = (answer.get("per_request") or {}).get("aggregate") or {}
+    figures = (block.get("timing") or {}).get("tpot_ms")
+    return figures["mean"] if isinstance(figures, Mapping) and figures.get("mean") else None
+
+
+def measured_cost(baseline: Mapping[str, Any], answer: Mapping[str, Any]) -> dict[str, Any]:
+    """The draft cost c that S = L / (1 + c k') assumes, measured: a spec step (B's TPOT times
+    the tokens per step L) over a no-spec step (the baseline's TPOT: one token a step), less
+    one, per token drafted; or why it cannot be measured."""
+    tpot_a, tpot_b = _tpot(baseline), _tpot(answer)
+    data = (answer.get("aggregate") or {}).get("data") or {}
+    drafts, drafted = data.get("num_drafts"), data.get("draft_tokens")
+    if tpot_a is None or tpot_b is None:
+        side = "the baseline" if tpot_a is None else "the window"
+        return {"error": f"{side} has no timed requests (TPOT): run it through the proxy"}
+    if not drafts or not drafted or data.get("acceptance_length") is None:
+        return {"error": "the window counted no drafts: no step to measure"}
+    per_step = drafted / drafts
+    step_ratio = tpot_b * data["acceptance_length"] / tpot_a
+    return {"value": max((step_ratio - 1) / per_step, 0.0), "baseline_tpot_ms": tpot_a,
+            "tpot_ms": tpot_b, "acceptance_length": data["acceptance_length"],
+            "draft_tokens_per_step": per_step, "step_ratio": step_ratio,
+            "note": None if step_ratio >= 1 else
+            "a spec step took less than a no-spec one (other load, other hardware?): c = 0"}

@@ -8,7 +8,7 @@ from typing import Any
 
 from exporter import __version__
 from exporter.cli.history import add_history
-from exporter.cli.reports import cmd_advise, cmd_compare, draft_cost
+from exporter.cli.reports import cmd_advise, cmd_compare, draft_cost, speed_ratio
 from exporter.cli.serving import cmd_check_config, cmd_demo, cmd_fake_vllm, cmd_serve
 from exporter.cli.windows import cmd_measure, cmd_run, cmd_window_start, cmd_window_stop
 from exporter.core.dialects import SIMULATED_DIALECTS
@@ -116,6 +116,12 @@ def _fake_vllm(command: Command) -> None:
                            "speculation does")
     fake.add_argument("--per-request-spec-decode-metrics", choices=["summary", "detailed"],
                       help="put vLLM's per-request metrics.speculative_decoding in each answer")
+    fake.add_argument("--enable-per-request-metrics", action="store_true",
+                      help="put vLLM's per-request timings (metrics.mean_itl_ms, "
+                           "tokens_per_second, time_to_first_token_ms) in each answer")
+    fake.add_argument("--step-ms", type=float, default=0.0,
+                      help="milliseconds of one forward pass: answers take the time a server's "
+                           "would (default 0: at once)")
     fake.add_argument("--name-filter", default="honour", choices=["honour", "empty", "ignore"],
                       help="what the prometheus_client route (vLLM's /metrics/, SGLang's "
                            "/metrics) does with ?name[]=: honour it, answer nothing as a "
@@ -146,8 +152,8 @@ def _window_args(p: argparse.ArgumentParser, bounds: str) -> None:
                         "measured request arrives, closed on the counts right after the last "
                         "response)")
     p.add_argument("--skip-requests", type=int, default=None, metavar="N",
-                   help="with --edges traffic: leave the first N requests out (warm-up; "
-                        "AISBench's --num-warmups)")
+                   help="with --edges traffic: leave each model's first N requests out "
+                        "(warm-up; AISBench's --num-warmups)")
 
 
 def _allow_na(p: argparse.ArgumentParser) -> None:
@@ -215,7 +221,8 @@ def _compare(command: Command) -> None:
         "compare", "is B better than A? per target and overall, with 95%% intervals",
         description="Compare two stopped windows (ids on --exporter) or two result folders "
                     "holding performances/spec_decode_*.json (ours or AISBench's). Exit 0, "
-                    "1 when a --fail-if-worse gate trips, 2 when they cannot be compared.")
+                    "1 when a --fail-if-worse or --fail-if-slower gate trips, 2 when they cannot "
+                    "be compared.")
     compare.add_argument("a", metavar="A", help="window id (with --exporter) or result folder")
     compare.add_argument("b", metavar="B", help="window id (with --exporter) or result folder")
     compare.add_argument("--exporter", help="exporter base URL: A and B are window ids on it")
@@ -226,6 +233,11 @@ def _compare(command: Command) -> None:
         help="exit 1 when B is significantly worse than A by more than LIMIT: "
              "acceptance_length=2%% (relative) or acceptance_rate=1.5 (absolute, in the "
              "metric's unit); metrics: acceptance_rate, acceptance_length, position_<i>")
+    compare.add_argument(
+        "--fail-if-slower", nargs="?", const=1.0, type=speed_ratio, metavar="RATIO",
+        help="A ran without speculative decoding, B with it: exit 1 when B's speed-up in "
+             "tokens per second per request lies, with 95%% confidence, below RATIO (default "
+             "1: B slower than A); 2 when the windows carry no timings")
     compare.set_defaults(func=cmd_compare)
 
 
@@ -241,5 +253,12 @@ def _advise(command: Command) -> None:
     advise.add_argument("--draft-cost", action="append", type=draft_cost, metavar="C",
                         help="cost of drafting one token relative to one target forward pass "
                              "(repeatable; default 0, 0.05, 0.1, 0.25)")
+    advise.add_argument("--baseline", metavar="A",
+                        help="a window of the same server without speculative decoding: the "
+                             "draft cost is measured from the two windows' timings (TPOT) "
+                             "instead of assumed")
+    advise.add_argument("--rank-by", default="speedup", choices=["speedup", "acceptance_rate"],
+                        help="what ranks k (default speedup; acceptance_rate is refused, "
+                             "saying why: it falls with k by arithmetic)")
     advise.add_argument("--json", action="store_true", help="print the advice as JSON")
     advise.set_defaults(func=cmd_advise)

@@ -167,7 +167,9 @@ def cmd_fake_vllm(args: argparse.Namespace) -> int:
         server = FakeServer(k=args.k, acceptance=args.acceptance, engines=args.engines,
                             dialect=args.dialect, model_name=args.model_name, seed=args.seed,
                             spec_decode=not args.no_spec_decode, ngram=args.ngram,
-                            per_request_metrics=args.per_request_spec_decode_metrics or "")
+                            per_request_metrics=args.per_request_spec_decode_metrics or "",
+                            request_timing=args.enable_per_request_metrics,
+                            step_seconds=args.step_ms / 1000)
     except ValueError as exc:
         say(str(exc), prefix="specdec-exporter fake-vllm", level=logging.ERROR)
         return EXIT_USAGE

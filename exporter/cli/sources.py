@@ -109,7 +109,19 @@ def load_folder(folder: Path) -> Source:
             name = path.stem.removeprefix("spec_decode_")
         results[name] = result
     _one_window(folder, results)
-    return Source(str(folder), {"results": results, "aggregate": summed_result(results)})
+    answer = {"results": results, "aggregate": summed_result(results)}
+    return Source(str(folder), answer | _timed_block(directory.parent / "window.json"))
+
+
+def _timed_block(path: Path) -> dict[str, Any]:
+    """The `per_request` block of our window.json beside the files (its timings: the paired
+    speed-up), {} without one (AISBench's folders, a folder of files alone)."""
+    try:
+        written = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    block = written.get("per_request") if isinstance(written, dict) else None
+    return {"per_request": block} if isinstance(block, dict) else {}
 
 
 def _one_window(folder: Path, results: dict[str, dict[str, Any]]) -> None:

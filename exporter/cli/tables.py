@@ -63,6 +63,40 @@ def format_comparison(body: Mapping[str, Any]) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
+def _speed_lines(name: str, entry: Mapping[str, Any]) -> list[str]:
+    rows = [("figure", "A", "B", "speed-up B over A [95%]", "verdict")]
+    for row in entry["rows"]:
+        up = row["speedup"]
+        rows.append((f"{row['figure']} {row['stat']}", f"{row['a']:.4g}", f"{row['b']:.4g}",
+                     estimate_text(up, ".3f", spelled=_SPELLED) + "x", row["verdict"]))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return [f"[{name}]  timed answers A: {entry['a_timed']}, B: {entry['b_timed']}"] + [
+        "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        for r in rows]
+
+
+def format_speedup(body: Mapping[str, Any]) -> str:
+    """`compare`'s paired speed-up section and its gate (none when no window was timed)."""
+    speed = body.get("speedup")
+    if speed is None:
+        return ""
+    lines = ["", "Paired speed-up (A without speculative decoding, B with it): " + speed["method"]]
+    for name, entry in speed["targets"].items():
+        lines += _speed_lines(name, entry)
+    if speed["aggregate"] is not None and len(speed["targets"]) != 1:
+        lines += _speed_lines("all", speed["aggregate"])
+    lines += [f"no timings in {side}" for side in speed["missing"]]
+    lines.append(f"not split {speed['not_split']}")
+    gate = body.get("speed_gate")
+    for check in (gate or {}).get("checks", []):
+        up = check["speedup"]
+        if up["high"] is not None:
+            lines.append(f"{'FAIL' if check['tripped'] else 'pass'} --fail-if-slower "
+                         f"{check['ratio']:g} [{check['target']}]: speed-up {up['value']:.3f}x,"
+                         f" at most {up['high']:.3f}x with 95% confidence")
+    return "\n".join(lines) + "\n"
+
+
 def format_advice(name: str, advice: Mapping[str, Any] | None) -> str:
     """One target's advisor table."""
     lines = [f"========== Speculation advisor  [{name}] =========="]
@@ -105,9 +139,21 @@ def format_advice(name: str, advice: Mapping[str, Any] | None) -> str:
 def format_window_advice(label: str, body: Mapping[str, Any]) -> str:
     """Every target's advisor table, then the aggregate's when there are two or more."""
     parts = [f"window: {label}\n"]
+    measured = body.get("measured_cost")
+    if measured is not None and "value" in measured:
+        parts.append(f"draft cost measured: c = {measured['value']:.4g} (a spec step "
+                     f"{measured['step_ratio']:.3f}x a no-spec one: TPOT "
+                     f"{measured['tpot_ms']:.4g} ms x length {measured['acceptance_length']:.3f}"
+                     f" over the baseline's {measured['baseline_tpot_ms']:.4g} ms, "
+                     f"{measured['draft_tokens_per_step']:.3g} tokens drafted a step)\n"
+                     + (f"note: {measured['note']}\n" if measured["note"] else ""))
+    elif measured is not None:
+        parts.append(f"draft cost not measured: {measured['error']}; assumed costs shown\n")
     results = body["results"]
     for name, advice in results.items():
         parts.append(format_advice(name, advice))
     if len(results) >= 2:
         parts.append(format_advice("all", body.get("aggregate")))
+    parts.append("k is ranked by S, not by acceptance rate (the rate falls as k grows, by "
+                 "arithmetic)\n")
     return "\n".join(parts)

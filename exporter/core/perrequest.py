@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
 from exporter.core.answershapes import engine_spec, is_partial
 from exporter.core.isotime import iso_utc
 from exporter.core.tallies import Buckets, finite
+from exporter.core.timing import Clock, Timing, Timings, server_timing
 from exporter.core.unreadable import MAX_HISTOGRAM as MAX_HISTOGRAM
 from exporter.core.unreadable import Unreadable as Unreadable
 from exporter.core.unreadable import as_count
@@ -43,11 +44,18 @@ class RequestStats:
     completion_tokens: int | None
     spec: dict[str, Any] | None
     unreadable: Unreadable | None = None
+    timing: Timing | None = None  # the server's own timings, then with the proxy's (`timed`)
 
     @classmethod
     def unread(cls, reason: Unreadable) -> RequestStats:
         """An answer whose figures could not be read, and why."""
         return cls("", "", None, None, None, reason)
+
+    def timed(self, clock: Clock, streamed: bool) -> RequestStats:
+        """With the proxy's clock on the answer filling what the server did not time."""
+        if self.unreadable is not None:
+            return self
+        return replace(self, timing=clock.timing(self.timing, self.completion_tokens, streamed))
 
 
 def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
@@ -59,6 +67,8 @@ def _merge(into: dict[str, Any], obj: dict[str, Any]) -> None:
     usage = obj.get("usage")
     if isinstance(usage, dict):
         into["usage"] = usage
+    if (timing := server_timing(obj.get("metrics"))) is not None:
+        into["timing"] = timing
     spec = engine_spec(obj)
     if isinstance(spec, Unreadable):
         into.setdefault("unreadable", spec)
@@ -74,7 +84,7 @@ def _stats(fields: dict[str, Any]) -> RequestStats:
         request_id=str(fields.get("id", "")), model=str(fields.get("model", "")),
         prompt_tokens=as_count(usage.get("prompt_tokens")),
         completion_tokens=as_count(usage.get("completion_tokens")),
-        spec=fields.get("spec"))
+        spec=fields.get("spec"), timing=fields.get("timing"))
 
 
 def _decoded(data: bytes) -> object:
@@ -173,6 +183,7 @@ class PerRequest:
     lengths: Buckets = field(default_factory=lambda: Buckets(LENGTH_WIDTH))
     rates: Buckets = field(default_factory=lambda: Buckets(RATE_WIDTH))
     rows: list[dict[str, Any]] = field(default_factory=list)
+    timing: Timings = field(default_factory=Timings)  # every answer timed, with figures or not
     # Requests whose engine reports drafted and accepted tokens but not its steps or histogram
     # (llama.cpp): in the token sums and rates, not in the steps, histogram or lengths.
     partial: int = 0
@@ -192,6 +203,8 @@ class PerRequest:
             self.unreadable += 1
             self.reasons[stats.unreadable] = self.reasons.get(stats.unreadable, 0) + 1
             return
+        if stats.timing is not None:
+            self.timing.add(stats.timing)
         spec = stats.spec
         if spec is None:
             return
@@ -263,6 +276,7 @@ class PerRequest:
         self._add_histogram(other.histogram)
         self.lengths.merge(other.lengths)
         self.rates.merge(other.rates)
+        self.timing.merge(other.timing)
         self._keep_lowest(other.rows)
 
     def answer(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
@@ -287,6 +301,7 @@ class PerRequest:
             "lowest": list(self.rows),
             "buckets": {"acceptance_length": self.lengths.to_dict(),
                         "draft_acceptance_rate": self.rates.to_dict()},
+            "timing": self.timing.answer(),
         }
         if counters is not None:
             block.update(coverage(self.sums, counters))
@@ -314,7 +329,10 @@ class PerRequest:
                   rates=Buckets.from_dict(block["buckets"].get("draft_acceptance_rate"),
                                           RATE_WIDTH),
                   rows=[_lowest_row(r) for r in rows[:LOWEST]],
-                  reasons=_reasons(block.get("unreadable_reasons", {})))
+                  reasons=_reasons(block.get("unreadable_reasons", {})),
+                  timing=Timings.from_block(block.get("timing")))
+        if acc.timing.timed > acc.requests:
+            raise ValueError("more timed requests than requests")
         if acc.unreadable + acc.lengths.count + acc.partial > acc.requests or (
                 sum(acc.reasons.values()) > acc.unreadable):
             raise ValueError("more requests with figures than requests")

@@ -5,7 +5,7 @@ merge exactly (a fleet's shards, a window's targets)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -58,12 +58,15 @@ class Buckets:
                 return min(max((key + 0.5) * self.width, self.low), self.high)
         return self.high
 
-    def quantile(self, q: float) -> float:
-        """The linear-interpolated quantile (numpy's default), from the buckets."""
+    def quantile(self, q: float, unmap: Callable[[float], float] | None = None) -> float:
+        """The linear-interpolated quantile (numpy's default), from the buckets; of the values
+        `unmap` gives back when the tally holds a map of them (a logarithm)."""
         ordered = sorted(self.counts.items())
         below, above, frac = _quantile_rank(self.count, q)
-        first = self._at_rank(below, ordered)
-        return first + (self._at_rank(above, ordered) - first) * frac
+        first, second = self._at_rank(below, ordered), self._at_rank(above, ordered)
+        if unmap is not None:
+            first, second = unmap(first), unmap(second)
+        return first + (second - first) * frac
 
     def summary(self) -> dict[str, float] | None:
         """mean, min, p5, p50, p95, max (None when empty); mean, min and max exact."""

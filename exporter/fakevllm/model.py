@@ -13,6 +13,8 @@ from typing import Any
 
 from exporter.core.dialects import SIMULATED_DIALECTS, default_path
 
+DRAFT_COST = 0.1  # a drafted token's share of one forward pass, when steps take time
+
 
 @dataclass
 class EngineCounters:
@@ -51,7 +53,10 @@ class ServerModel:
     lora_adapters: int = 0
     # "", "summary" or "detailed": vLLM's --per-request-spec-decode-metrics.
     per_request_metrics: str = ""
-    # Seconds one decode step takes an API request (0: none), so that requests overlap as load.
+    # vLLM's --enable-per-request-metrics: each answer's timings (metrics.mean_itl_ms and more).
+    request_timing: bool = False
+    # Seconds one decode step takes an API request (0: none); a spec-decode step costs one
+    # more DRAFT_COST of it per token drafted.
     step_seconds: float = 0.0
 
     def __post_init__(self) -> None:
@@ -59,6 +64,8 @@ class ServerModel:
             raise ValueError(f"k must be >= 1, got {self.k}")
         if not 0.0 <= self.acceptance <= 1.0:
             raise ValueError(f"acceptance must be within 0..1, got {self.acceptance}")
+        if not 0.0 <= self.step_seconds <= 60.0:
+            raise ValueError(f"step_seconds must be within 0..60, got {self.step_seconds}")
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
         if self.dialect not in SIMULATED_DIALECTS:
@@ -151,6 +158,8 @@ class ServerModel:
     def plan_steps(self, tokens: int) -> list[tuple[int, int]]:
         """Decode steps emitting exactly `tokens` tokens (the last one cut, as at max_tokens)."""
         check_count("tokens", tokens)
+        if not self.spec_decode:
+            return [(0, 0)] * tokens  # one token a step: nothing drafted
         conditional = self._conditional()
         steps = []
         left = tokens
@@ -164,6 +173,10 @@ class ServerModel:
         """Count one decode step as vLLM does: one draft, its tokens, its accepted prefix."""
         if self.spec_decode:
             self.add(engine, 1, proposed, [1] * accepted)
+
+    def step_time(self, proposed: int) -> float:
+        """Seconds one decode step drafting `proposed` tokens takes."""
+        return self.step_seconds * (1 + DRAFT_COST * proposed)
 
     def running(self, engine: int) -> int:
         """Requests decoding on `engine` now (vLLM's num_requests_running): the API's in flight

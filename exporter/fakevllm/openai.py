@@ -13,7 +13,7 @@ import json
 import secrets
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -76,9 +76,36 @@ def step_texts(steps: list[tuple[int, int]]) -> Iterator[str]:
         at += emitted
 
 
-# vLLM's PerRequestMetrics without --enable-per-request-metrics: its timing fields, all null.
+# vLLM's PerRequestMetrics' timing fields (null without --enable-per-request-metrics).
 _TIMING = ("time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms",
            "tokens_per_second")
+
+
+@dataclass
+class _Times:
+    """When the request arrived (queued and scheduled at once) and its first and last tokens
+    went: vLLM's RequestStateStats, on the monotonic clock."""
+
+    arrived: float = field(default_factory=time.monotonic)
+    first: float = 0.0
+    last: float = 0.0
+
+    def token(self) -> None:
+        now = time.monotonic()
+        self.first = self.first or now
+        self.last = now
+
+    def fields(self, tokens: int) -> dict[str, float]:
+        """vLLM's build_per_request_timing_metrics, its rules for each field kept."""
+        out = {"time_to_first_token_ms": (self.first - self.arrived) * 1000,
+               "generation_time_ms": (self.last - self.first) * 1000, "queue_time_ms": 0.0}
+        if tokens > 1:
+            out["mean_itl_ms"] = (self.last - self.first) / (tokens - 1) * 1000
+        if self.last > self.arrived:
+            out["tokens_per_second"] = tokens / (self.last - self.arrived)
+        return out
+
+
 MAX_N = 16  # bounds the sequences one request can ask of the simulator
 
 
@@ -112,13 +139,14 @@ def _spec(server: ServerModel, steps: list[tuple[int, int]], n: int) -> dict[str
     return spec_decode_object(steps, server.k, server.per_request_metrics == "detailed")
 
 
-def answer_metrics(spec: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A non-streamed answer's `metrics`: null, or the timing fields (null) and the object
-    with its unset per-step lists as null, as vLLM's response model dumps them."""
-    if spec is None:
+def answer_metrics(spec: dict[str, Any] | None,
+                   timing: dict[str, float] | None = None) -> dict[str, Any] | None:
+    """A non-streamed answer's `metrics`: null, or the timing fields (null unless timed) and
+    the object (or null) with its unset per-step lists as null, as vLLM's model dumps them."""
+    if spec is None and timing is None:
         return None
-    return dict.fromkeys(_TIMING) | {"speculative_decoding": {
-        "per_step_accepted": None, "per_step_drafted": None} | spec}
+    return dict.fromkeys(_TIMING) | (timing or {}) | {"speculative_decoding": {
+        "per_step_accepted": None, "per_step_drafted": None} | spec if spec else None}
 
 
 def sequences(body: dict[str, Any]) -> int:
@@ -164,6 +192,7 @@ class _Asked:
     prompt: int
     plans: list[list[tuple[int, int]]]  # per sequence, its decode steps
     spec: dict[str, Any] | None  # the request's figures, when vLLM would give them
+    times: _Times | None  # when vLLM would time it (--enable-per-request-metrics, n = 1)
 
 
 def _figures(server: ServerModel, asked: _Asked, completion: int,
@@ -181,9 +210,11 @@ def _figures(server: ServerModel, asked: _Asked, completion: int,
     if server.dialect == "llamacpp":
         return {"timings": llamacpp_timings(steps, asked.prompt, completion)} if (
             server.spec_decode) else {}
-    if stream:
-        return {"metrics": {"speculative_decoding": asked.spec}} if asked.spec else {}
-    return {"metrics": answer_metrics(asked.spec)}
+    timing = asked.times.fields(completion) if asked.times else None
+    if stream:  # dumped without its nulls
+        spec = {"speculative_decoding": asked.spec} if asked.spec else {}
+        return {"metrics": (timing or {}) | spec} if spec or timing else {}
+    return {"metrics": answer_metrics(asked.spec, timing)}
 
 
 def _tail(dialect: str, finish: dict[str, Any], usage: dict[str, Any] | None,
@@ -247,12 +278,13 @@ async def _answer(request: web.Request, server: ServerModel, chat: bool, body: d
         "created": int(time.time()),
         "model": str(body.get("model") or server.model_name),
     }
-    asked = _Asked(chat, body, head, prompt, plans, _spec(server, plans[0], n))
+    asked = _Asked(chat, body, head, prompt, plans, _spec(server, plans[0], n),
+                   _Times() if server.request_timing and n == 1 else None)
     if body.get("stream"):
         return await _stream(request, server, engine, asked)
     for steps in plans:
         for proposed, accepted in steps:
-            await _step(server)
+            await _step(server, asked.times, proposed)
             server.count_step(engine, proposed, accepted)
     return web.json_response(head | {
         "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
@@ -275,7 +307,7 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     # Counters move step by step while the answer streams, as a scrape mid-request would see.
     for index, steps in enumerate(asked.plans):
         for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
-            await _step(server)
+            await _step(server, asked.times, proposed)
             server.count_step(engine, proposed, accepted)
             await send(head | {"choices": [_choice(chat, text, None, True, index)]})
         if index < len(asked.plans) - 1:
@@ -295,10 +327,12 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     return response
 
 
-async def _step(server: ServerModel) -> None:
-    """One decode step's time (`step_seconds`), if it takes any."""
+async def _step(server: ServerModel, times: _Times | None, proposed: int) -> None:
+    """One decode step's time (`step_time`), if it takes any; its tokens go."""
     if server.step_seconds:
-        await asyncio.sleep(server.step_seconds)
+        await asyncio.sleep(server.step_time(proposed))
+    if times is not None:
+        times.token()
 
 
 def models(server: ServerModel) -> dict[str, Any]:

@@ -2,9 +2,10 @@
 Version 1: every key present, accumulators in rows of their own written whole by the current
 codec. Version 2: an open window's per-request tallies and edges in its row, a stopped one's
 answer whole (`per_request`, `edges` and `results_dir` in it, taken from its `window.json`
-where the handler had added them there). Version 3: an accumulator's intervals by load
-(`by_load`, its last `running` reading); what a row counted before is in the `unknown` band.
-Older forms are rewritten once, in one transaction, so that no reader knows them."""
+where the handler had added them there). Version 3: every per-request block has its `timing`
+(empty in a block written before timings were kept). Version 4: an accumulator's intervals by
+load (`by_load`, its last `running` reading); what a row counted before is in the `unknown`
+band. Older forms are rewritten once, in one transaction, so that no reader knows them."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from typing import Any
 from exporter.core.counting import Accumulator
 from exporter.core.errors import StoreError
 from exporter.core.loadbands import UNKNOWN
+from exporter.core.timing import Timings
 from exporter.core.window import Window
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Keys added to a window's or an accumulator's row during version 0, as they were when absent.
 _WINDOW_DEFAULTS: Mapping[str, Any] = {
@@ -68,7 +70,7 @@ def _migrate_windows(db: sqlite3.Connection, output_dir: Path) -> int:
         try:
             doc = json.loads(raw)
             if not isinstance(doc, dict) or all(k in doc for k in _WINDOW_DEFAULTS) and (
-                    not doc["accumulators"]):
+                    not doc["accumulators"]) and not _untimed(doc):
                 continue  # current already, or unreadable (said when it is read)
             accumulators = {t: _current(a) for t, a in (doc.get("accumulators") or {}).items()}
             window = Window.from_dict(dict(_WINDOW_DEFAULTS) | doc | {"accumulators": {}})
@@ -76,6 +78,8 @@ def _migrate_windows(db: sqlite3.Connection, output_dir: Path) -> int:
             continue
         if window.answer is not None and "results_dir" not in window.answer:
             window.answer = _with_files(window.answer, output_dir / window.id)
+        for block in _untimed({"answer": window.answer}):
+            block["timing"] = Timings().answer()
         db.executemany("INSERT INTO accumulators (window_id, target, doc) VALUES (?, ?, ?)",
                        [(window_id, t, text) for t, text in accumulators.items()
                         if (window_id, t) not in have and window.is_open])
@@ -83,6 +87,17 @@ def _migrate_windows(db: sqlite3.Connection, output_dir: Path) -> int:
                    (json.dumps(window.to_dict()), window_id))
         changed += 1
     return changed
+
+
+def _untimed(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The per-request blocks of a window row (its open tallies, its stop answer's) that have
+    no `timing` yet."""
+    answer = doc.get("answer")
+    stopped = answer.get("per_request") if isinstance(answer, Mapping) else None
+    blocks = list((doc.get("per_request") or {}).values())
+    if isinstance(stopped, Mapping):
+        blocks += [*(stopped.get("targets") or {}).values(), stopped.get("aggregate")]
+    return [b for b in blocks if isinstance(b, dict) and "buckets" in b and "timing" not in b]
 
 
 def _with_files(answer: dict[str, Any], directory: Path) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -17,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_sse
+from exporter.core.timing import Clock
 
 PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
 SMALL_BODY = 64 * 1024  # a request body below this size (with its length given) is sent whole
@@ -43,8 +46,9 @@ RecordFn = Callable[[str, RequestStats], None]
 class Edges(Protocol):
     """The traffic edges a relay passes (edges.TrafficEdges, or those handed across loops)."""
 
-    async def arrive(self, target: str) -> list[Any]:
-        """Before the request goes: once every window it opens has started, its tickets."""
+    async def arrive(self, target: str, model: str) -> list[Any]:
+        """Before a request of `model` goes: once every window it opens has started, its
+        tickets."""
 
     def done(self, tickets: list[Any]) -> None:
         """The request's answer has completed (or failed)."""
@@ -98,6 +102,20 @@ def _recorded(request: web.Request) -> bool:
     return request.method == "POST" and request.path.rstrip("/").endswith("completions")
 
 
+async def _model(request: web.Request, wait: float) -> str:
+    """The `model` a request body names (traffic edges skip each model's warm-up); "" when
+    not read: a body streamed through (no length, or SMALL_BODY or more) is never held."""
+    length = request.content_length
+    if length is None or length >= SMALL_BODY:
+        return ""
+    try:
+        async with asyncio.timeout(wait):  # a client slow to send it: the relay says so
+            model = json.loads(await request.read()).get("model")
+    except (ValueError, AttributeError, TimeoutError, OSError):
+        return ""
+    return model if isinstance(model, str) else ""
+
+
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
@@ -135,13 +153,15 @@ class _Body:
 class _Kept:
     """A recorded answer's bytes as relayed, up to PARSE_LIMIT, read once it has ended."""
 
-    def __init__(self, answer: aiohttp.ClientResponse) -> None:
+    def __init__(self, answer: aiohttp.ClientResponse, sent: float) -> None:
         self.sse = "text/event-stream" in answer.headers.get("Content-Type", "")
+        self.clock = Clock(sent)
         self.length = answer.content_length
         self.parts: list[bytes] = []
         self.size = 0
 
     def add(self, chunk: bytes) -> None:
+        self.clock.tick(time.monotonic())
         self.size += len(chunk)
         if self.size > PARSE_LIMIT:
             self.parts.clear()
@@ -157,7 +177,9 @@ class _Kept:
         if not self.sse and ended is not None and self.length != self.size:
             return RequestStats.unread(ended)
         stats = from_sse(whole) if self.sse else from_json(whole)
-        return stats if ended is None or stats.unreadable is None else RequestStats.unread(ended)
+        if ended is None:
+            return stats.timed(self.clock, self.sse)
+        return stats if stats.unreadable is None else RequestStats.unread(ended)
 
 
 async def _client_gone(request: web.Request) -> None:
@@ -172,8 +194,10 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
     if (request.content_length or 0) > MAX_RELAYED_BODY:
         return _error(413, f"body of {request.content_length} bytes is over {MAX_RELAYED_BODY}"
                       " (the relayed body limit, 64 MiB)")
-    edges = upstream.edges
-    tickets = await edges.arrive(upstream.target) if edges is not None else []
+    edges, tickets = upstream.edges, []
+    if edges is not None:
+        model = await _model(request, upstream.timeouts.first_byte)
+        tickets = await edges.arrive(upstream.target, model)
     try:
         return await _while_connected(request, _forward(request, session, upstream, path))
     finally:
@@ -205,6 +229,7 @@ async def _forward(request: web.Request, session: aiohttp.ClientSession, upstrea
     waits = upstream.timeouts
     key = f"proxy.{{}} of target {upstream.target}"
     body = _Body(request)
+    sent = time.monotonic()
     try:
         async with asyncio.timeout(waits.first_byte):
             answer = await session.request(
@@ -224,17 +249,17 @@ async def _forward(request: web.Request, session: aiohttp.ClientSession, upstrea
                           "limit, 64 MiB)")
         return _error(502, f"upstream {upstream.origin} failed: {exc}")
     async with answer:
-        return await _relay_answer(request, answer, upstream)
+        return await _relay_answer(request, answer, upstream, sent)
 
 
 async def _relay_answer(request: web.Request, answer: aiohttp.ClientResponse,
-                        upstream: Upstream) -> web.StreamResponse:
+                        upstream: Upstream, sent: float) -> web.StreamResponse:
     """The answer to the client piece by piece; a recorded one counted once, however it ends."""
     response = web.StreamResponse(status=answer.status, reason=answer.reason,
                                   headers=forwarded(answer.headers))
     if answer.content_length is not None:
         response.content_length = answer.content_length
-    kept = _Kept(answer) if _recorded(request) else None
+    kept = _Kept(answer, sent) if _recorded(request) else None
     ended: Unreadable | None = Unreadable.CLIENT_LEFT  # until the upstream's answer has ended
     try:
         await response.prepare(request)

@@ -226,7 +226,48 @@ class TestVersion1:
         assert doc is not None and doc["answer"] == answer
 
 
+def _untimed(block: dict) -> dict:
+    return {k: v for k, v in block.items() if k != "timing"}
+
+
 class TestVersion2:
+    def test_per_request_blocks_get_an_empty_timing_once(self, tmp_path):
+        from exporter.core.perrequest import PerRequest
+        from exporter.core.timing import Timings
+
+        tally = PerRequest()
+        tally.requests = 2
+        open_window = Window(id="o", name="o", labels={}, started_at=100.0,
+                             targets={"a": TargetRef("a", "http://a:1/metrics", "a:1")},
+                             per_request={"a": tally})
+        block = _untimed(tally.answer())
+        answer = {"id": "s", "name": "s", "targets": ["a"], "results": {}, "aggregate": None,
+                  "results_dir": str(tmp_path / "s"),
+                  "per_request": {"targets": {"a": block}, "aggregate": block}}
+        stopped = Window(id="s", name="s", labels={}, started_at=100.0, stopped_at=110.0,
+                         targets={"a": TargetRef("a", "http://a:1/metrics", "a:1")},
+                         answer=answer)
+        docs = [open_window.to_dict(), stopped.to_dict()]
+        docs[0]["per_request"]["a"] = _untimed(docs[0]["per_request"]["a"])
+        path = tmp_path / "state.sqlite"
+        store = StateStore(path)
+        store.save(docs)
+        store.close()
+        with sqlite3.connect(path) as db:
+            db.execute("PRAGMA user_version=2")
+        db.close()
+        store = StateStore(path)
+        opened, done = store.load("o"), store.load("s")
+        store.close()
+        empty = Timings().answer()
+        assert opened is not None and opened["per_request"]["a"]["timing"] == empty
+        assert done is not None
+        blocks = done["answer"]["per_request"]
+        assert blocks["targets"]["a"]["timing"] == blocks["aggregate"]["timing"] == empty
+        assert user_version(path) == SCHEMA_VERSION
+
+
+class TestVersion3:
     def test_what_a_row_counted_before_the_bands_is_in_the_unknown_band(self, tmp_path):
         path = tmp_path / "s.sqlite"
         store = StateStore(path)
@@ -238,12 +279,12 @@ class TestVersion2:
             store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
             rows.committed()
         store.close()
-        with sqlite3.connect(path) as db:  # the rows as version 2 wrote them
+        with sqlite3.connect(path) as db:  # the rows as version 3 wrote them
             for table in ("accumulators", "accumulator_rounds"):
                 (doc,) = db.execute(f"SELECT doc FROM {table}").fetchone()
                 old = {k: v for k, v in json.loads(doc).items() if k not in ("by_load", "running")}
                 db.execute(f"UPDATE {table} SET doc=?", (json.dumps(old),))
-            db.execute("PRAGMA user_version=2")
+            db.execute("PRAGMA user_version=3")
         db.close()
         back = loaded(path).accumulators["a"]
         assert back.by_load == {UNKNOWN: (2, acc.totals())} and back.running is None

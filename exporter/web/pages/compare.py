@@ -3,11 +3,13 @@ intervals, B - A and the verdict, both windows' advice; and the landing page's w
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
 from exporter.analysis.compare import compare_answers
+from exporter.analysis.speedup import compare_speed
 from exporter.analysis.stats import ASSUMPTION
 from exporter.web.pages.advice import STYLE as ADVICE_STYLE
 from exporter.web.pages.advice import advice_sections
@@ -19,7 +21,8 @@ _STYLE = """
 
 FORMATS = {"acceptance_rate": ".2f", "acceptance_length": ".3f"}
 NAMES = {"acceptance_rate": "acceptance rate %", "acceptance_length": "acceptance length"}
-_VERDICT_CLASS = {"better": "better", "worse": "worse", "no significant difference": "same"}
+_VERDICT_CLASS = {"better": "better", "worse": "worse", "no significant difference": "same",
+                  "faster": "better", "slower": "worse"}
 
 
 def estimate_text(e: Mapping[str, Any], spec: str, signed: bool = False,
@@ -81,6 +84,52 @@ def _entry_table(name: str, entry: Mapping[str, Any]) -> str:
     return f"<h3>{escape(name)}{drafts}</h3>{table}{notes}"
 
 
+def ratio_svg(up: Mapping[str, Any]) -> str:
+    """A speed-up and its interval on a log scale from 1/4 to 4, with the line at 1."""
+    width, height = 180, 18
+
+    def x(v: float) -> float:
+        return 4 + (min(max(math.log(v, 4), -1.0), 1.0) + 1) / 2 * (width - 8)
+
+    parts = [f'<svg class="ratio" width="{width}" height="{height}" role="img" '
+             'aria-label="speed-up with its 95% interval; the line is 1 (no change)">',
+             f'<line x1="{x(1):.1f}" y1="0" x2="{x(1):.1f}" y2="{height}" stroke="#bbb"/>']
+    if up.get("low") is not None:
+        parts.append(f'<line x1="{x(up["low"]):.1f}" y1="9" x2="{x(up["high"]):.1f}" y2="9" '
+                     'stroke="#3b7dd8" stroke-width="2"/>')
+    parts.append(f'<circle cx="{x(up["value"]):.1f}" cy="9" r="3" fill="#3b7dd8">'
+                 f"<title>{up['value']:.3f}x</title></circle></svg>")
+    return "".join(parts)
+
+
+def _speed_table(name: str, entry: Mapping[str, Any]) -> str:
+    rows = "".join(
+        f"<tr><td>{escape(row['figure'])} {row['stat']}</td><td>{row['a']:.4g}</td>"
+        f"<td>{row['b']:.4g}</td><td>{estimate_text(row['speedup'], '.3f')}</td>"
+        f"<td>{ratio_svg(row['speedup'])}</td>"
+        f'<td class="{_VERDICT_CLASS.get(row["verdict"], "same")}">{escape(row["verdict"])}'
+        "</td></tr>" for row in entry["rows"])
+    return (f"<h3>{escape(name)} <small>timed answers A: {entry['a_timed']}, B: "
+            f"{entry['b_timed']}</small></h3><div class=\"scroll\"><table><tr><th>figure</th>"
+            "<th>A</th><th>B</th><th>speed-up B over A</th><th>¼ · 1 · 4</th><th>verdict</th>"
+            f"</tr>{rows}</table></div>")
+
+
+def speed_section(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """The paired speed-up of B (with speculative decoding) over A (without); empty when
+    neither window timed its requests."""
+    speed = compare_speed(a, b)
+    if speed is None:
+        return ""
+    tables = [_speed_table(name, entry) for name, entry in speed["targets"].items()]
+    if speed["aggregate"] is not None and len(speed["targets"]) != 1:
+        tables.append(_speed_table("all targets", speed["aggregate"]))
+    missing = "".join(f'<p class="note">No timings in {side}.</p>' for side in speed["missing"])
+    return (f'<section id="speedup"><h2>Paired speed-up</h2><p><small>A without speculative '
+            f"decoding, B with it; above 1 is B faster. {escape(speed['method'])}; not split "
+            f"{escape(speed['not_split'])}.</small></p>{''.join(tables)}{missing}</section>")
+
+
 def _window_head(side: str, answer: Mapping[str, Any]) -> str:
     wid = str(answer.get("id", ""))
     return (f'<div><h2>{side}: <a href="/windows/{escape(wid, quote=True)}">{escape(wid)}</a>'
@@ -115,6 +164,7 @@ def render_compare(a: Mapping[str, Any], b: Mapping[str, Any],
 </small></p>
 {''.join(sections)}
 {only}
+{speed_section(a, b)}
 <div class="side">{_advice_column("A", a)}{_advice_column("B", b)}</div>"""
     return page(title, body_html, style=_STYLE)
 

@@ -101,3 +101,80 @@ class TestLandingPicker:
         await record(exp, [fake], "only", [800, 500, 200])
         html = await (await exp.client.get("/")).text()
         assert '<form action="/compare"' not in html
+
+
+async def _timed_windows(exporter, aiohttp_server):
+    """Windows `a` (a server without spec decode) and `b` (with it), 12 requests each through
+    the proxy of fake-vllm servers whose steps take 2 ms: the exporter under test."""
+    import aiohttp
+    from conftest import free_port
+
+    from exporter.fakevllm import FakeServer, make_fake_app
+
+    fakes = {"a": FakeServer(spec_decode=False, step_seconds=0.002),
+             "b": FakeServer(k=3, acceptance=0.8, step_seconds=0.002,
+                             per_request_metrics="summary")}
+    ports = {name: free_port() for name in fakes}
+    targets = []
+    for name, fake in fakes.items():
+        upstream = await aiohttp_server(make_fake_app(fake))
+        targets.append({"name": name, "url": str(upstream.make_url("/metrics")),
+                        "proxy": {"listen": f"127.0.0.1:{ports[name]}"}})
+    exp = await exporter({"targets": targets})
+    await exp.round()
+    async with aiohttp.ClientSession() as session:
+        for name in fakes:
+            await exp.start(id=name, targets=[name])
+            for i in range(12):
+                async with session.post(f"http://127.0.0.1:{ports[name]}/v1/completions", json={
+                        "prompt": "p", "max_tokens": 16, "stream": i % 2 == 0,
+                        "stream_options": {"include_usage": True}}) as answer:
+                    await answer.read()
+            await exp.stop(name)
+    return exp
+
+
+class TestSpeedSection:
+    async def test_the_paired_speedup_table_with_its_interval_chart(self, exporter,
+                                                                    aiohttp_server):
+        exp = await _timed_windows(exporter, aiohttp_server)
+        html = await (await exp.client.get("/compare?a=a&b=b")).text()
+        section = html[html.index('<section id="speedup">'):]
+        assert "timed answers A: 12, B: 12" in section
+        row = section[section.index("tokens_per_second mean"):].split("</tr>")[0]
+        assert re.search(r"\d\.\d{3}<br><small>\[\d\.\d{3}, \d\.\d{3}\]</small>", row)
+        assert '<svg class="ratio"' in row
+        assert 'class="better">faster<' in row  # B's steps emit 1 + accepted tokens each
+
+    async def test_windows_without_timings_have_no_section(self, setup):
+        exp, _ = setup
+        html = await (await exp.client.get("/compare?a=wa&b=wb")).text()
+        assert 'id="speedup"' not in html
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("width", [1400, 400])
+async def test_the_speedup_section_in_headless_chromium(exporter, aiohttp_server, tmp_path,
+                                                        width):
+    import json
+
+    from browser import Browser
+
+    exp = await _timed_windows(exporter, aiohttp_server)
+    base = str(exp.client.make_url("/")).rstrip("/")
+    facts_js = """JSON.stringify({
+        overflow: document.documentElement.scrollWidth - window.innerWidth,
+        charts: [...document.querySelectorAll('#speedup svg.ratio')].map(svg => {
+            const box = svg.getBoundingClientRect();
+            return {width: box.width, right: box.right,
+                    whisker: svg.querySelectorAll('line').length};}),
+        scrolls: [...document.querySelectorAll('#speedup table')].map(
+            t => t.closest('.scroll') !== null)})"""
+    async with Browser(tmp_path / "profile") as browser:
+        await browser.open(f"{base}/compare?a=a&b=b", width)
+        facts = json.loads(await browser.evaluate(facts_js))
+        shot = await browser.screenshot(f"compare-speedup-{width}px")
+    assert shot.stat().st_size > 5000
+    assert facts["overflow"] <= 0 and all(facts["scrolls"]) and facts["scrolls"]
+    assert facts["charts"] and all(c["width"] > 0 for c in facts["charts"])
+    assert any(c["whisker"] == 2 for c in facts["charts"])  # the line at 1 and an interval
