@@ -17,8 +17,7 @@ Command = Callable[..., argparse.ArgumentParser]
 
 
 def _logging_options(parser: argparse.ArgumentParser, top: bool) -> None:
-    # On the top parser they carry the defaults; on sub-commands they default to "not given",
-    # so `specdec-exporter serve --log-level debug` and `--log-level debug serve` both work.
+    # Defaults on the top parser only: `serve --log-level debug` and `--log-level debug serve`.
     default = {"level": "info", "format": "plain"} if top else {}
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                         default=default.get("level", argparse.SUPPRESS),
