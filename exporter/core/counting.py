@@ -53,6 +53,12 @@ def _known(created: float | None) -> bool:
     return created is not None and math.isfinite(created)
 
 
+def _before(created: float | None, baseline_at: float | None) -> bool:
+    """A series' `_created` is known and earlier than the baseline scrape."""
+    return (created is not None and math.isfinite(created) and baseline_at is not None
+            and created < baseline_at)
+
+
 @dataclass(slots=True)
 class Accumulator(RowCodec):
     """Increases of one target's series since a baseline scrape, fed scrape by scrape; `last`
@@ -92,6 +98,9 @@ class Accumulator(RowCodec):
     _saved: tuple[Shape, int] | None = field(default=None, init=False, repr=False, compare=False)
     # Calls of `feed`: what was made from this accumulator is out of date once it moved.
     feeds: int = field(default=0, init=False, repr=False, compare=False)
+    # Series first seen after the baseline though created before it (not kept: the window
+    # keeps the note it makes).
+    unseen_at_baseline: int = field(default=0, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape; whether it showed a server restart. One with a NaN, infinite or
@@ -197,6 +206,11 @@ class Accumulator(RowCodec):
                     inc, _ = counter_increase(before, before_created, value, created.get(key))
             elif baseline:
                 inc = 0.0
+            elif _before(created.get(key), self.first_at):
+                # Counting at the baseline but off its page: what it had then is unknown, so
+                # it counts from here (`unseen_at_baseline` makes the answer partial).
+                inc = 0.0
+                self.unseen_at_baseline += 1
             else:
                 # A series first seen after the baseline (a new engine, or one that restarted
                 # while absent) grew from zero inside the window.
