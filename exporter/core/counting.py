@@ -53,12 +53,6 @@ def _known(created: float | None) -> bool:
     return created is not None and math.isfinite(created)
 
 
-def _before(created: float | None, baseline_at: float | None) -> bool:
-    """A series' `_created` is known and earlier than the baseline scrape."""
-    return (created is not None and math.isfinite(created) and baseline_at is not None
-            and created < baseline_at)
-
-
 @dataclass(slots=True)
 class Accumulator(RowCodec):
     """Increases of one target's series since a baseline scrape, fed scrape by scrape; `last`
@@ -206,9 +200,9 @@ class Accumulator(RowCodec):
                     inc, _ = counter_increase(before, before_created, value, created.get(key))
             elif baseline:
                 inc = 0.0
-            elif _before(created.get(key), self.first_at):
-                # Counting at the baseline but off its page: what it had then is unknown, so
-                # it counts from here (`unseen_at_baseline` makes the answer partial).
+            elif created.get(key, math.nan) < (self.first_at or 0.0):  # NaN: not known
+                # Created before the baseline but off its page: what it had then is unknown,
+                # so it counts from here (`unseen_at_baseline` makes the answer partial).
                 inc = 0.0
                 self.unseen_at_baseline += 1
             else:
