@@ -1,13 +1,5 @@
-"""A small blocking client of the exporter's window API, for AISBench and any Python harness.
-
-    from exporter.client import ExporterClient
-    client = ExporterClient("http://127.0.0.1:9400")
-    window = client.start(name="eagle-k3")
-    ...  # run the benchmark
-    print(client.stop(window["id"]).console())
-
-Standard library only, so importing it costs a harness nothing.
-"""
+"""A small blocking client of the exporter's window API, for AISBench and any Python harness
+(README shows its use); standard library only, so importing it costs a harness nothing."""
 
 from __future__ import annotations
 
@@ -187,8 +179,7 @@ class FleetClient:
         return answers, errors
 
     def start(self, window_id: str | None = None, *args: Any, **options: Any) -> dict[str, Any]:
-        """Open the window on every exporter under one id; the arguments are
-        `ExporterClient.start`'s."""
+        """Open the window on every exporter under one id (`ExporterClient.start`'s arguments)."""
         if len(self.clients) == 1:
             return self.clients[0].start(window_id, *args, **options)
         window_id = window_id or new_window_id(time.time())

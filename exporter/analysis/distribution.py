@@ -1,8 +1,5 @@
 """Pure math: the distribution of X, the accepted tokens per draft, from per-position rates.
-
-Position i+1 is accepted only if i was, so the rates are X's survival function: P(X >= i+1) =
-p_i. Rates that rise somewhere (noise, a restart) are replaced by their isotonic fit.
-"""
+Position i+1 is accepted only if i was, so the rates are X's survival function P(X >= i+1)."""
 
 from __future__ import annotations
 
@@ -32,10 +29,7 @@ def isotonic_non_increasing(values: Sequence[float]) -> list[float]:
             mean1, count1 = blocks[-1]
             count = count1 + count2
             blocks[-1] = [(mean1 * count1 + mean2 * count2) / count, count]
-    fitted: list[float] = []
-    for mean, count in blocks:
-        fitted.extend([mean] * int(count))
-    return fitted
+    return [mean for mean, count in blocks for _ in range(int(count))]
 
 
 def is_non_increasing(values: Sequence[float]) -> bool:
@@ -87,8 +81,7 @@ def distribution(rates: Sequence[float]) -> Distribution:
     measured = tuple(map(min, repeat(1.0), map(max, repeat(0.0), map(float, rates))))
     if is_non_increasing(measured):
         return Distribution(measured, measured, True)
-    fitted = tuple(isotonic_non_increasing(measured))
-    return Distribution(measured, fitted, False)
+    return Distribution(measured, tuple(isotonic_non_increasing(measured)), False)
 
 
 def rates_from_mapping(per_position: Mapping[str, float] | Mapping[int, float]) -> list[float]:

@@ -1,8 +1,4 @@
-"""Pure statistics for comparing two windows: 95% intervals, differences, verdicts.
-
-Drafts count as independent trials; a hard prompt failing several in a row breaks that a
-little, so the intervals are somewhat too narrow when acceptance drifts inside a window.
-"""
+"""Pure statistics for comparing two windows: 95% intervals, differences, verdicts."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ from statistics import NormalDist
 from typing import Any
 
 CONFIDENCE = 0.95
-Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)  # 1.959963984540054
+Z = NormalDist().inv_cdf(0.5 + CONFIDENCE / 2)
 
 ASSUMPTION = (
     "95% intervals treat drafts as independent; acceptance length and rate use a normal "
@@ -50,10 +46,9 @@ def wilson(successes: float, trials: float) -> Estimate | None:
     if trials <= 0:
         return None
     p = min(1.0, max(0.0, successes / trials))
-    z = Z
-    denominator = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / denominator
-    half = z / denominator * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials))
+    denominator = 1 + Z * Z / trials
+    centre = (p + Z * Z / (2 * trials)) / denominator
+    half = Z / denominator * math.sqrt(p * (1 - p) / trials + Z * Z / (4 * trials * trials))
     # At p = 0 or 1 one bound is exact; float rounding would leave it at 1e-17 off.
     low = 0.0 if p == 0 else max(0.0, centre - half)
     high = 1.0 if p == 1 else min(1.0, centre + half)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import socket
 import tempfile
 import time
 
@@ -30,12 +29,6 @@ def demo_fleet() -> list[tuple[str, FakeServer, float]]:
                                 model_name="meta-llama/Llama-3.1-8B", seed=3), 30.0),
         ("no-spec-decode", FakeServer(spec_decode=False, seed=4), 0.0),
     ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _why_no_figures(state: TargetState) -> str:
@@ -73,9 +66,9 @@ async def run_demo(port: int, duration: float | None, output_dir: str | None) ->
         runner = web.AppRunner(make_fake_app(server, drafts_per_second=drafts_per_second),
                                access_log=None)
         await runner.setup()
-        member_port = _free_port()
-        await web.TCPSite(runner, "127.0.0.1", member_port).start()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()  # a free port, taken as it is found
         runners.append(runner)
+        member_port = runner.addresses[0][1]
         targets.append(TargetConfig(name=name, url=f"http://127.0.0.1:{member_port}/metrics",
                                     labels={"demo": "true"}))
     # Without --output-dir the results go to a temporary folder that leaves with the demo.
@@ -116,7 +109,6 @@ async def run_demo(port: int, duration: float | None, output_dir: str | None) ->
 
 
 async def _cleanup(runners: list[web.AppRunner], temporary: str | None) -> None:
-    """Stop every server, then remove the demo's temporary results folder if it made one."""
     for runner in reversed(runners):
         with contextlib.suppress(Exception):
             await runner.cleanup()

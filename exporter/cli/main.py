@@ -21,13 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))  # every cmd_* returns its exit code
     except BrokenPipeError:
-        # `demo | head`: the reader left. Quiet, as Unix tools are; the interpreter's own flush
-        # at exit would raise again, so stdout points at /dev/null from here on.
+        # The reader left (`demo | head`): quiet, and stdout to /dev/null, or the exit flush raises.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
-    except ListenError as exc:
-        say(str(exc), level=logging.ERROR)
-        return EXIT_USAGE
     except ExporterError as exc:
         say(str(exc), level=logging.ERROR)
-        return EXIT_FAILED
+        return EXIT_USAGE if isinstance(exc, ListenError) else EXIT_FAILED

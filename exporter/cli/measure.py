@@ -1,6 +1,5 @@
-"""`measure`: AISBench's --spec-decode (snapshot, run, snapshot) without an exporter, fixed: it
-scrapes while the command runs (a restart mid-run is counted on both sides), says which fetch
-failed, and never changes the command's exit code."""
+"""`measure`: AISBench's --spec-decode (snapshot, run, snapshot) without an exporter, scraping
+while the command runs (a restart mid-run is counted); the command's exit code stands."""
 
 from __future__ import annotations
 

@@ -17,8 +17,7 @@ Command = Callable[..., argparse.ArgumentParser]
 
 
 def _logging_options(parser: argparse.ArgumentParser, top: bool) -> None:
-    # On the top parser they carry the defaults; on sub-commands they default to "not given",
-    # so `specdec-exporter serve --log-level debug` and `--log-level debug serve` both work.
+    # Defaults on the top parser only: `serve --log-level debug` and `--log-level debug serve`.
     default = {"level": "info", "format": "plain"} if top else {}
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
                         default=default.get("level", argparse.SUPPRESS),
@@ -152,8 +151,8 @@ def _window_args(p: argparse.ArgumentParser, bounds: str) -> None:
                         "measured request arrives, closed on the counts right after the last "
                         "response)")
     p.add_argument("--skip-requests", type=int, default=None, metavar="N",
-                   help="with --edges traffic: leave the first N requests out (warm-up; "
-                        "AISBench's --num-warmups)")
+                   help="with --edges traffic: leave each model's first N requests out "
+                        "(warm-up; AISBench's --num-warmups)")
 
 
 def _allow_na(p: argparse.ArgumentParser) -> None:

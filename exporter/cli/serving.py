@@ -68,8 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         overrides = env_overrides()
         if args.listen:
             overrides["listen"] = args.listen  # the flag beats SPECDEC_LISTEN and the file
-        # At start an empty config is allowed (a Helm install before any target is set);
-        # a reload to one is refused.
+        # Empty is allowed at start (a Helm install before any target is set), not on a reload.
         config = load_config(path, overrides, allow_empty=True)
     except ConfigError as exc:
         for problem in exc.problems:
@@ -127,8 +126,7 @@ def _serve(config: Config, path: str, overrides: dict[str, Any], host: str, port
         log.info("auth on: every POST needs the token of token_env=%s", config.auth.token_env)
     else:
         log.info("auth off: set %s to require a bearer token on every POST", config.auth.token_env)
-    # As web.run_app: SIGTERM/SIGINT finish in-flight requests, then the cleanup context
-    # saves every open window; in front, the guard against slow and excess connections.
+    # As web.run_app (SIGTERM/SIGINT finish requests, then open windows are saved), guarded.
     try:
         run_guarded(app, host.strip("[]"), int(port), loop=loop,
                     scrape_concurrency=config.scrape_concurrency,

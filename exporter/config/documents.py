@@ -1,6 +1,5 @@
-"""Documents from outside (the config file, discovery files and answers) read within limits:
-a size, a depth and a count of values (a YAML "billion laughs" is aliases counted at each use),
-checked before anything walks them."""
+"""Documents from outside (the config file, discovery files and answers) read within limits of
+size, depth and count of values, checked before anything walks them."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from typing import Any
 import yaml
 
 MAX_DEPTH = 64  # a config or a target group is a handful of levels deep
-# Values reached by a walk, an alias once per use: 5,000 discovered targets are ~50,000.
+# Values reached by a walk, an alias once per use.
 MAX_VALUES = 1_000_000
 
 

@@ -39,8 +39,7 @@ DEFAULT_SCRAPE_TIMEOUT = 3.0
 _RESERVED_LABELS = {"target", "model_name", "position", "engine", "le", "quantile"}
 
 
-# A config is read whole and parsed on every reload: 1 MiB holds ~10,000 static targets (the
-# default max_targets) with room to spare; fleets larger than that belong in file_sd/http_sd.
+# A config is read whole and parsed on every reload: large fleets belong in file_sd/http_sd.
 MAX_CONFIG_BYTES = 1024 * 1024
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
@@ -102,8 +101,7 @@ class ProxyConfig(_Strict):
 
     listen: Annotated[str, BeforeValidator(not_a_bare_port)] | None = None  # HOST:PORT
     connect_timeout: Duration = 10.0
-    # A saturating benchmark's queued request waits minutes for its first byte; nginx's 60 s
-    # would cut it.
+    # A saturating benchmark's queued request waits minutes for its first byte.
     first_byte_timeout: Duration = 300.0
     idle_timeout: Duration = 120.0  # between two pieces of an answer
 
@@ -123,8 +121,7 @@ class TargetConfig(_Strict):
     tls_verify: bool = True
     ca_file: str | None = None
     labels: dict[str, str] = {}
-    # A page over one of these is a failed scrape (up=0, the reason), as Prometheus's
-    # sample_limit and label_value_length_limit; the defaults are generous for real servers.
+    # A page over one of these is a failed scrape (up=0, the reason), as Prometheus's limits.
     series_limit: int = Field(default=20_000, ge=1)
     label_value_length_limit: int = Field(default=1024, ge=1)
     position_limit: int = Field(default=64, ge=1)
@@ -324,7 +321,7 @@ class Config(_Strict):
     # Host names (or `*.example.org`) POSTs may be sent to, beside the listen host, localhost,
     # IP addresses, single-label and Kubernetes service names and our own: DNS rebinding.
     allowed_hosts: list[str] = []
-    # Static plus discovered: past ~10,000 targets one exporter misses its beat; shard instead.
+    # Static plus discovered: past the default one exporter misses its beat; shard instead.
     max_targets: int = Field(default=DEFAULT_MAX_TARGETS, ge=1)
     shards: int = Field(default=1, ge=1)
     shard_index: int = Field(default=0, ge=0)
@@ -375,7 +372,7 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
     targets = data.get("targets")
     limit = data.get("max_targets", DEFAULT_MAX_TARGETS)
     if isinstance(targets, list) and isinstance(limit, int) and len(targets) > limit:
-        # Before validating them: 100,000 targets take seconds and hundreds of MB to build.
+        # Before validating them: building far more than the limit takes seconds and memory.
         raise ConfigError(source, [
             f"targets: {len(targets)} targets is over max_targets ({limit}); raise "
             "max_targets if this is meant, or split the targets over shards"])
@@ -391,8 +388,7 @@ def validate_config(data: Any, source: str = "<config>") -> Config:
         config = Config.model_validate(data)
     except ValidationError as exc:
         problems += [problem_line(e, data) for e in exc.errors()]
-    # pydantic skips whole-model checks once a field fails; run them on the raw values too,
-    # so a file with four mistakes shows four lines in one run, not one per run.
+    # pydantic skips whole-model checks once a field fails: every problem is said in one run.
     problems += _cross_field_problems(data)
     problems = list(dict.fromkeys(problems))
     if problems or config is None:

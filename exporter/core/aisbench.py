@@ -1,5 +1,6 @@
 """The RESULT (a target's window, or the aggregate) in AISBench's format plus our extras, its
-JSON both ways, and the result files' names. Stdlib-only: the client's merge uses `aggregate`."""
+JSON both ways (a peer's checked against the schema), and the result files' names.
+Stdlib-only: the client's merge uses `aggregate`."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeGuard
 
 from exporter.core.derive import has_activity, result_data
 from exporter.core.dialects import SGLANG_LENGTH, SGLANG_RATE
 from exporter.core.isotime import is_number, iso_utc
-from exporter.core.snapshot import Counts, integral, sum_counts
+from exporter.core.snapshot import DRAFTS_PER_POS, Counts, Field, integral, sum_counts
 
 NO_METRICS = "No spec decode metrics found on server"
 NO_ACTIVITY = "No spec decode activity detected during benchmark window"
@@ -348,3 +349,100 @@ def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
         ),
         unobserved=spans,
     )
+
+
+# Past 2**53 a float counter is no longer exact; a sum of such values over a fleet stays finite.
+MAX_COUNT = float(2**53)
+_COUNT_KEYS = (Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value)
+_PER_POSITION_KEYS = (Field.PER_POS.value, DRAFTS_PER_POS)
+_TEXT_KEYS = ("url", "error", "target", "host_port", "coverage_note", "reset_note",
+              "anomaly_note", "dialect", "dialect_note", "read", "results_dir")
+_STATUSES = frozenset(s.value for s in Status)
+_COVERAGES = frozenset(c.value for c in Coverage)
+
+
+def is_count(value: object) -> TypeGuard[float]:
+    """A number a counter can hold: finite, 0 to MAX_COUNT."""
+    return is_number(value) and 0 <= value <= MAX_COUNT
+
+
+def _counts_problem(raw: object, where: str) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        return f"{where} is not an object"
+    for key in _COUNT_KEYS:
+        if key in raw and not is_count(raw[key]):
+            return f"{where}.{key} is not a count: {raw[key]!r:.40}"
+    for key in _PER_POSITION_KEYS:
+        per = raw.get(key)
+        if per is None:
+            continue
+        if not isinstance(per, Mapping):
+            return f"{where}.{key} is not an object"
+        for pos, value in per.items():
+            if not (isinstance(pos, str) and pos.isascii() and pos.isdigit() and len(pos) < 5):
+                return f"{where}.{key} has a position that is not a number: {pos!r:.40}"
+            if not is_count(value):
+                return f"{where}.{key}.{pos} is not a count: {value!r:.40}"
+    return None
+
+
+def _fields_problem(value: Mapping[str, Any]) -> str | None:
+    if value.get("status") not in _STATUSES:
+        return f"status {value.get('status')!r:.40} is neither ok nor na"
+    for key in _TEXT_KEYS:
+        if value.get(key) is not None and not isinstance(value[key], str):
+            return f"{key} is not text"
+    if value.get("coverage") is not None and value["coverage"] not in _COVERAGES:
+        return f"coverage {value['coverage']!r:.40} is neither full nor partial"
+    for keys, valid, what in ((("engines", "resets", "scrapes"), is_count, "a count"),
+                              (("first_scrape_at", "last_scrape_at"), is_number, "a time")):
+        for key in keys:
+            if value.get(key) is not None and not valid(value[key]):
+                return f"{key} is not {what}"
+    names = value.get("model_names")
+    if names is not None and not (isinstance(names, list)
+                                  and all(isinstance(n, str) for n in names)):
+        return "model_names is not a list of names"
+    means = value.get("gauge_means")
+    if value.get("estimate") and not (isinstance(means, Mapping)
+                                      and all(is_number(m) for m in means.values())):
+        return "gauge_means is not an object of numbers"
+    return None
+
+
+def _nested_counts_problem(value: Mapping[str, Any]) -> str | None:
+    raw = value.get("raw")
+    if raw is not None and not isinstance(raw, Mapping):
+        return "raw is not an object"
+    raw = raw or {}
+    for where, counts in (("increase", value.get("increase")),
+                          ("increase_until_removed", value.get("increase_until_removed")),
+                          ("raw.before", raw.get("before")), ("raw.after", raw.get("after"))):
+        if (problem := _counts_problem(counts, where)) is not None:
+            return problem
+    per_model = value.get("per_model")
+    if per_model is None:
+        return None
+    if not isinstance(per_model, Mapping):
+        return "per_model is not an object"
+    for model, entry in per_model.items():
+        if not isinstance(entry, Mapping):
+            return f"per_model.{model} is not an object"
+        if (problem := _counts_problem(entry.get("increase"), f"per_model.{model}.increase")):
+            return problem
+    return None
+
+
+def result_problem(value: object) -> str | None:
+    """Why a shard's RESULT cannot be merged (its schema: status, texts, counts), or None."""
+    if not isinstance(value, Mapping):
+        return "is not an object"
+    problem = _fields_problem(value) or _nested_counts_problem(value)
+    if problem is None:
+        try:
+            Result.from_json(value)
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
+            problem = f"cannot be read: {exc}"
+    return problem

@@ -9,12 +9,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
-from exporter.core.aisbench import Coverage, Result, Status, aggregate
-from exporter.core.isotime import is_number
+from exporter.core.aisbench import MAX_COUNT as MAX_COUNT
+from exporter.core.aisbench import Result, Status, aggregate, is_count, result_problem
+from exporter.core.errors import StoreError, UnknownWindowError
+from exporter.core.isotime import is_number, with_iso_times
 from exporter.core.requestblock import merged_block
-from exporter.core.snapshot import DRAFTS_PER_POS, Field, integral
+from exporter.core.snapshot import integral
 
 
 def _score(shard: int, name: str) -> int:
@@ -57,6 +59,79 @@ class ShardPart:
         if self.status is None:
             return f"shard {self.index} at {self.url} unreachable: {self.error}"
         return f"shard {self.index} at {self.url} answered {self.status}: {self.error}"
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A fanned-out call as its merge reads it: the fleet and what each shard was asked for."""
+
+    shards: int
+    fleet: dict[str, tuple[str, str]]  # every target of the fleet: name -> (url, host:port)
+    shares: Mapping[int, list[str]]  # each shard's targets, for N/A when it gave no answer
+    window_id: str | None = None
+    query: Mapping[str, str] = field(default_factory=dict)  # checked by the shard asked first
+
+
+# The most windows a list answers, on one shard and over the fleet.
+MAX_LIST = 1000
+# A fleet route's merge: every shard's part (a peer's not vetted yet) -> (status, one body).
+Merge = Callable[[list[ShardPart], Asked], tuple[int, dict[str, Any]]]
+
+
+def settle(parts: Sequence[ShardPart], asked: Asked) -> None:
+    """Each part told its targets; a shard that could not save (503) keeps its window open and
+    the caller retries (`StoreError`); a window no shard has is `UnknownWindowError`."""
+    for part in parts:
+        part.expected, part.urls = asked.shares.get(part.index, []), asked.fleet
+        if part.status == 503 and asked.window_id is not None:  # not a list's
+            raise StoreError(part.reason)
+    if asked.window_id is not None and all(p.status == 404 for p in parts):
+        raise UnknownWindowError(asked.window_id)
+
+
+def _peers(parts: Sequence[ShardPart], vet: Callable[[ShardPart], None]) -> None:
+    for part in parts:
+        if not part.local:
+            vet(part)
+
+
+def merged_start(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's start answer: 201 when any shard opened the window."""
+    _peers(parts, lambda part: vet_open(part, asked.fleet))
+    opened = any(p.status == 201 for p in parts if p.answer is not None)
+    return 201 if opened else 200, merge_start(parts)
+
+
+def merged_stop(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's stop answer (also a GET's once every shard stopped)."""
+    _peers(parts, lambda part: vet_stop(part, asked.shards, asked.fleet))
+    return 200, merge_stop(parts)
+
+
+def merged_window(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's GET of a window: its stop answer once every shard stopped it, else open."""
+    if all("results" in p.answer for p in parts if p.answer is not None):
+        return merged_stop(parts, asked)
+    _peers(parts, lambda part: vet_open(part, asked.fleet))
+    return 200, merge_open(parts)
+
+
+def merged_delete(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's delete answer (`merge_delete`)."""
+    assert asked.window_id is not None
+    return merge_delete(parts, asked.window_id)
+
+
+def merged_list(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's window list (`merge_list`), its times with ISO ones beside."""
+    _peers(parts, vet_list)
+    limit = int(asked.query.get("limit") or MAX_LIST)
+    return 200, with_iso_times(merge_list(parts, limit))
+
+
+def merged_series(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's series of a window (`merge_series`)."""
+    return 200, merge_series(parts, asked.shards)
 
 
 def _shards(parts: Sequence[ShardPart], counted: Mapping[int, list[str]]) -> list[dict[str, Any]]:
@@ -204,102 +279,6 @@ def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
     }, parts, stopped=False)
 
 
-# Past 2**53 a float counter is no longer exact; a sum of such values over a fleet stays finite.
-MAX_COUNT = float(2**53)
-_COUNT_KEYS = (Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value)
-_PER_POSITION_KEYS = (Field.PER_POS.value, DRAFTS_PER_POS)
-_TEXT_KEYS = ("url", "error", "target", "host_port", "coverage_note", "reset_note",
-              "anomaly_note", "dialect", "dialect_note", "read", "results_dir")
-_STATUSES = frozenset(s.value for s in Status)
-_COVERAGES = frozenset(c.value for c in Coverage)
-
-
-def _is_count(value: object) -> TypeGuard[float]:
-    return is_number(value) and 0 <= value <= MAX_COUNT
-
-
-def _counts_problem(raw: object, where: str) -> str | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, Mapping):
-        return f"{where} is not an object"
-    for key in _COUNT_KEYS:
-        if key in raw and not _is_count(raw[key]):
-            return f"{where}.{key} is not a count: {raw[key]!r:.40}"
-    for key in _PER_POSITION_KEYS:
-        per = raw.get(key)
-        if per is None:
-            continue
-        if not isinstance(per, Mapping):
-            return f"{where}.{key} is not an object"
-        for pos, value in per.items():
-            if not (isinstance(pos, str) and pos.isascii() and pos.isdigit() and len(pos) < 5):
-                return f"{where}.{key} has a position that is not a number: {pos!r:.40}"
-            if not _is_count(value):
-                return f"{where}.{key}.{pos} is not a count: {value!r:.40}"
-    return None
-
-
-def _fields_problem(value: Mapping[str, Any]) -> str | None:
-    if value.get("status") not in _STATUSES:
-        return f"status {value.get('status')!r:.40} is neither ok nor na"
-    for key in _TEXT_KEYS:
-        if value.get(key) is not None and not isinstance(value[key], str):
-            return f"{key} is not text"
-    if value.get("coverage") is not None and value["coverage"] not in _COVERAGES:
-        return f"coverage {value['coverage']!r:.40} is neither full nor partial"
-    for keys, valid, what in ((("engines", "resets", "scrapes"), _is_count, "a count"),
-                              (("first_scrape_at", "last_scrape_at"), is_number, "a time")):
-        for key in keys:
-            if value.get(key) is not None and not valid(value[key]):
-                return f"{key} is not {what}"
-    names = value.get("model_names")
-    if names is not None and not (isinstance(names, list)
-                                  and all(isinstance(n, str) for n in names)):
-        return "model_names is not a list of names"
-    means = value.get("gauge_means")
-    if value.get("estimate") and not (isinstance(means, Mapping)
-                                      and all(is_number(m) for m in means.values())):
-        return "gauge_means is not an object of numbers"
-    return None
-
-
-def _nested_counts_problem(value: Mapping[str, Any]) -> str | None:
-    raw = value.get("raw")
-    if raw is not None and not isinstance(raw, Mapping):
-        return "raw is not an object"
-    raw = raw or {}
-    for where, counts in (("increase", value.get("increase")),
-                          ("increase_until_removed", value.get("increase_until_removed")),
-                          ("raw.before", raw.get("before")), ("raw.after", raw.get("after"))):
-        if (problem := _counts_problem(counts, where)) is not None:
-            return problem
-    per_model = value.get("per_model")
-    if per_model is None:
-        return None
-    if not isinstance(per_model, Mapping):
-        return "per_model is not an object"
-    for model, entry in per_model.items():
-        if not isinstance(entry, Mapping):
-            return f"per_model.{model} is not an object"
-        if (problem := _counts_problem(entry.get("increase"), f"per_model.{model}.increase")):
-            return problem
-    return None
-
-
-def result_problem(value: object) -> str | None:
-    """Why a shard's RESULT cannot be merged (its schema: status, texts, counts), or None."""
-    if not isinstance(value, Mapping):
-        return "is not an object"
-    problem = _fields_problem(value) or _nested_counts_problem(value)
-    if problem is None:
-        try:
-            Result.from_json(value)
-        except (TypeError, ValueError, KeyError, AttributeError, OverflowError) as exc:
-            problem = f"cannot be read: {exc}"
-    return problem
-
-
 def _distrust(part: ShardPart, why: str) -> None:
     """Use nothing of the part's answer: its targets come out N/A with `why`."""
     part.answer = None
@@ -377,7 +356,7 @@ def vet_open(part: ShardPart, fleet: Iterable[str]) -> None:
     if not _names(answer.get("targets")):
         _distrust(part, "its targets are not a list of names")
     elif scrapes is not None and not (isinstance(scrapes, Mapping)
-                                      and all(_is_count(v) for v in scrapes.values())):
+                                      and all(is_count(v) for v in scrapes.values())):
         _distrust(part, "its scrapes are not counts")
     elif not (_texts(answer.get("errors")) and _texts(answer.get("start_errors"))):
         _distrust(part, "its errors are not texts")
@@ -399,7 +378,7 @@ def _summary_problem(item: object) -> str | None:
         return f"window {item['id']!r:.80}: state or targets malformed"
     figures = item.get("aggregate")
     if figures is not None and not (isinstance(figures, Mapping) and all(
-            v is None or _is_count(figures.get(k)) for k, v in figures.items() if k != "status")):
+            v is None or is_count(figures.get(k)) for k, v in figures.items() if k != "status")):
         return f"window {item['id']!r:.80}: aggregate malformed"
     return None
 
@@ -422,10 +401,10 @@ def _list_counts(figures: Mapping[str, Any]) -> tuple[float, float, float] | Non
     """(drafts, draft tokens, accepted) of one shard's list figures, from drafts, rate and
     length where a stopped window keeps only those (rounded); None if unknown (a rate of 0)."""
     drafts = figures.get("num_drafts")
-    if not _is_count(drafts):
+    if not is_count(drafts):
         return None
     tokens, accepted = figures.get("draft_tokens"), figures.get("accepted_tokens")
-    if _is_count(tokens) and _is_count(accepted):
+    if is_count(tokens) and is_count(accepted):
         return drafts, tokens, accepted
     if drafts == 0:
         return 0.0, 0.0, 0.0

@@ -7,7 +7,6 @@ import contextlib
 import gzip
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 
@@ -46,8 +45,7 @@ async def _instrumentator(request: web.Request) -> web.Response:
 
 
 async def _client_app(request: web.Request) -> web.Response:
-    """prometheus_client's app: the samples `name[]` names (as the app's mode has it), gzip
-    when the client accepts it."""
+    """prometheus_client's app: the samples `name[]` names (as its mode has it), maybe gzip'd."""
     server = request.app[FAKE_SERVER]
     mode = request.app[_NAME_FILTER]
     if server.dialect in _IGNORING_DIALECTS:
@@ -58,13 +56,6 @@ async def _client_app(request: web.Request) -> web.Response:
         body = gzip.compress(body, compresslevel=1)
         headers["Content-Encoding"] = "gzip"
     return web.Response(body=body, headers=headers)
-
-
-def _totals_json(server: FakeServer) -> dict[str, Any]:
-    """Return totals() with JSON-safe (string) position keys."""
-    totals = server.totals()
-    totals["accepted_per_pos"] = {str(p): v for p, v in totals["accepted_per_pos"].items()}
-    return totals
 
 
 def _completions(chat: bool) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
@@ -91,13 +82,13 @@ async def _iteration_stats(request: web.Request) -> web.Response:
 
 
 async def _totals(request: web.Request) -> web.Response:
-    return web.json_response(_totals_json(request.app[FAKE_SERVER]))
+    return web.json_response(request.app[FAKE_SERVER].totals())  # JSON spells int keys as text
 
 
 async def _restart(request: web.Request) -> web.Response:
     server = request.app[FAKE_SERVER]
     server.restart()
-    return web.json_response(_totals_json(server))
+    return web.json_response(server.totals())
 
 
 async def _add(request: web.Request) -> web.Response:
@@ -110,7 +101,7 @@ async def _add(request: web.Request) -> web.Response:
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
         return web.json_response({"error": what}, status=400)
-    return web.json_response(_totals_json(server))
+    return web.json_response(server.totals())
 
 
 async def _acceptance(request: web.Request) -> web.Response:
@@ -133,8 +124,6 @@ async def _acceptance(request: web.Request) -> web.Response:
 
 
 def _set_traffic(on: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
-    """Return a handler that pauses or resumes the simulated traffic."""
-
     async def handler(request: web.Request) -> web.Response:
         event = request.app[_TRAFFIC_ON]
         if on:
@@ -150,8 +139,7 @@ def make_fake_app(
     server: FakeServer, *, drafts_per_second: float = 0.0, tick: float = 0.25,
     name_filter: NameFilter = NameFilter.HONOUR,
 ) -> web.Application:
-    """Build the aiohttp app serving the fake /metrics, control endpoints and optional traffic;
-    `name_filter` is what its prometheus_client route does with `name[]`."""
+    """Build the aiohttp app serving the fake /metrics, control endpoints and optional traffic."""
     app = web.Application()
     app[FAKE_SERVER] = server
     app[_TRAFFIC_ON] = asyncio.Event()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 
@@ -28,12 +29,7 @@ def restrict(page: bytes, names: set[str]) -> bytes:
         after_sample = True
         if not line.strip():
             continue
-        end = len(line)
-        for stop in (b"{", b" "):
-            at = line.find(stop)
-            if 0 <= at < end:
-                end = at
-        if line[:end].decode("utf-8", "replace") in names:
+        if re.split(rb"[{ ]", line, maxsplit=1)[0].decode("utf-8", "replace") in names:
             kept += comments
             comments = []
             kept.append(line)

@@ -1,8 +1,5 @@
-"""The counter model: spec-decode counters per engine, grown by drafts the way vLLM counts them.
-
-Per decode step vLLM counts one draft, its proposed tokens and their accepted prefix, and emits
-1 + accepted tokens: `plan_steps` and `count_step` keep output = drafts + accepted exact.
-"""
+"""The counter model: spec-decode counters per engine, grown by drafts the way vLLM counts them
+(a decode step: one draft, its proposed tokens, their accepted prefix; 1 + accepted emitted)."""
 
 from __future__ import annotations
 

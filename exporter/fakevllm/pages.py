@@ -93,9 +93,7 @@ def _render_vllm(server: ServerModel) -> bytes:
         cache["rest"] = generate_latest(_Families(rest_families(server)))
         cache["key"], cache["at"] = key, now
     spec = generate_latest(_Families(spec_families(server))) if server.spec_decode else b""
-    head: bytes = cache["head"]
-    rest: bytes = cache["rest"]
-    return head + spec + rest
+    return b"".join((cache["head"], spec, cache["rest"]))
 
 
 def _render_llamacpp(server: ServerModel) -> bytes:
@@ -190,13 +188,12 @@ def _trtllm_spec_families(
 ) -> list[Metric]:
     """trtllm-serve's spec-decode families: totals, the last acceptance length, per position."""
     totals = server.totals()
-    tokens, accepted = totals["num_draft_tokens"], totals["num_accepted_tokens"]
     families: list[Metric] = []
     for name, help_text, value in (
         ("trtllm_spec_decode_num_draft_tokens",
-         "Total number of draft tokens in speculative decoding", tokens),
+         "Total number of draft tokens in speculative decoding", totals["num_draft_tokens"]),
         ("trtllm_spec_decode_num_accepted_tokens",
-         "Total number of accepted tokens in speculative decoding", accepted),
+         "Total number of accepted tokens in speculative decoding", totals["num_accepted_tokens"]),
     ):
         family = CounterMetricFamily(name, help_text, labels=labels)
         family.add_metric(values, float(value))

@@ -1,10 +1,6 @@
 """Targets from `file_sd` files, `http_sd` URLs and `prometheus_sd`, re-read as they change.
-
-file_sd and http_sd speak Prometheus's `[{"targets": ["host:port"], "labels": {...}}]`; the meta
-labels `__scheme__`, `__metrics_path__`, `__specdec_name__`, `__specdec_dialect__` set a static
-target's keys, other `__` labels are dropped. A source that breaks (whatever it sends, read up
-to its cap and parsed in a thread within `config.documents`' limits) keeps its last good list.
-"""
+`_META`'s labels set a target's keys, other `__` labels are dropped; a source that breaks
+(whatever it sends) keeps its last good list."""
 
 from __future__ import annotations
 
@@ -199,13 +195,6 @@ class Discovery:
             del self.sources[gone]
         return self.targets() != before
 
-    def _bounded(self, targets: list[TargetConfig], source: str) -> list[TargetConfig]:
-        # A source gone wild (a generator loop, a wrong glob) keeps its last good list.
-        if len(targets) > self.config.max_targets:
-            raise DiscoveryError(f"{source}: {len(targets)} targets is over max_targets "
-                                 f"({self.config.max_targets})")
-        return targets
-
     async def _refresh_file(self, path: Path) -> None:
         source = self.sources.setdefault(str(path), _Source())
         try:
@@ -224,7 +213,11 @@ class Discovery:
         """Read a source's targets; whatever it holds or sends, a failure keeps its last list."""
         refused: list[str] = []
         try:
-            source.targets = self._bounded(await read(refused), name)
+            targets = await read(refused)
+            if len(targets) > self.config.max_targets:  # a source gone wild (a wrong glob)
+                raise DiscoveryError(f"{name}: {len(targets)} targets is over max_targets "
+                                     f"({self.config.max_targets})")
+            source.targets = targets
             source.error = "; ".join(refused) or None
             return
         except DiscoveryError as exc:
@@ -237,7 +230,6 @@ class Discovery:
 
     async def _get(self, session: aiohttp.ClientSession, sd: HttpSDConfig | PrometheusSDConfig,
                    name: str, url: str, refused: list[str]) -> list[TargetConfig]:
-        """GET `url` as JSON and parse it into targets."""
         headers = dict(sd.headers)
         if sd.token_env and (token := os.environ.get(sd.token_env)):
             headers["Authorization"] = f"Bearer {token}"

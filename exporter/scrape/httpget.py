@@ -197,9 +197,8 @@ _IDLE_PER_HOST = 2
 
 
 class Pool:
-    """Idle connections by (host, port): a scrape takes one, or opens one, and puts it back.
-    One idle past `idle_timeout` is closed at the next request to any host (a host reached once,
-    by a redirect, is never asked again)."""
+    """Idle connections by (host, port): a scrape takes one, or opens one, and puts it back; one
+    idle past `idle_timeout` is closed at the next request to any host, not only to its own."""
 
     def __init__(self) -> None:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}

@@ -1,8 +1,5 @@
-"""Raw samples from a Prometheus-compatible store (Prometheus, Thanos, Mimir, VictoriaMetrics).
-
-Range selectors in instant queries, never `rate()`/`increase()` (they extrapolate), read in chunks
-that stay under the stores' points-per-series limit (Prometheus's is 11,000).
-"""
+"""Raw samples from a Prometheus-compatible store: range selectors in instant queries, never
+`rate()`/`increase()` (they extrapolate), in chunks under the stores' points-per-series limit."""
 
 from __future__ import annotations
 
@@ -30,12 +27,11 @@ from exporter.core.storecount import RawSeries, family_names
 
 log = logging.getLogger(__name__)
 
-# The bounds of one read, checked before the first query (the range) or as answers come in
-# (the rest): docs/reliability.md lists them.
-MAX_RANGE_SECONDS = 31 * 86400.0  # a month: at most 372 queries per --match at 2 h each
-CHUNK_SECONDS = 7200.0  # a 1s scrape interval's two hours: 7,201 points per series per query
+# The bounds of one read (docs/reliability.md), checked before the first query or as answers come.
+MAX_RANGE_SECONDS = 31 * 86400.0
+CHUNK_SECONDS = 7200.0  # at a 1s scrape interval, under the points-per-series limit
 MAX_POINTS_PER_QUERY = 11_000  # per series in one answer, as Prometheus's own query limit
-MAX_SAMPLES = 2_000_000  # kept in all, every series together (~200 MB at most)
+MAX_SAMPLES = 2_000_000  # kept in all, every series together
 MAX_SERIES = 10_000
 MAX_BYTES = 256 * 1024 * 1024
 # A `--match` is label matchers only: the metric names are ours to pick.
@@ -97,8 +93,7 @@ class StoreRead:
 
 
 def check_range(frm: float, to: float) -> None:
-    """A range that can hold samples and is within the bound: finite, `from` before `to`,
-    at most `MAX_RANGE_SECONDS` long."""
+    """`HistoryError` unless `from` is before `to`, both finite, at most `MAX_RANGE_SECONDS`."""
     if not (math.isfinite(frm) and math.isfinite(to)) or frm >= to:
         raise HistoryError(f"bad range: from {frm} must be before to {to}")
     if to - frm > MAX_RANGE_SECONDS:
@@ -108,8 +103,7 @@ def check_range(frm: float, to: float) -> None:
 
 
 def selectors(match: Sequence[str], names: Sequence[str] = ()) -> list[str]:
-    """The selectors to query: every spec-decode family (or `names`), under each `--match`'s
-    matchers."""
+    """The selectors of every spec-decode family (or `names`), under each `--match`'s matchers."""
     wanted = f'__name__=~"{"|".join(re.escape(n) for n in names or family_names())}"'
     out = []
     for one in match or ("{}",):
@@ -184,11 +178,10 @@ def _get(query: HistoryQuery, params: dict[str, str], notes: list[str],
                                "only http:// and https:// are followed")
         if _origin(url) != home and headers:
             headers = {}
-            note = (f"store {where} redirected to another origin ({redact_url(url)}): "
-                    "its credentials and tenant were not sent there")
             log.warning("history store redirected to another origin; credentials dropped "
                         "store=%s location=%s", where, redact_url(url))
-            notes.append(note)
+            notes.append(f"store {where} redirected to another origin ({redact_url(url)}): "
+                         "its credentials and tenant were not sent there")
     raise HistoryError(f"store {where}: over {MAX_REDIRECTS} redirects")
 
 
@@ -275,8 +268,7 @@ def scraped_servers(query: HistoryQuery, notes: list[str]) -> list[dict[str, str
 
 
 def fetch_series(query: HistoryQuery) -> StoreRead:
-    """Every spec-decode series' raw samples in [frm, to], chunk by chunk, merged; and the
-    servers the store scraped meanwhile."""
+    """Every spec-decode series' raw samples in [frm, to], and the servers the store scraped."""
     check_range(query.frm, query.to)
     notes: list[str] = []
     scraped = scraped_servers(query, notes)

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,12 +176,12 @@ class WindowBook:
                     log.error("restart not saved id=%s target=%s error=%s",
                               window.id, result.target, exc)
 
-    def record(self, target: str, stats: RequestStats) -> None:
-        """One proxied request of `target`, its answer complete now, into
-        every open window that counts it (a stop's child too); saved with the next round."""
+    def record(self, target: str, stats: RequestStats, *, skip: Container[str] = ()) -> None:
+        """One proxied request of `target`, its answer complete now, into every open window
+        that counts it but those in `skip` (a stop's child too); saved with the next round."""
         at = self.clock()
         for window in self.open_windows():
-            if window.takes_scrapes_of(target):
+            if window.takes_scrapes_of(target) and window.id not in skip:
                 window.record(target, stats, at)
                 if (stopping := self._stopping.get(window.id)) is not None:
                     stopping[0].send((RECORD, target, stats, at))

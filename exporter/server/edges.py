@@ -1,21 +1,25 @@
 """Windows bounded by the traffic (`"edges": "traffic"`), driven through the window book: each
-target's first `skip_requests` generation requests (its warm-up) stay out; the window starts
-before the first measured request is forwarded, and each other target takes its baseline
-before its own first measured one; a target idle again is scraped and held from later scrapes
-(until its next request), and a stop takes those: counts after the last response stay out."""
+model's first `skip_requests` generation requests on a target (its warm-up) stay out; the window
+starts before the first measured request is forwarded, and each other target takes its baseline
+before its own first measured one; a warm-up on a target the window counts goes between its
+measured requests, the counts it adds taken off; a target idle again is scraped, the window
+ends there (a stop takes it: counts after the last response stay out) and still takes the later
+scrapes that show no count since, until its next request."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from exporter.config.model import Config, TargetConfig
 from exporter.core.errors import RequestError, UnknownWindowError
 from exporter.core.isotime import iso_utc
-from exporter.core.snapshot import ScrapeResult
+from exporter.core.perrequest import RequestStats
+from exporter.core.snapshot import ScrapeResult, SeriesKey, Snapshot
 from exporter.core.window import Window, new_window_id
 from exporter.server.book import WindowBook
 
@@ -55,9 +59,11 @@ class TrafficWindow:
     targets: list[str]
     labels: dict[str, str]
     skip: int
-    arrived: dict[str, int] = field(default_factory=dict)  # generation requests, per target
-    skipping: dict[str, int] = field(default_factory=dict)  # skipped ones still in flight
-    warmed: dict[str, asyncio.Event] = field(default_factory=dict)  # its skipped ones done
+    # Generation requests per (target, model): each model's first `skip` are its warm-up.
+    arrived: dict[tuple[str, str], int] = field(default_factory=dict)
+    skipping: dict[str, int] = field(default_factory=dict)  # skipped ones not done, per target
+    warmed: dict[str, asyncio.Event] = field(default_factory=dict)  # no skipped one left
+    quiet: dict[str, asyncio.Event] = field(default_factory=dict)  # no measured one in flight
     started: asyncio.Task[None] | None = None
     failed: str | None = None  # why the book refused the start
     joined: dict[str, asyncio.Future[None]] = field(default_factory=dict)  # baselines taken
@@ -65,20 +71,42 @@ class TrafficWindow:
     last_response_at: float | None = None
     in_flight: dict[str, int] = field(default_factory=dict)  # measured, per target
     generation: dict[str, int] = field(default_factory=dict)  # measured arrivals, per target
-    held: set[str] = field(default_factory=set)  # all done: later scrapes are not the window's
-    ends: dict[str, ScrapeResult] = field(default_factory=dict)  # scraped as each was held
+    held: set[str] = field(default_factory=set)  # all done: it ends at `ends` (see `seen`)
+    ends: dict[str, ScrapeResult] = field(default_factory=dict)  # raw, as each was held
     ending: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # A warm-up on a target the open window counts: the scrape before it (`pausing` takes it),
+    # the one after (`rebasing`, at the next measured request), what they differ by (`shifts`).
+    before: dict[str, ScrapeResult] = field(default_factory=dict)
+    pausing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    rebasing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    shifts: dict[str, Shift] = field(default_factory=dict)
 
     @property
     def open(self) -> bool:
         return self.started is not None and self.started.done() and self.failed is None
 
     def warmed_up(self, target: str) -> asyncio.Event:
-        """Set once the target's skipped requests have all completed."""
-        event = self.warmed.setdefault(target, asyncio.Event())
-        if self.arrived.get(target, 0) >= self.skip and not self.skipping.get(target):
-            event.set()
-        return event
+        """Set while none of the target's skipped requests is waiting or in flight."""
+        return _flag(self.warmed, target, not self.skipping.get(target))
+
+    def idle(self, target: str) -> asyncio.Event:
+        """Set while none of the target's measured requests is in flight."""
+        return _flag(self.quiet, target, not self.in_flight.get(target))
+
+    def counting(self, target: str) -> bool:
+        """Whether the open window has the target's baseline (its later warm-ups are paused)."""
+        return self.open and target in self.joined and self.joined[target].done()
+
+    def shifted(self, result: ScrapeResult) -> ScrapeResult:
+        """The scrape with the warm-ups inside the window taken off (until a server restart)."""
+        shift = self.shifts.get(result.target)
+        if shift is None:
+            return result
+        seen = shift.applied(result)
+        if seen is None:
+            del self.shifts[result.target]  # the restart erased them with the rest
+            return result
+        return seen
 
     def block(self, ended_by: str) -> dict[str, Any]:
         """What the answer says of the edges."""
@@ -95,12 +123,68 @@ class TrafficWindow:
 Ticket = tuple[TrafficWindow, str, bool]  # window, target, skipped
 
 
+async def _once(tasks: dict[str, asyncio.Task[None]], target: str,
+                work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """`work` run once for every caller while it runs (it removes itself from `tasks`)."""
+    if target not in tasks:
+        tasks[target] = asyncio.get_running_loop().create_task(work())
+    await asyncio.shield(tasks[target])
+
+
+def _flag(events: dict[str, asyncio.Event], target: str, on: bool) -> asyncio.Event:
+    event = events.setdefault(target, asyncio.Event())
+    if on:
+        event.set()
+    else:
+        event.clear()
+    return event
+
+
+@dataclass(frozen=True)
+class Shift:
+    """What warm-ups inside an open window added to a target's counters, per series; `after`
+    the scrape after the last of them: a later one below it, or with another `_created`, shows a
+    server restart, which erased them (and the shift with them)."""
+
+    offsets: Mapping[SeriesKey, float]
+    after: Snapshot
+
+    @classmethod
+    def of(cls, earlier: Shift | None, before: Snapshot, after: Snapshot) -> Shift:
+        """`earlier`'s offsets and the warm-ups between `before` and `after`."""
+        offsets = dict(earlier.offsets) if earlier is not None else {}
+        for key, value in after.values.items():
+            offsets[key] = offsets.get(key, 0.0) + max(0.0, value - before.values.get(key, 0.0))
+        return cls(offsets, after)
+
+    def applied(self, result: ScrapeResult) -> ScrapeResult | None:
+        """`result` less the offsets; None when it shows a restart since `after`."""
+        snapshot = result.snapshot
+        if snapshot is None:
+            return result
+        values, created = snapshot.values, snapshot.created
+        if any(values.get(k, -1.0) < v or created.get(k) != self.after.created.get(k)
+               for k, v in self.after.values.items()):
+            return None
+        less = {k: v - self.offsets.get(k, 0.0) for k, v in values.items()}
+        return replace(result, snapshot=replace(snapshot, values=less))
+
+
+def _unchanged(before: ScrapeResult, after: ScrapeResult) -> bool:
+    """Both read, with the same counters (values and `_created`) and gauges."""
+    old, new = before.snapshot, after.snapshot
+    return old is not None and new is not None and (old.values, old.created, old.gauges) == (
+        new.values, new.created, new.gauges)
+
+
 class TrafficEdges:
     """The traffic-edged windows of this exporter, their starts and their stops."""
 
     def __init__(self, host: Host) -> None:
         self.host = host
         self._windows: dict[str, TrafficWindow] = {}
+        # `registered` is read by the relays' thread: it sees each change made here whole.
+        self._lock = threading.Lock()
 
     def expect(self, window_id: str | None, name: str | None, targets: list[str] | None,
                labels: dict[str, str], skip: int) -> tuple[bool, dict[str, Any]]:
@@ -119,9 +203,11 @@ class TrafficEdges:
         limit = self.host.config.max_open_windows
         if len(self._windows) + len(self.host.book.open_windows()) >= limit:
             raise RequestError(f"too many open windows (max_open_windows={limit})", status=429)
-        self._windows[window_id] = TrafficWindow(window_id, name, chosen, dict(labels), skip)
+        w = TrafficWindow(window_id, name, chosen, dict(labels), skip)
+        with self._lock:
+            self._windows[window_id] = w
         log.info("window waits for traffic id=%s skip_requests=%d", window_id, skip)
-        return True, self._answer(self._windows[window_id])
+        return True, self._answer(w)
 
     def _answer(self, w: TrafficWindow) -> dict[str, Any]:
         return {"id": w.id, "name": w.name or w.id, "targets": list(w.targets),
@@ -138,36 +224,87 @@ class TrafficEdges:
 
     @property
     def registered(self) -> bool:
-        """Whether any traffic-edged window is registered (else `arrive` has nothing to do)."""
-        return bool(self._windows)
+        """Whether any traffic-edged window is registered (else `arrive` has nothing to do);
+        safe to read from another thread."""
+        with self._lock:
+            return bool(self._windows)
 
-    async def arrive(self, target: str) -> list[Ticket]:
-        """Before a generation request for `target` goes: returns once every window it opens
-        has started and the target has its baseline there."""
+    def _forget(self, window_id: str) -> None:
+        with self._lock:
+            self._windows.pop(window_id, None)
+
+    async def arrive(self, target: str, model: str = "") -> list[Ticket]:
+        """Before a generation request of `model` for `target` goes: returns once every window
+        it opens has started and the target has its baseline there; a warm-up on a target a
+        window counts already goes after the measured ones there, the window paused for it."""
         if not self.registered:
             return []
         tickets: list[Ticket] = []
         for w in list(self._windows.values()):
             if target not in w.targets or w.failed is not None:
                 continue
-            w.arrived[target] = w.arrived.get(target, 0) + 1
-            if w.arrived[target] <= w.skip:
-                w.skipping[target] = w.skipping.get(target, 0) + 1
+            key = (target, model)
+            w.arrived[key] = w.arrived.get(key, 0) + 1
+            if w.arrived[key] <= w.skip:
+                await self._skipped(w, target)
                 tickets.append((w, target, True))
-                continue
-            if w.started is None:
-                w.started = asyncio.get_running_loop().create_task(self._start(w, target))
-            await asyncio.shield(w.started)
-            if w.failed is None and target not in w.joined:
-                w.joined[target] = asyncio.get_running_loop().create_task(self._join(w, target))
-            if w.failed is None:
-                await asyncio.shield(w.joined[target])
-                w.in_flight[target] = w.in_flight.get(target, 0) + 1
-                w.generation[target] = w.generation.get(target, 0) + 1
-                w.held.discard(target)
-                w.ends.pop(target, None)
+            elif await self._measured(w, target):
                 tickets.append((w, target, False))
         return tickets
+
+    async def _skipped(self, w: TrafficWindow, target: str) -> None:
+        if target in w.joined and w.started is not None:  # its baseline is under way: after it
+            await asyncio.shield(w.started)
+            await asyncio.shield(w.joined[target])
+        w.skipping[target] = w.skipping.get(target, 0) + 1  # no await since: a baseline waits
+        w.warmed_up(target)
+        if not w.counting(target):
+            return  # before the target's baseline: left out by it
+        while w.in_flight.get(target):
+            await w.idle(target).wait()
+        if target not in w.before:
+            await _once(w.pausing, target, lambda: self._pause(w, target))
+
+    async def _pause(self, w: TrafficWindow, target: str) -> None:
+        """The scrape after the target's measured requests, before its warm-up goes."""
+        if (ending := w.ending.get(target)) is not None:
+            await asyncio.shield(ending)
+        w.held.add(target)
+        result = await self.host.scrape_target(target, feed=[])
+        w.before[target] = result
+        w.ends.setdefault(target, result)  # a stop now ends before the warm-up
+        del w.pausing[target]
+
+    async def _measured(self, w: TrafficWindow, target: str) -> bool:
+        if w.started is None:
+            w.started = asyncio.get_running_loop().create_task(self._start(w, target))
+        await asyncio.shield(w.started)
+        if w.failed is None and target not in w.joined:
+            w.joined[target] = asyncio.get_running_loop().create_task(self._join(w, target))
+        if w.failed is not None:
+            return False
+        await asyncio.shield(w.joined[target])
+        while w.skipping.get(target):  # no await from here to in_flight: a warm-up waits
+            await w.warmed_up(target).wait()
+        w.in_flight[target] = w.in_flight.get(target, 0) + 1
+        w.idle(target)
+        w.generation[target] = w.generation.get(target, 0) + 1
+        if target in w.before:
+            await _once(w.rebasing, target, lambda: self._rebase(w, target))
+        w.held.discard(target)
+        w.ends.pop(target, None)
+        return True
+
+    async def _rebase(self, w: TrafficWindow, target: str) -> None:
+        """The scrape after the target's warm-ups: the window counts on from it."""
+        after = await self.host.scrape_target(target, feed=[])
+        before = w.before.pop(target)
+        if before.snapshot is not None and after.snapshot is not None:
+            w.shifts[target] = Shift.of(w.shifts.get(target), before.snapshot, after.snapshot)
+        else:
+            log.warning("warm-up counted in traffic window id=%s target=%s error=%s", w.id,
+                        target, before.error or after.error)
+        del w.rebasing[target]
 
     async def _start(self, w: TrafficWindow, target: str | None) -> None:
         """The window opens; `target`'s warm-up done, the others' baselines wait for theirs."""
@@ -198,6 +335,7 @@ class TrafficEdges:
                 w.warmed_up(target)
                 continue
             w.in_flight[target] -= 1
+            w.idle(target)
             w.last_response_at = self.host.clock()
             if w.in_flight[target] == 0 and self._windows.get(w.id) is w:
                 w.held.add(target)
@@ -206,15 +344,38 @@ class TrafficEdges:
                     self._end_scrape(w, target, generation))
 
     async def _end_scrape(self, w: TrafficWindow, target: str, generation: int) -> None:
-        # No window takes it: it is this window's stop scrape, if no request comes after.
-        result = await self.host.scrape_target(target, feed=[])
-        if w.generation.get(target) == generation and target in w.held:
+        # The first scrape begun after the last response (a target's scrapes are handed on in
+        # turn): the window's count ends here, and takes it now, saved with the next round.
+        def ended(result: ScrapeResult) -> None:
+            if w.generation.get(target) != generation or target not in w.held:
+                return
             w.ends[target] = result
+            window = self.host.book.get(w.id)
+            if result.ok and window.takes_scrapes_of(target):
+                self.host.book.feed([window], w.shifted(result))
 
-    def holds(self, window_id: str, target: str) -> bool:
-        """Whether a scrape of `target` must not feed that window (it is idle there)."""
+        await self.host.scrape_target(target, feed=[], also=ended)
+
+    def seen(self, window_id: str, result: ScrapeResult) -> ScrapeResult | None:
+        """The scrape as that window takes it, or None. Where its target is idle, only one that
+        shows no count since the scrape after its last response: sampled all the same, a
+        restart of the server while idle loses the window nothing (nor our own, once saved)."""
         w = self._windows.get(window_id)
-        return w is not None and target in w.held
+        if w is None:
+            return result
+        if result.target in w.held:
+            end = w.ends.get(result.target)
+            if end is None or result.at < end.at or not _unchanged(end, result):
+                return None
+            w.ends[result.target] = result  # the same counts, later: where it ends now
+        return w.shifted(result)
+
+    def record(self, target: str, stats: RequestStats) -> None:
+        """One proxied answer into the book, but not into a window it is a warm-up of (a
+        warm-up on a target there goes only while no measured request is in flight)."""
+        skip = {w.id for w in list(self._windows.values())
+                if w.skipping.get(target) and not w.in_flight.get(target)}
+        self.host.book.record(target, stats, skip=skip)
 
     def knows(self, window_id: str) -> bool:
         """A traffic-edged window not stopped yet."""
@@ -229,10 +390,11 @@ class TrafficEdges:
             ended_by = "the stop: no measured request reached the proxy"
         await asyncio.shield(w.started)
         if w.failed is not None:
-            del self._windows[window_id]
+            self._forget(window_id)
             raise RequestError(f'window "{window_id}" did not start at its first request: '
                                f"{w.failed}", status=409)
-        for task in [*w.joined.values(), *w.ending.values()]:
+        for task in [*w.joined.values(), *w.ending.values(), *w.pausing.values(),
+                     *w.rebasing.values()]:
             await asyncio.shield(task)
         idle = bool(w.held) and not any(w.in_flight.values())
         ends = dict(w.ends) if idle else {}
@@ -240,24 +402,26 @@ class TrafficEdges:
             ended_by = ("the last response" if idle and len(ends) == len(w.held)
                         else "the stop: requests were in flight")
         # Held until the stop has taken its scrapes (a failed stop leaves it open, held).
-        window = await self.host.book.stop(window_id, self._stop_scrape(ends), answer=False,
-                                           edges=w.block(ended_by))
-        self._windows.pop(window_id, None)
+        window = await self.host.book.stop(window_id, self._stop_scrape(w, ends),
+                                           answer=False, edges=w.block(ended_by))
+        self._forget(window_id)
         return window
 
-    def _stop_scrape(self, ends: dict[str, ScrapeResult]) -> Callable[..., Any]:
+    def _stop_scrape(self, w: TrafficWindow, ends: dict[str, ScrapeResult]
+                     ) -> Callable[..., Any]:
         host = self.host
 
         async def scrape(names: list[str], others: list[Window],
                          then: Callable[[ScrapeResult], None] | None) -> list[ScrapeResult]:
+            take = (lambda result: then(w.shifted(result))) if then is not None else None
             results = []
             for name in names:
                 if name in ends:  # the scrape right after the target's last response
-                    if then is not None:
-                        then(ends[name])
+                    if take is not None:
+                        take(ends[name])
                     results.append(ends[name])
             fresh = [n for n in names if n not in ends]
-            results += await host.scrape_for_window(fresh, others, then)
+            results += await host.scrape_for_window(fresh, others, take)
             return results
 
         return scrape

@@ -1,5 +1,4 @@
-"""The event loop the server runs on: uvloop when installed (the `fast` extra), else asyncio's.
-`SPECDEC_EVENT_LOOP=asyncio` opts out."""
+"""The server's event loop: uvloop when installed, unless `SPECDEC_EVENT_LOOP=asyncio`."""
 
 from __future__ import annotations
 

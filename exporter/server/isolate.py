@@ -1,12 +1,7 @@
 """Short-lived bulk work in a forked child, so that its memory leaves with the child (freed
 in the parent, long-lived objects made meanwhile pin Python's arenas). Without `fork`, with
 `SPECDEC_STOP_IN_CHILD=0`, or when the child dies unanswered, the caller runs it in a thread.
-
-Frames are length-prefixed (8-byte size): pickled messages in, one answer frame back (a kind
-byte, then the work's bytes). Fork safety: the child closes every descriptor but its two,
-turns logging off before the work runs (a handler's lock may be a thread's at the fork), uses
-no executor, and leaves by `os._exit` (no atexit handler, no flush of a shared buffer).
-"""
+The child leaves by `os._exit`: no atexit handler, no flush of a buffer shared with the parent."""
 
 from __future__ import annotations
 
@@ -290,8 +285,7 @@ def _child(work: Callable[[], bytes], channel: socket.socket, inbox: int
             os.closerange(low + 1, high)
         # No record reaches a handler: its lock, or its stream's, may be a thread's.
         logging.disable(logging.CRITICAL)
-        # A collection would walk (and so copy) every page of the parent's heap; the child
-        # lives for a second and frees everything by exiting.
+        # A collection would copy every page of the parent's heap; exiting frees everything.
         gc.disable()
         try:
             _send_frame(channel, _OK + work())

@@ -1,7 +1,5 @@
-"""Free heap memory given back to the system after a bulk of short-lived allocations (a
-stop's answer text and state row): glibc keeps freed heap pages until `malloc_trim`, and big
-blocks on the heap once a big one was freed. Elsewhere (musl, macOS) both are no-ops.
-"""
+"""Free heap memory given back to the system after a stop's short-lived allocations: glibc
+keeps freed heap pages until `malloc_trim`. Elsewhere (musl, macOS) both are no-ops."""
 
 from __future__ import annotations
 
@@ -28,14 +26,9 @@ TRIM_THRESHOLD = 64 * 1024 * 1024
 
 
 def keep_big_blocks_apart() -> bool:
-    """Blocks of 256 KiB and more in their own mappings, which go back to the system when
-    freed; False where the C library cannot.
-
-    glibc raises that threshold up to the biggest block freed, after which big texts come
-    from the heap, pinned there by the loop's objects. Fixing it also fixes the trim
-    threshold, which would trim and regrow the heap's top every scrape: that is set high
-    instead, and a stop gives the heap back itself (`give_back_free_memory`).
-    """
+    """Big blocks in their own mappings, which go back to the system when freed; False where
+    the C library cannot. Fixing the mmap threshold fixes the trim threshold too: set high, as
+    trimming every scrape would regrow the heap; a stop gives it back itself."""
     mallopt = libc_function("mallopt")
     if mallopt is None:
         return False

@@ -154,8 +154,10 @@ class ExporterService:
         window counting it) take the result, then `also` (a stop's window)."""
         def then(result: ScrapeResult) -> None:
             windows = feed if feed is not None else self.book.open_windows()
-            self.book.feed((w for w in windows if w.takes_scrapes_of(name)
-                            and not self.edges.holds(w.id, name)), result)
+            for window in windows:
+                if window.takes_scrapes_of(name) and (
+                        seen := self.edges.seen(window.id, result)) is not None:
+                    self.book.feed([window], seen)
             if also is not None:
                 also(result)
             if self._scraped:

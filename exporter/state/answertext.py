@@ -1,7 +1,6 @@
 """A stop answer's texts, each encoded once: the result files, window.json, the API's JSON.
-orjson writes `json.dumps(indent=2, ensure_ascii=False)`'s layout (a float under 1e-4 or from
-1e16 spelt otherwise: the same double); what it refuses (an integer beyond 64 bits, which a
-hostile page can send) takes the stdlib's way. Pure: no I/O."""
+What orjson refuses (an integer beyond 64 bits, which a hostile page can send) takes the
+stdlib's way. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -48,15 +47,6 @@ def compact(value: Any) -> bytes:
         return orjson.dumps(value)
     except orjson.JSONEncodeError:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def with_key(text: bytes, key: str, value: Any) -> bytes:
-    """The text of `answer | {key: value}` from `text`, the compact text of `answer`; `key` new
-    (not encoding megabytes again)."""
-    if not text.startswith(b"{") or not text.endswith(b"}"):
-        raise ValueError("not the text of a JSON object")
-    tail = compact({key: value})[1:]
-    return text[:-1] + (b"," if text != b"{}" else b"") + tail
 
 
 def stopped_row(doc: Mapping[str, Any], answer: bytes) -> tuple[bytes, slice]:

@@ -31,8 +31,7 @@ def hold_state_dir(directory: Path) -> int:
             os.close(fd)
             raise StateDirInUse(f"{directory} is in use by another exporter (pid {holder}); "
                                 "stop it, or give this one another output_dir") from None
-        # A holder that left unlinks the file it locked (`release_state_dir`): lock the one
-        # at the path now, or two processes would each hold a file of their own.
+        # A holder that left unlinked the file it locked: the one at the path now is to lock.
         if _same_file(fd, path):
             break
         os.close(fd)

@@ -16,7 +16,7 @@ from exporter.state.answertext import AnswerTexts
 
 def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
     """Write via a temporary file in the same directory and rename: never a half file. `sync`
-    forces the bytes to disk first (a power cut). Plain `os` calls: a file per target."""
+    forces the bytes to disk first (a power cut)."""
     folder = os.fspath(path.parent)
     for attempt in range(_ATTEMPTS):
         # A name of our own (O_EXCL): another writer's, or a killed one's leftover, is not ours.
@@ -139,8 +139,8 @@ class ResultFolder:
 
 
 def write_results(directory: Path, texts: AnswerTexts) -> None:
-    """`performances/` (`result.result_file_names`) and `window.json`, synced: one fsync for
-    window.json, which holds every result, and one per directory, not one per target file."""
+    """`performances/` and `window.json`, synced: one fsync for window.json, which holds every
+    result, and one per directory, not one per target file."""
     ResultFolder(directory).finish(texts)
 
 

@@ -47,8 +47,7 @@ _ACC_TABLES = ("accumulators", "accumulator_rounds")  # per-target rows, which g
 
 # The page cache, KiB: what a round reads and writes fits; a stop's big answer is not kept.
 STATE_CACHE_KIB = 384
-# A stop's answer is one row, a chain of overflow pages, each its own write to the WAL: fewer
-# at 8 KiB. A database made with other pages keeps them (WAL mode fixes the size).
+# A stop's answer is a chain of overflow pages, each its own write to the WAL: fewer when big.
 STATE_PAGE_SIZE = 8192
 
 
@@ -62,9 +61,7 @@ def connect_state(path: Path) -> sqlite3.Connection:
 
 class StateStore:
     """Open and recent windows in one SQLite file; a corrupt file is moved aside, not lost.
-    In WAL mode with `synchronous=NORMAL` a commit survives the death of our process, not a
-    power cut; `sync=True` (a start, a stop) makes one survive that too. `connect` opens the
-    connection each time the file is opened or reopened."""
+    A commit survives the death of our process; with `sync=True` (a start, a stop) a power cut."""
 
     def __init__(self, path: Path, *,
                  connect: Callable[[Path], sqlite3.Connection] = connect_state):
@@ -97,8 +94,7 @@ class StateStore:
         return db
 
     def _check_wal(self) -> None:
-        # SQLite replays a write-ahead log up to its first bad frame and drops the rest without
-        # a word: committed windows would vanish silently. Say so, and keep a copy.
+        # SQLite drops a log's frames after a bad one without a word: say so, and keep a copy.
         wal = self.path.with_name(self.path.name + "-wal")
         try:
             damage = wal_damage(wal.read_bytes()) if wal.exists() else None
@@ -151,10 +147,9 @@ class StateStore:
             db.execute(_SCHEMA)
             db.execute(_ACC_SCHEMA.format("accumulators", ""))
             db.execute(_ACC_SCHEMA.format("accumulator_rounds", " WITHOUT ROWID"))
-            # Every row must be readable, not just the page structure.
-            db.execute("SELECT id, open, started_at, length(doc) FROM windows").fetchall()
-            db.execute("SELECT window_id, target, length(doc) FROM accumulators").fetchall()
-            db.execute("SELECT window_id, target, length(doc) FROM accumulator_rounds").fetchall()
+            for table, columns in _TABLES.items():  # every row readable, not just the pages
+                keys = ", ".join(sorted(columns - {"doc"}))
+                db.execute(f"SELECT {keys}, length(doc) FROM {table}").fetchall()
             migrate(db, self.path)
         except (sqlite3.DatabaseError, StoreError):
             db.close()
@@ -199,8 +194,7 @@ class StateStore:
         sync: bool = False,
         stopped: Iterable[tuple[str, float, bytes]] = (),
     ) -> None:
-        """Upsert window rows (`to_dict` form, no accumulators), whole accumulator rows and
-        round parts (window id, target, JSON) in one transaction; `sync` forces it to disk.
+        """Upsert window rows, whole accumulator rows and round parts in one transaction;
         `stopped`: stopped windows' rows encoded already (`answertext.stopped_row`)."""
         rows: list[tuple[str, int, float, str | bytes]] = [
             (d["id"], int(d["stopped_at"] is None), d["started_at"], json.dumps(d)) for d in docs]
@@ -272,8 +266,8 @@ class StateStore:
         return [self._with_accumulators(doc) for doc in docs]
 
     def load(self, window_id: str, *, series: bool = True) -> dict[str, Any] | None:
-        """One window by id, open or closed; `StoreError` if its row is unreadable.
-        `series=False` leaves the per-scrape series out (SQLite drops it, unparsed)."""
+        """One window by id, open or closed, with its series unless `series=False`; `StoreError`
+        if its row is unreadable."""
         row = self._query(f"SELECT {_doc_column(series)} FROM windows WHERE id=?", (window_id,))
         if not row:
             return None
@@ -303,8 +297,7 @@ class StateStore:
         return doc
 
     def recent_closed(self, limit: int) -> list[dict[str, Any]]:
-        """The most recently started closed windows, newest first, without their series
-        (unreadable rows skipped)."""
+        """The most recently started closed windows, newest first, without their series."""
         rows = self._query(
             f"SELECT id, {_doc_column(False)} FROM windows WHERE open=0 "
             "ORDER BY started_at DESC LIMIT ?", (limit,)
@@ -316,8 +309,7 @@ class StateStore:
 
     def recent_stopped_fields(self, limit: int) -> list[dict[str, Any]]:
         """Of the most recently started closed windows, newest first, only what a list shows
-        (`_LIST_FIELDS`; `aggregate` its status and data, or None), picked out by SQLite.
-        Unreadable rows are logged and skipped."""
+        (`_LIST_FIELDS`), picked out by SQLite; unreadable rows are logged and skipped."""
         paths = ", ".join(f"'$.{path}'" for path in _LIST_FIELDS.values())
         rows = self._query(
             f"SELECT id, CASE WHEN {_JSON_TEXT} THEN json_extract(doc, {paths}) END "
@@ -344,8 +336,7 @@ class StateStore:
 
     @contextlib.contextmanager
     def _transaction(self, what: str, *, sync: bool = False) -> Iterator[sqlite3.Connection]:
-        """One transaction, forced to disk with `sync`; a failure is counted and raised as
-        `StoreError` ("cannot {what} {path}")."""
+        """One transaction, forced to disk with `sync`; a failure counted, a `StoreError`."""
         try:
             if sync:
                 self._db.execute("PRAGMA synchronous=FULL")

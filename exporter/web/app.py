@@ -58,7 +58,7 @@ def make_app(
     add_routes(app)
     app.cleanup_ctx.append(_scraping(scrape_loop))
     app.cleanup_ctx.append(app[FANOUT].peers.serve)
-    app[PROXYING] = Proxying(service.book.record, lambda: service.config, service.edges)
+    app[PROXYING] = Proxying(service.edges.record, lambda: service.config, service.edges)
     app.cleanup_ctx.append(app[PROXYING].serve)
     service.on_scraped(app[PROXYING].scraped)  # a reload's proxy ports open at its next scrape
     return app

@@ -79,15 +79,16 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-async def window_request(request: web.Request) -> WindowRequest:
+def window_request(body: Mapping[str, Any]) -> WindowRequest:
     """The body of a window start, validated (a 400 names each problem)."""
     try:
-        return WindowRequest.model_validate(await json_body(request))
+        return WindowRequest.model_validate(body)
     except ValidationError as exc:
         raise RequestError(validation_message(exc)) from None
 
 
-def resolve_targets(asked: list[str], host_ports: Mapping[str, str], window_id: str) -> list[str]:
+def resolve_targets(asked: list[str], host_ports: Mapping[str, str],
+                    window_id: str | None) -> list[str]:
     """A start's `targets` (names or host:ports) as names, each once; else UnknownTargetError."""
     by_host_port = {host_port: name for name, host_port in host_ports.items()}
     chosen: dict[str, None] = {}

@@ -1,4 +1,4 @@
-"""HTTP handlers: validate -> call the service -> json_response. No math, no parsing here."""
+"""HTTP handlers and each fleet route's one answer: validate, call the service, answer."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -18,19 +18,19 @@ from aiohttp.typedefs import Handler
 from exporter.config.model import Config, load_config
 from exporter.core.errors import ConfigError, RequestError, StoreError
 from exporter.core.isotime import with_iso_times
+from exporter.core.shards import MAX_LIST
 from exporter.core.stopanswer import window_series as series_view
-from exporter.core.window import Window, check_window_id
+from exporter.core.window import Window
 from exporter.server.memory import give_back_free_memory
 from exporter.server.service import ExporterService
 from exporter.state.answertext import compact
 from exporter.web.bodies import window_request
 from exporter.web.csrf import SAFE_METHODS, check_browser_safe, default_hosts
+from exporter.web.fanout import Ask, Reply, shares
 from exporter.web.formats import Format, accepts_gzip, gzipped, negotiate
 from exporter.web.jsonviews import target_view
 from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
-from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.landing import render_landing
-from exporter.web.pages.window import render_window_page
 from exporter.web.relay import PROXY_TOKEN_HEADER
 
 MAX_BODY = 64 * 1024
@@ -182,43 +182,6 @@ async def landing(request: web.Request) -> web.Response:
                         content_type="text/html")
 
 
-async def window_page(request: web.Request) -> web.Response:
-    view = request.app[SERVICE].view()
-    window = view.with_series(check_window_id(request.match_info["id"]))
-    series = series_view(window) | {"now": view.now}
-    return web.Response(text=render_window_page(window.state(), series),
-                        content_type="text/html")
-
-
-async def compare_page(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-
-    async def answer(window_id: str) -> dict[str, Any] | None:
-        return service.book.get(window_id).answer
-
-    return await compare_response(request, [w.state() for w in service.book.recent()], answer)
-
-
-async def compare_response(
-    request: web.Request, windows: Sequence[Mapping[str, Any]],
-    answer: Callable[[str], Awaitable[Mapping[str, Any] | None]],
-) -> web.Response:
-    """Two stopped windows side by side (`answer` None: still open), or the form to pick them."""
-    a_id, b_id = request.query.get("a"), request.query.get("b")
-    if not a_id and not b_id:
-        return web.Response(text=render_picker(windows), content_type="text/html")
-    if not a_id or not b_id:
-        raise RequestError("give both windows: /compare?a=ID&b=ID")
-    answers = []
-    for window_id in (a_id, b_id):
-        found = await answer(check_window_id(window_id))
-        if found is None:
-            raise RequestError(f'window "{window_id}" is still open; stop it first', status=409)
-        answers.append(found)
-    text = render_compare(answers[0], answers[1], windows)
-    return web.Response(text=text, content_type="text/html")
-
-
 async def healthy(request: web.Request) -> web.Response:
     return web.Response(text="OK\n")
 
@@ -250,43 +213,34 @@ async def reload(request: web.Request) -> web.Response:
     return web.json_response({"status": "reloaded", "targets": len(config.targets)})
 
 
-async def start_window(request: web.Request) -> web.Response:
+async def start_answer(request: web.Request, ask: Ask) -> Reply:
     """Open a window: 201 when new, 200 with the same window when the id exists."""
-    body = await window_request(request)
+    service = request.app[SERVICE]
+    body = window_request(ask.body or {})
     if body.edges == "traffic":  # opens at its first request through the proxy (server/edges.py)
-        created, waiting = request.app[SERVICE].edges.expect(
+        if ask.fleet:  # its proxy and its start live on one shard
+            raise RequestError('"edges": "traffic" needs one exporter, not a fleet of shards')
+        created, waiting = service.edges.expect(
             body.id, body.name, body.targets, body.labels, body.skip_requests or 0)
-        return _json(waiting, status=201 if created else 200)
-    created, window = await request.app[SERVICE].start_window(
-        body.id, body.name, body.targets, body.labels
-    )
+        return Reply(waiting, 201 if created else 200)
+    mine = body.targets
+    if mine is not None and len(service.config.peers) > 1:  # in a fleet: this shard's share
+        mine = shares(service, mine, body.id)[service.config.shard_index]
+    created, window = await service.start_window(body.id, body.name, mine, body.labels)
     # Which targets failed their start scrape and why: the CLI says so on stderr.
     answer = window.summary() | {"start_errors": dict(window.start_errors)}
-    return _json(with_iso_times(answer), status=201 if created else 200)
+    return Reply(with_iso_times(answer), 201 if created else 200)
 
 
-async def stop_window(request: web.Request) -> web.Response:
+async def stop_answer(request: web.Request, ask: Ask) -> Reply:
     """Close a window; stopping it again answers the same body."""
-    window_id = check_window_id(request.match_info["id"])
     service = request.app[SERVICE]
     edges = service.edges
-    window = await (edges.stop(window_id) if edges.knows(window_id)
-                    else service.stop_window(window_id, answer=False))
+    window = await (edges.stop(ask.window_id) if edges.knows(ask.window_id)
+                    else service.stop_window(ask.window_id, answer=False))
     text = service.book.take_answer_text(window.id)
-    if text is not None:
-        # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
-        return _json_text(text)
-    return _window_json(window)
-
-
-def _json(value: Any, status: int = 200) -> web.Response:
-    """Encoded as a stop encodes it: a stop, a second stop and a GET answer the same bytes."""
-    return _json_text(compact(value), status)
-
-
-def _json_text(text: bytes, status: int = 200) -> web.Response:
-    return SentResponse(body=text, status=status, content_type="application/json",
-                        charset="utf-8")
+    # The text the stop encoded once (its ISO times in it): megabytes not encoded again.
+    return Reply(None, text=text) if text is not None else _state(window)
 
 
 # A response body this big (a stop's answer over a large fleet) is followed by a heap trim.
@@ -305,12 +259,11 @@ class SentResponse(web.Response):
             give_back_free_memory()
 
 
-def _window_json(window: Window) -> web.Response:
+def _state(window: Window) -> Reply:
     """A window's state: open, or its stop answer as the stop made it."""
-    return _json(with_iso_times(window.state()))
+    return Reply(with_iso_times(window.state()))
 
 
-MAX_LIST = 1000
 WINDOW_STATES = ("open", "stopped")
 # A list item's aggregate figures; the counts beside the ratios: a fleet's list sums them.
 SUMMARY_FIGURES = ("acceptance_rate", "acceptance_length", "num_drafts", "draft_tokens",
@@ -337,57 +290,56 @@ def window_summary(state: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def list_query(request: web.Request) -> tuple[int, str | None]:
+def list_query(query: Mapping[str, str]) -> tuple[int, str | None]:
     """`limit` (1..MAX_LIST, default MAX_LIST) and `state` (open or stopped), or 400."""
-    text = request.query.get("limit")
+    text = query.get("limit")
     limit = MAX_LIST
     if text is not None:
         if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_LIST:
             raise RequestError(f"limit must be an integer from 1 to {MAX_LIST}, not {text!r}")
         limit = int(text)
-    state = request.query.get("state")
+    state = query.get("state")
     if state is not None and state not in WINDOW_STATES:
         raise RequestError(f"state must be open or stopped, not {state!r}")
     return limit, state
 
 
-def local_list(service: ExporterService, limit: int, state: str | None) -> dict[str, Any]:
-    """This shard's list answer: its windows' summaries, newest first."""
-    items = [window_summary(w.state()) for w in service.book.recent()]
-    items = [i for i in items if state is None or i["state"] == state][:limit]
-    answer: dict[str, Any] = with_iso_times({"windows": items})
-    return answer
-
-
-async def list_windows(request: web.Request) -> web.Response:
+async def list_answer(request: web.Request, ask: Ask) -> Reply:
     """Open and recent windows, newest first, as summaries; `?limit=N&state=open|stopped`."""
     service = request.app[SERVICE]
-    limit, state = list_query(request)
-    body = _cached(request, f"windows?limit={limit}&state={state}",
-                   lambda: json.dumps(local_list(service, limit, state)).encode())
-    return web.Response(body=body, content_type="application/json")
+    limit, state = list_query(ask.query)
+
+    def render() -> bytes:
+        items = [window_summary(w.state()) for w in service.book.recent()]
+        items = [i for i in items if state is None or i["state"] == state][:limit]
+        return compact(with_iso_times({"windows": items}))
+
+    return Reply(None, text=_cached(request, f"windows?limit={limit}&state={state}", render))
 
 
-async def get_window(request: web.Request) -> web.Response:
+async def window_answer(request: web.Request, ask: Ask) -> Reply:
     """One window: its open state, or its stop answer."""
     service = request.app[SERVICE]
-    window_id = check_window_id(request.match_info["id"])
-    if (waiting := service.edges.waiting(window_id)) is not None:
-        return _json(waiting)  # not started yet: no request came through the proxy
-    return _window_json(service.book.get(window_id))
+    if (waiting := service.edges.waiting(ask.window_id)) is not None:
+        return Reply(waiting)  # not started yet: no request came through the proxy
+    return _state(service.book.get(ask.window_id))
 
 
-async def window_series(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    window = service.book.with_series(check_window_id(request.match_info["id"]))
-    return _json(series_view(window))
+async def series_answer(request: web.Request, ask: Ask) -> Reply:
+    """A window's per-scrape series."""
+    return Reply(series_view(request.app[SERVICE].book.with_series(ask.window_id)))
 
 
-async def delete_window(request: web.Request) -> web.Response:
+async def delete_answer(request: web.Request, ask: Ask) -> Reply:
     """Forget a stopped window (its result files stay); 409 while it is open."""
-    window_id = check_window_id(request.match_info["id"])
-    request.app[SERVICE].book.delete(window_id)
-    return web.json_response({"id": window_id, "deleted": True})
+    request.app[SERVICE].book.delete(ask.window_id)
+    return Reply({"id": ask.window_id, "deleted": True})
+
+
+def send(reply: Reply) -> web.Response:
+    """An answer's response, encoded as a stop encodes it (`text` as it is)."""
+    return SentResponse(body=reply.text if reply.text is not None else compact(reply.body),
+                        status=reply.status, content_type="application/json", charset="utf-8")
 
 
 async def list_targets(request: web.Request) -> web.Response:

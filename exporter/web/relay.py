@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -45,8 +46,9 @@ RecordFn = Callable[[str, RequestStats], None]
 class Edges(Protocol):
     """The traffic edges a relay passes (edges.TrafficEdges, or those handed across loops)."""
 
-    async def arrive(self, target: str) -> list[Any]:
-        """Before the request goes: once every window it opens has started, its tickets."""
+    async def arrive(self, target: str, model: str) -> list[Any]:
+        """Before a request of `model` goes: once every window it opens has started, its
+        tickets."""
 
     def done(self, tickets: list[Any]) -> None:
         """The request's answer has completed (or failed)."""
@@ -98,6 +100,20 @@ def _is_token(value: str, token: str) -> bool:
 def _recorded(request: web.Request) -> bool:
     """Only (chat) completion answers carry per-request figures."""
     return request.method == "POST" and request.path.rstrip("/").endswith("completions")
+
+
+async def _model(request: web.Request, wait: float) -> str:
+    """The `model` a request body names (traffic edges skip each model's warm-up); "" when
+    not read: a body streamed through (no length, or SMALL_BODY or more) is never held."""
+    length = request.content_length
+    if length is None or length >= SMALL_BODY:
+        return ""
+    try:
+        async with asyncio.timeout(wait):  # a client slow to send it: the relay says so
+            model = json.loads(await request.read()).get("model")
+    except (ValueError, AttributeError, TimeoutError, OSError):
+        return ""
+    return model if isinstance(model, str) else ""
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -178,8 +194,10 @@ async def relay(request: web.Request, session: aiohttp.ClientSession, upstream: 
     if (request.content_length or 0) > MAX_RELAYED_BODY:
         return _error(413, f"body of {request.content_length} bytes is over {MAX_RELAYED_BODY}"
                       " (the relayed body limit, 64 MiB)")
-    edges = upstream.edges
-    tickets = await edges.arrive(upstream.target) if edges is not None else []
+    edges, tickets = upstream.edges, []
+    if edges is not None:
+        model = await _model(request, upstream.timeouts.first_byte)
+        tickets = await edges.arrive(upstream.target, model)
     try:
         return await _while_connected(request, _forward(request, session, upstream, path))
     finally:

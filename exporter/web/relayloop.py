@@ -79,12 +79,12 @@ class HandedEdges:
         self.edges = edges
         self.home = home
 
-    async def arrive(self, target: str) -> list[Ticket]:
+    async def arrive(self, target: str, model: str) -> list[Ticket]:
         """`TrafficEdges.arrive` on the exporter's loop; no hop there while no window waits."""
         if not self.edges.registered:
             return []
         return await asyncio.wrap_future(
-            asyncio.run_coroutine_threadsafe(self.edges.arrive(target), self.home))
+            asyncio.run_coroutine_threadsafe(self.edges.arrive(target, model), self.home))
 
     def done(self, tickets: list[Ticket]) -> None:
         """`TrafficEdges.done` on the exporter's loop, after the answer's record."""

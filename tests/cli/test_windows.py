@@ -120,8 +120,62 @@ time.sleep(0.6)  # wind-down: no request, window scrapes run
 """
 
 
+# AISBench's requests for two models behind one server, one model after the other: GET
+# /v1/models twice, the warm-up, GET /v1/models (and /metrics: its host_port is the proxy),
+# then the measured requests; it writes the measured answers' figures to a file.
+TWO_MODELS = r"""
+import json, sys, urllib.request
+from exporter.core.perrequest import SUM_KEYS, from_json
+base, out = sys.argv[1], sys.argv[2]
+def get(path):
+    with urllib.request.urlopen(base + path, timeout=10) as answer:
+        assert answer.status == 200
+def post(model, n):
+    body = json.dumps({"model": model, "prompt": "a b", "max_tokens": n}).encode()
+    req = urllib.request.Request(base + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as answer:
+        spec = from_json(answer.read()).spec
+    return {k: spec[k] for k in SUM_KEYS}
+seen = []
+for model in ("a", "b"):
+    get("/v1/models"); get("/v1/models")
+    post(model, 45)
+    get("/v1/models"); get("/metrics")
+    seen += [post(model, n) for n in (12, 31, 20)]
+open(out, "w").write(json.dumps(seen))
+"""
+
+
 @pytest.mark.e2e
 class TestRunWithTrafficEdges:
+    def test_the_readme_recipe_leaves_out_each_models_warm_up(self, tmp_path):
+        with fake_vllm("--per-request-spec-decode-metrics", "summary") as vllm:
+            port, proxy = free_port(), free_port()
+            config = write_config(
+                tmp_path / "c.yaml", port,
+                [{"name": "v", "url": f"http://127.0.0.1:{vllm}/metrics",
+                  "proxy": {"listen": f"127.0.0.1:{proxy}"}}],
+                scrape_interval="1s", scrape_timeout="500ms", window_scrape_interval="100ms")
+            with process(CLI + ["serve", "--config", str(config)]):
+                wait_http(f"http://127.0.0.1:{port}/-/ready")
+                seen = tmp_path / "seen.json"
+                run = _cli("run", "--exporter", f"127.0.0.1:{port}", "--id", "two",
+                           "--edges", "traffic", "--skip-requests", "1", "--", sys.executable,
+                           "-c", TWO_MODELS, f"http://127.0.0.1:{proxy}", str(seen))
+                assert run.returncode == 0, run.stderr
+                assert "2 request(s) skipped, 6 measured" in run.stderr
+                status, answer = http("GET", f"http://127.0.0.1:{port}/api/v1/windows/two")
+                assert status == 200
+        measured = json.loads(seen.read_text())
+        data = answer["results"]["v"]["data"]
+        assert (data["num_drafts"], data["draft_tokens"], data["accepted_tokens"]) == (
+            sum(m["num_spec_steps"] for m in measured),
+            sum(m["num_draft_tokens"] for m in measured),
+            sum(m["num_accepted_draft_tokens"] for m in measured))
+        assert answer["per_request"]["targets"]["v"]["requests"] == 6
+
+
     def test_run_edges_traffic_skips_the_warm_up_exactly(self, tmp_path):
         with fake_vllm("--per-request-spec-decode-metrics", "summary") as vllm:
             port, proxy = free_port(), free_port()

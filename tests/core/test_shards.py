@@ -207,3 +207,23 @@ class TestVetAndList:
             17, 51, 23)
         assert figures["acceptance_rate"] == 100 * 23 / 51
         assert merged["targets"] == ["a", "a"]
+
+
+class TestSettle:
+    def test_a_shard_that_could_not_save_is_a_retry_for_a_window_not_for_a_list(self):
+        from exporter.core.errors import StoreError
+        from exporter.core.shards import Asked, settle
+
+        def parts() -> list[ShardPart]:
+            return [ShardPart(0, "http://s0", {"windows": []}, 200, local=True),
+                    ShardPart(1, "http://s1", status=503, error="disk full")]
+
+        fleet = {"a": ("http://a/metrics", "a:1"), "b": ("http://b/metrics", "b:1")}
+        shares = {0: ["a"], 1: ["b"]}
+        with pytest.raises(StoreError, match="shard 1 at http://s1 answered 503: disk full"):
+            settle(parts(), Asked(2, fleet, shares, "w"))
+        listed = parts()
+        settle(listed, Asked(2, fleet, shares))
+        assert [p.expected for p in listed] == [["a"], ["b"]]
+        assert merge_list(listed, 10)["shards"][1]["error"] == (
+            "shard 1 at http://s1 answered 503: disk full")

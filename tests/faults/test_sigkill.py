@@ -339,3 +339,74 @@ def test_random_kills_short(tmp_path):
 def test_random_kills_soak(tmp_path):
     kills = int(os.environ.get("SOAK_KILLS", "60"))
     assert _random_kill_run(tmp_path, kills=kills, seed=int(os.environ.get("SOAK_SEED", "1"))) > 0
+
+
+class TestTrafficWindowKilledWhileIdle:
+    """A window with traffic edges, its target idle between a paced client's requests through
+    the proxy: killed while idle, its server restarted while we are down, it loses nothing the
+    server counted before the kill (what the restart erased was sampled while idle)."""
+
+    INTERVAL = 0.5  # scrape_interval: every round feeds the windows and saves what they took
+
+    def _serve(self, tmp_path, vllm: int) -> tuple[Exporter, int]:
+        proxy = free_port()
+        exporter = Exporter(tmp_path, vllm)
+        config = write_config(
+            tmp_path / "c.yaml", exporter.port,
+            [{"name": "e", "url": f"http://127.0.0.1:{vllm}/metrics",
+              "proxy": {"listen": f"127.0.0.1:{proxy}"}}],
+            scrape_interval=f"{self.INTERVAL}s", scrape_timeout="250ms")
+        exporter.command = CLI + ["serve", "--config", str(config)]
+        return exporter, proxy
+
+    @staticmethod
+    def _paced(proxy: int, tokens: list[int], truth: dict) -> float:
+        """One request at a time through the proxy, a pause after each; the time the last
+        answer came."""
+        for n in tokens:
+            status, answer = http("POST", f"http://127.0.0.1:{proxy}/v1/completions",
+                                  {"model": "m", "prompt": "p", "max_tokens": n})
+            assert status == 200, answer
+            last = time.time()
+            spec = answer["metrics"]["speculative_decoding"]
+            truth["drafts"] += spec["num_spec_steps"]
+            truth["tokens"] += spec["num_draft_tokens"]
+            truth["accepted"] += spec["num_accepted_draft_tokens"]
+            time.sleep(0.15)
+        return last
+
+    def _rounds_after(self, exporter: Exporter, since: float, rounds: int) -> None:
+        """Until the target has been scraped `rounds` intervals after `since`: a whole round,
+        and the save after it, came while it was idle."""
+        end = time.monotonic() + 30
+        while True:
+            status, targets = exporter.api("GET", "/targets")
+            assert status == 200, targets
+            (target,) = [t for t in targets["targets"] if t["name"] == "e"]
+            if (target["last_scrape_at"] or 0) >= since + rounds * self.INTERVAL:
+                return
+            assert time.monotonic() < end, "the exporter stopped scraping"
+            time.sleep(0.05)
+
+    def test_killed_while_idle_then_its_server_restarted_loses_nothing(self, tmp_path):
+        with fake_vllm("--k", str(K), "--per-request-spec-decode-metrics", "summary") as vllm:
+            exporter, proxy = self._serve(tmp_path, vllm)
+            exporter.start()
+            try:
+                truth = {"drafts": 0, "tokens": 0, "accepted": 0}
+                status, opened = exporter.api("POST", "/windows", {"id": "t", "edges": "traffic"})
+                assert status == 201, opened
+                idle_since = self._paced(proxy, [30, 12, 25, 40, 18, 33, 21, 27], truth)
+                self._rounds_after(exporter, idle_since, 3)
+                exporter.kill()
+                restart_server(vllm)  # what it counted before is gone from its counters
+                exporter.start()
+                self._paced(proxy, [14, 22, 9], truth)
+                status, answer = exporter.api("POST", "/windows/t/stop")
+                assert status == 200, answer
+            finally:
+                exporter.stop()
+        data = answer["results"]["e"]["data"]
+        assert (data["num_drafts"], data["draft_tokens"], data["accepted_tokens"]) == (
+            truth["drafts"], truth["tokens"], truth["accepted"]), answer["results"]["e"]
+        assert answer["results"]["e"]["resets"] == 1

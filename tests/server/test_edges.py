@@ -27,9 +27,9 @@ class Bench:
     session: aiohttp.ClientSession
 
     async def ask(self, *, through_proxy: bool = True, stream: bool = True,
-                  max_tokens: int = 24) -> dict[str, int]:
+                  max_tokens: int = 24, model: str = "m") -> dict[str, int]:
         base = self.proxy if through_proxy else self.direct
-        body = {"model": "m", "messages": [{"role": "user", "content": "q w e"}],
+        body = {"model": model, "messages": [{"role": "user", "content": "q w e"}],
                 "max_tokens": max_tokens, "stream": stream}
         if stream:  # vLLM sends a stream's figures on the usage chunk alone
             body["stream_options"] = {"include_usage": True}
@@ -105,13 +105,33 @@ class TestTrafficEdges:
         again = await (await under.client.get("/api/v1/windows/w")).json()
         assert again["edges"] == edges and again["results"] == answer["results"]
 
+    async def test_a_server_restart_while_idle_loses_the_window_nothing(self, rig: Any) -> None:
+        under, bench, fake = rig
+        await start(under, id="i", edges="traffic")
+        measured = []
+        for n in (30, 12, 25, 40):  # paced: idle between the requests
+            measured.append(await bench.ask(max_tokens=n))
+            await asyncio.sleep(0.12)
+        sampled = (await (await under.client.get("/api/v1/windows/i")).json())["scrapes"]["v"]
+        await asyncio.sleep(0.2)
+        idle = (await (await under.client.get("/api/v1/windows/i")).json())["scrapes"]["v"]
+        assert idle > sampled  # still sampled while idle (at window_scrape_interval)
+        fake.restart()  # what it counted is gone from its counters
+        measured += [await bench.ask(max_tokens=n) for n in (9, 22)]
+        answer = await under.stop("i")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert answer["results"]["v"]["resets"] == 1
+        assert answer["edges"]["ended_by"] == "the last response"
+
     async def test_concurrent_requests_after_a_skip_of_three_are_exact(self, rig: Any) -> None:
         under, bench, _ = rig
         await start(under, id="c", edges="traffic", skip_requests=3)
         # Three skipped requests at once, then eight measured ones four at a time: the first
         # measured one waits until the skipped ones have completed.
         skipped = asyncio.gather(*(bench.ask(max_tokens=30) for _ in range(3)))
-        await asyncio.sleep(0)
+        while (await (await under.client.get("/api/v1/windows/c")).json())["edges"][
+                "skipped"] < 3:  # the three have reached the proxy before any measured one
+            await asyncio.sleep(0.005)
         measured: list[dict[str, int]] = []
         for _ in range(2):
             measured += await asyncio.gather(*(bench.ask(max_tokens=n) for n in (9, 21, 4, 13)))
@@ -211,3 +231,63 @@ class TestAISBenchWarmUps:
         edges = answer["edges"]
         assert (edges["skipped"], edges["measured_requests"], edges["ended_by"]) == (
             2, 6, "the last response")
+
+    async def test_two_models_on_one_target_each_leave_their_warm_up_out(
+            self, rig: Any) -> None:
+        # Both models behind one server (one proxy port), asked as AISBench asks them one
+        # after the other: the second model's warm-up comes while the window is open.
+        under, bench, _ = rig
+        await start(under, id="two", edges="traffic", skip_requests=1)
+        measured: list[dict[str, int]] = []
+        warm_ups: list[dict[str, int]] = []
+        for model in ("a", "b"):
+            for path in ("/v1/models", "/v1/models"):
+                async with bench.session.get(bench.proxy + path) as answer:
+                    assert answer.status == 200
+            warm_ups.append(await bench.ask(max_tokens=50, model=model))
+            for path in ("/v1/models", "/metrics"):
+                async with bench.session.get(bench.proxy + path) as answer:
+                    assert answer.status == 200
+            measured += [await bench.ask(max_tokens=n, model=model, stream=n % 2 == 0)
+                         for n in (9, 22, 14)]
+            await asyncio.sleep(0.15)  # window scrapes between the models
+        answer = await under.stop("two")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert summed(measured) != summed([*warm_ups, *measured])
+        block = answer["per_request"]["targets"]["v"]
+        assert block["requests"] == 6 and block["covers_all"] is True
+        assert block["num_spec_steps"] == summed(measured)["num_spec_steps"]
+        edges = answer["edges"]
+        assert (edges["skipped"], edges["measured_requests"], edges["ended_by"]) == (
+            2, 6, "the last response")
+
+    async def test_a_warm_up_among_measured_requests_waits_and_is_taken_off(
+            self, rig: Any) -> None:
+        # Model b's warm-up sent while model a's measured requests are in flight; then the
+        # server restarts (the warm-up's counts gone with the rest) and b goes on.
+        under, bench, fake = rig
+        await start(under, id="mix", edges="traffic", skip_requests=1)
+        await bench.ask(max_tokens=40, model="a")  # a's warm-up: before the window
+        first = [await bench.ask(max_tokens=11, model="a")]
+        mixed = await asyncio.gather(*(bench.ask(max_tokens=n, model="a") for n in (30, 27)),
+                                     bench.ask(max_tokens=45, model="b"))
+        measured = [*first, *mixed[:2], await bench.ask(max_tokens=19, model="b")]
+        await asyncio.sleep(0.15)
+        fake.restart()
+        measured += [await bench.ask(max_tokens=n, model="b") for n in (16, 8)]
+        answer = await under.stop("mix")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert answer["per_request"]["targets"]["v"]["requests"] == 6
+        assert (answer["edges"]["skipped"], answer["edges"]["measured_requests"]) == (2, 6)
+
+    async def test_a_stop_after_a_warm_up_ends_before_it(self, rig: Any) -> None:
+        under, bench, _ = rig
+        await start(under, id="end", edges="traffic", skip_requests=1)
+        await bench.ask(max_tokens=40, model="a")
+        measured = [await bench.ask(max_tokens=n, model="a") for n in (13, 28)]
+        await bench.ask(max_tokens=35, model="b")  # b's warm-up, and no request after it
+        await asyncio.sleep(0.15)  # window scrapes after it
+        answer = await under.stop("end")
+        assert counted(answer["results"]["v"]) == summed(measured)
+        assert answer["per_request"]["targets"]["v"]["requests"] == 2
+        assert answer["edges"]["ended_by"] == "the last response"

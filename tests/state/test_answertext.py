@@ -13,7 +13,7 @@ import pytest
 from jsonlayout import assert_indented
 from randomjson import random_value
 
-from exporter.state.answertext import AnswerTexts, compact, indented, stopped_row, with_key
+from exporter.state.answertext import AnswerTexts, compact, indented, stopped_row
 from exporter.state.store import StateStore
 
 
@@ -62,16 +62,6 @@ class TestEncodings:
     def test_nan_is_null_not_invalid_json(self):
         assert json.loads(indented({"x": math.nan})) == {"x": None}
         assert compact([math.inf]) == b"[null]"
-
-    def test_with_key_adds_the_key_last(self):
-        for value in ({}, {"a": [1, {"b": None}]}, {"x": "é"}):
-            text = with_key(compact(value), "results_dir", "/out/w ü")
-            assert json.loads(text) == value | {"results_dir": "/out/w ü"}
-            assert list(json.loads(text))[-1] == "results_dir"
-
-    def test_with_key_refuses_what_is_no_object(self):
-        with pytest.raises(ValueError, match="JSON object"):
-            with_key(b"[1, 2]", "k", 1)
 
     def test_window_json_holds_each_result_file(self):
         answer = {"id": "w", "results": {"a": {"status": "ok", "data": {"x": 1.5}},

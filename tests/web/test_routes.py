@@ -29,3 +29,16 @@ class TestRouteTable:
         assert {(r.method, r.path.replace(":.*}", "}")) for r in ROUTES} <= registered
         response = await exp.client.get("/api/v1/targets")
         assert response.status == 200 and SCOPE_HEADER not in response.headers
+
+
+class TestFleetAnswers:
+    def test_each_fleet_api_route_has_one_answer_and_a_merge_from_core(self):
+        from exporter.web.fanout import Fleet
+
+        answered = [r for r in ROUTES if isinstance(r.fleet, Fleet)]
+        assert {(r.method, r.path) for r in answered} == {
+            ("POST", "/api/v1/windows"), ("GET", "/api/v1/windows"),
+            ("GET", "/api/v1/windows/{id}"), ("DELETE", "/api/v1/windows/{id}"),
+            ("POST", "/api/v1/windows/{id}/stop"), ("GET", "/api/v1/windows/{id}/series")}
+        assert all(r.fleet.merge.__module__ == "exporter.core.shards" for r in answered)
+        assert len({r.handler for r in answered}) == len(answered)  # one answer per route
