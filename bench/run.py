@@ -20,6 +20,7 @@ from bench import (
     case_markers,
     case_pages,
     case_parse,
+    case_proxy,
     case_records,
     case_save,
     case_scale,
@@ -30,7 +31,7 @@ from bench.fleet import NginxFleet, find_nginx
 from bench.procs import find_prometheus, find_victoria
 
 CASES = ("parse", "fleet", "fleet-plain", "floor", "pages", "markers", "exposition", "save",
-         "records", "scale", "servercost")
+         "records", "scale", "servercost", "proxy")
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
@@ -59,6 +60,8 @@ class Settings:
     plain_sizes: tuple = (1000,)  # the plain-page fleet: against Prometheus and VM only
     server_seconds: float = 15.0  # servercost's spans
     records_n: int = 1_000_000  # per-request records in the records case's window
+    proxy_rounds: int = 5  # the proxy case's alternating rounds, 64 and 8 streams each
+    proxy_span: float = 3.0  # seconds per path and round
 
     @classmethod
     def quick(cls) -> Settings:
@@ -68,7 +71,8 @@ class Settings:
             compare_at=(30,), fleet_seconds=3.0, rotations=2, interval=1.0, marker_sizes=(3, 10),
             marker_repeats={3: 2, 10: 2}, marker_live_window=2.0, exposition_n=30,
             exposition_repeats=3, lag_seconds=2.0, pages_n=10, pages_kib=(60,),
-            plain_sizes=(30,), server_seconds=2.0, records_n=10_000,
+            plain_sizes=(30,), server_seconds=2.0, records_n=10_000, proxy_rounds=1,
+            proxy_span=0.5,
         )
 
     @property
@@ -139,6 +143,8 @@ class Suite:
             elif name == "save":
                 result = case_save.run(self.fleet(), n=s.exposition_n,
                                        repeats=s.exposition_repeats)
+            elif name == "proxy":
+                result = case_proxy.run(rounds=s.proxy_rounds, span=s.proxy_span)
             elif name == "records":
                 result = case_records.run(s.records_n)
             elif name == "scale":

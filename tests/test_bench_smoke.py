@@ -19,6 +19,7 @@ from bench import (  # noqa: E402
     case_markers,
     case_pages,
     case_parse,
+    case_proxy,
     case_records,
     case_save,
     case_scale,
@@ -152,6 +153,16 @@ class TestFleetCases:
         assert result.data["server"] == "fake-vllm"
         assert result.data["reads"] == ["filtered"]
         assert result.data["spans"]["prometheus"][0]["scrapes"] > 0
+
+    def test_proxy_case(self):
+        result = case_proxy.run(rounds=1, span=0.5)
+        check_rows(result, "proxy")
+        assert [row.figure for row in result.rows] == [
+            f"added p99 {what}, {n} streams" for n in (64, 8)
+            for what in ("time to first byte", "gap between chunks")]
+        for n in (64, 8):
+            figures = result.data[f"streams_{n}"]
+            assert figures["proxied"]["requests"] > 0 and figures["nginx"]["requests"] > 0
 
     def test_pages_case(self):
         result = case_pages.run(n=3, rounds=2, sizes_kib=(60,), pages=2)

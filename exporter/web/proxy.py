@@ -1,5 +1,6 @@
 """The recording proxy: its ports and route, which relay a benchmark's OpenAI traffic to a
-target unchanged (relay.py), and the per-request figures recorded per window."""
+target unchanged (passthrough.py on a target's port, relay.py on `/proxy/`), and the
+per-request figures recorded per window."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from exporter.config.model import Config, ProxyConfig
 from exporter.core.perrequest import RequestStats
 from exporter.core.shards import owner
 from exporter.server.edges import TrafficEdges
-from exporter.web.guard import GuardedSite
+from exporter.web.passthrough import PortRelay
 from exporter.web.relay import RecordFn, Timeouts, Upstream, relay
 from exporter.web.relayloop import HandedEdges, RelayLoop, handed_record
 from exporter.web.requesthist import RequestLengths
@@ -30,17 +31,6 @@ def _for(upstream: Upstream, request: web.Request) -> Upstream:
     the traffic edges; `GET /v1/models` or `/metrics` through the proxy does not."""
     generation = request.method == "POST" and request.path.rstrip("/").endswith("completions")
     return upstream if generation or upstream.edges is None else replace(upstream, edges=None)
-
-
-def proxy_app(upstream: Upstream, session: aiohttp.ClientSession) -> web.Application:
-    """An app that forwards every path and method to one target (a per-target listen port)."""
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await relay(request, session, _for(upstream, request),
-                           request.raw_path.split("?")[0])
-
-    app = web.Application(client_max_size=0)
-    app.router.add_route("*", "/{tail:.*}", handler)
-    return app
 
 
 def _ours(config: Config, name: str) -> bool:
@@ -63,9 +53,9 @@ class Proxying:
     config: Callable[[], Config]
     edges: TrafficEdges | None = None  # traffic-edged windows (their starts wait on requests)
     session: aiohttp.ClientSession | None = None  # `/proxy/`'s, on the exporter's loop
-    relays: RelayLoop | None = None  # the per-target ports' thread, loop and session
-    # target name -> ((listen, origin), its runner on the relay loop)
-    ports: dict[str, tuple[tuple[str, str], web.AppRunner]] = field(default_factory=dict)
+    relays: RelayLoop | None = None  # the per-target ports' thread and loop
+    # target name -> ((listen, origin), its relay on the relay loop)
+    ports: dict[str, tuple[tuple[str, str], PortRelay]] = field(default_factory=dict)
     seen: Config | None = None
     pending: asyncio.Task[None] | None = None
     lengths: RequestLengths = field(default_factory=RequestLengths)  # the live histogram
@@ -107,8 +97,8 @@ class Proxying:
                 if self.pending is not None:
                     self.pending.cancel()
                 self.session = None
-                for _, runner in self.ports.values():
-                    await relays.call(runner.cleanup())
+                for _, port in self.ports.values():
+                    await relays.call(port.close())
                 self.ports.clear()
                 await relays.stop()
                 self.relays = None
@@ -126,11 +116,11 @@ class Proxying:
         wanted = {t.name: (i, (t.proxy.listen, origin_of(t.api_url or t.url)))
                   for i, t in enumerate(config.targets)
                   if t.proxy and t.proxy.listen and _ours(config, t.name)}
-        for name, (where, runner) in list(self.ports.items()):
+        for name, (where, port) in list(self.ports.items()):
             if name not in wanted or wanted[name][1] != where:
                 del self.ports[name]
                 assert self.relays is not None
-                await self.relays.call(runner.cleanup())
+                await self.relays.call(port.close())
         for name, (index, where) in wanted.items():
             if name in self.ports:
                 continue
@@ -141,31 +131,19 @@ class Proxying:
                     raise
                 log.error("proxy listen failed target=%s error=%s", name, exc)
 
-    async def _listen(self, index: int, name: str, listen: str) -> web.AppRunner:
+    async def _listen(self, index: int, name: str, listen: str) -> PortRelay:
         upstream = self._port_upstream(name)
         relays = self.relays
-        assert upstream is not None and relays is not None and relays.session is not None
-        app = proxy_app(upstream, relays.session)
+        assert upstream is not None and relays is not None
+        port = PortRelay(upstream)
+        host, _, number = listen.rpartition(":")
         try:
-            return await relays.call(_opened(app, listen, self.config().header_timeout))
+            await relays.call(port.open(host.strip("[]"), int(number),
+                                        self.config().header_timeout))
         except OSError as exc:
             raise OSError(exc.errno, f"targets.{index}.proxy.listen: cannot listen on "
                           f"{listen}: {exc.strerror}") from None
-
-
-async def _opened(app: web.Application, listen: str, header_timeout: float) -> web.AppRunner:
-    """`app` listening on `listen` (run on the relay loop); OSError when the port is taken."""
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    host, _, port = listen.rpartition(":")
-    try:
-        # A client slow to send its head (slowloris) is cut off as on the main listener.
-        await GuardedSite(runner, host.strip("[]"), int(port),
-                          header_timeout=header_timeout).start()
-    except OSError:
-        await runner.cleanup()
-        raise
-    return runner
+        return port
 
 
 def _timeouts(proxy: ProxyConfig | None) -> Timeouts:

@@ -10,6 +10,7 @@ import contextlib
 import hmac
 import json
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -21,7 +22,10 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from exporter.core.perrequest import RequestStats, Unreadable, from_json, from_sse
 from exporter.core.timing import Clock
 
-PARSE_LIMIT = 4 * 1024 * 1024  # an answer larger than this is relayed, not parsed
+PARSE_LIMIT = 4 * 1024 * 1024  # a JSON answer larger than this is relayed, not parsed
+# An event stream's end read for its figures: its last events (usage, the engine's per-request
+# object, [DONE]) are a few KiB; a token chunk before them carries nothing read.
+TAIL = 64 * 1024
 SMALL_BODY = 64 * 1024  # a request body below this size (with its length given) is sent whole
 # A relayed request body, streamed through, never held: a 128k-token prompt is ~1 MiB of JSON,
 # a chat with base64 images tens of MiB.
@@ -150,36 +154,66 @@ class _Body:
             yield chunk
 
 
-class _Kept:
-    """A recorded answer's bytes as relayed, up to PARSE_LIMIT, read once it has ended."""
+class Kept:
+    """A recorded answer's body as relayed, read once it has ended: a JSON body whole (up to
+    PARSE_LIMIT); an event stream's first event and its last TAIL bytes, where its usage and
+    the engine's figures are, so that no token chunk is held or parsed."""
 
-    def __init__(self, answer: aiohttp.ClientResponse, sent: float) -> None:
-        self.sse = "text/event-stream" in answer.headers.get("Content-Type", "")
-        self.clock = Clock(sent)
-        self.length = answer.content_length
-        self.parts: list[bytes] = []
-        self.size = 0
+    def __init__(self, sse: bool, length: int | None, sent: float) -> None:
+        self.sse = sse
+        self.length = length
+        self.clock = Clock(sent)  # `sent`: time.monotonic() when the request went
+        self.parts: deque[bytes] = deque()
+        self.held = self.size = 0
+        self.first = b""  # an event stream's first event: its id and model
+        self.dropped = False
 
     def add(self, chunk: bytes) -> None:
         self.clock.tick(time.monotonic())
         self.size += len(chunk)
-        if self.size > PARSE_LIMIT:
-            self.parts.clear()
-        else:
-            self.parts.append(chunk)
+        if not self.sse:
+            if self.size > PARSE_LIMIT:
+                self.parts.clear()
+            else:
+                self.parts.append(chunk)
+            return
+        if not self.dropped and len(self.first) < TAIL:
+            self.first += chunk
+        self.parts.append(chunk)
+        self.held += len(chunk)
+        while self.held - len(self.parts[0]) >= TAIL:
+            self.held -= len(self.parts.popleft())
+            self.dropped = True
+
+    def read(self) -> bytes:
+        """What is parsed: the body; or the stream's first event and its tail's whole events."""
+        tail = b"".join(self.parts)
+        if not self.dropped:
+            return tail
+        return _events_from(self.first, first_only=True) + _events_from(tail)
 
     def stats(self, ended: Unreadable | None) -> RequestStats:
         """Its figures; `ended` says why the relay stopped early, when it did: an answer whose
         bytes all came (an event stream to its `[DONE]`, a body to its length) reads anyway."""
-        if self.size > PARSE_LIMIT:
+        if self.size > PARSE_LIMIT and not self.sse:
             return RequestStats.unread(Unreadable.TOO_LARGE)
-        whole = b"".join(self.parts)
+        whole = self.read()
         if not self.sse and ended is not None and self.length != self.size:
             return RequestStats.unread(ended)
         stats = from_sse(whole) if self.sse else from_json(whole)
         if ended is None:
             return stats.timed(self.clock, self.sse)
         return stats if stats.unreadable is None else RequestStats.unread(ended)
+
+
+def _events_from(data: bytes, first_only: bool = False) -> bytes:
+    """`data` from its first event boundary on (a tail begun mid-event), or up to and
+    including it (`first_only`: the first event); all of it where no boundary is seen."""
+    ends = [(i, len(sep)) for sep in (b"\n\n", b"\r\n\r\n") if (i := data.find(sep)) >= 0]
+    if not ends:
+        return b"" if first_only else data
+    at, size = min(ends)
+    return data[:at + size] if first_only else data[at + size:]
 
 
 async def _client_gone(request: web.Request) -> None:
@@ -259,7 +293,8 @@ async def _relay_answer(request: web.Request, answer: aiohttp.ClientResponse,
                                   headers=forwarded(answer.headers))
     if answer.content_length is not None:
         response.content_length = answer.content_length
-    kept = _Kept(answer, sent) if _recorded(request) else None
+    kept = Kept("text/event-stream" in answer.headers.get("Content-Type", ""),
+                answer.content_length, sent) if _recorded(request) else None
     ended: Unreadable | None = Unreadable.CLIENT_LEFT  # until the upstream's answer has ended
     try:
         await response.prepare(request)
@@ -278,7 +313,7 @@ async def _relay_answer(request: web.Request, answer: aiohttp.ClientResponse,
 
 
 async def _pump(answer: aiohttp.ClientResponse, response: web.StreamResponse,
-                kept: _Kept | None, idle: float) -> Unreadable | None:
+                kept: Kept | None, idle: float) -> Unreadable | None:
     """Relay the answer's body; None when the upstream sent it whole, else why it stopped."""
     while True:
         try:

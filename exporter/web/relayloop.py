@@ -1,16 +1,16 @@
-"""The per-target proxy ports' own thread and event loop: a relay there never waits behind the
-exporter's scrapes, stops and page renders; what it records and the traffic edges it passes are
-handed to the exporter's loop, which owns the book."""
+"""The per-target proxy ports' own thread and event loop, and their pooled upstream connections:
+a relay there never waits behind the exporter's scrapes, stops and page renders; what it records
+and the traffic edges it passes are handed to the exporter's loop, which owns the book."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
-
-import aiohttp
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from exporter.core.perrequest import RequestStats
 from exporter.server.edges import Ticket, TrafficEdges
@@ -20,11 +20,10 @@ T = TypeVar("T")
 
 
 class RelayLoop:
-    """A thread running its own event loop (uvloop where installed) and one client session."""
+    """A thread running its own event loop (uvloop where installed)."""
 
     def __init__(self) -> None:
         self.loop = new_event_loop()
-        self.session: aiohttp.ClientSession | None = None
         self._thread = threading.Thread(target=self._run, name="specdec-relay", daemon=True)
 
     def _run(self) -> None:
@@ -44,22 +43,13 @@ class RelayLoop:
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
 
     async def start(self) -> None:
-        """Start the thread and open the relays' client session on it."""
+        """Start the thread."""
         self._thread.start()
-        self.session = await self.call(_new_session())
 
     async def stop(self) -> None:
-        """Close the session, stop the loop and wait for the thread."""
-        if self.session is not None:
-            await self.call(self.session.close())
-            self.session = None
+        """Stop the loop and wait for the thread."""
         self.loop.call_soon_threadsafe(self.loop.stop)
         await asyncio.to_thread(self._thread.join)
-
-
-async def _new_session() -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(auto_decompress=False,
-                                 timeout=aiohttp.ClientTimeout(total=None))
 
 
 def handed_record(home: asyncio.AbstractEventLoop,
@@ -91,3 +81,96 @@ class HandedEdges:
         if tickets:
             with contextlib.suppress(RuntimeError):
                 self.home.call_soon_threadsafe(self.edges.done, tickets)
+
+
+class Receiver(Protocol):
+    """What an upstream connection hands its bytes to: the answer it carries."""
+
+    def received(self, data: bytes) -> None:
+        """Bytes from the upstream."""
+
+    def lost(self) -> None:
+        """The connection closed."""
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """One keep-alive connection to the upstream; the answer it carries, when it carries one."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.answer: Receiver | None = None
+        self.gone = False
+        self.writable: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self.answer is not None:
+            self.answer.received(data)
+        elif self.transport is not None:
+            self.transport.abort()  # bytes nobody asked for: the connection is not reusable
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.gone = True
+        if self.answer is not None:
+            self.answer.lost()
+        self.resume_writing()
+
+    def pause_writing(self) -> None:
+        self.writable = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        self.writable = None
+
+    async def drain(self) -> None:
+        if self.writable is not None:
+            await self.writable
+        if self.gone:
+            raise ConnectionResetError("the upstream closed the connection")
+
+    def abort(self) -> None:
+        self.gone = True
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Pool:
+    """Idle keep-alive connections to one origin."""
+
+    def __init__(self, origin: str) -> None:
+        parts = urlsplit(origin)
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.netloc = parts.netloc
+        self.tls = ssl.create_default_context() if parts.scheme == "https" else None
+        self.idle: list[UpstreamConnection] = []
+
+    async def get(self, connect: float) -> UpstreamConnection:
+        """An idle connection, or a new one within `connect` seconds."""
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.gone:
+                return conn
+        try:
+            _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                UpstreamConnection, self.host, self.port, ssl=self.tls), connect)
+        except TimeoutError:
+            raise ConnectTimeout from None
+        return conn
+
+    def put(self, conn: UpstreamConnection) -> None:
+        conn.answer = None
+        if not conn.gone:
+            self.idle.append(conn)
+
+    def close(self) -> None:
+        for conn in self.idle:
+            conn.abort()
+        self.idle.clear()
+
+
+class ConnectTimeout(Exception):
+    """The upstream's connect took longer than `connect_timeout`."""

@@ -21,17 +21,38 @@ from conftest import free_port
 from exporter.config.model import validate_config
 from exporter.core.perrequest import PerRequest, RequestStats, per_position_accepted
 from exporter.fakevllm import FakeServer, make_fake_app
-from exporter.web.proxy import PROXYING, Proxying, Upstream, proxy_app
+from exporter.web.passthrough import PortRelay
+from exporter.web.proxy import PROXYING, Proxying, Upstream
+
+
+class PortServer:
+    """A per-target proxy port (as `Proxying` serves one), addressed as a TestServer is."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def make_url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+
+@contextlib.asynccontextmanager
+async def port_relay(upstream: Upstream) -> AsyncIterator[PortServer]:
+    relay, port = PortRelay(upstream), free_port()
+    await relay.open("127.0.0.1", port, header_timeout=30.0)
+    try:
+        yield PortServer(port)
+    finally:
+        await relay.close()
 
 
 class Rig:
     """fake-vllm, a proxy in front of it, and what the proxy recorded."""
 
-    def __init__(self, fake: FakeServer, upstream: TestServer, proxy: TestServer,
+    def __init__(self, fake: FakeServer, upstream: TestServer, proxy: PortServer,
                  recorded: PerRequest) -> None:
         self.fake, self.upstream, self.proxy, self.recorded = fake, upstream, proxy, recorded
 
-    def url(self, server: TestServer, path: str = "") -> str:
+    def url(self, server: TestServer | PortServer, path: str = "") -> str:
         return str(server.make_url(path))
 
 
@@ -44,12 +65,9 @@ async def _rig(fake: FakeServer, upstream_app: web.Application) -> AsyncIterator
 
     upstream = TestServer(upstream_app)
     await upstream.start_server()
-    async with aiohttp.ClientSession(auto_decompress=False) as session:
-        origin = str(upstream.make_url("")).rstrip("/")
-        proxy = TestServer(proxy_app(Upstream("t", origin, record), session))
-        await proxy.start_server()
+    origin = str(upstream.make_url("")).rstrip("/")
+    async with port_relay(Upstream("t", origin, record)) as proxy:
         yield Rig(fake, upstream, proxy, recorded)
-        await proxy.close()
     await upstream.close()
 
 
@@ -203,14 +221,11 @@ class TestRecordingProxy:
 
     async def test_an_unreachable_upstream_answers_502(self) -> None:
         recorded = PerRequest()
-        async with aiohttp.ClientSession() as session:
-            proxy = TestServer(proxy_app(Upstream("t", "http://127.0.0.1:1",
-                                                  lambda t, s: recorded.record(s)), session))
-            await proxy.start_server()
+        async with port_relay(Upstream("t", "http://127.0.0.1:1",
+                                       lambda t, s: recorded.record(s))) as proxy:
             async with aiohttp.ClientSession() as s:
                 async with s.post(str(proxy.make_url("/v1/completions")), json={}) as r:
                     assert r.status == 502 and "upstream" in (await r.json())["error"]
-            await proxy.close()
         assert recorded.requests == 0
 
 

@@ -11,6 +11,7 @@ import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -22,10 +23,18 @@ from conftest import free_port
 
 from exporter.config.model import validate_config
 from exporter.core.errors import ConfigError
-from exporter.core.perrequest import PerRequest, RequestStats, Unreadable
+from exporter.core.perrequest import PerRequest, RequestStats, Unreadable, from_sse
 from exporter.fakevllm import FakeServer, make_fake_app
-from exporter.web.proxy import proxy_app
-from exporter.web.relay import MAX_RELAYED_BODY, SMALL_BODY, Timeouts, Upstream
+from exporter.web.passthrough import PortRelay
+from exporter.web.relay import (
+    MAX_RELAYED_BODY,
+    PARSE_LIMIT,
+    SMALL_BODY,
+    TAIL,
+    Kept,
+    Timeouts,
+    Upstream,
+)
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
@@ -93,18 +102,13 @@ async def proxied(origin: str, timeouts: Timeouts | None = None) -> AsyncIterato
     def record(target: str, stats: RequestStats) -> None:
         recorded.record(stats)
 
-    async with aiohttp.ClientSession(auto_decompress=False) as session:
-        # As `Proxying` serves a port: aiohttp's TestServer cancels a handler whose client
-        # left, which the served exporter does not, so it would hide what a leave does.
-        runner = web.AppRunner(proxy_app(Upstream("t", origin, record, timeouts=timeouts),
-                                         session), access_log=None)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            yield f"http://127.0.0.1:{port}", recorded
-        finally:
-            await runner.cleanup()
+    relay = PortRelay(Upstream("t", origin, record, timeouts=timeouts))
+    port = free_port()
+    await relay.open("127.0.0.1", port, header_timeout=30.0)  # as `Proxying` serves a port
+    try:
+        yield f"http://127.0.0.1:{port}", recorded
+    finally:
+        await relay.close()
 
 
 def raw_request(path: str, body: bytes = b"{}", extra: str = "") -> bytes:
@@ -415,6 +419,51 @@ class TestBodies:
         assert sink.bodies == [] and rec.requests == 0  # the upstream never had a whole body
 
 
+class TestConnections:
+    async def test_answers_in_turn_share_one_upstream_connection_and_its_bytes_pass_through(
+            self) -> None:
+        events = [b'data: {"id": "c", "model": "m", "choices": []}\n\n', b"data: [DONE]\n\n"]
+        framed = b"".join(chunk(e) for e in events) + b"0\r\n\r\n"
+
+        async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            for _ in range(3):
+                await read_head(reader)
+                await reader.readexactly(2)  # the request's body, {}
+                writer.write(SSE_HEAD + framed)
+                await writer.drain()
+
+        upstream = RawUpstream(keep_alive)
+        async with upstream as origin, proxied(origin) as (base, rec):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(base))
+            for _ in range(3):
+                writer.write(raw_request("/v1/completions"))
+                head = await read_head(reader)
+                # The upstream's chunks as it framed them, not re-framed by the relay.
+                assert b"transfer-encoding: chunked" in head.lower()
+                assert await reader.readexactly(len(framed)) == framed
+            writer.close()
+        assert upstream.accepted == 1 and rec.requests == 3 and rec.unreadable == 0
+
+    async def test_a_client_that_expects_100_continue_gets_it_and_its_body_goes_on(
+            self) -> None:
+        sink = Sink()  # as curl sends a large body: the head, then the body once told to
+        server = TestServer(sink.app())
+        await server.start_server()
+        try:
+            async with proxied(str(server.make_url("")).rstrip("/")) as (base, _):
+                reader, writer = await asyncio.open_connection("127.0.0.1", port_of(base))
+                writer.write(b"POST /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                             b"Expect: 100-continue\r\n\r\n")
+                told = await asyncio.wait_for(read_head(reader), 10)
+                assert told == b"HTTP/1.1 100 Continue\r\n\r\n"
+                writer.write(b"hello")
+                assert (await read_head(reader)).startswith(b"HTTP/1.1 200")
+                writer.close()
+        finally:
+            await server.close()
+        assert sink.bodies == [5]
+
+
 class TestHopByHop:
     async def test_hop_headers_and_those_connection_names_stay_on_their_hop(self) -> None:
         seen: list[bytes] = []
@@ -515,3 +564,28 @@ class TestHostileAnswers:
                     with pytest.raises(aiohttp.ClientPayloadError):
                         await r.read()  # the client sees the cut too
         assert rec.reasons == {Unreadable.CUT: 1} and rec.requests == 1
+
+
+class TestTailRead:
+    def test_a_long_streams_figures_come_from_its_first_event_and_tail_alone(self) -> None:
+        spec = {"num_spec_steps": 4, "num_draft_tokens": 12, "num_accepted_draft_tokens": 6,
+                "acceptance_histogram": [1, 1, 1, 1]}
+        token = b'data: {"id": "c", "model": "m", "choices": [{"text": "' + b"t" * 60 + b'"}]}'
+        last = json.dumps({"id": "c", "model": "m", "choices": [], "usage": {
+            "prompt_tokens": 3, "completion_tokens": 60_000},
+            "metrics": {"speculative_decoding": spec}}).encode()
+        for sep in (b"\n\n", b"\r\n\r\n"):
+            stream = sep.join([token] * 60_000 + [b"data: " + last, b"data: [DONE]"]) + sep
+            assert len(stream) > PARSE_LIMIT  # read whole, it would be too large to read
+            kept = Kept(sse=True, length=None, sent=0.0)
+            for at in range(0, len(stream), 4093):  # pieces that cut events anywhere
+                kept.add(stream[at:at + 4093])
+                assert kept.held < TAIL + 4093  # the tokens before the tail are not held
+            stats = kept.stats(None)
+            # The same figures as the whole stream read (the relay's clock aside).
+            assert replace(stats, timing=None) == from_sse(stream) and stats.unreadable is None
+            assert (stats.request_id, stats.model, stats.completion_tokens, stats.spec) == (
+                "c", "m", 60_000, spec)
+            cut = Kept(sse=True, length=None, sent=0.0)
+            cut.add(stream[:-len(sep) - 3])  # ended mid-event, [DONE] never whole
+            assert cut.stats(None).unreadable == Unreadable.CUT_MID_EVENT

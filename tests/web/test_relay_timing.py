@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestServer
 from conftest import free_port
 
 from exporter.core.perrequest import RequestStats
 from exporter.fakevllm import FakeServer, make_fake_app
-from exporter.web.proxy import proxy_app
+from exporter.web.passthrough import PortRelay
 from exporter.web.relay import Upstream
 
 
@@ -22,17 +21,15 @@ async def _through_proxy(fake: FakeServer, stream: bool) -> RequestStats:
     async with aiohttp.ClientSession(auto_decompress=False) as session:
         origin = f"http://127.0.0.1:{upstream_server.port}"
         upstream = Upstream("t", origin, lambda _t, stats: recorded.append(stats))
-        runner = web.AppRunner(proxy_app(upstream, session), access_log=None)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        relay, port = PortRelay(upstream), free_port()  # as `Proxying` serves a port
+        await relay.open("127.0.0.1", port, header_timeout=30.0)
         try:
             async with session.post(f"http://127.0.0.1:{port}/v1/completions", json={
                     "prompt": "x", "max_tokens": 10, "stream": stream,
                     "stream_options": {"include_usage": True}}) as answer:
                 await answer.read()
         finally:
-            await runner.cleanup()
+            await relay.close()
             await upstream_server.close()
     (stats,) = recorded
     return stats
