@@ -99,6 +99,9 @@ class Accumulator(RowCodec):
     _saved: tuple[Shape, int] | None = field(default=None, init=False, repr=False, compare=False)
     # Calls of `feed`: what was made from this accumulator is out of date once it moved.
     feeds: int = field(default=0, init=False, repr=False, compare=False)
+    # Series first seen after the baseline though created before it (not kept: the window
+    # keeps the note it makes).
+    unseen_at_baseline: int = field(default=0, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape; whether it showed a server restart. One with a NaN, infinite or
@@ -210,6 +213,11 @@ class Accumulator(RowCodec):
                     inc, _ = counter_increase(before, before_created, value, created.get(key))
             elif baseline:
                 inc = 0.0
+            elif created.get(key, math.nan) < (self.first_at or 0.0):  # NaN: not known
+                # Created before the baseline but off its page: what it had then is unknown,
+                # so it counts from here (`unseen_at_baseline` makes the answer partial).
+                inc = 0.0
+                self.unseen_at_baseline += 1
             else:
                 # A series first seen after the baseline (a new engine, or one that restarted
                 # while absent) grew from zero inside the window.
