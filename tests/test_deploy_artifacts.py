@@ -45,6 +45,8 @@ EXPORTER_METRICS = {
     "specdec_result_write_errors_total",
     "specdec_engine_draft_tokens_total",
     "specdec_engine_accepted_tokens_total",
+    "specdec_acceptance_ratio_by_load",  # live, by running-requests band
+    "specdec_acceptance_length_by_load",
     "specdec_request_acceptance_length_bucket",  # the recording proxy's histogram
     "specdec_request_acceptance_length_count",
     "specdec_request_acceptance_length_sum",

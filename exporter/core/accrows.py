@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from exporter.core.anomaly import AnomalyTally
 from exporter.core.empties import NO_ITEMS, shared_engines, shared_keys, writable
+from exporter.core.loadbands import Bands, bands_from_row, bands_row
 from exporter.core.snapshot import (
     Counts,
     Field,
@@ -59,6 +60,8 @@ class RowCodec:
     anomalies_before: AnomalyTally
     anomalies_inside: AnomalyTally
     anomalies_after: AnomalyTally
+    by_load: Bands
+    running: float | None
     _saved: tuple[Shape, int] | None
     if not TYPE_CHECKING:
         __slots__ = ()  # the fields are the dataclass's, slotted there
@@ -144,7 +147,8 @@ class RowCodec:
             ',"restart_times":', json.dumps(list(self.restart_times)),
             ',"gauge_weighted":', _dict_json(self.gauge_weighted),
             ',"gauge_seconds":', _dict_json(self.gauge_seconds),
-            ',"anomalies":[', ",".join(_tally_json(t) for t in tallies), "]}",
+            ',"anomalies":[', ",".join(_tally_json(t) for t in tallies), "]",
+            self._load_json(), "}",
         ))
 
     def _round_json(self, keys: list[SeriesKey], values: Sequence[float | None],
@@ -162,8 +166,13 @@ class RowCodec:
             f'{{"base":{base},"scrapes":{self.scrapes},"last_at":{_num(at)},"values":"',
             base64.b64encode(numbers).decode(), '","seen":', moved,
             ',"gauge_weighted":', _dict_json(self.gauge_weighted),
-            ',"gauge_seconds":', _dict_json(self.gauge_seconds), "}",
+            ',"gauge_seconds":', _dict_json(self.gauge_seconds), self._load_json(), "}",
         ))
+
+    def _load_json(self) -> str:
+        """The bands by load and the last running reading, as `,"by_load":...,"running":...`."""
+        return "".join((',"by_load":', json.dumps(bands_row(self.by_load)) if self.by_load
+                        else "{}", ',"running":', _num(self.running)))
 
 
 def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
@@ -213,6 +222,8 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
         restart_times=list(data["restart_times"]) or (),
         gauge_weighted=dict(data["gauge_weighted"]) or NO_ITEMS,
         gauge_seconds=dict(data["gauge_seconds"]) or NO_ITEMS,
+        by_load=bands_from_row(data["by_load"]) or NO_ITEMS,
+        running=data["running"],
         **dict(zip(
             ("anomalies_before", "anomalies_inside", "anomalies_after"),
             (AnomalyTally.from_dict(t) for t in data["anomalies"]),
@@ -222,7 +233,7 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # What a round part holds besides its series' numbers (`Accumulator._round_json`).
-_ROUND_FIELDS = ("scrapes", "last_at", "gauge_weighted", "gauge_seconds")
+_ROUND_FIELDS = ("scrapes", "last_at", "gauge_weighted", "gauge_seconds", "by_load", "running")
 
 # A series as a whole row holds it: key, value, created, increase, seen.
 _Row = tuple[SeriesKey, Any, Any, Any, Any]

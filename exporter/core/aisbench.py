@@ -15,6 +15,7 @@ from typing import Any, TypeGuard
 from exporter.core.derive import has_activity, result_data
 from exporter.core.dialects import SGLANG_LENGTH, SGLANG_RATE
 from exporter.core.isotime import is_number, iso_utc
+from exporter.core.loadbands import Bands, bands_from_json, bands_json, reported, summed
 from exporter.core.snapshot import DRAFTS_PER_POS, Counts, Field, integral, sum_counts
 
 NO_METRICS = "No spec decode metrics found on server"
@@ -181,6 +182,7 @@ class Result:
     increase_until_removed: Counts | None = None
     # `unobserved_span` per restart; in an aggregate, every target's, with its `target`.
     unobserved: tuple[Mapping[str, Any], ...] = ()
+    by_load: Bands = field(default_factory=dict)  # the increase by running-requests band
 
     @property
     def ok(self) -> bool:
@@ -249,6 +251,8 @@ class Result:
                 model: self._model_part(counts, body)
                 for model, counts in sorted(self.per_model.items()) if has_activity(counts)
             }
+            if reported(self.by_load):
+                body["by_load"] = bands_json(self.by_load)
             if self.targets is not None:
                 increase = self.increase or Counts()
                 body["per_position_drafts"] = {
@@ -292,6 +296,7 @@ class Result:
             resets=body.get("resets") or 0,
             increase_until_removed=_counts(body.get("increase_until_removed")),
             unobserved=_read_spans(body.get("unobserved")),
+            by_load=bands_from_json(body.get("by_load")),
         )
 
 
@@ -340,7 +345,7 @@ def aggregate(results: Iterable[tuple[str, Result]]) -> Result:
         return base
     return replace(
         base, status=Status.OK, error=None, increase=total, before=before, after=after,
-        per_model=per_model,
+        per_model=per_model, by_load=summed(r.by_load for _, r in used),
         coverage=Coverage.PARTIAL if partial else Coverage.FULL,
         coverage_note=(
             f"partial: includes targets whose numbers cover part of the window: "
@@ -422,6 +427,8 @@ def _nested_counts_problem(value: Mapping[str, Any]) -> str | None:
                           ("raw.before", raw.get("before")), ("raw.after", raw.get("after"))):
         if (problem := _counts_problem(counts, where)) is not None:
             return problem
+    if (problem := _by_load_problem(value.get("by_load"))) is not None:
+        return problem
     per_model = value.get("per_model")
     if per_model is None:
         return None
@@ -431,6 +438,21 @@ def _nested_counts_problem(value: Mapping[str, Any]) -> str | None:
         if not isinstance(entry, Mapping):
             return f"per_model.{model} is not an object"
         if (problem := _counts_problem(entry.get("increase"), f"per_model.{model}.increase")):
+            return problem
+    return None
+
+
+def _by_load_problem(by_load: object) -> str | None:
+    if by_load is None:
+        return None
+    if not isinstance(by_load, Mapping):
+        return "by_load is not an object"
+    for band, entry in by_load.items():
+        if not isinstance(entry, Mapping) or not is_count(entry.get("intervals")):
+            return f"by_load.{band} has no count of intervals"
+        if entry.get("increase") is None:
+            return f"by_load.{band} has no increase"
+        if (problem := _counts_problem(entry["increase"], f"by_load.{band}.increase")):
             return problem
     return None
 

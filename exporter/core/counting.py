@@ -17,6 +17,7 @@ from exporter.core.accrows import Packed, Point, RowCodec, Shape, fields_of
 from exporter.core.aisbench import restart_time, restart_times
 from exporter.core.anomaly import NO_ANOMALIES, AnomalyTally, find_anomaly
 from exporter.core.empties import NO_ITEMS, shared_engines, writable
+from exporter.core.loadbands import Bands, interval_band, with_interval
 from exporter.core.snapshot import (
     Counts,
     Engine,
@@ -86,18 +87,28 @@ class Accumulator(RowCodec):
     anomalies_before: AnomalyTally = NO_ANOMALIES
     anomalies_inside: AnomalyTally = NO_ANOMALIES
     anomalies_after: AnomalyTally = NO_ANOMALIES
+    # Each interval's increase by its running-requests band (`loadbands`), and the gauge's
+    # reading at the last usable scrape (None: the page had none).
+    by_load: Bands = field(default_factory=lambda: NO_ITEMS)
+    running: float | None = None
+    # The band of the last interval fed (None: a baseline or an unusable scrape); not saved.
+    last_band: int | None = field(default=None, init=False, repr=False, compare=False)
     # `totals()` since the last `feed` (the only place the increases change).
     _totals: Counts | None = field(default=None, init=False, repr=False, compare=False)
     # The whole row's shape and scrapes as the store last committed it (`saved`).
     _saved: tuple[Shape, int] | None = field(default=None, init=False, repr=False, compare=False)
     # Calls of `feed`: what was made from this accumulator is out of date once it moved.
     feeds: int = field(default=0, init=False, repr=False, compare=False)
+    # Series first seen after the baseline though created before it (not kept: the window
+    # keeps the note it makes).
+    unseen_at_baseline: int = field(default=0, init=False, repr=False, compare=False)
 
     def feed(self, snapshot: Snapshot, at: float) -> bool:
         """Take one scrape; whether it showed a server restart. One with a NaN, infinite or
         negative counter is only tallied, so every figure covers the same span."""
-        self._totals = None
+        prior, self._totals = self._totals, None
         self.feeds += 1
+        self.last_band = None
         anomaly = find_anomaly(snapshot, at)
         if anomaly is not None:
             if self.scrapes:
@@ -108,6 +119,8 @@ class Accumulator(RowCodec):
         baseline = self.scrapes == 0
         renamed: set[SeriesKey] = set()
         if not baseline:
+            if prior is None:
+                prior = self.totals(cached=False)
             renamed = self._carry_relabelled(snapshot)
             if self.anomalies_after.count:  # else nothing to move
                 self.anomalies_inside = self.anomalies_inside.joined(self.anomalies_after)
@@ -117,6 +130,9 @@ class Accumulator(RowCodec):
         reset = bool(bounds)
         self._retire_absent()
         self._feed_gauges(snapshot, at, baseline)
+        if prior is not None and not baseline:
+            self._feed_band(prior, snapshot.running)
+        self.running = snapshot.running
         if baseline:
             self.packed_before = pack_counts(sum_series(snapshot.values.items()))
         if reset:
@@ -197,6 +213,11 @@ class Accumulator(RowCodec):
                     inc, _ = counter_increase(before, before_created, value, created.get(key))
             elif baseline:
                 inc = 0.0
+            elif created.get(key, math.nan) < (self.first_at or 0.0):  # NaN: not known
+                # Created before the baseline but off its page: what it had then is unknown,
+                # so it counts from here (`unseen_at_baseline` makes the answer partial).
+                inc = 0.0
+                self.unseen_at_baseline += 1
             else:
                 # A series first seen after the baseline (a new engine, or one that restarted
                 # while absent) grew from zero inside the window.
@@ -228,6 +249,12 @@ class Accumulator(RowCodec):
                 seconds = self.gauge_seconds = writable(self.gauge_seconds)
                 weighted[name] = weighted.get(name, 0.0) + value * dt
                 seconds[name] = seconds.get(name, 0.0) + dt
+
+    def _feed_band(self, prior: Counts, running: float | None) -> None:
+        """The interval since the last usable scrape (whose totals were `prior`) into its band:
+        its increase as the totals count it, restarts included."""
+        band = self.last_band = interval_band(self.running, running)
+        self.by_load = with_interval(self.by_load, band, self.totals() - prior)
 
     def gauge_means(self) -> dict[str, float]:
         """Each interval gauge's time-weighted mean over the scrapes since the baseline."""
@@ -348,6 +375,8 @@ class LiveTrack:
     spacing: float = 0.0
     accumulator: Accumulator = field(default_factory=Accumulator)
     points: deque[Packed] = field(default_factory=deque)
+    # (time, band, increase) of each interval after the oldest point: the span's by band.
+    loads: deque[tuple[float, int, Counts]] = field(default_factory=deque)
     # The newest point and the last start point unpacked: the same pairs while the span's
     # ends stay, so readers can cache by their identity.
     _newest: Point | None = field(default=None, init=False, repr=False, compare=False)
@@ -356,8 +385,12 @@ class LiveTrack:
 
     def feed(self, snapshot: Snapshot, at: float) -> None:
         """Take one scrape; forget points older than `span` needs; thin close ones."""
+        before = self._newest
         self.accumulator.feed(snapshot, at)
         totals = self.accumulator.totals()
+        band = self.accumulator.last_band
+        if before is not None and band is not None:
+            self.loads.append((at, band, totals - before[1]))
         points = self.points
         # The point about to be third from the end is kept only if `spacing` after the one before.
         if len(points) > 2 and points[-2][0] - points[-3][0] < self.spacing:
@@ -371,11 +404,23 @@ class LiveTrack:
         # Keep one point at or before the window's start so the span is fully covered.
         while len(points) > 2 and points[1][0] <= at - self.span:
             points.popleft()
+        while self.loads and self.loads[0][0] <= points[0][0]:
+            self.loads.popleft()
 
     def over_span(self, now: float) -> Counts | None:
         """Increase over the last `span` seconds, or None with fewer than two scrapes in it."""
         ends = self.span_ends(now)
         return None if ends is None else ends[1][1] - ends[0][1]
+
+    def span_bands(self, now: float) -> dict[int, Counts]:
+        """The increase over the span `span_ends` covers, by running-requests band."""
+        ends = self.span_ends(now)
+        bands: dict[int, Counts] = {}
+        if ends is not None:
+            for at, band, increase in self.loads:
+                if ends[0][0] < at <= ends[1][0]:
+                    bands[band] = bands[band] + increase if band in bands else increase
+        return bands
 
     def span_ends(self, now: float) -> tuple[Point, Point] | None:
         """The (time, totals) points `over_span` subtracts: the same objects until one changes,

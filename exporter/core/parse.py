@@ -199,7 +199,34 @@ def parse_page(
         if found is None:
             return Snapshot({}, {}, {}, Dialect.AUTO.value, 0)
         dialect = found
-    return _read(page, frm, DIALECTS[dialect], limits, dialect.value)
+    spec = DIALECTS[dialect]
+    return _read(page, frm, spec, limits, dialect.value, read_running(page, spec.running))
+
+
+def read_running(page: bytes, name: str) -> float | None:
+    """The gauge `name`'s samples on `page` summed (over engines and models); None if none.
+    A family's samples are one run of lines in the text formats: read until the run ends,
+    not on to the page's end."""
+    if not name:
+        return None
+    head = name.encode()
+    at = 0 if page.startswith(head) else _next_line(page, b"\n" + head, 0)
+    total: float | None = None
+    while at >= 0:
+        end = page.find(b"\n", at)
+        if end < 0:
+            break  # a cut-off last line, as `_read` drops it
+        if page[at + len(head):at + len(head) + 1] in (b"{", b" ", b"\t"):
+            close = page.rfind(b"}", at, end)
+            value = _sample_value(page[close + 1 if close >= 0 else at + len(head):end])
+            if value is not None and math.isfinite(value):
+                total = (total or 0.0) + value
+            at = end + 1 if page.startswith(head, end + 1) else -1
+        elif total is None:  # another family whose name begins with ours: ours may follow
+            at = _next_line(page, b"\n" + head, end)
+        else:
+            break
+    return total
 
 
 _UNDERSCORE: Final = ord("_")
@@ -207,7 +234,7 @@ _NO_LIMITS = PageLimits(sys.maxsize, sys.maxsize, sys.maxsize)
 
 
 def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
-          dialect: str) -> Snapshot:
+          dialect: str, running: float | None) -> Snapshot:
     """The snapshot of every line from `frm` on that starts with the dialect's prefix (a hot
     loop: no call of ours but `_next_line` for a cached head with a plain value)."""
     values: dict[SeriesKey, float] = {}
@@ -261,7 +288,8 @@ def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
         # Not a gauge, so `_resolve_head` made the key a SeriesKey.
         target[key] = value  # type: ignore[index]
     gauges = _gauge_means(gauge_series, spec.gauge_gate)
-    return Snapshot(values, created, gauges, "vllm-v0" if is_v0 else dialect, duplicates)
+    return Snapshot(values, created, gauges, "vllm-v0" if is_v0 else dialect, duplicates,
+                    running=running)
 
 
 def _remember_head(head: bytes, spec: DialectSpec) -> Head | None:

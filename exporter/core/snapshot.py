@@ -269,6 +269,9 @@ class Snapshot:
     # How the page was asked for: "filtered" (`name[]`, only our families), "full", or "" when
     # not scraped by the exporter (measure, history).
     read: str = ""
+    # The dialect's running-requests gauge summed over its series (engines, models); None when
+    # the page has none.
+    running: float | None = None
 
     @property
     def has_spec_decode(self) -> bool:

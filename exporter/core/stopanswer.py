@@ -71,7 +71,7 @@ def target_result(window: Window, name: str) -> Result:
         reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
         return Result(Status.NA, **base, error=reason)
     return Result(
-        Status.OK, **base, increase=counts, per_model=acc.by_model(),
+        Status.OK, **base, increase=counts, per_model=acc.by_model(), by_load=acc.by_load,
         reset_note=_reset_note(window, acc),
         anomaly_note=_anomaly_inside_note(acc.anomalies_inside),
         **_coverage(window, acc, notes + anomalies),

@@ -23,6 +23,9 @@ MAX_NAME = 256
 # A window's results go to output_dir/<id>: an id must not name what else lives there.
 RESERVED_IDS = frozenset({"state.sqlite", "state.sqlite-wal", "state.sqlite-shm",
                           "state.sqlite-journal", "exporter.lock"})
+# A target's note when a series counting before its baseline was off the baseline's page.
+UNSEEN_AT_BASELINE = ("a counter series already counting at the first usable scrape was not on "
+                      "its page: counted from when it first showed")
 MAX_SERIES_POINTS = 720  # per target; past it every other point goes (resolution halves)
 
 
@@ -107,7 +110,8 @@ class Window:
     # with the closed window only.
     series: dict[str, list[tuple[float, float, float, float]]] = field(default_factory=dict)
     answer: dict[str, Any] | None = None
-    # Targets whose baseline came after the start (a restore found none): partial, saying why.
+    # Targets whose baseline came after the start (a restore found none) or missed a series
+    # (`UNSEEN_AT_BASELINE`): partial, saying why.
     late_baselines: dict[str, str] = field(default_factory=dict)
     # What the recording proxy saw of each target's requests (only targets it saw).
     per_request: dict[str, PerRequest] = field(default_factory=dict)
@@ -145,7 +149,11 @@ class Window:
             return False
         self.last_errors.pop(result.target, None)
         acc = self.accumulators.setdefault(result.target, Accumulator())
+        unseen = acc.unseen_at_baseline
         reset = acc.feed(result.snapshot, result.at)
+        if acc.unseen_at_baseline > unseen and result.target not in self.late_baselines:
+            self.late_baselines[result.target] = UNSEEN_AT_BASELINE
+            self.records_dirty = True  # the note is in the window's row, saved with the round
         self.dirty.add(result.target)
         if (tally := self.per_request.get(result.target)) is not None:
             tally.scraped(result.at, reset)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
@@ -167,9 +168,14 @@ def make_fake_app(
     async def traffic(app: web.Application) -> AsyncIterator[None]:
         async def run() -> None:
             owed = 0.0
+            # Its sequences as running requests, each decoding at a nominal 50 steps a second.
+            busy = math.ceil(drafts_per_second / 50)
             while True:
                 await asyncio.sleep(tick)
-                await app[_TRAFFIC_ON].wait()
+                if not app[_TRAFFIC_ON].is_set():
+                    server.background = 0
+                    await app[_TRAFFIC_ON].wait()
+                server.background = busy
                 # Carry the fraction so low rates still produce drafts on average.
                 owed += drafts_per_second * tick
                 drafts = int(owed)

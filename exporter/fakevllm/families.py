@@ -116,11 +116,11 @@ def rest_families(server: ServerModel) -> list[Metric]:
 
 
 def _load_gauges(labels: list[str], series: list[Any], v1: bool) -> list[Metric]:
-    """vLLM's load gauges; V0 has no kv_cache_usage_perc, but its series draw the same numbers."""
-    running, waiting, gpu_cache, kv_cache = (
+    """vLLM's load gauges but the running one (`running_family`); V0 has no
+    kv_cache_usage_perc, but its series draw the same numbers."""
+    waiting, gpu_cache, kv_cache = (
         GaugeMetricFamily(name, help_text, labels=labels)
         for name, help_text in (
-            ("vllm:num_requests_running", "Number of requests in model execution batches."),
             ("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
             ("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage."
              + ("DEPRECATED: Use vllm:kv_cache_usage_perc instead." if v1 else "")),
@@ -129,12 +129,27 @@ def _load_gauges(labels: list[str], series: list[Any], v1: bool) -> list[Metric]
     )
     for label_values, traffic, rng in series:
         busy = traffic["tokens"] > 0
-        running.add_metric(label_values, float(rng.randint(1, 24) if busy else 0))
         waiting.add_metric(label_values, float(rng.randint(0, 3) if busy else 0))
         usage = rng.uniform(0.02, 0.6) if busy else 0.0
         gpu_cache.add_metric(label_values, usage)
         kv_cache.add_metric(label_values, usage)
-    return [running, waiting, gpu_cache, kv_cache] if v1 else [running, waiting, gpu_cache]
+    return [waiting, gpu_cache, kv_cache] if v1 else [waiting, gpu_cache]
+
+
+def running_family(server: ServerModel) -> Metric:
+    """vllm:num_requests_running as vLLM 0.32 registers it (v1/metrics/loggers.py), from the
+    requests decoding now: per engine on V1 pages, summed on V0's."""
+    v1 = server.dialect == "vllm"
+    running = GaugeMetricFamily("vllm:num_requests_running",
+                                "Number of requests in model execution batches.",
+                                labels=["model_name", "engine"] if v1 else ["model_name"])
+    engines = range(server.engines)
+    if v1:
+        for engine in engines:
+            running.add_metric([server.model_name, str(engine)], float(server.running(engine)))
+    else:
+        running.add_metric([server.model_name], float(sum(map(server.running, engines))))
+    return running
 
 
 def _token_counters(

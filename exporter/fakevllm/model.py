@@ -73,6 +73,8 @@ class ServerModel:
         self.page_cache: dict[str, Any] = {}
         self.generation = 0
         self.created = 0.0
+        self.in_flight = [0] * self.engines  # API requests decoding, per engine
+        self.background = 0  # the background traffic's sequences decoding (app.py's)
         self.restart()
 
     def restart(self) -> None:
@@ -172,6 +174,12 @@ class ServerModel:
     def step_time(self, proposed: int) -> float:
         """Seconds one decode step drafting `proposed` tokens takes."""
         return self.step_seconds * (1 + DRAFT_COST * proposed)
+
+    def running(self, engine: int) -> int:
+        """Requests decoding on `engine` now (vLLM's num_requests_running): the API's in flight
+        and its share of the background traffic's sequences."""
+        share, extra = divmod(self.background, self.engines)
+        return self.in_flight[engine] + share + (engine < extra)
 
     def pick_engine(self) -> int:
         """The data-parallel rank a new request lands on."""

@@ -259,6 +259,17 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
             {"error": {"message": message, "type": "invalid_request_error", "code": 400}},
             status=400)
     engine = server.pick_engine()
+    server.in_flight[engine] += 1
+    try:
+        return await _answer(request, server, chat, body, engine, (tokens, prompt, n))
+    finally:
+        server.in_flight[engine] -= 1
+
+
+async def _answer(request: web.Request, server: ServerModel, chat: bool, body: dict[str, Any],
+                  engine: int, asked_for: tuple[int, int, int]) -> web.StreamResponse:
+    """`completions`' answer of a valid request, decoded on `engine`."""
+    tokens, prompt, n = asked_for
     plans = [server.plan_steps(tokens) for _ in range(n)]
     head = {
         "id": ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12),

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter.fakevllm.families import process_families, rest_families
+from exporter.fakevllm.families import process_families, rest_families, running_family
 from exporter.fakevllm.histograms import MAX_MODEL_LEN
 from exporter.fakevllm.model import EngineCounters, ServerModel
 
@@ -93,7 +93,10 @@ def _render_vllm(server: ServerModel) -> bytes:
         cache["rest"] = generate_latest(_Families(rest_families(server)))
         cache["key"], cache["at"] = key, now
     spec = generate_latest(_Families(spec_families(server))) if server.spec_decode else b""
-    return b"".join((cache["head"], spec, cache["rest"]))
+    # The running gauge is not kept with the rest: it moves with every request that starts or
+    # ends. After the spec-decode families, as vLLM registers them.
+    running = generate_latest(_Families([running_family(server)]))
+    return b"".join((cache["head"], spec, running, cache["rest"]))
 
 
 def _render_llamacpp(server: ServerModel) -> bytes:

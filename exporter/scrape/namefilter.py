@@ -78,10 +78,12 @@ def honoured(answer: bytes, wanted: frozenset[str], names: Collection[str]) -> b
 
 def families(snapshot: Snapshot) -> frozenset[str]:
     """The families a snapshot holds, as far as reading it goes: its counters' fields, whether
-    it has `_created` samples, its gauges."""
+    it has `_created` samples or a running-requests reading, its gauges."""
     found = {key.field.value for key in snapshot.values}
     if snapshot.created:
         found.add("_created")
+    if snapshot.running is not None:
+        found.add("running")
     return frozenset(found | set(snapshot.gauges))
 
 

@@ -70,7 +70,8 @@ class ResultCodec:
         return (result.target, result.at, result.duration, result.error, result.size,
                 (self._shape(self._last[0], result.target, values), pack_values(values),
                  self._shape(self._last[1], result.target, created), pack_values(created),
-                 dict(snapshot.gauges), snapshot.dialect, snapshot.duplicates, snapshot.read))
+                 dict(snapshot.gauges), snapshot.dialect, snapshot.duplicates, snapshot.read,
+                 snapshot.running))
 
     def _shape(self, last: dict[str, _Shape], target: str, mapping: Mapping[SeriesKey, float]
                ) -> int | list[tuple[Any, ...]]:
@@ -90,10 +91,12 @@ class ResultCodec:
         target, at, duration, error, size, page = packed
         if page is None:
             return ScrapeResult(target, at, duration, None, error, size)
-        values_shape, values, created_shape, created, gauges, dialect, duplicates, read = page
+        values_shape, values, created_shape, created, gauges, dialect, duplicates, read, running = (
+            page)
         snapshot = Snapshot(values=self._mapping(values_shape, values),
                             created=self._mapping(created_shape, created),
-                            gauges=gauges, dialect=dialect, duplicates=duplicates, read=read)
+                            gauges=gauges, dialect=dialect, duplicates=duplicates, read=read,
+                            running=running)
         return ScrapeResult(target, at, duration, snapshot, error, size)
 
     def _mapping(self, shape: int | list[tuple[Any, ...]], numbers: bytes

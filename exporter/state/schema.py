@@ -3,8 +3,9 @@ Version 1: every key present, accumulators in rows of their own written whole by
 codec. Version 2: an open window's per-request tallies and edges in its row, a stopped one's
 answer whole (`per_request`, `edges` and `results_dir` in it, taken from its `window.json`
 where the handler had added them there). Version 3: every per-request block has its `timing`
-(empty in a block written before timings were kept). Older forms are rewritten once, in one
-transaction, so that no reader knows them."""
+(empty in a block written before timings were kept). Version 4: an accumulator's intervals by
+load (`by_load`, its last `running` reading); what a row counted before is in the `unknown`
+band. Older forms are rewritten once, in one transaction, so that no reader knows them."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from typing import Any
 
 from exporter.core.counting import Accumulator
 from exporter.core.errors import StoreError
+from exporter.core.loadbands import UNKNOWN
 from exporter.core.timing import Timings
 from exporter.core.window import Window
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Keys added to a window's or an accumulator's row during version 0, as they were when absent.
 _WINDOW_DEFAULTS: Mapping[str, Any] = {
@@ -32,7 +34,10 @@ _WINDOW_DEFAULTS: Mapping[str, Any] = {
 _SPLICED = ("edges", "per_request")
 _ACCUMULATOR_DEFAULTS: Mapping[str, Any] = {
     "dialect": "", "before": None, "reset_spans": [], "restart_times": [], "seen": [],
-    "gauge_weighted": {}, "gauge_seconds": {}, "anomalies": [None, None, None]}
+    "gauge_weighted": {}, "gauge_seconds": {}, "anomalies": [None, None, None],
+    "by_load": {}, "running": None}
+# What version 3 added to a round part.
+_ROUND_DEFAULTS: Mapping[str, Any] = {"by_load": {}, "running": None}
 
 
 def migrate(db: sqlite3.Connection, path: object) -> None:
@@ -138,4 +143,10 @@ def _current(data: dict[str, Any]) -> str:
         data |= {"last": [[k, v, c] for k, v, c, _, _ in rows if v is not None],
                  "increase": [[k, inc] for k, _, _, inc, _ in rows if inc is not None],
                  "seen": [[k, t] for k, _, _, _, t in rows if t is not None]}
-    return Accumulator.from_dict(dict(_ACCUMULATOR_DEFAULTS) | data).to_json()
+    banded = "by_load" in data
+    if isinstance(data.get("round"), dict):
+        data["round"] = dict(_ROUND_DEFAULTS) | data["round"]
+    acc = Accumulator.from_dict(dict(_ACCUMULATOR_DEFAULTS) | data)
+    if not banded and acc.scrapes > 1:  # its intervals so far, read before the gauge was
+        acc.by_load = {UNKNOWN: (acc.scrapes - 1, acc.totals(cached=False))}
+    return acc.to_json()

@@ -15,6 +15,7 @@ from exporter import __version__
 from exporter.core.counting import LiveTrack
 from exporter.core.derive import acceptance_length, acceptance_ratio, position_ratios, span_figures
 from exporter.core.kept import LastWindow
+from exporter.core.loadbands import UNKNOWN, band_label
 from exporter.core.snapshot import FILTERED, Counts, Field, SeriesKey, Snapshot
 from exporter.server.stateview import StateView
 from exporter.server.targets import TargetState
@@ -36,6 +37,8 @@ from exporter.web.families import (
     LAST_SCRAPE,
     LENGTH,
     LIVE_FAMILIES,
+    LOAD_LENGTH,
+    LOAD_RATIO,
     NO_LIVE,
     PER_POS,
     POS_RATIO,
@@ -234,10 +237,11 @@ class _TargetLines:
         self.lines = _scrape_lines(state, labels)
         # The live track's (start, end) points behind `live`.
         self.live_key: tuple[_Point, _Point] | None = None
-        self.live: tuple[str, str, str] = NO_LIVE
+        self.live: tuple[str, ...] = NO_LIVE
 
-    def live_lines(self, track: LiveTrack, now: float) -> tuple[str, str, str]:
-        """The live ratio, length and per-position lines; built again only when the span moved."""
+    def live_lines(self, track: LiveTrack, now: float) -> tuple[str, ...]:
+        """The live ratio, length, per-position and by-load lines; built again only when the
+        span moved."""
         ends = track.span_ends(now)
         key = self.live_key
         if ends is None:
@@ -251,8 +255,21 @@ class _TargetLines:
                 f"{fixed[LENGTH]}{number(length)}\n" if length is not None else "",
                 run_template(self.labels.positions(None, tuple(ratios)),
                      tuple(ratios.values())),
+                *_load_lines(self.labels.text, track.span_bands(now)),
             )
         return self.live
+
+
+def _load_lines(labels: str, bands: Mapping[int, Counts]) -> tuple[str, str]:
+    """The live ratio and length lines of each running-requests band with drafts in the span."""
+    ratios, lengths = [], []
+    for band in sorted(b for b in bands if b != UNKNOWN):
+        with_band = f'{labels},band="{band_label(band)}"'
+        if (ratio := acceptance_ratio(bands[band])) is not None:
+            ratios.append(line(LOAD_RATIO.name, with_band, ratio))
+        if (length := acceptance_length(bands[band])) is not None:
+            lengths.append(line(LOAD_LENGTH.name, with_band, length))
+    return "".join(ratios), "".join(lengths)
 
 
 class MetricsWriter:

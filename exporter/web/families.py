@@ -58,6 +58,13 @@ LENGTH = Family("specdec_acceptance_length", "gauge",
                 "1 + accepted tokens / drafts: tokens per forward pass. " + LIVE_NOTE)
 POS_RATIO = Family("specdec_position_acceptance_ratio", "gauge",
                    "Accepted at the position / drafts (0..1). " + LIVE_NOTE)
+LOAD_RATIO = Family("specdec_acceptance_ratio_by_load", "gauge",
+                    "Accepted / draft tokens (0..1) of the scrape intervals in the running-"
+                    "requests band (band: 0, 1, 2-3, 4-7, ... by the mean of the server's "
+                    "running-requests gauge at the interval's two scrapes). " + LIVE_NOTE)
+LOAD_LENGTH = Family("specdec_acceptance_length_by_load", "gauge",
+                     "1 + accepted tokens / drafts of the scrape intervals in the running-"
+                     "requests band (as specdec_acceptance_ratio_by_load). " + LIVE_NOTE)
 LAST_RATIO = Family("specdec_last_window_acceptance_ratio", "gauge",
                     "Accepted / draft tokens (0..1) over the last stopped benchmark window.")
 LAST_LENGTH = Family("specdec_last_window_acceptance_length", "gauge",
@@ -87,10 +94,10 @@ ENGINE_ACCEPTED = Family("specdec_engine_accepted_tokens_total", "counter",
                          "Accepted draft tokens per engine (data-parallel rank), for servers "
                          "with several.")
 
-NO_LIVE = ("", "", "")
+NO_LIVE = ("", "", "", "", "")
 TARGET_FAMILIES = (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, READ_FILTERED, DRAFTS,
                    DRAFT_TOKENS, ACCEPTED, PER_POS, ENGINE_TOKENS, ENGINE_ACCEPTED)
-LIVE_FAMILIES = (RATIO, LENGTH, POS_RATIO)
+LIVE_FAMILIES = (RATIO, LENGTH, POS_RATIO, LOAD_RATIO, LOAD_LENGTH)
 
 
 def escape(value: str) -> str:

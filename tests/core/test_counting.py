@@ -9,6 +9,7 @@ import pytest
 
 from exporter.core.anomaly import Anomaly, AnomalyTally, find_anomaly
 from exporter.core.counting import Accumulator, LiveTrack, counter_increase
+from exporter.core.loadbands import UNKNOWN, reported
 from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot, pack_counts
 
 NAN = math.nan
@@ -786,3 +787,67 @@ class TestWhatAnOpenWindowKeeps:
             assert again.anomalies_before == acc.anomalies_before  # pickled: an equal one
             again.feed(snap(engine_page("0", 12, 36, [9, 4])), 2.0)
             assert again.totals() == Counts(2, 6, 1, {0: 1, 1: 0})
+
+
+def running_page(drafts: float, running: float | None, created: float = 1.0) -> Snapshot:
+    """`two_engines`' page with a running-requests reading."""
+    page = two_engines(drafts, created)
+    return Snapshot(page.values, page.created, running=running)
+
+
+class TestByLoad:
+    """Each interval's increase in the band of its running-requests readings."""
+
+    def test_bands_partition_the_increase_across_a_restart_and_a_bad_scrape(self):
+        acc = Accumulator()
+        nan_page = two_engines(1)
+        nan_page = Snapshot({**nan_page.values, key(D): math.nan}, nan_page.created, running=9)
+        pages = [running_page(10, 0), running_page(20, 1), running_page(40, 3),
+                 nan_page,  # not taken: the next interval spans it, from the reading before
+                 running_page(70, 5), running_page(5, 6, created=2.0),  # restarted
+                 running_page(25, None, created=2.0), running_page(26, None, created=2.0)]
+        feed_all(acc, pages)
+        assert acc.resets == 1
+        bands = acc.by_load
+        assert {b: n for b, (n, _) in bands.items()} == {
+            1: 1,  # 0 -> 1: mean 0.5, rounded up
+            2: 1,  # 1 -> 3
+            # 3 -> 5 (over the bad scrape); 5 -> 6 (the restart, counted from zero); 6 -> no
+            # reading (the one there is)
+            4: 3,
+            UNKNOWN: 1}  # no reading at either end
+        assert sum((c for _, c in bands.values()), Counts()) == acc.totals()
+        assert bands[4][1].drafts == (70 - 40) * 3 + 5 * 3 + (25 - 5) * 3
+        assert acc.running is None and acc.last_band == UNKNOWN
+
+    def test_a_page_without_the_gauge_reports_no_band(self):
+        acc = Accumulator()
+        feed_all(acc, [two_engines(3), two_engines(4), two_engines(9)])
+        assert acc.by_load == {UNKNOWN: (2, acc.totals())}
+        assert not reported(acc.by_load)
+
+    def test_rows_whole_and_round_keep_the_bands(self):
+        acc, stored = Accumulator(), StoredRows()
+        for i, (drafts, running) in enumerate([(3, 2), (4, 2), (9, 7)]):
+            acc.feed(running_page(drafts, running), 100.0 + i)
+            stored.save(acc)
+        assert stored.part is not None  # the last rounds went as round parts
+        for loaded in (stored.load(), Accumulator.from_dict(json.loads(acc.to_json()))):
+            assert loaded.by_load == acc.by_load == {2: (1, loaded.by_load[2][1]),
+                                                     4: (1, loaded.by_load[4][1])}
+            assert loaded.running == 7
+        # Fed on from the row, the next interval starts from the saved reading.
+        loaded = stored.load()
+        loaded.feed(running_page(12, 9), 103.0)
+        assert loaded.last_band == 8
+
+    def test_live_track_keeps_the_span_by_band(self):
+        track = LiveTrack(span=10)
+        for at, (drafts, running) in enumerate([(3, 1), (4, 1), (6, 4), (8, 4)]):
+            track.feed(running_page(drafts, running), 100.0 + 5 * at)
+        # The span 105..115 (one point at or before its start): the last two intervals.
+        bands = track.span_bands(115.0)
+        assert set(bands) == {2, 4}
+        assert bands[2].drafts == (6 - 4) * 3 and bands[4].drafts == (8 - 6) * 3
+        start, end = track.span_ends(115.0)
+        assert sum(bands.values(), Counts()) == end[1] - start[1]

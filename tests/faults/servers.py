@@ -22,6 +22,9 @@ class Counters:
     model: str = "m"
     created: float = field(default_factory=time.time)
     values: list[list[int]] = field(default_factory=list)  # engine -> [drafts, tokens, p0..]
+    # Engines started after the server, each with its own `_created` (as a labelled child
+    # made later has in prometheus_client).
+    engine_created: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.values:
@@ -37,12 +40,15 @@ class Counters:
     def add_engine(self) -> None:
         """A new data-parallel rank starts (from zero)."""
         self.values.append([0] * (2 + self.k))
+        self.engine_created[self.engines] = max(time.time(), self.created)
         self.engines += 1
 
     def restart(self) -> None:
         """Every counter back to zero, a new `_created`."""
         self.values = [[0] * (2 + self.k) for _ in range(self.engines)]
-        self.created = max(time.time(), self.created + 1.0)
+        # Never in the future: a `_created` after a scrape reads as created after it.
+        self.created = max(time.time(), self.created + 1e-6)
+        self.engine_created = {}
 
     def totals(self) -> dict:
         """Summed over engines, in the result's `increase` shape."""
@@ -81,7 +87,8 @@ class Counters:
                     if duplicate:
                         lines.append(f"{name}_total{{{label_text}}} {value + 1000!r}")
                     if created:
-                        lines.append(f"{name}_created{{{label_text}}} {self.created!r}")
+                        stamp = self.engine_created.get(engine, self.created)
+                        lines.append(f"{name}_created{{{label_text}}} {stamp!r}")
         return ("\n".join(lines) + "\n").encode()
 
 

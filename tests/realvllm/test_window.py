@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from exporter.core.loadbands import band_of
 from realvllm.conftest import ask, exporter_over, get, read_counters
 
 
@@ -25,3 +29,44 @@ class TestWindow:
         assert data["per_position_acceptance_rates"] == {
             str(p): n / increase.drafts for p, n in enumerate(increase.per_position)}
         assert data["acceptance_rate"] == 100 * increase.accepted / increase.draft_tokens
+
+
+def _load(base: str, clients: int, seconds: float) -> None:
+    """`clients` clients each asking one request after another for about `seconds`."""
+    deadline = time.monotonic() + seconds
+
+    def one(_: int) -> None:
+        while time.monotonic() < deadline:
+            ask(base, chat=False, stream=True, max_tokens=64)
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(clients)))
+
+
+def _bands_equal_counters(by_load: dict, increase) -> None:
+    """The bands' sums are the counters' increase, position by position."""
+    assert "unknown" not in by_load  # the gauge on every (filtered) page
+    sums = [sum(b["increase"][key] for b in by_load.values())
+            for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")]
+    assert sums == [increase.drafts, increase.draft_tokens, increase.accepted]
+    assert tuple(sum(b["increase"]["accepted_per_pos"][str(p)] for b in by_load.values())
+                 for p in range(len(increase.per_position))) == increase.per_position
+
+
+class TestByLoad:
+    def test_bands_of_two_concurrency_levels_sum_to_the_counters(self, fleet, tmp_path):
+        server = fleet.ngram
+        busy: dict[int, list[int]] = {}
+        with exporter_over(server, tmp_path) as exporter:
+            for clients in (1, 6):
+                exporter.start(f"c{clients}")
+                before = read_counters(get(server.metrics_url))
+                _load(server.base_url, clients, 5.0)
+                after = read_counters(get(server.metrics_url))
+                result = exporter.stop(f"c{clients}")["results"]["real"]
+                assert result["status"] == "ok" and result["read"] == "filtered"
+                _bands_equal_counters(result["by_load"], after.minus(before))
+                busy[clients] = [band_of(label) for label, band in result["by_load"].items()
+                                 if band["num_drafts"]]
+        # One client never has two requests running; six have, at some scrape.
+        assert max(busy[1]) <= 1 and max(busy[6]) >= 2, busy

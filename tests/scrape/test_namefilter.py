@@ -12,7 +12,14 @@ from exporter.core.dialects import sample_names
 from exporter.core.parse import parse_page
 from exporter.core.snapshot import FILTERED, FULL
 from exporter.fakevllm import FakeServer, NameFilter, make_fake_app
-from exporter.scrape.namefilter import filtered_urls, honoured, present, restarted
+from exporter.scrape.namefilter import (
+    Reading,
+    families,
+    filtered_urls,
+    honoured,
+    present,
+    restarted,
+)
 from exporter.scrape.scraper import Scraper, make_session
 
 NAMES = sample_names("vllm")
@@ -141,6 +148,17 @@ class TestFilteredScrape:
         assert result.snapshot is not None and result.snapshot.read == FILTERED
         assert fake.seen[-1] == ("/metrics", True)
 
+    async def test_the_running_gauge_is_read_filtered_too(self, aiohttp_server, scraper):
+        fake, url = await _serve(aiohttp_server, engines=2)
+        target = _target(url)
+        fake.server.background = 3  # sequences decoding: one engine 2, the other 1
+        first = await scraper.scrape(target, 5)
+        assert first.snapshot is not None and first.snapshot.running == 3
+        fake.server.background = 5
+        second = await scraper.scrape(target, 5)
+        assert second.snapshot is not None and second.snapshot.read == FILTERED
+        assert second.snapshot.running == 5
+
 
 PAGE = (b'# TYPE vllm:spec_decode_num_drafts counter\n'
         b'vllm:spec_decode_num_drafts_total{engine="0"} 4.0\n'
@@ -168,6 +186,12 @@ class TestPages:
     ])
     def test_honoured(self, answer, ok):
         assert honoured(answer, present(PAGE, NAMES), NAMES) is ok
+
+    def test_a_filtered_page_that_lost_the_gauge_is_not_kept(self):
+        full = parse_page(PAGE)
+        reading = Reading(families=families(full), last=full)
+        assert reading.keeps(parse_page(PAGE.replace(b"} 4.0", b"} 5.0")))
+        assert not reading.keeps(parse_page(PAGE.replace(b"vllm:num_requests_running", b"# x")))
 
     @pytest.mark.parametrize("later, seen", [
         (PAGE.replace(b"} 4.0", b"} 5.0"), False),

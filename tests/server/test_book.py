@@ -12,6 +12,7 @@ import os
 import sqlite3
 import types
 
+import aiohttp
 import pytest
 from conftest import Clock
 from faults.checks import samples, value
@@ -686,3 +687,74 @@ class TestConcurrentStops:
         drafts = [a["results"]["a"]["increase"]["num_drafts"] for a in answers]
         assert drafts == [7, 2]
         assert all(a["results"]["a"]["resets"] == 0 for a in answers)
+
+
+async def _clients(base: str, clients: int, requests: int) -> None:
+    """`clients` streaming clients on loopback, each sending `requests` one after another."""
+    async with aiohttp.ClientSession() as session:
+        async def one() -> None:
+            for _ in range(requests):
+                async with session.post(f"{base}/v1/completions", json={
+                        "prompt": "x", "max_tokens": 120, "stream": True}) as response:
+                    assert response.status == 200
+                    await response.read()
+
+        await asyncio.gather(*(one() for _ in range(clients)))
+
+
+def _band_sums(by_load: dict) -> dict:
+    """The bands' increases summed, as the RESULT's `increase` spells counters."""
+    total: dict = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                   "accepted_per_pos": {}}
+    for band in by_load.values():
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
+            total[key] += band["increase"][key]
+        for pos, v in band["increase"]["accepted_per_pos"].items():
+            total["accepted_per_pos"][pos] = total["accepted_per_pos"].get(pos, 0) + v
+    return total
+
+
+class TestWindowByLoad:
+    """A window's increase by the server's running-requests band, from its counters."""
+
+    async def test_two_load_levels_partition_the_window_exactly(self, fake_vllm, exporter):
+        fake = await fake_vllm(k=3, engines=2, step_seconds=0.002, seed=7)
+        other = await fake_vllm(k=2)
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url},
+                                          {"name": "b", "url": other.url}]})
+        await exp.start(id="w")
+        base = str(fake.http.make_url("/"))[:-1]
+        for clients in (1, 6):
+            load = asyncio.create_task(_clients(base, clients, 4))
+            while not load.done():
+                await exp.round()
+                await asyncio.sleep(0.03)
+            await load
+            await exp.round()
+        other.server.background = 40
+        other.server.add(0, 10, 20, [7, 3])
+        answer = await exp.stop("w")
+        result, aggregate = answer["results"]["a"], answer["aggregate"]
+        assert result["status"] == "ok"
+        by_load = result["by_load"]
+        # Every interval in one band: their sums are the window's increase, exactly.
+        assert _band_sums(by_load) == result["increase"]
+        assert sum(b["intervals"] for b in by_load.values()) == result["scrapes"] - 1
+        # One client decodes alone; six keep four to seven running between them.
+        assert by_load["1"]["num_drafts"] > 0 and by_load["4-7"]["num_drafts"] > 0
+        assert "unknown" not in by_load
+        for band in by_load.values():
+            if band["num_drafts"]:
+                assert band["acceptance_length"] == 1 + (
+                    band["accepted_tokens"] / band["num_drafts"])
+        # The other target: idle (its intervals in band 0, no figures), then one interval from
+        # 0 running to 40 with all its drafts.
+        idle, busy = answer["results"]["b"]["by_load"].values()
+        assert list(answer["results"]["b"]["by_load"]) == ["0", "16-31"]
+        assert idle["num_drafts"] == 0 and idle["acceptance_length"] is None
+        assert busy["intervals"] == 1 and busy["num_drafts"] == 10
+        # (The aggregate's k=3 and k=2 targets leave position 2 with fewer drafts: its
+        # `num_drafts_per_pos` is no sum of counters.)
+        assert _band_sums(aggregate["by_load"]) == {
+            k: v for k, v in aggregate["increase"].items() if k != "num_drafts_per_pos"}
+        assert aggregate["by_load"]["16-31"]["num_drafts"] == 10

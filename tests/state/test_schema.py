@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
 from exporter.core.counting import Accumulator
 from exporter.core.errors import StoreError
-from exporter.core.snapshot import Field, SeriesKey, Snapshot
+from exporter.core.loadbands import UNKNOWN
+from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot
 from exporter.core.window import TargetRef, Window
 from exporter.state.schema import SCHEMA_VERSION
 from exporter.state.store import StateStore
@@ -263,4 +265,33 @@ class TestVersion2:
         assert done is not None
         blocks = done["answer"]["per_request"]
         assert blocks["targets"]["a"]["timing"] == blocks["aggregate"]["timing"] == empty
-        assert user_version(path) == SCHEMA_VERSION == 3
+        assert user_version(path) == SCHEMA_VERSION
+
+
+class TestVersion3:
+    def test_what_a_row_counted_before_the_bands_is_in_the_unknown_band(self, tmp_path):
+        path = tmp_path / "s.sqlite"
+        store = StateStore(path)
+        window = Window.from_dict(window_doc())
+        acc = window.accumulators["a"] = Accumulator()
+        for at, drafts in enumerate([10, 12, 15]):
+            acc.feed(page(drafts), 100.0 + at)
+            rows = window.accumulator_rows()
+            store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
+            rows.committed()
+        store.close()
+        with sqlite3.connect(path) as db:  # the rows as version 3 wrote them
+            for table in ("accumulators", "accumulator_rounds"):
+                (doc,) = db.execute(f"SELECT doc FROM {table}").fetchone()
+                old = {k: v for k, v in json.loads(doc).items() if k not in ("by_load", "running")}
+                db.execute(f"UPDATE {table} SET doc=?", (json.dumps(old),))
+            db.execute("PRAGMA user_version=3")
+        db.close()
+        back = loaded(path).accumulators["a"]
+        assert back.by_load == {UNKNOWN: (2, acc.totals())} and back.running is None
+        assert back.totals() == acc.totals() and back.scrapes == 3
+        # Counted on: the later intervals in their bands, the sums still the whole increase.
+        back.feed(replace(page(20), running=3.0), 103.0)
+        assert set(back.by_load) == {UNKNOWN, 2}
+        assert sum((c for _, c in back.by_load.values()), Counts()) == back.totals()
+        assert user_version(path) == SCHEMA_VERSION

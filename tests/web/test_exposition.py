@@ -421,6 +421,8 @@ GOLDEN_TYPES = [
     "# TYPE specdec_acceptance_ratio gauge",
     "# TYPE specdec_acceptance_length gauge",
     "# TYPE specdec_position_acceptance_ratio gauge",
+    "# TYPE specdec_acceptance_ratio_by_load gauge",
+    "# TYPE specdec_acceptance_length_by_load gauge",
     "# TYPE specdec_last_window_acceptance_ratio gauge",
     "# TYPE specdec_last_window_acceptance_length gauge",
     "# TYPE specdec_last_window_position_acceptance_ratio gauge",
@@ -696,3 +698,47 @@ class TestSampleText:
                            "specdec_accepted_tokens_per_position",
                            "specdec_accepted_tokens_per_position_total")
         assert {dict(k)["zone"] for k in per_pos} == {odd}
+
+
+class TestLoadGauges:
+    """Live acceptance by the target's running-requests band, over live_window."""
+
+    async def test_ratio_and_length_per_band_over_the_span(self, fake_vllm, exporter):
+        clock = Clock()
+        fake = await fake_vllm(k=3)
+        exp = await exporter({"live_window": "60s", "targets": [
+            {"name": "a", "url": fake.url, "labels": {"cluster": "c1"}}]}, clock=clock)
+        await exp.round()
+        for background, per_pos in ((3, [9, 6, 3]), (8, [5, 2, 0]), (8, None)):
+            fake.server.background = background
+            if per_pos:
+                fake.server.add(0, 10, 30, per_pos)
+            clock.now += 10
+            await exp.round()
+        families = await _families(exp)
+        a = {"target": "a", "cluster": "c1"}
+
+        def at(band: str) -> frozenset:
+            return frozenset((a | {"band": band}).items())
+
+        # 0 -> 3 running: mean 1.5, band 2-3; 3 -> 8: band 4-7; 8 -> 8 without drafts: absent.
+        assert _samples(families, "specdec_acceptance_ratio_by_load") == {
+            at("2-3"): 18 / 30, at("4-7"): 7 / 30}
+        assert _samples(families, "specdec_acceptance_length_by_load") == {
+            at("2-3"): 1 + 18 / 10, at("4-7"): 1 + 7 / 10}
+        # Once the first interval is out of the span, its band is too.
+        clock.now += 45
+        await exp.round()
+        families = await _families(exp)
+        assert _samples(families, "specdec_acceptance_ratio_by_load") == {at("4-7"): 7 / 30}
+
+    async def test_absent_for_a_server_without_counters(self, fake_vllm, exporter):
+        clock = Clock()
+        fake = await fake_vllm(k=3, dialect="sglang")
+        exp = await exporter({"targets": [{"name": "a", "url": fake.url}]}, clock=clock)
+        for _ in range(3):
+            fake.server.simulate(20)
+            clock.now += 5
+            await exp.round()
+        text = await _metrics_text(exp)
+        assert "specdec_acceptance_ratio_by_load{" not in text
