@@ -15,6 +15,8 @@ from operator import mul, sub, truediv
 from typing import Any
 
 from exporter.analysis.distribution import Distribution, distribution, rates_from_mapping
+from exporter.analysis.speedup import split_timings
+from exporter.core.segments import MIN_REQUESTS
 
 DEFAULT_COSTS = (0.0, 0.05, 0.1, 0.25)
 TAIL_FIT = "least squares of log p_i on i over the measured positions with p_i > 0"
@@ -162,10 +164,26 @@ def _tpot(answer: Mapping[str, Any]) -> float | None:
     return figures["mean"] if isinstance(figures, Mapping) and figures.get("mean") else None
 
 
+def _band_tpots(answer: Mapping[str, Any]) -> dict[str, float]:
+    """Mean TPOT (ms) per concurrency band with at least MIN_REQUESTS timed TPOTs."""
+    return {band: t.spreads["tpot_ms"].total / t.spreads["tpot_ms"].count
+            for band, t in split_timings(answer, "concurrency").items()
+            if t.spreads["tpot_ms"].count >= MIN_REQUESTS and t.spreads["tpot_ms"].total > 0}
+
+
+def _cost(tpot_a: float, tpot_b: float, length: float, per_step: float) -> dict[str, Any]:
+    step_ratio = tpot_b * length / tpot_a
+    return {"value": max((step_ratio - 1) / per_step, 0.0), "baseline_tpot_ms": tpot_a,
+            "tpot_ms": tpot_b, "acceptance_length": length, "draft_tokens_per_step": per_step,
+            "step_ratio": step_ratio, "note": None if step_ratio >= 1 else
+            "a spec step took less than a no-spec one (other load, other hardware?): c = 0"}
+
+
 def measured_cost(baseline: Mapping[str, Any], answer: Mapping[str, Any]) -> dict[str, Any]:
     """The draft cost c that S = L / (1 + c k') assumes, measured: a spec step (B's TPOT times
     the tokens per step L) over a no-spec step (the baseline's TPOT: one token a step), less
-    one, per token drafted; or why it cannot be measured."""
+    one, per token drafted; per concurrency band timed in both windows (`by_concurrency`),
+    the window's one figure beside it; or why it cannot be measured."""
     tpot_a, tpot_b = _tpot(baseline), _tpot(answer)
     data = (answer.get("aggregate") or {}).get("data") or {}
     drafts, drafted = data.get("num_drafts"), data.get("draft_tokens")
@@ -174,10 +192,14 @@ def measured_cost(baseline: Mapping[str, Any], answer: Mapping[str, Any]) -> dic
         return {"error": f"{side} has no timed requests (TPOT): run it through the proxy"}
     if not drafts or not drafted or data.get("acceptance_length") is None:
         return {"error": "the window counted no drafts: no step to measure"}
-    per_step = drafted / drafts
-    step_ratio = tpot_b * data["acceptance_length"] / tpot_a
-    return {"value": max((step_ratio - 1) / per_step, 0.0), "baseline_tpot_ms": tpot_a,
-            "tpot_ms": tpot_b, "acceptance_length": data["acceptance_length"],
-            "draft_tokens_per_step": per_step, "step_ratio": step_ratio,
-            "note": None if step_ratio >= 1 else
-            "a spec step took less than a no-spec one (other load, other hardware?): c = 0"}
+    length, per_step = data["acceptance_length"], drafted / drafts
+    bands_a, bands_b = _band_tpots(baseline), _band_tpots(answer)
+    # The window's acceptance length and drafts a step for every band: the counters are not
+    # split, and the load changes a step's time, not what it accepts.
+    by_band = {band: _cost(bands_a[band], bands_b[band], length, per_step)
+               for band in bands_b if band in bands_a}
+    source = (f"per concurrency band ({', '.join(by_band)}), each timed in both windows"
+              if by_band else "the window's one figure: no concurrency band has "
+              f"{MIN_REQUESTS} timed requests in both windows")
+    return _cost(tpot_a, tpot_b, length, per_step) | {"by_concurrency": by_band,
+                                                        "source": source}

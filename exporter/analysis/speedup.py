@@ -13,7 +13,8 @@ from itertools import accumulate
 from typing import Any
 
 from exporter.analysis.stats import CONFIDENCE
-from exporter.core.timing import Spread, Timings
+from exporter.core.segments import MIN_REQUESTS
+from exporter.core.timing import SPLIT, Spread, Timings
 
 RESAMPLES = 2000
 SEED = 47
@@ -112,9 +113,38 @@ def _timings(answer: Mapping[str, Any], name: str | None) -> Timings | None:
     return timings if timings.timed else None
 
 
+def split_timings(answer: Mapping[str, Any], dimension: str) -> dict[str, Timings]:
+    """A window answer's aggregate timing tallies by value of a SPLIT dimension (none in a
+    window saved before the split, or a peer's malformed one)."""
+    block = ((answer.get("per_request") or {}).get("aggregate") or {}).get("timing_by")
+    values = (block or {}).get(dimension) if isinstance(block, Mapping) else None
+    try:
+        return {str(v): Timings.from_block(t) for v, t in (values or {}).items()}
+    except ValueError:
+        return {}
+
+
+def _by_segment(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Speed-up entries per value of each SPLIT dimension timed in both windows; a value with
+    fewer than MIN_REQUESTS timed answers a side has a note instead of rows."""
+    out: dict[str, dict[str, Any]] = {}
+    for dimension in SPLIT:
+        sa, sb = split_timings(a, dimension), split_timings(b, dimension)
+        out[dimension] = {}
+        for value in (v for v in sb if v in sa and sa[v].timed and sb[v].timed):
+            ta, tb = sa[value], sb[value]
+            if min(ta.timed, tb.timed) < MIN_REQUESTS:
+                out[dimension][value] = {
+                    "a_timed": ta.timed, "b_timed": tb.timed, "rows": [],
+                    "note": f"too few timed requests (fewer than {MIN_REQUESTS} a side)"}
+            else:
+                out[dimension][value] = speedup_entry(ta, tb) | {"note": None}
+    return out
+
+
 def compare_speed(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The `speedup` section of a comparison: per target timed in both, and overall; None
-    when neither window carries timings."""
+    """The `speedup` section of a comparison: per target timed in both, overall, and per
+    concurrency band and tag timed in both; None when neither window carries timings."""
     names = [n for n in ((b.get("per_request") or {}).get("targets") or {})
              if n in ((a.get("per_request") or {}).get("targets") or {})]
     targets = {}
@@ -128,13 +158,13 @@ def compare_speed(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] 
     missing = [side for side, t in (("A", ta), ("B", tb)) if t is None]
     return {"method": METHOD, "targets": targets,
             "aggregate": speedup_entry(ta, tb) if ta is not None and tb is not None else None,
-            "missing": missing,
-            "not_split": "by concurrency band and tag: the windows' records carry neither"}
+            "missing": missing, "by": _by_segment(a, b)}
 
 
 def gate_slower(speed: Mapping[str, Any] | None, ratio: float) -> dict[str, Any]:
-    """`--fail-if-slower [RATIO]`: trips for each entry whose headline speed-up (tokens per
-    second per request, mean) has its whole 95% interval below RATIO (1: B slower than A)."""
+    """`--fail-if-slower [RATIO]`: trips for each entry (target and overall, not a band or
+    tag) whose headline speed-up (tokens per second per request, mean) has its whole 95%
+    interval below RATIO (1: B slower than A)."""
     checks = []
     entries = dict((speed or {}).get("targets") or {})
     if speed is not None and speed.get("aggregate") is not None:

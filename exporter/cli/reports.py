@@ -58,7 +58,8 @@ def cmd_advise(args: argparse.Namespace) -> int:
     measured = measured_cost(baseline.answer, source.answer) if baseline else None
     costs = list(args.draft_cost or ([] if measured and "value" in measured else DEFAULT_COSTS))
     if measured and "value" in measured:
-        costs.append(measured["value"])
+        bands = measured["by_concurrency"]
+        costs += sorted({c["value"] for c in bands.values()}) if bands else [measured["value"]]
     body = window_advice(source.answer, costs) | {"ranked_by": "speedup",
                                                   "measured_cost": measured}
     print(json.dumps({"window": source.label} | body, indent=2) + "\n" if args.json

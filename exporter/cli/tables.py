@@ -107,7 +107,12 @@ def format_speedup(body: Mapping[str, Any]) -> str:
     if speed["aggregate"] is not None and len(speed["targets"]) != 1:
         lines += _speed_lines("all", speed["aggregate"])
     lines += [f"no timings in {side}" for side in speed["missing"]]
-    lines.append(f"not split {speed['not_split']}")
+    for dimension, values in speed["by"].items():
+        for value, entry in values.items():
+            name = f"{dimension} {value}"
+            lines += _speed_lines(name, entry) if entry["rows"] else [
+                f"[{name}]  timed answers A: {entry['a_timed']}, B: {entry['b_timed']}: "
+                + entry["note"]]
     gate = body.get("speed_gate")
     for check in (gate or {}).get("checks", []):
         up = check["speedup"]
@@ -167,7 +172,11 @@ def format_window_advice(label: str, body: Mapping[str, Any]) -> str:
                      f"{measured['tpot_ms']:.4g} ms x length {measured['acceptance_length']:.3f}"
                      f" over the baseline's {measured['baseline_tpot_ms']:.4g} ms, "
                      f"{measured['draft_tokens_per_step']:.3g} tokens drafted a step)\n"
-                     + (f"note: {measured['note']}\n" if measured["note"] else ""))
+                     + (f"note: {measured['note']}\n" if measured["note"] else "")
+                     + f"costs used: {measured['source']}\n" + "".join(
+                         f"  concurrency {band}: c = {c['value']:.4g} (a step "
+                         f"{c['step_ratio']:.3f}x)\n"
+                         for band, c in measured["by_concurrency"].items()))
     elif measured is not None:
         parts.append(f"draft cost not measured: {measured['error']}; assumed costs shown\n")
     results = body["results"]

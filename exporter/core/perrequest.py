@@ -15,10 +15,10 @@ from typing import Any
 
 from exporter.core.answershapes import engine_spec, is_partial
 from exporter.core.isotime import iso_utc
+from exporter.core.segments import DIMENSIONS, RequestContext, Segment, Segments, keys_of
 from exporter.core.segments import NOTES as SEGMENT_NOTES
-from exporter.core.segments import RequestContext, Segment, Segments
 from exporter.core.tallies import Buckets, add_counts, finite
-from exporter.core.timing import Clock, Timing, Timings, server_timing
+from exporter.core.timing import Clock, SplitTimings, Timing, Timings, server_timing
 from exporter.core.unreadable import MAX_HISTOGRAM as MAX_HISTOGRAM
 from exporter.core.unreadable import Unreadable as Unreadable
 from exporter.core.unreadable import as_count
@@ -199,6 +199,7 @@ class PerRequest:
     kept: int = 0
     overflowed: bool = False  # a finish time was not kept (MAX_TIMES)
     by: Segments = field(default_factory=Segments)
+    timing_by: SplitTimings = field(default_factory=SplitTimings)
 
     def record(self, stats: RequestStats, at: float | None = None) -> None:
         """Count one proxied request, finished at `at` (unreadable, with its reason, or not)."""
@@ -210,6 +211,7 @@ class PerRequest:
             return
         if stats.timing is not None:
             self.timing.add(stats.timing)
+            self.timing_by.add(dict(zip(DIMENSIONS, keys_of(stats), strict=True)), stats.timing)
         spec = stats.spec
         if spec is None:
             return
@@ -277,6 +279,7 @@ class PerRequest:
         self.lengths.merge(other.lengths)
         self.rates.merge(other.rates)
         self.timing.merge(other.timing)
+        self.timing_by.merge(other.timing_by)
         self._keep_lowest(other.rows)
 
     def answer(self, counters: dict[str, int] | None = None) -> dict[str, Any]:
@@ -301,7 +304,7 @@ class PerRequest:
             "lowest": list(self.rows),
             "buckets": {"acceptance_length": self.lengths.to_dict(),
                         "draft_acceptance_rate": self.rates.to_dict()},
-            "timing": self.timing.answer(),
+            "timing": self.timing.answer(), "timing_by": self.timing_by.answer(),
         }
         if counters is not None:
             block.update(coverage(self.sums, counters))
@@ -331,6 +334,7 @@ class PerRequest:
                   rows=[_lowest_row(r) for r in rows[:LOWEST]],
                   reasons=_reasons(block.get("unreadable_reasons", {})),
                   timing=Timings.from_block(block.get("timing")))
+        acc.timing_by = SplitTimings.from_block(block.get("timing_by"), acc.timing.timed)
         if acc.timing.timed > acc.requests:
             raise ValueError("more timed requests than requests")
         if acc.unreadable + acc.lengths.count + acc.partial > acc.requests or (

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from exporter.core.segments import MAX_SEGMENTS, OTHER
 from exporter.core.tallies import Buckets, finite, natural
 
 # Buckets of the logarithm 0.01 wide: a quantile read at a bucket's middle is within a factor
@@ -196,3 +197,55 @@ class Timings:
         if any(spreads[name].count > timed for name in FIGURES[:3]):
             raise ValueError("more timed values than timed answers")
         return cls(timed, by_server, spreads)
+
+
+# The segment dimensions (core/segments.py) the timings are also split by: the load a request
+# met and the client's tag, what a speed-up is asked per (issue 47).
+SPLIT = ("concurrency", "tag")
+
+
+@dataclass
+class SplitTimings:
+    """Timings per value of each SPLIT dimension, bounded as segments are: at most
+    MAX_SEGMENTS values a dimension, the rest in OTHER."""
+
+    by: dict[str, dict[str, Timings]] = field(default_factory=lambda: {d: {} for d in SPLIT})
+
+    def _slot(self, dimension: str, value: str) -> Timings:
+        values = self.by[dimension]
+        if value not in values and len(values) >= MAX_SEGMENTS:
+            value = OTHER
+        return values.setdefault(value, Timings())
+
+    def add(self, keys: Mapping[str, str], timing: Timing) -> None:
+        """One answer's timings in its value (`keys`: by dimension) of each dimension."""
+        for dimension in SPLIT:
+            self._slot(dimension, keys[dimension]).add(timing)
+
+    def merge(self, other: SplitTimings) -> None:
+        """Add another target's (or shard's) split tallies."""
+        for dimension, values in other.by.items():
+            for value, timings in values.items():
+                self._slot(dimension, value).merge(timings)
+
+    def answer(self) -> dict[str, dict[str, Any]]:
+        """The `timing_by` block: each dimension's values' `timing` blocks."""
+        return {d: {v: t.answer() for v, t in values.items()} for d, values in self.by.items()}
+
+    @classmethod
+    def from_block(cls, block: object, timed: int) -> SplitTimings:
+        """Inverse of `answer`; none for None (a block saved before the split); `ValueError`
+        when malformed or a dimension's timed answers do not sum to `timed`."""
+        out = cls()
+        if block is None:
+            return out
+        if not isinstance(block, Mapping) or set(block) != set(SPLIT):
+            raise ValueError("its timings are not split by " + ", ".join(SPLIT))
+        for dimension in SPLIT:
+            values = block[dimension]
+            if not isinstance(values, Mapping) or len(values) > MAX_SEGMENTS + 1:
+                raise ValueError(f"its {dimension} timings are not a bounded object")
+            out.by[dimension] = {str(v): Timings.from_block(t) for v, t in values.items()}
+            if sum(t.timed for t in out.by[dimension].values()) != timed:
+                raise ValueError(f"its {dimension} timings do not sum to its timed answers")
+        return out

@@ -201,3 +201,64 @@ class TestShardMerge:
         assert timing["tpot_ms"]["mean"] == pytest.approx(5.0)
         assert merged["targets"]["b"]["timing"]["tpot_ms"]["p50"] == pytest.approx(6.0,
                                                                                  rel=0.005)
+
+
+def _tagged(tag: str | None, in_flight: int, tpot: float):
+    from dataclasses import replace
+
+    from exporter.core.segments import RequestContext
+
+    stats = from_json(json.dumps({
+        "id": "c", "model": "m", "choices": [],
+        "metrics": {"mean_itl_ms": tpot, "tokens_per_second": 1000 / tpot},
+        "usage": {"prompt_tokens": 1, "completion_tokens": 9}}).encode())
+    return replace(stats, context=RequestContext(tag, "m", "default", in_flight))
+
+
+class TestSplitTimings:
+    def _tally(self) -> PerRequest:
+        tally = PerRequest()
+        for i in range(12):
+            tally.record(_tagged("chat" if i % 3 else None, 1 + i % 5, 4.0 + i))
+        return tally
+
+    def test_each_dimension_sums_to_the_timed_answers_and_round_trips(self) -> None:
+        block = json.loads(json.dumps(self._tally().answer()))
+        split = block["timing_by"]
+        assert set(split) == {"concurrency", "tag"}
+        assert {v: t["timed"] for v, t in split["tag"].items()} == {"chat": 8, "untagged": 4}
+        assert {v: t["timed"] for v, t in split["concurrency"].items()} == {
+            "1": 3, "2-3": 5, "4-7": 4}
+        assert sum(t["tpot_ms"]["count"] * t["tpot_ms"]["mean"]
+                   for t in split["concurrency"].values()) == pytest.approx(
+            sum(4.0 + i for i in range(12)))
+        again = PerRequest.from_block(block)
+        assert again.answer()["timing_by"] == block["timing_by"]
+
+    def test_targets_merge_value_by_value(self) -> None:
+        merged = self._tally()
+        merged.merge(self._tally())
+        split = merged.answer()["timing_by"]
+        assert split["tag"]["chat"]["timed"] == 16
+        assert split["concurrency"]["1"]["tpot_ms"]["count"] == 6
+
+    def test_values_past_the_bound_fall_in_other(self) -> None:
+        from exporter.core.segments import MAX_SEGMENTS
+
+        tally = PerRequest()
+        for i in range(MAX_SEGMENTS + 5):
+            tally.record(_tagged(f"t{i}", 1, 5.0))
+        tags = tally.answer()["timing_by"]["tag"]
+        assert len(tags) == MAX_SEGMENTS + 1 and tags["other"]["timed"] == 5
+
+    def test_a_block_saved_before_the_split_reads_as_none(self) -> None:
+        block = json.loads(json.dumps(self._tally().answer()))
+        del block["timing_by"]
+        assert PerRequest.from_block(block).answer()["timing_by"] == {
+            "concurrency": {}, "tag": {}}
+
+    def test_a_split_not_summing_to_the_timed_answers_is_refused(self) -> None:
+        block = json.loads(json.dumps(self._tally().answer()))
+        del block["timing_by"]["tag"]["chat"]
+        with pytest.raises(ValueError, match="tag timings do not sum"):
+            PerRequest.from_block(block)

@@ -125,6 +125,9 @@ def ratio_svg(up: Mapping[str, Any]) -> str:
 
 
 def _speed_table(name: str, entry: Mapping[str, Any]) -> str:
+    if not entry["rows"]:
+        return (f"<h3>{escape(name)} <small>timed answers A: {entry['a_timed']}, B: "
+                f'{entry["b_timed"]}</small></h3><p class="note">{escape(entry["note"])}</p>')
     rows = "".join(
         f"<tr><td>{escape(row['figure'])} {row['stat']}</td><td>{row['a']:.4g}</td>"
         f"<td>{row['b']:.4g}</td><td>{estimate_text(row['speedup'], '.3f')}</td>"
@@ -146,10 +149,13 @@ def speed_section(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
     tables = [_speed_table(name, entry) for name, entry in speed["targets"].items()]
     if speed["aggregate"] is not None and len(speed["targets"]) != 1:
         tables.append(_speed_table("all targets", speed["aggregate"]))
+    tables += [_speed_table(f"{dimension} {value}", entry)
+               for dimension, values in speed["by"].items() for value, entry in values.items()]
     missing = "".join(f'<p class="note">No timings in {side}.</p>' for side in speed["missing"])
     return (f'<section id="speedup"><h2>Paired speed-up</h2><p><small>A without speculative '
-            f"decoding, B with it; above 1 is B faster. {escape(speed['method'])}; not split "
-            f"{escape(speed['not_split'])}.</small></p>{''.join(tables)}{missing}</section>")
+            f"decoding, B with it; above 1 is B faster. {escape(speed['method'])}; per "
+            "concurrency band and tag where both windows have it; the --fail-if-slower gate "
+            f"reads the targets and overall only.</small></p>{''.join(tables)}{missing}</section>")
 
 
 def _window_head(side: str, answer: Mapping[str, Any]) -> str:
