@@ -187,3 +187,51 @@ class TestMixedK:
         body = window_advice(answer)
         assert body["aggregate"]["error"].startswith("targets run different k (3, 5)")
         assert body["results"]["k3"]["k"] == 3 and body["results"]["k5"]["k"] == 5
+
+
+class TestMeasuredCostByBand:
+    """advise --baseline: the step cost per concurrency band timed in both windows, else the
+    window's one figure, saying which."""
+
+    def _answer(self, tpots: dict[int, list[float]], split: bool) -> dict:
+        from dataclasses import replace
+
+        from exporter.core.perrequest import PerRequest, from_json
+        from exporter.core.segments import RequestContext
+
+        tally = PerRequest()
+        for in_flight, values in tpots.items():
+            for tpot in values:
+                stats = from_json(json.dumps({
+                    "id": "c", "model": "m", "choices": [],
+                    "metrics": {"mean_itl_ms": tpot, "tokens_per_second": 1000 / tpot},
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 9}}).encode())
+                tally.record(replace(stats, context=RequestContext(None, "m", "default",
+                                                                   in_flight)))
+        block = tally.answer()
+        if not split:
+            del block["timing_by"]  # saved before the split
+        return {"per_request": {"aggregate": block}, "aggregate": {"data": {
+            "num_drafts": 100, "draft_tokens": 300, "acceptance_length": 2.5}}}
+
+    def test_each_band_in_both_gets_its_own_cost(self) -> None:
+        from exporter.analysis.advise import measured_cost
+
+        base = self._answer({1: [10.0] * 10, 4: [20.0] * 10, 9: [30.0] * 3}, True)
+        spec = self._answer({1: [6.0] * 10, 4: [16.0] * 10, 9: [20.0] * 3}, True)
+        measured = measured_cost(base, spec)
+        bands = measured["by_concurrency"]
+        assert list(bands) == ["1", "4-7"]  # 8-15 has too few timed requests
+        assert bands["1"]["step_ratio"] == pytest.approx(6.0 * 2.5 / 10.0)
+        assert bands["1"]["value"] == pytest.approx((1.5 - 1) / 3)
+        assert bands["4-7"]["value"] == pytest.approx((16.0 * 2.5 / 20.0 - 1) / 3)
+        assert measured["source"].startswith("per concurrency band (1, 4-7)")
+
+    def test_without_the_split_the_windows_one_figure_is_used_saying_so(self) -> None:
+        from exporter.analysis.advise import measured_cost
+
+        base = self._answer({1: [10.0] * 10}, False)
+        measured = measured_cost(base, self._answer({1: [6.0] * 10}, True))
+        assert measured["by_concurrency"] == {}
+        assert measured["source"].startswith("the window's one figure")
+        assert measured["value"] == pytest.approx((6.0 * 2.5 / 10.0 - 1) / 3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +18,15 @@ REQUESTS = 12
 STEP = ("--step-ms", "4", "--enable-per-request-metrics")
 
 
-def _ask(proxy: int, i: int) -> None:
+def _ask(proxy: int, i: int, tag: str | None = None) -> None:
     stream = i % 2 == 0
     body = {"model": "fake/llama-3-8b", "prompt": "a b c", "max_tokens": 24, "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     request = urllib.request.Request(f"http://127.0.0.1:{proxy}/v1/completions",
                                      data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json"}
+                                     | ({"X-Specdec-Tag": tag} if tag else {}))
     with urllib.request.urlopen(request, timeout=30) as answer:
         answer.read()
 
@@ -63,7 +65,71 @@ def windows(tmp_path_factory):
                     _ask(proxies[target], i)
                 status, _ = http("POST", f"{url}/api/v1/windows/{window}/stop", {})
                 assert status == 200
+            for window, target in (("ca", "nospec"), ("cb", "spec")):
+                _loaded_window(url, window, proxies[target])
             yield Served(url, tmp / "out")
+
+
+def _loaded_window(url: str, window: str, proxy: int) -> None:
+    """A window at two concurrency levels: SEQUENTIAL requests one at a time (band 1), then
+    BURST at once (bands 2-3 and up, too few each for an interval); all tagged `bench`."""
+    status, _ = http("POST", f"{url}/api/v1/windows", {"id": window, "targets": [
+        "nospec" if window == "ca" else "spec"]})
+    assert status == 201
+    for i in range(SEQUENTIAL):
+        _ask(proxy, i, "bench")
+    threads = [threading.Thread(target=_ask, args=(proxy, i, "bench")) for i in range(BURST)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    status, _ = http("POST", f"{url}/api/v1/windows/{window}/stop", {})
+    assert status == 200
+
+
+SEQUENTIAL, BURST = 14, 8
+
+
+@pytest.mark.e2e
+class TestSpeedupByBand:
+    def test_per_concurrency_band_and_tag_with_too_few_saying_so(self, windows):
+        done = _cli("compare", "ca", "cb", "--exporter", windows.url, "--json",
+                    "--fail-if-slower")
+        assert done.returncode == 0, done.stderr
+        speed = json.loads(done.stdout)["speedup"]
+        bands = speed["by"]["concurrency"]
+        single = bands["1"]
+        assert min(single["a_timed"], single["b_timed"]) >= SEQUENTIAL - 1
+        headline = next(r for r in single["rows"] if (r["figure"], r["stat"]) == (
+            "tokens_per_second", "mean"))
+        assert headline["speedup"]["low"] > 1 and headline["verdict"] == "faster"
+        busy = {band: entry for band, entry in bands.items() if band != "1"}
+        assert busy  # BURST requests at once meet others in flight in both windows
+        for entry in busy.values():  # fewer than BURST requests each: no interval
+            assert entry["rows"] == [] and "too few timed requests" in entry["note"]
+        tag = speed["by"]["tag"]
+        assert list(tag) == ["bench"]
+        assert tag["bench"]["a_timed"] == speed["aggregate"]["a_timed"] == SEQUENTIAL + BURST
+        gate = json.loads(done.stdout)["speed_gate"]
+        assert [c["target"] for c in gate["checks"]] == ["all"]  # not per band or tag
+
+    def test_the_console_lists_each_band_and_tag(self, windows):
+        done = _cli("compare", "ca", "cb", "--exporter", windows.url)
+        assert done.returncode == 0, done.stderr
+        assert "[concurrency 1]  timed answers" in done.stdout
+        assert "[tag bench]  timed answers" in done.stdout
+        assert "too few timed requests" in done.stdout
+
+    def test_advise_measures_the_step_cost_per_band_when_both_carry_it(self, windows):
+        done = _cli("advise", "cb", "--baseline", "ca", "--exporter", windows.url, "--json")
+        assert done.returncode == 0, done.stderr
+        body = json.loads(done.stdout)
+        measured = body["measured_cost"]
+        assert list(measured["by_concurrency"]) == ["1"]  # the only band with enough in both
+        assert measured["source"].startswith("per concurrency band (1)")
+        assert body["draft_costs"] == [measured["by_concurrency"]["1"]["value"]]
+        text = _cli("advise", "cb", "--baseline", "ca", "--exporter", windows.url).stdout
+        assert "costs used: per concurrency band" in text and "concurrency 1: c = " in text
 
 
 @pytest.mark.e2e

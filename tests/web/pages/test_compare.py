@@ -145,6 +145,9 @@ class TestSpeedSection:
         assert re.search(r"\d\.\d{3}<br><small>\[\d\.\d{3}, \d\.\d{3}\]</small>", row)
         assert '<svg class="ratio"' in row
         assert 'class="better">faster<' in row  # B's steps emit 1 + accepted tokens each
+        for name in ("concurrency 1", "tag untagged"):  # one at a time, no tag header
+            table = section[section.index(f"<h3>{name} "):].split("</table>")[0]
+            assert "timed answers A: 12, B: 12" in table and "tokens_per_second mean" in table
 
     async def test_windows_without_timings_have_no_section(self, setup):
         exp, _ = setup
@@ -169,7 +172,8 @@ async def test_the_speedup_section_in_headless_chromium(exporter, aiohttp_server
             return {width: box.width, right: box.right,
                     whisker: svg.querySelectorAll('line').length};}),
         scrolls: [...document.querySelectorAll('#speedup table')].map(
-            t => t.closest('.scroll') !== null)})"""
+            t => t.closest('.scroll') !== null),
+        heads: [...document.querySelectorAll('#speedup h3')].map(h => h.firstChild.textContent)})"""
     async with Browser(tmp_path / "profile") as browser:
         await browser.open(f"{base}/compare?a=a&b=b", width)
         facts = json.loads(await browser.evaluate(facts_js))
@@ -178,3 +182,6 @@ async def test_the_speedup_section_in_headless_chromium(exporter, aiohttp_server
     assert facts["overflow"] <= 0 and all(facts["scrolls"]) and facts["scrolls"]
     assert facts["charts"] and all(c["width"] > 0 for c in facts["charts"])
     assert any(c["whisker"] == 2 for c in facts["charts"])  # the line at 1 and an interval
+    assert [h.strip() for h in facts["heads"]] == ["all targets", "concurrency 1",
+                                                   "tag untagged"]
+    assert len(facts["scrolls"]) == len(facts["heads"])  # a table each, each in its scroller
