@@ -236,7 +236,8 @@ def _compare(command: Command) -> None:
         "--fail-if-slower", nargs="?", const=1.0, type=speed_ratio, metavar="RATIO",
         help="A ran without speculative decoding, B with it: exit 1 when B's speed-up in "
              "tokens per second per request lies, with 95%% confidence, below RATIO (default "
-             "1: B slower than A); 2 when the windows carry no timings")
+             "1: B slower than A), per target and overall, not per concurrency band or tag; "
+             "2 when the windows carry no timings")
     compare.set_defaults(func=cmd_compare)
 
 
