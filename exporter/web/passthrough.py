@@ -6,12 +6,11 @@ figures read from what it carried once it has ended."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from http import HTTPStatus
+from functools import partial
 
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -20,11 +19,18 @@ from exporter.core.perrequest import Unreadable
 from exporter.core.segments import RequestContext
 from exporter.web.guard import MAX_CONNECTIONS, ConnectionGuard
 from exporter.web.relay import MAX_RELAYED_BODY, SMALL_BODY, Kept, Upstream, forwarded, sent_on
-from exporter.web.relayloop import ConnectTimeout, Pool, UpstreamConnection
+from exporter.web.relayloop import (
+    ConnectTimeout,
+    Pool,
+    UpstreamConnection,
+    content_length,
+    error_answer,
+    head_bytes,
+    head_end,
+)
 
 KEEPALIVE = 75.0  # an idle client connection is closed after this (aiohttp's default)
 HELD = 1 << 20  # request body bytes held before the client's reading pauses
-_HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
 
 
 class _Refused(Exception):
@@ -95,6 +101,7 @@ class Answer:
         self.head: asyncio.Future[None] = self.loop.create_future()
         self.done: asyncio.Future[Unreadable | None] = self.loop.create_future()
         self.kept: Kept | None = None
+        self.on_whole: Callable[[Unreadable | None], None] | None = None  # records it once
         self.complete = self.paused = self.framed = self.reusable = False
         self.close_client = not request.keep_alive
         self.bodiless = request.method == "HEAD"
@@ -118,7 +125,7 @@ class Answer:
         self.reusable = self.parser.should_keep_alive()
         if self.request.recorded:
             self.kept = Kept("text/event-stream" in self.headers.get("Content-Type", ""),
-                             _length(self.headers), self.sent)
+                             content_length(self.headers), self.sent)
 
     def on_body(self, body: bytes) -> None:
         if self.kept is not None:
@@ -136,15 +143,23 @@ class Answer:
             return  # cut already: nothing more goes to the client
         self.last = self.loop.time()
         if self.head.done():
-            self.client.write(data)
             self._feed(data)
+            self._recorded_if_whole()
+            self.client.write(data)
         else:
             self.buffer += data
             self._feed(data)
             if self.status >= 200 and not self.done.done():
+                self._recorded_if_whole()
                 self._head_out()
         if self.complete or (self.bodiless and self.head.done()):
             self.finish(None)
+
+    def _recorded_if_whole(self) -> None:
+        """Before its last bytes reach the client: what the client sends next finds it."""
+        if self.complete and (on_whole := self.on_whole) is not None:
+            self.on_whole = None
+            on_whole(None)
 
     def _feed(self, data: bytes) -> None:
         try:
@@ -155,9 +170,9 @@ class Answer:
     def _head_out(self) -> None:
         """The client's head (this hop's headers out, the upstream's framing kept), then the
         body bytes that came with the upstream's head."""
-        end = _head_end(self.buffer, self.interim)
+        end = head_end(self.buffer, self.interim)
         headers = forwarded(CIMultiDictProxy(self.headers))
-        framed = self.bodiless or _length(self.headers) is not None
+        framed = self.bodiless or content_length(self.headers) is not None
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             headers["Transfer-Encoding"] = "chunked"
             framed = True
@@ -167,7 +182,7 @@ class Answer:
         self.close_client = self.close_client or not framed
         if self.close_client:
             headers["Connection"] = "close"
-        self.client.write(_head(b"HTTP/1.1 %d %s" % (self.status, self.reason), headers)
+        self.client.write(head_bytes(b"HTTP/1.1 %d %s" % (self.status, self.reason), headers)
                           + (b"" if self.bodiless else bytes(self.buffer[end:])))
         self.buffer = bytearray()
         self.head.set_result(None)
@@ -190,32 +205,13 @@ class Answer:
         """The upstream connection closed: the end of an answer without a length, else a cut."""
         unframed = self.head.done() and not self.complete and not self.bodiless and (
             "chunked" not in self.headers.get("Transfer-Encoding", "").lower()
-            and _length(self.headers) is None)
+            and content_length(self.headers) is None)
         self.finish(None if unframed or self.complete else Unreadable.CUT)
 
     def finish(self, why: Unreadable | None) -> None:
         """The answer has ended: whole (None), or why not."""
         if not self.done.done():
             self.done.set_result(why)
-
-
-def _length(headers: CIMultiDict[str]) -> int | None:
-    value = headers.get("Content-Length")
-    return int(value) if value is not None and value.strip().isdigit() else None
-
-
-def _head_end(buffer: bytearray, skip: int) -> int:
-    """Where the answer's head ends in `buffer`, after `skip` interim heads."""
-    start = 0
-    for _ in range(skip + 1):
-        ends = [i + len(e) for e in _HEAD_ENDS if (i := buffer.find(e, start)) >= 0]
-        start = min(ends) if ends else len(buffer)
-    return start
-
-
-def _head(first: bytes, headers: CIMultiDict[str]) -> bytes:
-    lines = [first] + [f"{k}: {v}".encode("latin-1") for k, v in headers.items()]
-    return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
 class ClientConnection(asyncio.Protocol):
@@ -244,7 +240,7 @@ class ClientConnection(asyncio.Protocol):
         except httptools.HttpParserError as exc:  # HttpParserUpgrade too: not relayed here
             assert self.transport is not None
             if not self.requests or self.requests[-1].ended:
-                self.transport.write(_error(400, f"bad request: {exc}", close=True))
+                self.transport.write(error_answer(400, f"bad request: {exc}", close=True))
             self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -321,15 +317,6 @@ class ClientConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
 
-def _error(status: int, message: str, close: bool) -> bytes:
-    body = json.dumps({"error": message}).encode()
-    headers = CIMultiDict({"Content-Type": "application/json; charset=utf-8",
-                           "Content-Length": str(len(body))})
-    if close:
-        headers["Connection"] = "close"
-    return _head(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode(), headers) + body
-
-
 class PortRelay:
     """One target's proxy port: its upstream, its pooled connections, its open clients."""
 
@@ -360,9 +347,10 @@ async def relay(port: PortRelay, request: Request, client: ClientConnection) -> 
     """Relay one request between the traffic edges' calls; True when the connection stays."""
     upstream, transport = port.upstream, client.transport
     assert transport is not None
-    if (_length(request.headers) or 0) > MAX_RELAYED_BODY:
-        transport.write(_error(413, f"body of {_length(request.headers)} bytes is over "
-                               f"{MAX_RELAYED_BODY} (the relayed body limit, 64 MiB)", True))
+    if (content_length(request.headers) or 0) > MAX_RELAYED_BODY:
+        transport.write(error_answer(
+            413, f"body of {content_length(request.headers)} bytes is over "
+            f"{MAX_RELAYED_BODY} (the relayed body limit, 64 MiB)", True))
         return False
     body = await _whole(request, upstream.timeouts.first_byte) if request.recorded else None
     with upstream.flight.counted(request.headers, body) as context:  # per_request.by
@@ -380,7 +368,7 @@ async def relay(port: PortRelay, request: Request, client: ClientConnection) -> 
 async def _whole(request: Request, wait: float) -> bytes | None:
     """A small request body once whole; None when not held: a body streamed through (no
     length, or SMALL_BODY or more), or one a client is slow to send."""
-    length = _length(request.headers)
+    length = content_length(request.headers)
     if length is None or length >= SMALL_BODY:
         return None
     try:
@@ -393,24 +381,31 @@ async def _whole(request: Request, wait: float) -> bytes | None:
     return b"".join(request.pieces)
 
 
+def _record(upstream: Upstream, answer: Answer, context: RequestContext,
+            ended: Unreadable | None) -> None:
+    if answer.kept is not None:  # the relay's one place where an answer has ended
+        upstream.record(upstream.target, replace(answer.kept.stats(ended), context=context))
+
+
 async def _exchange(port: PortRelay, request: Request, client: ClientConnection,
                     transport: asyncio.Transport, context: RequestContext) -> bool:
     upstream, waits = port.upstream, port.upstream.timeouts
     answer = Answer(request, transport, waits.idle)
+    answer.on_whole = partial(_record, upstream, answer, context)
     conn: UpstreamConnection | None = None
     ended: Unreadable | None = Unreadable.CLIENT_LEFT
     try:
         try:
             conn = await _asked(port, request, client, answer)
         except _Refused as refused:
-            transport.write(_error(refused.status, str(refused), close=True))
+            transport.write(error_answer(refused.status, str(refused), close=True))
             return False
         client.upstream, client.answer = conn, answer
         ended = await answer.done
     finally:
         client.upstream = client.answer = None
-        if answer.kept is not None:  # the relay's one place where an answer has ended
-            upstream.record(upstream.target, replace(answer.kept.stats(ended), context=context))
+        if answer.on_whole is not None:  # not recorded whole already
+            answer.on_whole(ended)
         if conn is not None:
             if ended is None and answer.framed and answer.reusable:
                 port.pool.put(conn)
@@ -460,17 +455,17 @@ async def _send(conn: UpstreamConnection, request: Request, client: ClientConnec
     headers.extend(sent_on(CIMultiDictProxy(request.headers), port.upstream.own_token))
     headers.popall("Expect", None)  # answered by the relay (ClientConnection)
     first = b"%s %s HTTP/1.1" % (request.method.encode("latin-1"), request.url)
-    length = _length(request.headers)
+    length = content_length(request.headers)
     if length is not None and length < SMALL_BODY:
         body = b"".join([piece async for piece in _pieces(request, client)])
         headers["Content-Length"] = str(len(body))
-        conn.transport.write(_head(first, headers) + body)
+        conn.transport.write(head_bytes(first, headers) + body)
         return
     streamed = length is not None or "chunked" in request.headers.get(
         "Transfer-Encoding", "").lower()
     if streamed:
         headers["Transfer-Encoding"] = "chunked"
-    conn.transport.write(_head(first, headers))
+    conn.transport.write(head_bytes(first, headers))
     if streamed:
         async for piece in _pieces(request, client):
             conn.transport.write(b"%x\r\n%s\r\n" % (len(piece), piece))

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import ssl
 import threading
 from collections.abc import Callable, Coroutine
+from http import HTTPStatus
 from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
+
+from multidict import CIMultiDict
 
 from exporter.core.perrequest import RequestStats
 from exporter.server.edges import Ticket, TrafficEdges
@@ -174,3 +178,37 @@ class Pool:
 
 class ConnectTimeout(Exception):
     """The upstream's connect took longer than `connect_timeout`."""
+
+
+HEAD_ENDS = (b"\r\n\r\n", b"\n\n")
+
+
+def content_length(headers: CIMultiDict[str]) -> int | None:
+    """A message's declared body length, or None."""
+    value = headers.get("Content-Length")
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def head_end(buffer: bytearray, skip: int) -> int:
+    """Where the answer's head ends in `buffer`, after `skip` interim heads."""
+    start = 0
+    for _ in range(skip + 1):
+        ends = [i + len(e) for e in HEAD_ENDS if (i := buffer.find(e, start)) >= 0]
+        start = min(ends) if ends else len(buffer)
+    return start
+
+
+def head_bytes(first: bytes, headers: CIMultiDict[str]) -> bytes:
+    """A message head on the wire."""
+    lines = [first] + [f"{k}: {v}".encode("latin-1") for k, v in headers.items()]
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def error_answer(status: int, message: str, close: bool) -> bytes:
+    """An answer of the relay's own: `{"error": message}`."""
+    body = json.dumps({"error": message}).encode()
+    headers = CIMultiDict({"Content-Type": "application/json; charset=utf-8",
+                           "Content-Length": str(len(body))})
+    if close:
+        headers["Connection"] = "close"
+    return head_bytes(f"HTTP/1.1 {status} {HTTPStatus(status).phrase}".encode(), headers) + body
