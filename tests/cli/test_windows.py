@@ -147,61 +147,52 @@ open(out, "w").write(json.dumps(seen))
 """
 
 
+def _traffic_run(tmp_path, window_id: str, client: str) -> tuple[subprocess.CompletedProcess,
+                                                                  dict, list]:
+    """`run --edges traffic --skip-requests 1` of `client` (a script given the proxy's URL and a
+    file for what it saw) through a served exporter's proxy port over fake-vllm: the run, the
+    window's GET answer and what the client saw."""
+    with fake_vllm("--per-request-spec-decode-metrics", "summary") as vllm:
+        port, proxy = free_port(), free_port()
+        config = write_config(
+            tmp_path / "c.yaml", port,
+            [{"name": "v", "url": f"http://127.0.0.1:{vllm}/metrics",
+              "proxy": {"listen": f"127.0.0.1:{proxy}"}}],
+            scrape_interval="1s", scrape_timeout="500ms", window_scrape_interval="100ms")
+        with process(CLI + ["serve", "--config", str(config)]):
+            wait_http(f"http://127.0.0.1:{port}/-/ready")
+            seen = tmp_path / "seen.json"
+            run = _cli("run", "--exporter", f"127.0.0.1:{port}", "--id", window_id,
+                       "--edges", "traffic", "--skip-requests", "1", "--", sys.executable,
+                       "-c", client, f"http://127.0.0.1:{proxy}", str(seen))
+            assert run.returncode == 0, run.stderr
+            status, answer = http("GET", f"http://127.0.0.1:{port}/api/v1/windows/{window_id}")
+            assert status == 200
+    return run, dict(answer), json.loads(seen.read_text())
+
+
+def _assert_counted(answer: dict, measured: list) -> None:
+    data = answer["results"]["v"]["data"]
+    assert (data["num_drafts"], data["draft_tokens"], data["accepted_tokens"]) == (
+        sum(m["num_spec_steps"] for m in measured),
+        sum(m["num_draft_tokens"] for m in measured),
+        sum(m["num_accepted_draft_tokens"] for m in measured))
+
+
 @pytest.mark.e2e
 class TestRunWithTrafficEdges:
     def test_the_readme_recipe_leaves_out_each_models_warm_up(self, tmp_path):
-        with fake_vllm("--per-request-spec-decode-metrics", "summary") as vllm:
-            port, proxy = free_port(), free_port()
-            config = write_config(
-                tmp_path / "c.yaml", port,
-                [{"name": "v", "url": f"http://127.0.0.1:{vllm}/metrics",
-                  "proxy": {"listen": f"127.0.0.1:{proxy}"}}],
-                scrape_interval="1s", scrape_timeout="500ms", window_scrape_interval="100ms")
-            with process(CLI + ["serve", "--config", str(config)]):
-                wait_http(f"http://127.0.0.1:{port}/-/ready")
-                seen = tmp_path / "seen.json"
-                run = _cli("run", "--exporter", f"127.0.0.1:{port}", "--id", "two",
-                           "--edges", "traffic", "--skip-requests", "1", "--", sys.executable,
-                           "-c", TWO_MODELS, f"http://127.0.0.1:{proxy}", str(seen))
-                assert run.returncode == 0, run.stderr
-                assert "2 request(s) skipped, 6 measured" in run.stderr
-                status, answer = http("GET", f"http://127.0.0.1:{port}/api/v1/windows/two")
-                assert status == 200
-        measured = json.loads(seen.read_text())
-        data = answer["results"]["v"]["data"]
-        assert (data["num_drafts"], data["draft_tokens"], data["accepted_tokens"]) == (
-            sum(m["num_spec_steps"] for m in measured),
-            sum(m["num_draft_tokens"] for m in measured),
-            sum(m["num_accepted_draft_tokens"] for m in measured))
+        run, answer, measured = _traffic_run(tmp_path, "two", TWO_MODELS)
+        assert "2 request(s) skipped, 6 measured" in run.stderr
+        _assert_counted(answer, measured)
         assert answer["per_request"]["targets"]["v"]["requests"] == 6
 
-
     def test_run_edges_traffic_skips_the_warm_up_exactly(self, tmp_path):
-        with fake_vllm("--per-request-spec-decode-metrics", "summary") as vllm:
-            port, proxy = free_port(), free_port()
-            config = write_config(
-                tmp_path / "c.yaml", port,
-                [{"name": "v", "url": f"http://127.0.0.1:{vllm}/metrics",
-                  "proxy": {"listen": f"127.0.0.1:{proxy}"}}],
-                scrape_interval="1s", scrape_timeout="500ms", window_scrape_interval="100ms")
-            with process(CLI + ["serve", "--config", str(config)]):
-                wait_http(f"http://127.0.0.1:{port}/-/ready")
-                seen = tmp_path / "seen.json"
-                run = _cli("run", "--exporter", f"127.0.0.1:{port}", "--id", "tw",
-                           "--edges", "traffic", "--skip-requests", "1", "--",
-                           sys.executable, "-c", BENCH, f"http://127.0.0.1:{proxy}", str(seen))
-                assert run.returncode == 0, run.stderr
-                assert "opens at request 2 through the exporter's proxy" in run.stderr
-                assert "1 request(s) skipped, 3 measured" in run.stderr
-                assert "closed by the last response" in run.stderr
-                status, answer = http("GET", f"http://127.0.0.1:{port}/api/v1/windows/tw")
-                assert status == 200
-                measured = json.loads(seen.read_text())[1:]
-                data = answer["results"]["v"]["data"]
-                assert (data["num_drafts"], data["draft_tokens"], data["accepted_tokens"]) == (
-                    sum(m["num_spec_steps"] for m in measured),
-                    sum(m["num_draft_tokens"] for m in measured),
-                    sum(m["num_accepted_draft_tokens"] for m in measured))
+        run, answer, seen = _traffic_run(tmp_path, "tw", BENCH)
+        assert "opens at request 2 through the exporter's proxy" in run.stderr
+        assert "1 request(s) skipped, 3 measured" in run.stderr
+        assert "closed by the last response" in run.stderr
+        _assert_counted(answer, seen[1:])
 
     def test_skip_requests_without_traffic_edges_is_a_usage_error(self):
         run = _cli("run", "--exporter", "127.0.0.1:1", "--skip-requests", "1", "--", "true")
