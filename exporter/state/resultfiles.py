@@ -4,10 +4,10 @@ into a hidden folder that then takes its place whole, and its `window.json`."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import secrets
 import shutil
+import tempfile
 from pathlib import Path
 
 from exporter.core.errors import StoreError
@@ -17,21 +17,9 @@ from exporter.state.answertext import AnswerTexts
 def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
     """Write via a temporary file in the same directory and rename: never a half file. `sync`
     forces the bytes to disk first (a power cut)."""
-    folder = os.fspath(path.parent)
-    for attempt in range(_ATTEMPTS):
-        # A name of our own (O_EXCL): another writer's, or a killed one's leftover, is not ours.
-        tmp = os.path.join(folder, f".{path.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            fd = os.open(tmp, _CREATE, 0o600)  # mkstemp's mode, as the files always had
-            break
-        except FileExistsError:
-            continue
-        except FileNotFoundError:
-            if attempt == _ATTEMPTS - 1:
-                raise
-            os.makedirs(folder, exist_ok=True)
-    else:
-        raise FileExistsError(errno.EEXIST, "no free temporary name", folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A name of our own (O_EXCL): another writer's, or a killed one's leftover, is not ours.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         try:
             _write_all(fd, data)
@@ -44,10 +32,6 @@ def atomic_write(path: Path, data: bytes, *, sync: bool = True) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-
-
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-_ATTEMPTS = 100
 
 
 def _write_all(fd: int, data: bytes) -> None:

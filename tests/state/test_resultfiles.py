@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 
 import pytest
@@ -149,19 +148,3 @@ class TestResultFolder:
         folder.discard()
         assert os.listdir(tmp_path / "w") == []
 
-
-class TestTemporaryNames:
-    def test_a_temporary_name_taken_is_never_ours(self, tmp_path, monkeypatch):
-        names = iter(["taken", "taken", "free"])
-        monkeypatch.setattr(secrets, "token_hex", lambda _: next(names))
-        (tmp_path / ".f.json.taken.tmp").write_bytes(b"another writer's")
-        atomic_write(tmp_path / "f.json", b"mine")
-        assert (tmp_path / "f.json").read_bytes() == b"mine"
-        assert (tmp_path / ".f.json.taken.tmp").read_bytes() == b"another writer's"
-
-    def test_no_free_name_is_an_error(self, tmp_path, monkeypatch):
-        monkeypatch.setattr(secrets, "token_hex", lambda _: "taken")
-        (tmp_path / ".f.json.taken.tmp").write_bytes(b"another writer's")
-        with pytest.raises(FileExistsError):
-            atomic_write(tmp_path / "f.json", b"mine")
-        assert not (tmp_path / "f.json").exists()
