@@ -23,7 +23,8 @@ from exporter.core.errors import ExporterError
 from exporter.core.snapshot import ScrapeResult
 from exporter.core.window import TargetRef, Window
 from exporter.scrape.scraper import Scraper, make_session
-from exporter.server.book import StartRequest, WindowBook
+from exporter.server.book import WindowBook
+from exporter.server.windowstart import StartRequest
 from exporter.state.store import StateStore
 
 _AISBENCH_KEYS = ("host_ip", "host_port", "url", "enable_ssl")

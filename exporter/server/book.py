@@ -34,9 +34,6 @@ from exporter.server.windowstart import StartRequest, retried
 from exporter.state.recovery import RECENT_WINDOWS, doc_from_files, window_from, write_lost_results
 from exporter.state.store import StateStore
 
-# Read here by the service and `measure`, which start windows through the book.
-__all__ = ["StartRequest", "WindowBook"]
-
 log = logging.getLogger(__name__)
 
 
@@ -78,10 +75,6 @@ class WindowBook:
         self._answer_text: tuple[str, bytes] | None = None
         # Windows being stopped -> the child making the answer, and its codec (`stop`).
         self._stopping: dict[str, tuple[Child, ResultCodec]] = {}
-
-    @property
-    def state_errors(self) -> int:
-        return self.store.errors_total
 
     # -- reading ------------------------------------------------------------------------
 

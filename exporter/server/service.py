@@ -18,11 +18,12 @@ from exporter.core.errors import RequestError
 from exporter.core.snapshot import ScrapeResult
 from exporter.core.window import TargetRef, Window
 from exporter.scrape.scraper import Scraper
-from exporter.server.book import StartRequest, WindowBook
+from exporter.server.book import WindowBook
 from exporter.server.edges import TrafficEdges
 from exporter.server.scheduler import Scheduler
 from exporter.server.stateview import StateView
 from exporter.server.targets import Targets, TargetState
+from exporter.server.windowstart import StartRequest
 from exporter.state.store import StateStore, connect_state
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ class ExporterService:
                 {name: not source.error for name, source in targets.discovery.sources.items()}),
             discovery_errors=MappingProxyType(dict(targets.discovery.errors())),
             ready=self.scheduler.ready,
-            state_write_errors=book.state_errors,
+            state_write_errors=book.store.errors_total,
             result_write_errors=book.result_errors,
         )
 

@@ -152,10 +152,8 @@ def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], byte
         except BaseException:
             folder.discard()
             raise
-        row, at = stopped_row(window.to_dict(), encoded.compact)
         leave_to_exit(parts, answer, encoded, codec, texts)
-        return pickle.dumps((kept_of(answer), row, at.start, at.stop),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        return work_bytes(window, answer, encoded.compact)
 
     return work
 
@@ -169,8 +167,15 @@ def _file_text(texts: dict[str, tuple[Mapping[str, Any], bytes]], name: str,
     return held[1]
 
 
+def work_bytes(window: Window, answer: Mapping[str, Any], text: bytes) -> bytes:
+    """What a stop's (or a history window's) work answers: what memory keeps of `answer`, and
+    the state row of `window` with `text`, the answer's compact text (`read_stop`)."""
+    row, at = stopped_row(window.to_dict(), text)
+    return pickle.dumps((kept_of(answer), row, at.start, at.stop), protocol=pickle.HIGHEST_PROTOCOL)
+
+
 def read_stop(data: bytes) -> tuple[dict[str, Any], bytes, bytes]:
-    """`stop_work`'s bytes as what memory keeps, the state row and the answer's compact text."""
+    """`work_bytes` as what memory keeps, the state row and the answer's compact text."""
     # Pickled, so the parent makes only what it keeps; the bytes are our own child's.
     kept, row, start, stop = pickle.loads(data)
     return kept, row, row[start:stop]

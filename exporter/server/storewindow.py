@@ -6,12 +6,10 @@ counted, its files written and its state row made by one work function in a fork
 from __future__ import annotations
 
 import math
-import pickle
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from exporter.core.kept import kept_of
 from exporter.core.storecount import CountError, history_answer
 from exporter.core.window import TargetRef, Window
 from exporter.scrape.storequery import (
@@ -23,7 +21,8 @@ from exporter.scrape.storequery import (
     selectors,
 )
 from exporter.server.isolate import leave_to_exit
-from exporter.state.answertext import AnswerTexts, stopped_row
+from exporter.server.stop import work_bytes
+from exporter.state.answertext import AnswerTexts
 from exporter.state.resultfiles import ResultFolder
 
 # What a failed read raises (by class name, as a child reports it): the store's fault, not ours.
@@ -53,9 +52,7 @@ def history_work(query: HistoryQuery, window: Window, by: Sequence[str],
         encoded = AnswerTexts.of(answer)
         # Not synced: the state database, synced at the commit, holds the same answer.
         ResultFolder(directory).finish(encoded, sync=False)
-        row, at = stopped_row(made.to_dict(), encoded.compact)
         leave_to_exit(read, answer, encoded)
-        return pickle.dumps((kept_of(answer), row, at.start, at.stop),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        return work_bytes(made, answer, encoded.compact)
 
     return work
