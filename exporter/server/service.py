@@ -13,7 +13,6 @@ from types import MappingProxyType
 from typing import Any
 
 from exporter.config.model import Config, TargetConfig, check_reload, load_config
-from exporter.core.counting import LiveTrack
 from exporter.core.errors import RequestError
 from exporter.core.snapshot import ScrapeResult
 from exporter.core.window import TargetRef, Window
@@ -22,7 +21,7 @@ from exporter.server.book import WindowBook
 from exporter.server.edges import TrafficEdges
 from exporter.server.scheduler import Scheduler
 from exporter.server.stateview import StateView
-from exporter.server.targets import Targets, TargetState
+from exporter.server.targets import Targets
 from exporter.server.windowstart import StartRequest
 from exporter.state.store import StateStore, connect_state
 
@@ -53,8 +52,7 @@ class ExporterService:
         self.scheduler = Scheduler(self._targets, self.book, self.scrape_target,
                                    lambda: self._close_removed_targets("no longer discovered"))
         self.edges = TrafficEdges(self)  # windows bounded by the proxied traffic
-        # Called with each state a scrape leaves (`on_scraped`).
-        self._scraped: list[Callable[[str, TargetState, LiveTrack, float], None]] = []
+        self._scraped: Callable[[], None] | None = None  # `on_scraped`
         self.book.restore(self._targets.states,
                           lambda name: self._targets.gone_reason(name, "not in the config"))
         if config.state_save_interval is not None:
@@ -161,25 +159,19 @@ class ExporterService:
                     self.book.feed([window], seen)
             if also is not None:
                 also(result)
-            if self._scraped:
-                self._tell_scraped(name)
+            if self._scraped is not None:
+                # The listener's work is not the scrape's: its failure must not fail the scrape.
+                try:
+                    self._scraped()
+                except Exception:
+                    log.exception("scrape listener failed target=%s", name)
 
         return await self._targets.scrape(name, then)
 
-    def on_scraped(self, listener: Callable[[str, TargetState, LiveTrack, float], None]) -> None:
-        """Call `listener(name, state, live track, now)` after each scrape a target's state
-        takes: /metrics builds the target's lines then (exposition.py)."""
-        self._scraped.append(listener)
-
-    def _tell_scraped(self, name: str) -> None:
-        targets = self._targets
-        state, track, now = targets.states[name], targets.live[name], self.clock()
-        for listener in self._scraped:
-            # What a listener builds is a reader's cache: its failure must not fail the scrape.
-            try:
-                listener(name, state, track, now)
-            except Exception:
-                log.exception("scrape listener failed target=%s", name)
+    def on_scraped(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` after each scrape a target's state takes (a reload's proxy ports
+        open then)."""
+        self._scraped = listener
 
     # -- windows ------------------------------------------------------------------------
 

@@ -32,8 +32,9 @@ def hold_state_dir(directory: Path) -> int:
             raise StateDirInUse(f"{directory} is in use by another exporter (pid {holder}); "
                                 "stop it, or give this one another output_dir") from None
         # A holder that left unlinked the file it locked: the one at the path now is to lock.
-        if _same_file(fd, path):
-            break
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(fd), path.stat()):
+                break
         os.close(fd)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -50,11 +51,3 @@ def release_state_dir(fd: int, directory: Path, *, remove_directory: bool = Fals
         with contextlib.suppress(OSError):
             directory.rmdir()
 
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        now = path.stat()
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)
