@@ -107,6 +107,10 @@ class WindowBook:
             return text
         return None
 
+    def known(self, window_id: str) -> bool:
+        """Whether a window of that id is open, or in the store."""
+        return window_id in self._windows or self._load(window_id, series=False) is not None
+
     def in_flight(self, window_id: str) -> bool:
         return window_id in self._pending
 
@@ -377,7 +381,7 @@ class WindowBook:
         """A window stopped elsewhere (a store's history) whose answer `work` makes off the
         loop as a stop's (`stop_work`), committed as a stop is; 409 when its id is taken."""
         await self._settled(window.id)
-        if window.id in self._windows or self._load(window.id, series=False) is not None:
+        if self.known(window.id):
             raise RequestError(f'window "{window.id}" exists already: give another id',
                                status=409)
         async with self._in_flight(window.id):

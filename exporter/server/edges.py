@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from exporter.config.model import Config, TargetConfig
-from exporter.core.errors import RequestError, UnknownWindowError
+from exporter.core.errors import RequestError
 from exporter.core.isotime import iso_utc
 from exporter.core.perrequest import RequestStats
 from exporter.core.snapshot import ScrapeResult, SeriesKey, Snapshot
@@ -198,7 +198,7 @@ class TrafficEdges:
                 raise RequestError(f'window "{window_id}" is waiting for traffic with another '
                                    "name, targets, labels or skip_requests", status=409)
             return False, self._answer(known)
-        if self._in_book(window_id):
+        if self.host.book.known(window_id):
             raise RequestError(f'window "{window_id}" exists; start a new id', status=409)
         limit = self.host.config.max_open_windows
         if len(self._windows) + len(self.host.book.open_windows()) >= limit:
@@ -214,13 +214,6 @@ class TrafficEdges:
                 "labels": w.labels, "started_at": None, "start_errors": {},
                 "edges": "traffic", "skip_requests": w.skip,
                 "waiting": "for the first measured request through the proxy"}
-
-    def _in_book(self, window_id: str) -> bool:
-        try:
-            self.host.book.get(window_id)
-        except UnknownWindowError:
-            return False
-        return True
 
     @property
     def registered(self) -> bool:
