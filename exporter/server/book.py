@@ -419,14 +419,11 @@ class WindowBook:
         self._forget([window_id])
         log.info("window deleted id=%s", window_id)
 
-    def expire(self, retention: float) -> int:
+    def expire(self, retention: float) -> None:
         """Stopped windows started more than `retention` seconds ago leave the store."""
-        old = self.store.stopped_before(self.clock() - retention)
-        if not old:
-            return 0
-        self._forget(old)
-        log.info("stopped windows past retention forgotten count=%d", len(old))
-        return len(old)
+        if old := self.store.stopped_before(self.clock() - retention):
+            self._forget(old)
+            log.info("stopped windows past retention forgotten count=%d", len(old))
 
     def _forget(self, window_ids: list[str]) -> None:
         self.store.delete(window_ids)

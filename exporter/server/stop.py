@@ -181,13 +181,10 @@ def read_stop(data: bytes) -> tuple[dict[str, Any], bytes, bytes]:
     return kept, row, row[start:stop]
 
 
-STREAMED_ENV = "SPECDEC_STOP_STREAMED"
-
-
 def forks_early() -> bool:
     """Whether a stop's child is forked as the stop begins (a core to spare), or after its
     scrapes; `SPECDEC_STOP_STREAMED=1` or `0` says which."""
-    said = os.environ.get(STREAMED_ENV)
+    said = os.environ.get("SPECDEC_STOP_STREAMED")
     if said in ("0", "1"):
         return said == "1"
     return spare_cores() >= 1
