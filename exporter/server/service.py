@@ -95,9 +95,9 @@ class ExporterService:
         """The config in force (frozen; a reload replaces it); readers take `view()` instead."""
         return self._targets.config
 
-    def discovered_targets(self) -> list[TargetConfig]:
-        """Every discovered target, before the split into shards."""
-        return self._targets.discovery.targets()
+    def fleet_targets(self) -> dict[str, TargetConfig]:
+        """Every target of the fleet by name, before the split into shards."""
+        return self._targets.fleet()
 
     def use_scraper(self, scraper: Scraper) -> None:
         self._targets.scraper = scraper

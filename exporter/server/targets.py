@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from exporter.config.model import Config, TargetConfig
@@ -68,6 +68,20 @@ def usable_only(result: ScrapeResult) -> ScrapeResult:
     return replace(result, snapshot=replace(snapshot, values=values))
 
 
+def resolve_names(asked: list[str], host_ports: Mapping[str, str],
+                  window_id: str | None) -> list[str]:
+    """Targets asked by name or host:port (`host_ports`: name -> host:port) as names, each
+    once; else `UnknownTargetError`."""
+    by_host_port = {host_port: name for name, host_port in host_ports.items()}
+    chosen: dict[str, None] = {}
+    for name in asked:
+        found = name if name in host_ports else by_host_port.get(name)
+        if found is None:
+            raise UnknownTargetError(name, window_id, sorted(host_ports))
+        chosen[found] = None
+    return list(chosen)
+
+
 def _log_state_change(name: str, state: TargetState, result: ScrapeResult) -> None:
     """Say once when a target goes down (with why) or comes back, not at every failed scrape."""
     if not result.ok and (state.last is None or state.up):
@@ -106,11 +120,7 @@ class Targets:
 
     def _rebuild(self) -> None:
         config = self.config
-        # Static targets first: a discovered one with the same name does not replace it.
-        merged = {t.name: t for t in config.targets}
-        for target in self.discovery.targets():
-            merged.setdefault(target.name, target)
-        owned = [t for t in merged.values()  # rendezvous hashing on the name (shards.py)
+        owned = [t for t in self.fleet().values()  # rendezvous hashing on the name (shards.py)
                  if config.shards <= 1 or owner(t.name, config.shards) == config.shard_index]
         old = self.states
         self.states = {
@@ -136,11 +146,18 @@ class Targets:
         log.info("discovery changed targets=%d", len(self.states))
         return True
 
+    def fleet(self) -> dict[str, TargetConfig]:
+        """Every target of the fleet by name, before the split into shards: static ones first,
+        a discovered one with the same name does not replace it."""
+        merged = {t.name: t for t in self.config.targets}
+        for target in self.discovery.targets():
+            merged.setdefault(target.name, target)
+        return merged
+
     def gone_reason(self, name: str, why: str) -> str:
         """Why a target left: `why`, or the shard that scrapes it now (the shards changed)."""
         config = self.config
-        fleet = {t.name for t in config.targets} | {t.name for t in self.discovery.targets()}
-        if config.shards > 1 and name in fleet:
+        if config.shards > 1 and name in self.fleet():
             return f"moved to shard {owner(name, config.shards)} of {config.shards}"
         return why
 
@@ -148,15 +165,8 @@ class Targets:
         """Targets by name or host:port (all when None), or `UnknownTargetError`."""
         if names is None:
             return [s.config for s in self.states.values()]
-        by_host_port = {s.config.host_port: s.config for s in self.states.values()}
-        chosen: dict[str, TargetConfig] = {}
-        for name in names:
-            state = self.states.get(name)
-            target = state.config if state else by_host_port.get(name)
-            if target is None:
-                raise UnknownTargetError(name, window_id, sorted(self.states))
-            chosen[target.name] = target
-        return list(chosen.values())
+        host_ports = {name: s.config.host_port for name, s in self.states.items()}
+        return [self.states[n].config for n in resolve_names(names, host_ports, window_id)]
 
     async def scrape(self, name: str, then: Callable[[ScrapeResult], None]) -> ScrapeResult:
         """Scrape one target now, record it, and hand the result to `then` before the next

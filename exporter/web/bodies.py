@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from exporter.core.errors import RequestError, UnknownTargetError
+from exporter.core.errors import RequestError
 from exporter.core.text import TextError, clean_tree
 from exporter.core.window import check_window_id
 
@@ -86,15 +86,3 @@ def window_request(body: Mapping[str, Any]) -> WindowRequest:
     except ValidationError as exc:
         raise RequestError(validation_message(exc)) from None
 
-
-def resolve_targets(asked: list[str], host_ports: Mapping[str, str],
-                    window_id: str | None) -> list[str]:
-    """A start's `targets` (names or host:ports) as names, each once; else UnknownTargetError."""
-    by_host_port = {host_port: name for name, host_port in host_ports.items()}
-    chosen: dict[str, None] = {}
-    for name in asked:
-        found = name if name in host_ports else by_host_port.get(name)
-        if found is None:
-            raise UnknownTargetError(name, window_id, sorted(host_ports))
-        chosen[found] = None
-    return list(chosen)

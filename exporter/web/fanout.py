@@ -12,12 +12,12 @@ from typing import Any
 from aiohttp import web
 
 from exporter.analysis.advise import window_advice
-from exporter.config.model import TargetConfig
 from exporter.core.errors import RequestError, UnknownWindowError
 from exporter.core.shards import Asked, Merge, ShardPart, settle, split
 from exporter.core.window import check_window_id
 from exporter.server.service import ExporterService
-from exporter.web.bodies import json_body, resolve_targets
+from exporter.server.targets import resolve_names
+from exporter.web.bodies import json_body
 from exporter.web.peers import PEER_HEADER, Peers, decode_answer
 
 
@@ -65,20 +65,12 @@ class Fleet:
     refuses: tuple[type[RequestError], ...] = (UnknownWindowError,)
 
 
-def fleet_targets(service: ExporterService) -> dict[str, TargetConfig]:
-    """Every target of the fleet, before the split: static ones first, as shards merge."""
-    merged = {t.name: t for t in service.config.targets}
-    for target in service.discovered_targets():
-        merged.setdefault(target.name, target)
-    return merged
-
-
 def shares(service: ExporterService, names: list[str] | None,
            window_id: str | None) -> dict[int, list[str]]:
     """Each shard's share of a start's `targets` (names or host:ports), else of the fleet."""
-    fleet = fleet_targets(service)
+    fleet = service.fleet_targets()
     if names is not None:
-        names = resolve_targets(names, {n: t.host_port for n, t in fleet.items()}, window_id)
+        names = resolve_names(names, {n: t.host_port for n, t in fleet.items()}, window_id)
     return split(fleet if names is None else names, service.config.shards)
 
 
@@ -138,7 +130,7 @@ class Fanout:
 
     def _asked(self, ask: Ask, window_id: str) -> Asked:
         """The fleet as the merge reads it; each shard's targets: its share of those asked."""
-        fleet = {n: (t.url, t.host_port) for n, t in fleet_targets(self.service).items()}
+        fleet = {n: (t.url, t.host_port) for n, t in self.service.fleet_targets().items()}
         return Asked(self.service.config.shards, fleet,
                      shares(self.service, (ask.body or {}).get("targets"), window_id),
                      window_id or None, ask.query)
