@@ -22,11 +22,6 @@ EXPIRY_EVERY = 3600.0  # seconds between retention passes: retention is counted 
 SPREAD_SLOTS = 8
 
 
-def _delay(name: str, span: float) -> float:
-    """The target's fixed share of `span` (by a hash of its name, as Prometheus offsets)."""
-    return span * (zlib.crc32(name.encode()) % SPREAD_SLOTS) / SPREAD_SLOTS
-
-
 class Scheduler:
     """Runs scrape rounds over `targets`, feeding the book's open windows, saving after each."""
 
@@ -41,20 +36,15 @@ class Scheduler:
         self._next_expiry = 0.0  # retention is applied at the first round, then hourly
 
     async def round(self, spread: float = 0.0) -> None:
-        """Scrape every target once, concurrently, each after its share of `spread` (`_delay`):
-        answers then arrive over it, not in one burst that holds the event loop."""
+        """Scrape every target once, concurrently, each after its share of `spread`: answers
+        then arrive over it, not in one burst that holds the event loop."""
         config = self.targets.config
         if (config.file_sd or config.http_sd or config.prometheus_sd) and (
             await self.targets.refresh_discovery()
         ):
             self._on_discovery_change()
 
-        async def scrape(name: str) -> None:
-            if spread > 0:
-                await asyncio.sleep(_delay(name, spread))
-            await self._scrape(name)
-
-        await asyncio.gather(*(scrape(n) for n in list(self.targets.states)))
+        await asyncio.gather(*(self._scrape_in_turn(n, spread) for n in list(self.targets.states)))
         self.ready = True
         # A failure is logged and counted; what changed stays marked: the next round retries.
         try:
@@ -65,6 +55,13 @@ class Scheduler:
                 self._next_expiry = now + EXPIRY_EVERY
         except StoreError as exc:
             log.error("window state not saved error=%s", exc)
+
+    async def _scrape_in_turn(self, name: str, span: float) -> None:
+        """Scrape the target after its fixed share of `span` (by a hash of its name, as
+        Prometheus offsets)."""
+        if span > 0:
+            await asyncio.sleep(span * (zlib.crc32(name.encode()) % SPREAD_SLOTS) / SPREAD_SLOTS)
+        await self._scrape(name)
 
     def window_due(self, interval: float) -> list[str]:
         """Targets an open window takes scrapes of, not scraped within half of `interval` and
@@ -85,11 +82,6 @@ class Scheduler:
         """Between rounds, the targets of open windows every `window_interval`: a server restart
         loses the window at most what it counted since then (the counters cannot say)."""
         running: set[asyncio.Task[None]] = set()
-
-        async def scrape(name: str, delay: float) -> None:
-            await asyncio.sleep(delay)
-            await self._scrape(name)
-
         try:
             while True:
                 config = self.targets.config
@@ -98,7 +90,7 @@ class Scheduler:
                     for name in self.window_due(interval):
                         if any(t.get_name() == name for t in running):
                             continue
-                        task = asyncio.create_task(scrape(name, _delay(name, interval / 2)),
+                        task = asyncio.create_task(self._scrape_in_turn(name, interval / 2),
                                                    name=name)
                         running.add(task)
                         task.add_done_callback(running.discard)
