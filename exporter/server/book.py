@@ -219,14 +219,15 @@ class WindowBook:
         self.store.save([doc for w in self._stopped.values()
                          if (doc := doc_from_files(self.results_dir(w.id), w)) is not None])
 
-    def remove_targets(self, present: set[str], why: str) -> None:
-        """Targets no longer present leave every open window, which says when and why."""
+    def remove_targets(self, present: set[str], why: Callable[[str], str]) -> None:
+        """Targets no longer present leave every open window, which says when and why
+        (`why(name)`: removed, or moved to another shard)."""
         now = self.clock()
         changed = []
         for window in self.open_windows():
             for name in window.targets:
                 if name not in present and name not in window.removed:
-                    window.removed[name] = f"target {why} at {iso_utc(now)}"
+                    window.removed[name] = f"target {why(name)} at {iso_utc(now)}"
                     changed.append(window)
         if changed:
             self.store.save([w.to_dict() for w in changed])

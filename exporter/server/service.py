@@ -134,14 +134,8 @@ class ExporterService:
         return config
 
     def _close_removed_targets(self, why: str) -> None:
-        present = set(self._targets.states)
-        gone = {name for w in self.book.open_windows() for name in w.targets} - present
-        moved: dict[str, set[str]] = {}
-        for name in gone:
-            moved.setdefault(self._targets.gone_reason(name, why), set()).add(name)
-        # One pass per reason: the book marks every target missing from `present`.
-        for reason, names in moved.items():
-            self.book.remove_targets(present | (gone - names), reason)
+        self.book.remove_targets(set(self._targets.states),
+                                 lambda name: self._targets.gone_reason(name, why))
 
     # -- scraping -------------------------------------------------------------------------
 
