@@ -105,27 +105,24 @@ class Scheduler:
         """Rounds every `scrape_interval` until cancelled; a slow round skips no beat; the
         targets of open windows also every `window_interval` between them."""
         windows = asyncio.create_task(self.window_rounds())
-        try:
-            await self._rounds()
-        finally:
-            windows.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await windows
-
-    async def _rounds(self) -> None:
         # What exists as the loop starts (modules, config, the app) lives as long as we do:
         # frozen out of the collector's sight, full collections do not walk it.
         gc.freeze()
         first = True
-        while True:
-            started = time.monotonic()
-            config = self.targets.config
-            # Spread over what the interval leaves after the slowest allowed scrape.
-            spread = 0.9 * max(0.0, config.scrape_interval - config.scrape_timeout)
-            await self.round(spread)
-            if first:
-                # So does what the first round made (caches, every target's state).
-                gc.freeze()
-                first = False
-            elapsed = time.monotonic() - started
-            await asyncio.sleep(max(0.0, config.scrape_interval - elapsed))
+        try:
+            while True:
+                started = time.monotonic()
+                config = self.targets.config
+                # Spread over what the interval leaves after the slowest allowed scrape.
+                spread = 0.9 * max(0.0, config.scrape_interval - config.scrape_timeout)
+                await self.round(spread)
+                if first:
+                    # So does what the first round made (caches, every target's state).
+                    gc.freeze()
+                    first = False
+                elapsed = time.monotonic() - started
+                await asyncio.sleep(max(0.0, config.scrape_interval - elapsed))
+        finally:
+            windows.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await windows
