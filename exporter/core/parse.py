@@ -20,14 +20,9 @@ from exporter.core.dialects import (
     Head,
     Labels,
     SampleKind,
-    dialect_note,
 )
 from exporter.core.errors import ExporterError
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
-
-# Re-exported: callers that parse pages name dialects through this module too.
-__all__ = ["DIALECTS", "Dialect", "detect_dialect", "dialect_note", "parse_page"]
-
 
 # The detection probe: every dialect's prefix holds `spec_`, preceded by its namespace.
 _PROBE = b"spec_"
@@ -99,6 +94,7 @@ class _Unseen(Enum):
 
 
 _UNSEEN: Final = _Unseen.TOKEN
+_NAME_END = re.compile(rb"[{ \t]")
 # Bound once: the page loop compares every line's kind (a member look-up costs a call each).
 _GAUGE, _CREATED, _FIRST_CREATED = SampleKind.GAUGE, SampleKind.CREATED, SampleKind.FIRST_CREATED
 _MAX_HEADS = 65536
@@ -107,11 +103,7 @@ _MAX_HEAD_BYTES = 1024
 
 def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
     """What a line's text before its value is (`Head`); None when it is not ours or bad."""
-    cut = len(head)
-    for sep in (b"{", b" ", b"\t"):
-        i = head.find(sep)
-        if 0 <= i < cut:
-            cut = i
+    cut = len(_NAME_END.split(head, maxsplit=1)[0])
     entry = spec.names.get(head[:cut])
     if entry is None:
         return None
@@ -174,17 +166,6 @@ class PageLimits:
     series: int  # spec-decode series (counters and gauges) on one page
     label_value_length: int  # characters in any label value of a spec-decode series
     positions: int  # draft positions 0 .. positions-1
-
-    def check(self, key: SeriesKey | Labels) -> None:
-        """`PageLimitError` if one series breaks a per-series limit."""
-        if isinstance(key, SeriesKey) and key.position >= self.positions:
-            raise PageLimitError(
-                f"position {key.position} is over position_limit ({self.positions})")
-        for value in _label_values(key):
-            if len(value) > self.label_value_length:
-                raise PageLimitError(
-                    f"a label value of {len(value)} characters is over "
-                    f"label_value_length_limit ({self.label_value_length}): {value[:40]!r}...")
 
 
 def parse_page(
@@ -304,8 +285,13 @@ def _check_limits(limits: PageLimits, resolved: Head, values: Mapping[SeriesKey,
                   gauge_series: Mapping[tuple[str, SeriesKey | Labels], float]) -> None:
     """`PageLimitError` when this series would take the page over one of `limits`."""
     name, kind, key, longest, position = resolved
-    if position >= limits.positions or longest > limits.label_value_length:
-        limits.check(key)  # raises, saying which limit
+    if position >= limits.positions:  # -1 for a gauge
+        raise PageLimitError(f"position {position} is over position_limit ({limits.positions})")
+    if longest > limits.label_value_length:
+        value = next(v for v in _label_values(key) if len(v) > limits.label_value_length)
+        raise PageLimitError(
+            f"a label value of {len(value)} characters is over "
+            f"label_value_length_limit ({limits.label_value_length}): {value[:40]!r}...")
     if len(values) + len(gauge_series) >= limits.series and (
         key not in values and (name, key) not in gauge_series
         and kind is not _CREATED and kind is not _FIRST_CREATED
@@ -375,12 +361,13 @@ def _series_key(fld: Field | None, labels: dict[str, str], spec: DialectSpec,
     model = labels.pop("model_name", "")
     engine = labels.pop("engine", "")
     position = -1
-    if fld is Field.PER_POS or kind.is_first:
+    first = kind is SampleKind.FIRST or kind is _FIRST_CREATED
+    if fld is Field.PER_POS or first:
         text = labels.pop(spec.position_label, "")
         # ASCII digits only: int() also takes " 3", "+3", "3_0" and non-ASCII digits.
         if not (text.isascii() and text.isdigit()):
             return None
-        if kind.is_first:
+        if first:
             if int(text) != 0:
                 return None
         else:
