@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import struct
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -79,10 +81,10 @@ class Counts:
     def as_raw(self) -> dict[str, Any]:
         """The counters as AISBench's `raw` dump names them (integral values as ints)."""
         raw: dict[str, Any] = {
-            _DRAFTS_NAME: integral(self.drafts),
-            _DRAFT_TOKENS_NAME: integral(self.draft_tokens),
-            _ACCEPTED_NAME: integral(self.accepted),
-            _PER_POS_NAME: _integral_by_position(self.per_position),
+            Field.DRAFTS.value: integral(self.drafts),
+            Field.DRAFT_TOKENS.value: integral(self.draft_tokens),
+            Field.ACCEPTED.value: integral(self.accepted),
+            Field.PER_POS.value: _integral_by_position(self.per_position),
         }
         if self.position_drafts:
             raw[DRAFTS_PER_POS] = {
@@ -112,10 +114,7 @@ def sum_counts(parts: Iterable[Counts]) -> Counts:
     # (A NaN first `drafts` makes the first addition's `position_drafts` NaN at each position.)
     if math.isnan(first.drafts) or any(
             p.position_drafts or p.per_position.keys() != positions for p in parts):
-        total = Counts()
-        for part in parts:
-            total = total + part
-        return total
+        return functools.reduce(operator.add, parts, Counts())
     drafts = draft_tokens = accepted = 0.0
     per_pos = dict.fromkeys(positions, 0.0)
     for part in parts:
@@ -128,9 +127,6 @@ def sum_counts(parts: Iterable[Counts]) -> Counts:
 
 
 DRAFTS_PER_POS = "num_drafts_per_pos"
-_DRAFTS_NAME, _DRAFT_TOKENS_NAME, _ACCEPTED_NAME, _PER_POS_NAME = (
-    Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value, Field.PER_POS.value
-)
 
 
 _KEYED = 64
@@ -169,12 +165,7 @@ def _uneven(
     per_pos: Mapping[int, float], drafts: float, drafts_at: Callable[[int], float]
 ) -> dict[int, float]:
     """Per position, its drafts where they differ from `drafts` (empty in the usual case)."""
-    uneven = {}
-    for pos in per_pos:
-        at = drafts_at(pos)
-        if at != drafts:
-            uneven[pos] = at
-    return uneven
+    return {pos: at for pos in per_pos if (at := drafts_at(pos)) != drafts}
 
 
 # What restarts as one: model name, engine, extra labels.
@@ -212,10 +203,7 @@ def sum_series(values: Collection[tuple[SeriesKey, float]]) -> Counts:
 
 def _positions_uneven(values: Iterable[tuple[SeriesKey, float]], engines: int) -> bool:
     """Whether some position has another number of series than there are drafts series."""
-    series: dict[int, int] = {}
-    for key, _ in values:
-        if key.field is _PER_POS:
-            series[key.position] = series.get(key.position, 0) + 1
+    series = Counter(key.position for key, _ in values if key.field is _PER_POS)
     return any(n != engines for n in series.values())
 
 
@@ -228,10 +216,8 @@ def _uneven_engines(values: Iterable[tuple[SeriesKey, float]]) -> dict[int, floa
             engine = (key.model_name, key.engine, key.extra)
             engine_drafts[engine] = engine_drafts.get(engine, 0.0) + value
         elif key.field is _PER_POS:
-            engines = position_engines.get(key.position)
-            if engines is None:
-                engines = position_engines[key.position] = set()
-            engines.add((key.model_name, key.engine, key.extra))
+            position_engines.setdefault(key.position, set()).add(
+                (key.model_name, key.engine, key.extra))
     uneven: dict[int, float] = {}
     for pos, engines in position_engines.items():
         # A position whose engines show no drafts series of their own (labels that differ
