@@ -10,8 +10,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
-from typing import Final, cast
+from typing import cast
 
 from exporter.core.dialects import (
     DIALECTS,
@@ -87,13 +86,6 @@ def parse_labels(line: bytes, start: int) -> tuple[dict[str, str], int] | None:
             return None
 
 
-class _Unseen(Enum):
-    """A head not resolved yet (a resolved head that is not ours is None)."""
-
-    TOKEN = 0
-
-
-_UNSEEN: Final = _Unseen.TOKEN
 _NAME_END = re.compile(rb"[{ \t]")
 # Bound once: the page loop compares every line's kind (a member look-up costs a call each).
 _GAUGE, _CREATED, _FIRST_CREATED = SampleKind.GAUGE, SampleKind.CREATED, SampleKind.FIRST_CREATED
@@ -136,22 +128,14 @@ def _label_values(key: SeriesKey | Labels) -> tuple[str, ...]:
 def _sample_value(rest: bytes) -> float | None:
     """The value of a line's rest (value and an optional timestamp), or None if malformed."""
     parts = rest.split()
-    if not parts or len(parts) > 2:  # value and an optional timestamp
-        return None
-    value = _number(parts[0])
-    if value is None or (len(parts) == 2 and _number(parts[1]) is None):
-        return None
-    return value
-
-
-def _number(text: bytes) -> float | None:
     # Python's float() also takes `1_000`; the exposition format (and Go's parser) does not.
-    if b"_" in text:
+    if not 1 <= len(parts) <= 2 or b"_" in rest:
         return None
     try:
-        return float(text)
+        numbers = [float(part) for part in parts]  # the timestamp must be a number too
     except ValueError:
         return None
+    return numbers[0]
 
 
 class PageLimitError(ExporterError):
@@ -168,8 +152,11 @@ class PageLimits:
     positions: int  # draft positions 0 .. positions-1
 
 
+_NO_LIMITS = PageLimits(sys.maxsize, sys.maxsize, sys.maxsize)
+
+
 def parse_page(
-    page: bytes, dialect: Dialect | str = Dialect.VLLM, limits: PageLimits | None = None
+    page: bytes, dialect: Dialect | str = Dialect.VLLM, limits: PageLimits = _NO_LIMITS
 ) -> Snapshot:
     """The spec-decode series of a page, gauges averaged over their series; with `limits`, a
     page over one raises `PageLimitError`."""
@@ -210,11 +197,9 @@ def read_running(page: bytes, name: str) -> float | None:
     return total
 
 
-_UNDERSCORE: Final = ord("_")
-_NO_LIMITS = PageLimits(sys.maxsize, sys.maxsize, sys.maxsize)
 
 
-def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
+def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits,
           dialect: str, running: float | None) -> Snapshot:
     """The snapshot of every line from `frm` on that starts with the dialect's prefix (a hot
     loop: no call of ours but `_next_line` for a cached head with a plain value)."""
@@ -224,8 +209,7 @@ def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
     duplicates = 0
     is_v0 = False
     heads, v0_markers, needle = spec.heads, spec.v0_markers, b"\n" + spec.prefix
-    bounds = _NO_LIMITS if limits is None else limits
-    max_positions, max_length = bounds.positions, bounds.label_value_length
+    max_positions, max_length = limits.positions, limits.label_value_length
     start = frm if page.startswith(spec.prefix, frm) else _next_line(page, needle, frm)
     while start >= 0:
         end = page.find(b"\n", start)
@@ -239,23 +223,24 @@ def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
         else:
             head, _, rest = page[start:end].rstrip().replace(b"\t", b" ").partition(b" ")
         start = _next_line(page, needle, end)
-        resolved = heads.get(head, _UNSEEN)
-        if resolved is _UNSEEN:
+        try:
+            resolved = heads[head]  # None: resolved, not ours
+        except KeyError:
             resolved = _remember_head(head, spec)
         if resolved is None:
             continue
         # Nearly always " <number>": float() reads it whole; an underscore or a timestamp
         # takes the careful way.
         try:
-            value = _sample_value(rest) if _UNDERSCORE in rest else float(rest)
+            value = _sample_value(rest) if b"_" in rest else float(rest)
         except ValueError:
             value = _sample_value(rest)
         if value is None:
             continue
         name, kind, key, longest, position = resolved
         if position >= max_positions or longest > max_length or (
-                len(values) + len(gauge_series) >= bounds.series):
-            _check_limits(bounds, resolved, values, gauge_series)
+                len(values) + len(gauge_series) >= limits.series):
+            _check_limits(limits, resolved, values, gauge_series)
         if name in v0_markers:
             is_v0 = True
         if kind is _GAUGE:

@@ -148,10 +148,9 @@ def in_position_order(mapping: Mapping[int, Any] | Mapping[str, Any]) -> bool:
 
 def _integral_by_position(values: Mapping[int, float]) -> dict[str, int | float]:
     """`{str(position): integral(value)}` in numeric position order."""
-    n = len(values)
-    if n <= _KEYED and list(values) == _POSITIONS[n]:
+    if in_position_order(values):
         # Positions 0..k-1 in order, as pages list them: keys made once, nothing to sort.
-        return dict(zip(_POSITION_KEYS[n], map(integral, values.values()), strict=True))
+        return dict(zip(position_keys(len(values)), map(integral, values.values()), strict=True))
     return {str(p): integral(values[p]) for p in sorted(values)}
 
 
