@@ -54,29 +54,26 @@ class Counts:
         per_pos = dict(self.per_position)
         for pos, value in other.per_position.items():
             per_pos[pos] = per_pos.get(pos, 0.0) + value
-        drafts = self.drafts + other.drafts
-        if self.position_drafts or other.position_drafts or (
-                self.per_position.keys() != other.per_position.keys()):
-            uneven = _uneven(per_pos, drafts, lambda p: self.drafts_at(p) + other.drafts_at(p))
-        else:  # every position's drafts are both sides' `drafts`: their sum is `drafts`
-            uneven = {}
-        return Counts(
-            drafts, self.draft_tokens + other.draft_tokens, self.accepted + other.accepted,
-            per_pos, uneven,
-        )
+        return self._combined(other, operator.add, per_pos,
+                              self.per_position.keys() == other.per_position.keys())
 
     def __sub__(self, other: Counts) -> Counts:
         before = other.per_position
         per_pos = {pos: value - before.get(pos, 0.0) for pos, value in self.per_position.items()}
-        drafts = self.drafts - other.drafts
-        if self.position_drafts or other.position_drafts or not per_pos.keys() <= before.keys():
-            uneven = _uneven(per_pos, drafts, lambda p: self.drafts_at(p) - other.drafts_at(p))
-        else:  # every position's drafts are both sides' `drafts`: their difference is `drafts`
-            uneven = {}
-        return Counts(
-            drafts, self.draft_tokens - other.draft_tokens, self.accepted - other.accepted,
-            per_pos, uneven,
-        )
+        return self._combined(other, operator.sub, per_pos, per_pos.keys() <= before.keys())
+
+    def _combined(self, other: Counts, op: Callable[[float, float], float],
+                  per_pos: dict[int, float], even: bool) -> Counts:
+        """`self op other`, given its `per_position`; `even`: both sides have a series for each
+        of its positions (without `position_drafts`, each position's drafts are `drafts`)."""
+        drafts = op(self.drafts, other.drafts)
+        uneven = {}
+        if self.position_drafts or other.position_drafts or not even:
+            # Per position, its drafts where they differ from `drafts`.
+            uneven = {pos: at for pos in per_pos
+                      if (at := op(self.drafts_at(pos), other.drafts_at(pos))) != drafts}
+        return Counts(drafts, op(self.draft_tokens, other.draft_tokens),
+                      op(self.accepted, other.accepted), per_pos, uneven)
 
     def as_raw(self) -> dict[str, Any]:
         """The counters as AISBench's `raw` dump names them (integral values as ints)."""
@@ -158,13 +155,6 @@ def integral(value: float) -> int | float:
     """An integral count as an int (AISBench writes `2043630`, not `2043630.0`)."""
     # Counters are integral in vLLM; keep a fraction rather than hide it if one ever shows up.
     return int(value) if float(value).is_integer() else value
-
-
-def _uneven(
-    per_pos: Mapping[int, float], drafts: float, drafts_at: Callable[[int], float]
-) -> dict[int, float]:
-    """Per position, its drafts where they differ from `drafts` (empty in the usual case)."""
-    return {pos: at for pos in per_pos if (at := drafts_at(pos)) != drafts}
 
 
 # What restarts as one: model name, engine, extra labels.
