@@ -197,8 +197,6 @@ def read_running(page: bytes, name: str) -> float | None:
     return total
 
 
-
-
 def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits,
           dialect: str, running: float | None) -> Snapshot:
     """The snapshot of every line from `frm` on that starts with the dialect's prefix (a hot
