@@ -62,9 +62,6 @@ class AnomalyTally:
     first: Anomaly | None = None
     last: Anomaly | None = None
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> AnomalyTally:
-        return self  # immutable: `NO_ANOMALIES` stays the one shared
-
     def plus(self, anomaly: Anomaly) -> AnomalyTally:
         """This tally and one more anomalous scrape."""
         return AnomalyTally(self.count + 1, self.first or anomaly, anomaly)

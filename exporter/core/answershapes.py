@@ -13,14 +13,12 @@ from exporter.core.unreadable import MAX_HISTOGRAM, Unreadable, as_count, is_rat
 
 STEPS, DRAFTED, ACCEPTED, HISTOGRAM = (
     "num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens", "acceptance_histogram")
+SUM_KEYS = (STEPS, DRAFTED, ACCEPTED)
 # SGLang's names for ours: a verify forward pass is a step; the proposed drafts are its steps
 # times (speculative_num_draft_tokens - 1); the correct drafts exclude the bonus token.
 SGLANG_NAMES = {STEPS: "spec_verify_ct", DRAFTED: "spec_num_proposed_drafts",
                 ACCEPTED: "spec_num_correct_drafts"}
 SGLANG_HISTOGRAM = "spec_correct_drafts_histogram"
-
-
-SUM_KEYS = (STEPS, DRAFTED, ACCEPTED)
 
 
 def engine_spec(obj: dict[str, Any]) -> dict[str, Any] | Unreadable | None:
@@ -105,8 +103,7 @@ def _sglang_item(item: object) -> dict[str, Any] | Unreadable:
 
 def _summed(items: list[dict[str, Any]]) -> dict[str, Any]:
     """The choices' figures as one request's; the histogram unknown if any choice's is."""
-    spec: dict[str, Any] = {key: sum(item[key] for item in items)
-                            for key in (STEPS, DRAFTED, ACCEPTED)}
+    spec: dict[str, Any] = {key: sum(item[key] for item in items) for key in SUM_KEYS}
     hists = [item[HISTOGRAM] for item in items]
     if any(h is None for h in hists):
         return {"engine": "sglang", **spec, HISTOGRAM: None, "unknown": [HISTOGRAM]}

@@ -17,7 +17,7 @@ from operator import add
 from statistics import NormalDist
 from typing import Any
 
-from exporter.core.answershapes import is_partial
+from exporter.core.answershapes import SUM_KEYS, is_partial
 from exporter.core.tallies import add_counts, natural
 
 TAG_HEADER = "X-Specdec-Tag"
@@ -31,7 +31,6 @@ MIN_REQUESTS = 10  # fewer requests in a ratio than this give no figure, only a 
 OTHER, UNKNOWN, UNTAGGED, DEFAULT = "other", "unknown", "untagged", "default"
 _TEXT = re.compile(r"[A-Za-z0-9._:/@+=-]{1,128}")
 DIMENSIONS = ("tag", "model", "prompt_tokens", "output_tokens", "temperature", "concurrency")
-SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 # Per segment: count (k), sums and cross-products of steps n, drafted d and accepted a; `_n`
 # over the requests that report steps (the length's ratio), the rest over all with figures.
 MOMENTS = ("k_n", "n", "a_n", "nn", "an", "aa_n", "k_d", "d", "a", "dd", "ad", "aa")
