@@ -48,19 +48,15 @@ def _spec_object(metrics: object) -> dict[str, Any] | Unreadable | None:
     if not isinstance(spec, dict) or not isinstance(hist, list) or any(
             as_count(v) is None for v in (*(spec.get(k) for k in SUM_KEYS), *hist)):
         return Unreadable.BAD_COUNTS
-    return _broken_invariant(spec, hist) or spec
-
-
-def _broken_invariant(spec: dict[str, Any], hist: list[int]) -> Unreadable | None:
-    """Which of vLLM's own invariants the figures break, if any."""
-    if spec["num_accepted_draft_tokens"] > spec["num_draft_tokens"]:
+    # vLLM's own invariants.
+    if spec[ACCEPTED] > spec[DRAFTED]:
         return Unreadable.ACCEPTED_OVER_DRAFTED
-    if sum(hist) != spec["num_spec_steps"]:
+    if sum(hist) != spec[STEPS]:
         return Unreadable.HISTOGRAM_NOT_STEPS
     rate = spec.get("draft_acceptance_rate")
     if rate is not None and not is_rate(rate):
         return Unreadable.RATE_OUT_OF_RANGE
-    return None
+    return spec
 
 
 def sglang_spec(details: object) -> dict[str, Any] | Unreadable | None:

@@ -90,14 +90,15 @@ def _stats(fields: dict[str, Any]) -> RequestStats:
         spec=fields.get("spec"), timing=fields.get("timing"))
 
 
-def _decoded(data: bytes) -> object:
-    """The JSON value of `data`, or why there is none."""
+def _decoded(data: bytes) -> dict[str, Any] | Unreadable:
+    """The JSON object `data` holds, or why it holds none."""
     try:
-        return json.loads(data)
+        obj = json.loads(data)
     except RecursionError:
         return Unreadable.TOO_DEEP
     except ValueError:  # UnicodeDecodeError too
         return Unreadable.NOT_AN_ANSWER
+    return obj if isinstance(obj, dict) else Unreadable.NOT_AN_ANSWER
 
 
 def from_json(body: bytes) -> RequestStats:
@@ -105,8 +106,6 @@ def from_json(body: bytes) -> RequestStats:
     obj = _decoded(body)
     if isinstance(obj, Unreadable):
         return RequestStats.unread(obj)
-    if not isinstance(obj, dict):
-        return RequestStats.unread(Unreadable.NOT_AN_ANSWER)
     fields: dict[str, Any] = {}
     _merge(fields, obj)
     return _stats(fields)
