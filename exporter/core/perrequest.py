@@ -315,13 +315,12 @@ class PerRequest:
                 as_count(h) is None for h in hist):
             raise ValueError("its counts are not counts")
         sound = [c for c in counts if c is not None]
+        buckets = block["buckets"]
         acc = cls(requests=sound[0], unreadable=sound[1],
                   sums=dict(zip(SUM_KEYS, sound[2:5], strict=True)), partial=sound[5],
                   histogram=list(hist),
-                  lengths=Buckets.from_dict(block["buckets"].get("acceptance_length"),
-                                            LENGTH_WIDTH),
-                  rates=Buckets.from_dict(block["buckets"].get("draft_acceptance_rate"),
-                                          RATE_WIDTH),
+                  lengths=Buckets.from_dict(buckets.get("acceptance_length"), LENGTH_WIDTH),
+                  rates=Buckets.from_dict(buckets.get("draft_acceptance_rate"), RATE_WIDTH),
                   rows=[_lowest_row(r) for r in rows[:LOWEST]],
                   reasons=_reasons(block.get("unreadable_reasons", {})),
                   timing=Timings.from_block(block.get("timing")))
