@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
@@ -60,7 +61,6 @@ from exporter.web.families import (
     run_template,
     template,
 )
-from exporter.web.formats import to_openmetrics
 
 _Point = tuple[float, Counts]
 
@@ -355,9 +355,8 @@ class MetricsWriter:
             )
         if self.extra is not None:
             out += self.extra(openmetrics)
-        process = generate_latest(self._process)
-        if openmetrics:  # its own families renamed, and `# EOF` closes the whole
-            process = to_openmetrics(process)
+        # prometheus_client's own OpenMetrics renderer ends with the `# EOF` that closes the whole.
+        process = (openmetrics_latest if openmetrics else generate_latest)(self._process)
         # Joined as text, then encoded once: each copy of the whole is megabytes.
         out.append(process.decode())
         return "".join(out).encode()
