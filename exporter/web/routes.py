@@ -18,7 +18,6 @@ from exporter.core.window import check_window_id
 from exporter.web import handlers
 from exporter.web.fanout import FANOUT, Answer, Ask, Fleet, Reply
 from exporter.web.historyroute import history_window
-from exporter.web.keys import SERVICE
 from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.window import render_window_page
 from exporter.web.proxy import main_listener_proxy
@@ -80,7 +79,7 @@ async def window_page(request: web.Request) -> web.Response:
     window_id = check_window_id(request.match_info["id"])
     state, series = await asyncio.gather(_shown(WINDOW, request, window_id),
                                          _shown(SERIES, request, window_id))
-    text = render_window_page(state, series | {"now": request.app[SERVICE].clock()})
+    text = render_window_page(state, series | {"now": request.app[handlers.SERVICE].clock()})
     return web.Response(text=text, content_type="text/html")
 
 
@@ -143,7 +142,7 @@ def _dispatch(route: Route) -> Handler:
 async def _say_scope(request: web.Request, response: web.StreamResponse) -> None:
     # on_response_prepare: also for a streamed answer, whose headers go before its body.
     if request.get(_SCOPE) is Scope.SHARD and request.app[FANOUT].sharded():
-        config = request.app[SERVICE].config
+        config = request.app[handlers.SERVICE].config
         response.headers[SCOPE_HEADER] = (
             f"shard {config.shard_index} of {config.shards}: this shard's targets only")
 
