@@ -43,20 +43,18 @@ class Route:
     method: str
     path: str
     handler: Handler | Answer
-    scope: Scope
-    fleet: Fleet | Literal["page"] | None = None
+    fleet: Fleet | Literal["page"] | None = None  # None: this shard alone
 
-    def __post_init__(self) -> None:
-        if (self.scope is Scope.FLEET) != (self.fleet is not None):
-            raise ValueError(f"{self.method} {self.path}: a fleet route needs its fan-out")
+    @property
+    def scope(self) -> Scope:
+        """What the route's answer covers: the fleet when it has a fan-out."""
+        return Scope.SHARD if self.fleet is None else Scope.FLEET
 
 
-WINDOW = Route("GET", "/api/v1/windows/{id}", handlers.window_answer, Scope.FLEET,
-               Fleet(shards.merged_window))
-SERIES = Route("GET", "/api/v1/windows/{id}/series", handlers.series_answer, Scope.FLEET,
+WINDOW = Route("GET", "/api/v1/windows/{id}", handlers.window_answer, Fleet(shards.merged_window))
+SERIES = Route("GET", "/api/v1/windows/{id}/series", handlers.series_answer,
                Fleet(shards.merged_series))
-WINDOWS = Route("GET", "/api/v1/windows", handlers.list_answer, Scope.FLEET,
-                Fleet(shards.merged_list))
+WINDOWS = Route("GET", "/api/v1/windows", handlers.list_answer, Fleet(shards.merged_list))
 
 
 async def _reply(route: Route, request: web.Request, ask: Ask | None = None) -> Reply:
@@ -102,28 +100,27 @@ async def compare_page(request: web.Request) -> web.Response:
 
 
 ROUTES = (
-    Route("GET", "/", handlers.landing, Scope.SHARD),
-    Route("GET", "/windows/{id}", window_page, Scope.FLEET, PAGE),
+    Route("GET", "/", handlers.landing),
+    Route("GET", "/windows/{id}", window_page, PAGE),
     # Every shard exports its own targets; Prometheus scrapes each shard.
-    Route("GET", "/metrics", handlers.metrics, Scope.SHARD),
-    Route("GET", "/compare", compare_page, Scope.FLEET, PAGE),
-    Route("GET", "/-/healthy", handlers.healthy, Scope.SHARD),
-    Route("GET", "/-/ready", handlers.ready, Scope.SHARD),
-    Route("POST", "/-/reload", handlers.reload, Scope.SHARD),
-    Route("POST", "/api/v1/windows", handlers.start_answer, Scope.FLEET,
+    Route("GET", "/metrics", handlers.metrics),
+    Route("GET", "/compare", compare_page, PAGE),
+    Route("GET", "/-/healthy", handlers.healthy),
+    Route("GET", "/-/ready", handlers.ready),
+    Route("POST", "/-/reload", handlers.reload),
+    Route("POST", "/api/v1/windows", handlers.start_answer,
           Fleet(shards.merged_start, opens=True)),
     # Counted from the store, which holds every shard's targets: kept by the shard asked.
-    Route("POST", "/api/v1/windows/history", history_window, Scope.SHARD),
+    Route("POST", "/api/v1/windows/history", history_window),
     WINDOWS,
     WINDOW,
-    Route("DELETE", "/api/v1/windows/{id}", handlers.delete_answer, Scope.FLEET,
+    Route("DELETE", "/api/v1/windows/{id}", handlers.delete_answer,
           Fleet(shards.merged_delete, refuses=(RequestError,))),
-    Route("POST", "/api/v1/windows/{id}/stop", handlers.stop_answer, Scope.FLEET,
-          Fleet(shards.merged_stop)),
+    Route("POST", "/api/v1/windows/{id}/stop", handlers.stop_answer, Fleet(shards.merged_stop)),
     SERIES,
-    Route("GET", "/api/v1/targets", handlers.list_targets, Scope.SHARD),
+    Route("GET", "/api/v1/targets", handlers.list_targets),
     # A target's proxy lives on the shard that scrapes it.
-    Route("*", "/proxy/{target}/{tail:.*}", main_listener_proxy, Scope.SHARD),
+    Route("*", "/proxy/{target}/{tail:.*}", main_listener_proxy),
 )
 
 _SCOPE: web.RequestKey[Scope] = web.RequestKey("scope", Scope)
