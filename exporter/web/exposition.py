@@ -90,10 +90,8 @@ class _Labels:
                       for f in (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, READ_FILTERED, RATIO,
                                 LENGTH)}
         # Lines whose value is one of two: indexed by the bool.
-        self.up = (f"{self.fixed[UP]}0.0\n", f"{self.fixed[UP]}1.0\n")
-        self.present = (f"{self.fixed[PRESENT]}0.0\n", f"{self.fixed[PRESENT]}1.0\n")
-        self.filtered = (f"{self.fixed[READ_FILTERED]}0.0\n",
-                         f"{self.fixed[READ_FILTERED]}1.0\n")
+        self.up, self.present, self.filtered = [(f"{self.fixed[f]}0.0\n", f"{self.fixed[f]}1.0\n")
+                                                for f in (UP, PRESENT, READ_FILTERED)]
         self.errors = (-1, "")  # the errors line for a count: it rarely moves
         self.models: dict[str, _ModelPrefixes] = {}
         self.live_positions: dict[tuple[int, ...], str] = {}  # `template`s
@@ -339,14 +337,11 @@ class MetricsWriter:
             columns = list(zip(*blocks, strict=True)) or [()] * len(families)
             _extend(out, dict(zip(families, columns, strict=True)), header)
         _extend(out, self._last_window(view), header)
-        out += [
-            header(WINDOWS_OPEN), line(WINDOWS_OPEN.name, "", float(view.open_windows)),
-            header(RELOAD_OK), line(RELOAD_OK.name, "", 1.0 if view.reload_ok else 0.0),
-            header(RELOAD_AT), line(RELOAD_AT.name, "", view.reload_at),
-            header(INTERVAL), line(INTERVAL.name, "", view.config.scrape_interval),
-            header(STATE_ERRORS), line(STATE_ERRORS.name, "", view.state_write_errors),
-            header(RESULT_ERRORS), line(RESULT_ERRORS.name, "", view.result_write_errors),
-        ]
+        for family, value in ((WINDOWS_OPEN, view.open_windows), (RELOAD_OK, view.reload_ok),
+                              (RELOAD_AT, view.reload_at), (INTERVAL, view.config.scrape_interval),
+                              (STATE_ERRORS, view.state_write_errors),
+                              (RESULT_ERRORS, view.result_write_errors)):
+            out += [header(family), line(family.name, "", value)]
         if view.discovery_up:
             out.append(header(DISCOVERY_UP))
             out.extend(
