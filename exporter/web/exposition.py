@@ -210,17 +210,12 @@ def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
 
 def _model_lines(labels: _Labels, model: str, counts: _Sums) -> tuple[str, str, str, str]:
     prefixes = labels.model(model)
-    drafts, tokens, accepted = counts.drafts, counts.tokens, counts.accepted
-    total = drafts + tokens + accepted
-    if total - total == 0.0:  # all finite: repr inline (sums of floats, floats themselves)
-        lines = (f"{prefixes.drafts}{drafts!r}\n", f"{prefixes.tokens}{tokens!r}\n",
-                 f"{prefixes.accepted}{accepted!r}\n")
-    else:
-        lines = (f"{prefixes.drafts}{number(drafts)}\n", f"{prefixes.tokens}{number(tokens)}\n",
-                 f"{prefixes.accepted}{number(accepted)}\n")
     values = counts.per_position
     positions = tuple(sorted(values))
-    return (*lines, run_template(labels.positions(model, positions),
+    return (f"{prefixes.drafts}{number(counts.drafts)}\n",
+            f"{prefixes.tokens}{number(counts.tokens)}\n",
+            f"{prefixes.accepted}{number(counts.accepted)}\n",
+            run_template(labels.positions(model, positions),
                          tuple([values[pos] for pos in positions])))
 
 
