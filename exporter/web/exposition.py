@@ -80,8 +80,7 @@ class _ModelPrefixes:
 class _Labels:
     """A target's sample prefixes (`name{labels} `), kept while its config object lives."""
 
-    __slots__ = ("config", "text", "fixed", "up", "present", "filtered", "errors", "models",
-                 "live_positions")
+    __slots__ = ("config", "text", "fixed", "up", "present", "filtered", "models", "live_positions")
 
     def __init__(self, name: str, state: TargetState):
         self.config = state.config
@@ -92,14 +91,8 @@ class _Labels:
         # Lines whose value is one of two: indexed by the bool.
         self.up, self.present, self.filtered = [(f"{self.fixed[f]}0.0\n", f"{self.fixed[f]}1.0\n")
                                                 for f in (UP, PRESENT, READ_FILTERED)]
-        self.errors = (-1, "")  # the errors line for a count: it rarely moves
         self.models: dict[str, _ModelPrefixes] = {}
         self.live_positions: dict[tuple[int, ...], str] = {}  # `template`s
-
-    def errors_line(self, count: int) -> str:
-        if self.errors[0] != count:
-            self.errors = (count, f"{self.fixed[ERRORS]}{number(count)}\n")
-        return self.errors[1]
 
     def model(self, model: str) -> _ModelPrefixes:
         found = self.models.get(model)
@@ -182,7 +175,7 @@ def _model_sums(values: Mapping[SeriesKey, float]) -> tuple[dict[str, _Sums], bo
 def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
     """A target's lines of each family in `TARGET_FAMILIES`."""
     fixed = labels.fixed
-    errors = labels.errors_line(state.errors_total)
+    errors = f"{fixed[ERRORS]}{number(state.errors_total)}\n"
     last = state.last
     if last is None:
         return (labels.up[0], "", "", errors, "", "", "", "", "", "", "", "")
