@@ -123,11 +123,11 @@ class ConnectionGuard:
 
 
 class GuardedSite(web.TCPSite):
+    """aiohttp's TCP site with its connections behind a `ConnectionGuard`."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
-                 header_timeout: float, max_connections: int = MAX_CONNECTIONS,
-                 **kwargs: Any) -> None:
-        super().__init__(runner, host, port, **kwargs)
+                 header_timeout: float, max_connections: int) -> None:
+        super().__init__(runner, host, port)
         self.guard: ConnectionGuard | None = None
         self._guard_args = (header_timeout, max_connections)
 
