@@ -198,9 +198,7 @@ class FleetClient:
 def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One answer from several shards' answers for the same window: the aggregate recomputed
     from every per-target count, never from the shards' aggregates (ratios do not add)."""
-    results: dict[str, Any] = {}
-    for answer in answers:
-        results.update(answer.get("results", {}))
+    results = {name: result for a in answers for name, result in a.get("results", {}).items()}
     merged = answers[0] | {
         "targets": [t for a in answers for t in a.get("targets", [])],
         "stopped_at": max(a.get("stopped_at") or 0 for a in answers),
