@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.fakevllm.model import ServerModel
+from exporter.fakevllm.model import DRAFT_COST, ServerModel
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_CAP = 32768  # bounds the work one request can ask of the simulator
@@ -268,9 +268,8 @@ async def _answer(request: web.Request, server: ServerModel, chat: bool, body: d
     if body.get("stream"):
         return await _stream(request, server, engine, asked)
     for steps in plans:
-        for proposed, accepted in steps:
-            await _step(server, asked.times, proposed)
-            server.count_step(engine, proposed, accepted)
+        for step in steps:
+            await _step(server, engine, asked.times, step)
     return web.json_response(head | {
         "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
                     for i, steps in enumerate(plans)],
@@ -291,9 +290,8 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     head, chat = asked.head, asked.chat
     # Counters move step by step while the answer streams, as a scrape mid-request would see.
     for index, steps in enumerate(asked.plans):
-        for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
-            await _step(server, asked.times, proposed)
-            server.count_step(engine, proposed, accepted)
+        for step, text in zip(steps, step_texts(steps), strict=True):
+            await _step(server, engine, asked.times, step)
             await send(head | {"choices": [_choice(chat, text, None, True, index)]})
         if index < len(asked.plans) - 1:
             await send(head | {"choices": [_choice(chat, None if chat else "", "length", True,
@@ -312,12 +310,15 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     return response
 
 
-async def _step(server: ServerModel, times: _Times | None, proposed: int) -> None:
-    """One decode step's time (`step_time`), if it takes any; its tokens go."""
+async def _step(server: ServerModel, engine: int, times: _Times | None,
+                step: tuple[int, int]) -> None:
+    """One decode step: its time (if steps take any), its tokens, its count on `engine`."""
+    proposed, accepted = step
     if server.step_seconds:
-        await asyncio.sleep(server.step_time(proposed))
+        await asyncio.sleep(server.step_seconds * (1 + DRAFT_COST * proposed))
     if times is not None:
         times.token()
+    server.count_step(engine, proposed, accepted)
 
 
 def models(server: ServerModel) -> dict[str, Any]:
