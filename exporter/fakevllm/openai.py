@@ -293,11 +293,9 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
         for step, text in zip(steps, step_texts(steps), strict=True):
             await _step(server, engine, asked.times, step)
             await send(head | {"choices": [_choice(chat, text, None, True, index)]})
+        finish = head | {"choices": [_choice(chat, None, "length", True, index)]}
         if index < len(asked.plans) - 1:
-            await send(head | {"choices": [_choice(chat, None if chat else "", "length", True,
-                                                   index)]})
-    finish = head | {"choices": [_choice(chat, None if chat else "", "length", True,
-                                         len(asked.plans) - 1)]}
+            await send(finish)
     tokens = sum(1 + a for _, a in asked.plans[0])
     options = asked.body.get("stream_options")
     usage = head | {"choices": [], "usage": _usage(asked.prompt, tokens * len(asked.plans))} if (
