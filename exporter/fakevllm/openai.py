@@ -217,7 +217,7 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
 
 
 def _choice(chat: bool, text: str | None, finish: str | None, stream: bool,
-            index: int = 0) -> dict[str, Any]:
+            index: int) -> dict[str, Any]:
     if chat:
         key = "delta" if stream else "message"
         content = {} if text is None else {"role": "assistant", "content": text}

@@ -116,17 +116,13 @@ class Scraper:
             elapsed = time.monotonic() - started
             return ScrapeResult(target.name, clock(), elapsed, snapshot, error, len(page))
 
-    def _plan(self, target: TargetConfig) -> _Plan:
+    async def _read(self, target: TargetConfig) -> tuple[bytes, Snapshot]:
+        """The page and its snapshot: filtered where that was proven, else the full page (and
+        a proof of the filter on it at first contact and after a restart)."""
         plan = self._plans.get(target.name)
         if plan is None or plan.target is not target:  # a reload or discovery replaced it
             plan = self._plans[target.name] = self._make_plan(target)
             self._reads[target.name] = Reading()
-        return plan
-
-    async def _read(self, target: TargetConfig) -> tuple[bytes, Snapshot]:
-        """The page and its snapshot: filtered where that was proven, else the full page (and
-        a proof of the filter on it at first contact and after a restart)."""
-        plan = self._plan(target)
         reading = self._reads[target.name]
         if reading.filtered is not None:
             try:
