@@ -16,9 +16,9 @@ class FakeServer(ServerModel):
         return RENDERERS[self.dialect](self)
 
 
-def page_for_bench(engines: int, target_bytes: int | None = None) -> bytes:
+def page_for_bench(engines: int, target_bytes: int | None = None, seed: int = 0) -> bytes:
     """Return a realistic page; with target_bytes, add LoRA model variants until it is that big."""
-    server = FakeServer(engines=engines)
+    server = FakeServer(engines=engines, seed=seed)
     server.simulate(4000 * engines)
     page = server.render()
     if target_bytes is None or len(page) >= target_bytes:
