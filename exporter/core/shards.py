@@ -95,13 +95,6 @@ def _peers(parts: Sequence[ShardPart], vet: Callable[[ShardPart], None]) -> None
             vet(part)
 
 
-def merged_start(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
-    """The fleet's start answer: 201 when any shard opened the window."""
-    _peers(parts, lambda part: vet_open(part, asked.fleet))
-    opened = any(p.status == 201 for p in parts if p.answer is not None)
-    return 201 if opened else 200, merge_start(parts)
-
-
 def merged_stop(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
     """The fleet's stop answer (also a GET's once every shard stopped)."""
     _peers(parts, lambda part: vet_stop(part, asked.shards, asked.fleet))
@@ -114,24 +107,6 @@ def merged_window(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, 
         return merged_stop(parts, asked)
     _peers(parts, lambda part: vet_open(part, asked.fleet))
     return 200, merge_open(parts)
-
-
-def merged_delete(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
-    """The fleet's delete answer (`merge_delete`)."""
-    assert asked.window_id is not None
-    return merge_delete(parts, asked.window_id)
-
-
-def merged_list(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
-    """The fleet's window list (`merge_list`), its times with ISO ones beside."""
-    _peers(parts, vet_list)
-    limit = int(asked.query.get("limit") or MAX_LIST)
-    return 200, with_iso_times(merge_list(parts, limit))
-
-
-def merged_series(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
-    """The fleet's series of a window (`merge_series`)."""
-    return 200, merge_series(parts, asked.shards)
 
 
 def _shards(parts: Sequence[ShardPart], counted: Mapping[int, list[str]]) -> list[dict[str, Any]]:
@@ -181,32 +156,34 @@ def _time(parts: Sequence[ShardPart], key: str, *, earliest: bool) -> float | No
     return min(times) if earliest else max(times)
 
 
-def merge_start(parts: Sequence[ShardPart]) -> dict[str, Any]:
-    """One start answer: every shard's targets, the earliest start, and who could not start."""
-    first = _head(parts)
+def merged_start(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's start answer, 201 when any shard opened the window: every shard's targets,
+    the earliest start, and who could not start."""
+    _peers(parts, lambda part: vet_open(part, asked.fleet))
+    opened = any(p.status == 201 for p in parts if p.answer is not None)
     targets = [t for p in parts for t in (p.answer["targets"] if p.answer else p.expected)]
     counted = {p.index: list(p.answer["targets"]) for p in parts if p.answer}
     start_errors = {k: v for p in parts if p.answer
                     for k, v in (p.answer.get("start_errors") or {}).items()}
-    body = dict(first) | {
+    body = _head(parts) | {
         "targets": targets,
         "started_at": _time(parts, "started_at", earliest=True),
         "start_errors": start_errors,
         "shards": _shards(parts, counted),
     }
     errors = {f"shard {p.index}": p.reason for p in parts if p.answer is None}
-    return body | ({"errors": errors} if errors else {})
+    return 201 if opened else 200, body | ({"errors": errors} if errors else {})
 
 
-def merge_delete(parts: Sequence[ShardPart], window_id: str) -> tuple[int, dict[str, Any]]:
-    """(status, body) of a delete on every shard: 409 naming those where the window is still
-    open; a 404 is fine; an unreachable shard (it still holds the window) is in `errors`."""
+def merged_delete(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's delete: 409 naming the shards where the window is still open; a 404 is
+    fine; an unreachable shard (it still holds the window) is in `errors`."""
     still_open = [p for p in parts if p.status == 409]
     if still_open:
         return 409, {"error": "; ".join(p.reason for p in still_open)}
     errors = {f"shard {p.index}": p.reason for p in parts
               if p.answer is None and p.status != 404}
-    body: dict[str, Any] = {"id": window_id, "deleted": True}
+    body: dict[str, Any] = {"id": asked.window_id, "deleted": True}
     return 200, body | ({"errors": errors} if errors else {})
 
 
@@ -398,21 +375,12 @@ def vet_list(part: ShardPart) -> None:
 
 
 def _list_counts(figures: Mapping[str, Any]) -> tuple[float, float, float] | None:
-    """(drafts, draft tokens, accepted) of one shard's list figures, from drafts, rate and
-    length where a stopped window keeps only those (rounded); None if unknown (a rate of 0)."""
-    drafts = figures.get("num_drafts")
-    if not is_count(drafts):
-        return None
-    tokens, accepted = figures.get("draft_tokens"), figures.get("accepted_tokens")
-    if is_count(tokens) and is_count(accepted):
+    """(drafts, draft tokens, accepted) of one shard's list figures; None if one is unknown."""
+    drafts, tokens = figures.get("num_drafts"), figures.get("draft_tokens")
+    accepted = figures.get("accepted_tokens")
+    if is_count(drafts) and is_count(tokens) and is_count(accepted):
         return drafts, tokens, accepted
-    if drafts == 0:
-        return 0.0, 0.0, 0.0
-    rate, length = figures.get("acceptance_rate"), figures.get("acceptance_length")
-    if not (is_number(rate) and is_number(length)) or rate <= 0:
-        return None
-    accepted = float(round((length - 1) * drafts))
-    return drafts, float(round(100 * accepted / rate)), accepted
+    return None
 
 
 def _summed_figures(items: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
@@ -434,9 +402,10 @@ def _summed_figures(items: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None
     return body
 
 
-def merge_list(parts: Sequence[ShardPart], limit: int) -> dict[str, Any]:
-    """One window list, newest first, at most `limit`: each id's summaries from every shard as
-    one (open while open anywhere, figures from the summed counts)."""
+def merged_list(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's window list, newest first, at most `limit`: each id's summaries from every
+    shard as one (open while open anywhere, figures from the summed counts), ISO times beside."""
+    _peers(parts, vet_list)
     by_id: dict[str, list[Mapping[str, Any]]] = {}
     for part in parts:
         for item in (part.answer or {}).get("windows", []):
@@ -455,11 +424,12 @@ def merge_list(parts: Sequence[ShardPart], limit: int) -> dict[str, Any]:
             "aggregate": _summed_figures(items),
         })
     windows.sort(key=lambda w: float(w["started_at"] or 0.0), reverse=True)
-    return {"windows": windows[:limit], "shards": _shards(parts, {})}
+    limit = int(asked.query.get("limit") or MAX_LIST)
+    return 200, with_iso_times({"windows": windows[:limit], "shards": _shards(parts, {})})
 
 
-def merge_series(parts: Sequence[ShardPart], shards: int) -> dict[str, Any]:
-    """One window's series: each target's from the shard the split gives it to."""
+def merged_series(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's series of a window: each target's from the shard the split gives it to."""
     head = _head(parts)
     targets: dict[str, Any] = {}
     for part in parts:
@@ -468,10 +438,11 @@ def merge_series(parts: Sequence[ShardPart], shards: int) -> dict[str, Any]:
             _distrust(part, "its series are not an object")
             continue
         for name, rows in (got or {}).items():
-            if part.local or owner(name, shards) == part.index:
+            if part.local or (home := owner(name, asked.shards)) == part.index:
                 targets.setdefault(name, rows if isinstance(rows, list) else [])
             else:
-                part.refused[name] = f"the split gives it to shard {owner(name, shards)}"
-    return head | {"targets": targets, "started_at": _time(parts, "started_at", earliest=True),
-                   "stopped_at": _time(parts, "stopped_at", earliest=False),
-                   "shards": _shards(parts, {})}
+                part.refused[name] = f"the split gives it to shard {home}"
+    return 200, head | {"targets": targets,
+                        "started_at": _time(parts, "started_at", earliest=True),
+                        "stopped_at": _time(parts, "stopped_at", earliest=False),
+                        "shards": _shards(parts, {})}

@@ -8,15 +8,15 @@ import pytest
 
 from exporter.core.aisbench import NO_ACTIVITY
 from exporter.core.shards import (
+    Asked,
     ShardPart,
-    merge_delete,
-    merge_list,
     merge_open,
-    merge_start,
     merge_stop,
+    merged_delete,
+    merged_list,
+    merged_start,
     owner,
     split,
-    vet_list,
     vet_stop,
 )
 
@@ -133,7 +133,10 @@ class TestMergeStartAndOpen:
     def test_start_lists_every_target_and_who_could_not_start(self):
         started = {"id": "w", "name": "n", "targets": ["a"], "labels": {}, "started_at": 5.0}
         dead = ShardPart(1, "http://s1", None, None, "timeout", expected=["b", "c"])
-        merged = merge_start([ShardPart(0, "http://s0", started, 201), dead])
+        fleet = {n: (f"http://{n}/metrics", n) for n in "abc"}
+        status, merged = merged_start([ShardPart(0, "http://s0", started, 201), dead],
+                                      Asked(2, fleet, {}))
+        assert status == 201
         assert merged["id"] == "w" and merged["targets"] == ["a", "b", "c"]
         assert merged["errors"] == {"shard 1": "shard 1 at http://s1 unreachable: timeout"}
 
@@ -152,7 +155,7 @@ class TestMergeDelete:
         parts = [ShardPart(0, "http://a", answer={"id": "w", "deleted": True}, status=200),
                  ShardPart(1, "http://b", status=409, error="open"),
                  ShardPart(2, "http://c", status=409, error="open")]
-        status, body = merge_delete(parts, "w")
+        status, body = merged_delete(parts, Asked(3, {}, {}, "w"))
         assert status == 409
         assert body["error"] == ("shard 1 at http://b answered 409: open; "
                                  "shard 2 at http://c answered 409: open")
@@ -161,7 +164,7 @@ class TestMergeDelete:
         parts = [ShardPart(0, "http://a", answer={"id": "w", "deleted": True}, status=200),
                  ShardPart(1, "http://b", status=404, error="unknown window"),
                  ShardPart(2, "http://c", error="connection refused")]
-        status, body = merge_delete(parts, "w")
+        status, body = merged_delete(parts, Asked(3, {}, {}, "w"))
         assert status == 200
         reason = "shard 2 at http://c unreachable: connection refused"
         assert body == {"id": "w", "deleted": True, "errors": {"shard 2": reason}}
@@ -208,18 +211,18 @@ class TestVetAndList:
         assert merge_stop([part])["results"][name]["error"].endswith(
             f"its result for {name!r} {problem}")
 
-    def test_list_sums_the_counts_read_back_from_rate_and_length(self):
+    def test_list_sums_each_shards_counts_then_divides(self):
         def item(drafts: int, tokens: int, accepted: int) -> dict:
             return {"id": "w", "state": "stopped", "targets": ["a"], "started_at": 1.0,
                     "stopped_at": 2.0, "aggregate": {
-                        "status": "ok", "num_drafts": drafts,
-                        "acceptance_rate": 100 * accepted / tokens,
+                        "status": "ok", "num_drafts": drafts, "draft_tokens": tokens,
+                        "accepted_tokens": accepted, "acceptance_rate": 100 * accepted / tokens,
                         "acceptance_length": 1 + accepted / drafts}}
         parts = [ShardPart(0, "http://s0", {"windows": [item(10, 30, 20)]}, 200),
                  ShardPart(1, "http://s1", {"windows": [item(7, 21, 3)]}, 200)]
-        for part in parts:
-            vet_list(part)
-        (merged,) = merge_list(parts, 10)["windows"]
+        status, body = merged_list(parts, Asked(2, {}, {}, query={"limit": "10"}))
+        assert status == 200
+        (merged,) = body["windows"]
         figures = merged["aggregate"]
         assert (figures["num_drafts"], figures["draft_tokens"], figures["accepted_tokens"]) == (
             17, 51, 23)
@@ -230,7 +233,7 @@ class TestVetAndList:
 class TestSettle:
     def test_a_shard_that_could_not_save_is_a_retry_for_a_window_not_for_a_list(self):
         from exporter.core.errors import StoreError
-        from exporter.core.shards import Asked, settle
+        from exporter.core.shards import settle
 
         def parts() -> list[ShardPart]:
             return [ShardPart(0, "http://s0", {"windows": []}, 200, local=True),
@@ -243,5 +246,5 @@ class TestSettle:
         listed = parts()
         settle(listed, Asked(2, fleet, shares))
         assert [p.expected for p in listed] == [["a"], ["b"]]
-        assert merge_list(listed, 10)["shards"][1]["error"] == (
+        assert merged_list(listed, Asked(2, fleet, shares))[1]["shards"][1]["error"] == (
             "shard 1 at http://s1 answered 503: disk full")
