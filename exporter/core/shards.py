@@ -48,8 +48,6 @@ class ShardPart:
     answer: dict[str, Any] | None = None
     status: int | None = None  # the HTTP status it answered, None when unreachable
     error: str | None = None
-    expected: list[str] = field(default_factory=list)  # its targets, for N/A when it failed
-    urls: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (url, host:port)
     local: bool = False  # the shard that took the request: its answer heads the merged one
     refused: dict[str, str] = field(default_factory=dict)  # target -> why its result is not used
 
@@ -79,10 +77,9 @@ Merge = Callable[[list[ShardPart], Asked], tuple[int, dict[str, Any]]]
 
 
 def settle(parts: Sequence[ShardPart], asked: Asked) -> None:
-    """Each part told its targets; a shard that could not save (503) keeps its window open and
-    the caller retries (`StoreError`); a window no shard has is `UnknownWindowError`."""
+    """A shard that could not save (503) keeps its window open and the caller retries
+    (`StoreError`); a window no shard has is `UnknownWindowError`."""
     for part in parts:
-        part.expected, part.urls = asked.shares.get(part.index, []), asked.fleet
         if part.status == 503 and asked.window_id is not None:  # not a list's
             raise StoreError(part.reason)
     if asked.window_id is not None and all(p.status == 404 for p in parts):
@@ -98,7 +95,7 @@ def _peers(parts: Sequence[ShardPart], vet: Callable[[ShardPart], None]) -> None
 def merged_stop(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
     """The fleet's stop answer (also a GET's once every shard stopped)."""
     _peers(parts, lambda part: vet_stop(part, asked.shards, asked.fleet))
-    return 200, merge_stop(parts)
+    return 200, merge_stop(parts, asked)
 
 
 def merged_window(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
@@ -106,7 +103,22 @@ def merged_window(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, 
     if all("results" in p.answer for p in parts if p.answer is not None):
         return merged_stop(parts, asked)
     _peers(parts, lambda part: vet_open(part, asked.fleet))
-    return 200, merge_open(parts)
+    scrapes: dict[str, Any] = {}
+    errors: dict[str, Any] = {}
+    targets: list[str] = []
+    for part in parts:
+        if part.answer is None:
+            targets += asked.shares.get(part.index, [])
+            errors |= dict.fromkeys(asked.shares.get(part.index, []), part.reason)
+            continue
+        targets += part.answer.get("targets", [])
+        scrapes |= part.answer.get("scrapes") or {}
+        errors |= part.answer.get("errors") or {}
+    counted = {p.index: list(p.answer.get("targets", [])) for p in parts if p.answer}
+    return 200, _with_per_request(_head(parts) | {
+        "targets": targets, "stopped_at": None, "status": "open", "scrapes": scrapes,
+        "errors": errors, "shards": _shards(parts, counted),
+    }, parts, stopped=False)
 
 
 def _shards(parts: Sequence[ShardPart], counted: Mapping[int, list[str]]) -> list[dict[str, Any]]:
@@ -161,7 +173,8 @@ def merged_start(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, A
     the earliest start, and who could not start."""
     _peers(parts, lambda part: vet_open(part, asked.fleet))
     opened = any(p.status == 201 for p in parts if p.answer is not None)
-    targets = [t for p in parts for t in (p.answer["targets"] if p.answer else p.expected)]
+    targets = [t for p in parts for t in (p.answer["targets"] if p.answer
+                                           else asked.shares.get(p.index, []))]
     counted = {p.index: list(p.answer["targets"]) for p in parts if p.answer}
     start_errors = {k: v for p in parts if p.answer
                     for k, v in (p.answer.get("start_errors") or {}).items()}
@@ -187,7 +200,7 @@ def merged_delete(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, 
     return 200, body | ({"errors": errors} if errors else {})
 
 
-def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
+def merge_stop(parts: Sequence[ShardPart], asked: Asked) -> dict[str, Any]:
     """One stop answer: every target's RESULT, the aggregate recomputed from the counts; a
     target two shards report (it moved between them) keeps the answer that counted it."""
     results: dict[str, dict[str, Any]] = {}
@@ -201,8 +214,8 @@ def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
                 counted.setdefault(part.index, []).append(name)
     for part in parts:
         if part.answer is None:
-            for name in part.expected:  # N/A, saying why
-                url, host_port = part.urls.get(name, (None, None))
+            for name in asked.shares.get(part.index, []):  # N/A, saying why
+                url, host_port = asked.fleet.get(name, (None, None))
                 na = Result(Status.NA, url, part.reason, target=name, host_port=host_port)
                 results.setdefault(name, na.to_json() | {"shard": part.index})
     merged_aggregate = aggregate((n, Result.from_json(r)) for n, r in results.items())
@@ -233,27 +246,6 @@ def _with_per_request(body: dict[str, Any], parts: Sequence[ShardPart], *,
     if blocks:
         body["per_request"] = merged_block(blocks, body if stopped else None)
     return body
-
-
-def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
-    """One open-window state: every shard's scrapes and errors, unreachable shards named."""
-    first = _head(parts)
-    scrapes: dict[str, Any] = {}
-    errors: dict[str, Any] = {}
-    targets: list[str] = []
-    for part in parts:
-        if part.answer is None:
-            targets += part.expected
-            errors |= {name: part.reason for name in part.expected}
-            continue
-        targets += part.answer.get("targets", [])
-        scrapes |= part.answer.get("scrapes") or {}
-        errors |= part.answer.get("errors") or {}
-    counted = {p.index: list(p.answer.get("targets", [])) for p in parts if p.answer}
-    return _with_per_request(dict(first) | {
-        "targets": targets, "stopped_at": None, "status": "open", "scrapes": scrapes,
-        "errors": errors, "shards": _shards(parts, counted),
-    }, parts, stopped=False)
 
 
 def _distrust(part: ShardPart, why: str) -> None:
