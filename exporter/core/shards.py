@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.core.aisbench import MAX_COUNT as MAX_COUNT
 from exporter.core.aisbench import Result, Status, aggregate, is_count, result_problem
 from exporter.core.errors import StoreError, UnknownWindowError
 from exporter.core.isotime import is_number, with_iso_times
@@ -88,7 +87,7 @@ def settle(parts: Sequence[ShardPart], asked: Asked) -> None:
 
 def _peers(parts: Sequence[ShardPart], vet: Callable[[ShardPart], None]) -> None:
     for part in parts:
-        if not part.local:
+        if not part.local and part.answer is not None:
             vet(part)
 
 
@@ -257,8 +256,7 @@ def _distrust(part: ShardPart, why: str) -> None:
 def vet_stop(part: ShardPart, shards: int, fleet: Iterable[str]) -> None:
     """Keep of a peer's stop answer the RESULTs of the fleet's, counted ones only of its split
     (the rest: `part.refused`), `data` derived again; one malformed and none is used."""
-    if part.answer is None:
-        return
+    assert part.answer is not None
     results = part.answer.get("results")
     if not isinstance(results, Mapping):
         _distrust(part, "its results are not an object")
@@ -319,8 +317,7 @@ def vet_open(part: ShardPart, fleet: Iterable[str]) -> None:
     """A peer's start answer or open window: targets of the fleet, scrapes counted, errors
     as text; anything else and none of it is used."""
     answer = part.answer
-    if answer is None:
-        return
+    assert answer is not None
     scrapes = answer.get("scrapes")
     if not _names(answer.get("targets")):
         _distrust(part, "its targets are not a list of names")
@@ -353,9 +350,8 @@ def _summary_problem(item: object) -> str | None:
 
 
 def vet_list(part: ShardPart) -> None:
-    """A peer's window list: summaries of the shape `merge_list` reads, or none of it."""
-    if part.answer is None:
-        return
+    """A peer's window list: summaries of the shape `merged_list` reads, or none of it."""
+    assert part.answer is not None
     windows = part.answer.get("windows")
     if not isinstance(windows, list):
         _distrust(part, "its windows are not a list")
@@ -366,28 +362,20 @@ def vet_list(part: ShardPart) -> None:
             return
 
 
-def _list_counts(figures: Mapping[str, Any]) -> tuple[float, float, float] | None:
-    """(drafts, draft tokens, accepted) of one shard's list figures; None if one is unknown."""
-    drafts, tokens = figures.get("num_drafts"), figures.get("draft_tokens")
-    accepted = figures.get("accepted_tokens")
-    if is_count(drafts) and is_count(tokens) and is_count(accepted):
-        return drafts, tokens, accepted
-    return None
-
-
 def _summed_figures(items: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """One list item's aggregate figures from each shard's: counts summed, then divided."""
     figures = [i["aggregate"] for i in items if i.get("aggregate")]
     ok = [f for f in figures if f.get("status") == Status.OK]
     if not ok:
         return dict(figures[0]) if figures else None
-    counts = [_list_counts(f) for f in ok]
-    drafts = sum(c[0] for c in counts if c is not None)
+    counts = [(f.get("num_drafts"), f.get("draft_tokens"), f.get("accepted_tokens")) for f in ok]
+    known = [c for c in counts if all(is_count(n) for n in c)]
+    drafts = sum(c[0] for c in known)
     body: dict[str, Any] = {"status": Status.OK.value, "num_drafts": integral(drafts),
                             "acceptance_rate": None, "acceptance_length": None}
-    if all(c is not None for c in counts):
-        tokens = sum(c[1] for c in counts if c is not None)
-        accepted = sum(c[2] for c in counts if c is not None)
+    if len(known) == len(counts):
+        tokens = sum(c[1] for c in known)
+        accepted = sum(c[2] for c in known)
         body |= {"draft_tokens": integral(tokens), "accepted_tokens": integral(accepted),
                  "acceptance_rate": 100 * accepted / tokens if tokens else None,
                  "acceptance_length": 1 + accepted / drafts if drafts else None}

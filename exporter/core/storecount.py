@@ -11,14 +11,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from exporter.core.aisbench import Result, aggregate
+from exporter.core.aisbench import MAX_COUNT, Result, aggregate
 from exporter.core.counting import Accumulator
 from exporter.core.dialects import DIALECTS, Dialect
 from exporter.core.errors import ExporterError
 from exporter.core.isotime import iso_utc, with_iso_times
 from exporter.core.parse import parse_page
 from exporter.core.redact import redact_url
-from exporter.core.shards import MAX_COUNT
 from exporter.core.stopanswer import target_result
 from exporter.core.window import TargetRef, Window, new_window_id
 
