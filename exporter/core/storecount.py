@@ -39,10 +39,7 @@ class RawSeries:
 
 def family_names() -> list[str]:
     """Every spec-decode metric name of every dialect, as the store names it."""
-    names: set[str] = set()
-    for spec in DIALECTS.values():
-        names.update(name.decode() for name in spec.names)
-    return sorted(names)
+    return sorted({name.decode() for spec in DIALECTS.values() for name in spec.names})
 
 
 def _group_name(labels: Mapping[str, str], by: Sequence[str], sep: str = ",") -> str:
