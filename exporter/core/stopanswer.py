@@ -199,11 +199,6 @@ def _anomaly_inside_note(tally: AnomalyTally) -> str | None:
     )
 
 
-def window_answer(window: Window, advisor: Advisor | None = None) -> dict[str, Any]:
-    """The whole stop answer of a stopped window, as JSON; with `advice` given an `advisor`."""
-    return AnswerParts(window, advisor).answer()
-
-
 _Made = tuple[tuple[Any, ...], float | None, Result, dict[str, Any], dict[str, Any] | None]
 
 
@@ -211,7 +206,7 @@ class AnswerParts:
     """A stop answer made target by target, each RESULT (and advice) once its stop scrape is in;
     made again if its inputs (for a partial one, the stop time too) changed since."""
 
-    def __init__(self, window: Window, advisor: Advisor | None = None):
+    def __init__(self, window: Window, advisor: Advisor):
         self.window = window
         self.advisor = advisor
         self._made: dict[str, _Made] = {}
@@ -233,12 +228,12 @@ class AnswerParts:
             return made[2], made[3], made[4]
         result = target_result(self.window, name)
         body = result.to_json(iso_times=True)
-        advice = None if self.advisor is None else self.advisor.result(body)
+        advice = self.advisor.result(body)
         self._made[name] = (inputs, self.window.stopped_at, result, body, advice)
         return result, body, advice
 
     def answer(self) -> dict[str, Any]:
-        """The whole stop answer (`window_answer`), from the RESULTs made so far and the rest."""
+        """The whole stop answer, from the RESULTs made so far and the rest."""
         window = self.window
         made = {name: self.target(name) for name in window.targets}
         # ISO 8601 UTC beside each Unix time; only the head is walked, each RESULT adds its own.
@@ -248,8 +243,7 @@ class AnswerParts:
             "aggregate": aggregate((name, m[0]) for name, m in made.items()).to_json(
                 iso_times=True),
         }
-        if self.advisor is not None:
-            answer["advice"] = self.advisor.window(answer, {name: m[2] for name, m in made.items()})
+        answer["advice"] = self.advisor.window(answer, {name: m[2] for name, m in made.items()})
         if window.edges is not None:
             answer["edges"] = window.edges
         if (per_request := per_request_block(window.per_request, answer)) is not None:
