@@ -1,13 +1,13 @@
-"""`python -m bench.answer [N] [--repeats R]`: the CPU of one stop answer (`window_answer`).
+"""`python -m bench.answer [N] [--repeats R]`: the CPU of one stop answer (`AnswerParts`).
 
 A stopped window over N targets is built in-process, without any server: each target is fed
 the parsed pages of one of the fleet's simulated vLLM servers (k = 8, one engine, as
 `bench.fleet` serves them) at its start, three rounds and its stop. A few targets take the
 other paths of a RESULT (a failed start, a failed stop, a removal, a restart). Then only
-`results.window_answer` is timed, R times; the median is printed with its cost per target and
-a digest of the answer's JSON text (key order included), so that a run of this file against
-another checkout (an older commit's `exporter` and `bench.fleet`) shows whether both give the
-same answer:
+`AnswerParts(window, ADVICE).answer()` is timed, R times; the median is printed with its cost
+per target and a digest of the answer's JSON text (key order included), so that a run of this
+file against another checkout (an older commit's `exporter` and `bench.fleet`) shows whether
+both give the same answer:
 
     PYTHONSAFEPATH=1 PYTHONPATH=<other checkout> python bench/answer.py 1000
 
@@ -29,7 +29,7 @@ from typing import Any
 from bench.fleet import PageSet
 from exporter.core.parse import parse_page
 from exporter.core.snapshot import ScrapeResult, Snapshot
-from exporter.core.stopanswer import window_answer
+from exporter.core.stopanswer import AnswerParts
 from exporter.core.window import TargetRef, Window
 from exporter.server.stop import ADVICE
 from exporter.state.answertext import compact, indented
@@ -105,15 +105,16 @@ def open_window(n: int) -> tuple[Window, list[ScrapeResult], float]:
 
 
 def measure(n: int, repeats: int) -> dict[str, Any]:
-    """Median seconds of `window_answer` over `repeats` runs, and the answer's digest."""
+    """Median seconds of a stop answer over `repeats` runs, and the answer's digest."""
     window = build_window(n)
-    answer = window_answer(window, ADVICE)  # warm: first-call costs (imports, caches) left out
+    # Warm: first-call costs (imports, caches) left out.
+    answer = AnswerParts(window, ADVICE).answer()
     digest = hashlib.sha256(json.dumps(answer).encode()).hexdigest()[:16]
     times = []
     for _ in range(repeats):
         gc.collect()  # each run starts from the same heap: the collections it triggers are its own
         started = time.perf_counter()
-        window_answer(window, ADVICE)
+        AnswerParts(window, ADVICE).answer()
         times.append(time.perf_counter() - started)
     median = statistics.median(times)
     encodes = []
@@ -144,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=15)
     args = parser.parse_args(argv)
     figures = measure(args.targets, args.repeats)
-    print(f"window_answer over {figures['targets']} targets: median {figures['median_s']:.4f} s "
+    print(f"stop answer over {figures['targets']} targets: median {figures['median_s']:.4f} s "
           f"({figures['per_target_ms']:.4f} ms per target, min {figures['min_s']:.4f} s, "
           f"{figures['repeats']} runs); answer digest {figures['digest']}; json.loads of "
           f"the same answer: median {figures['json_loads_median_s']:.4f} s; its two texts "

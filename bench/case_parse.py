@@ -5,7 +5,8 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import CaseResult, Row, ratio, time_call
-from exporter.core.parse import DIALECTS, Dialect, parse_page
+from exporter.core.dialects import DIALECTS, Dialect
+from exporter.core.parse import parse_page
 from exporter.fakevllm import page_for_bench
 
 SIZES_FULL = ((1, 100_000), (2, 600_000), (8, 5_000_000))

@@ -27,10 +27,6 @@ from exporter.core.window import new_window_id
 class ClientError(ExporterError):
     """The exporter could not be reached, or refused the request (with its reason)."""
 
-    def __init__(self, message: str, status: int | None = None):
-        self.status = status
-        super().__init__(message)
-
 
 @dataclass(frozen=True)
 class WindowAnswer:
@@ -119,8 +115,7 @@ class ExporterClient:
                 reason = json.loads(exc.read()).get("error", exc.reason)
             except ValueError:
                 reason = exc.reason
-            message = f"exporter {self.url} answered {exc.code}: {reason}"
-            raise ClientError(message, exc.code) from None
+            raise ClientError(f"exporter {self.url} answered {exc.code}: {reason}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ClientError(f"exporter {self.url} unreachable: {reason}") from None
@@ -203,9 +198,7 @@ class FleetClient:
 def merge_answers(answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One answer from several shards' answers for the same window: the aggregate recomputed
     from every per-target count, never from the shards' aggregates (ratios do not add)."""
-    results: dict[str, Any] = {}
-    for answer in answers:
-        results.update(answer.get("results", {}))
+    results = {name: result for a in answers for name, result in a.get("results", {}).items()}
     merged = answers[0] | {
         "targets": [t for a in answers for t in a.get("targets", [])],
         "stopped_at": max(a.get("stopped_at") or 0 for a in answers),

@@ -76,12 +76,12 @@ class TestAnswerBench:
         assert figures["digest"] == answer.measure(120, repeats=1)["digest"]
         assert answer.main(["30", "--repeats", "1"]) == 0
         out = capsys.readouterr().out
-        assert "window_answer over 30 targets" in out and "its two texts" in out
+        assert "stop answer over 30 targets" in out and "its two texts" in out
 
     def test_window_takes_every_path(self):
-        from exporter.core.stopanswer import window_answer
+        from exporter.core.stopanswer import AnswerParts
 
-        results = window_answer(answer.build_window(120))["results"]
+        results = AnswerParts(answer.build_window(120), answer.ADVICE).answer()["results"]
         assert results["t0"]["status"] == "ok" and results["t0"]["coverage"] == "full"
         assert results["t1"]["coverage"] == "partial"  # its start failed
         assert results["t2"]["coverage"] == "partial"  # its stop failed

@@ -211,7 +211,7 @@ class TestRender:
 
     def test_shard_index_comes_from_the_pod_name_without_a_shell(self, render, monkeypatch):
         """No shell wrapper: the CLI reads the ordinal off SPECDEC_POD_NAME itself."""
-        from exporter.cli.main import env_overrides
+        from exporter.cli.serving import env_overrides
 
         c = _container(render(ALL_ON))
         assert "command" not in c

@@ -213,13 +213,6 @@ class Gate:
             return (a - b) / abs(a) * 100
         return a - b
 
-    def least_drop(self, row: Mapping[str, Any]) -> float | None:
-        """The smallest drop the 95% interval of B - A allows; None without an interval."""
-        high = row["difference"].get("high")
-        if high is None:
-            return None
-        return self.drop(row["a"]["value"], row["a"]["value"] + high)
-
 
 def parse_gate(text: str) -> Gate:
     """`acceptance_length=2%` (relative) or `acceptance_rate=1.5` (absolute, metric units)."""
@@ -251,10 +244,12 @@ def apply_gates(comparison: dict[str, Any], gates: list[Gate]) -> dict[str, Any]
         for name, entry in entries:
             for row in entry["metrics"]:
                 if row["metric"] == gate.metric:
-                    least = gate.least_drop(row)
+                    # The smallest drop the 95% interval of B - A allows (none without one).
+                    a, high = row["a"]["value"], row["difference"].get("high")
+                    least = None if high is None else gate.drop(a, a + high)
                     checks.append({
                         "gate": str(gate), "target": name,
-                        "drop": gate.drop(row["a"]["value"], row["b"]["value"]),
+                        "drop": gate.drop(a, row["b"]["value"]),
                         "least_drop": least, "verdict": row["verdict"],
                         "tripped": (row["verdict"] == Verdict.WORSE and least is not None
                                     and least > gate.limit),

@@ -54,11 +54,8 @@ class Distribution:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON shape: measured and used rates, P(X = j) = p_{j-1} - p_j, mean, variance."""
-        # `variance` inlined, the mean summed once: a stop writes one of these per target.
         rates = self.rates
         survival = (1.0, *rates, 0.0)
-        mean = sum(rates)
-        second: float = sum(map(mul, range(1, 2 * len(rates), 2), rates))
         return {
             "k": len(rates),
             "monotone": self.monotone,
@@ -70,8 +67,8 @@ class Distribution:
             "rates": list(rates),
             "probabilities": dict(zip(
                 position_keys(len(rates) + 1), map(sub, survival, survival[1:]), strict=True)),
-            "mean": mean,
-            "variance": max(second - mean**2, 0.0),
+            "mean": sum(rates),
+            "variance": self.variance,
         }
 
 

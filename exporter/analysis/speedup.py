@@ -145,10 +145,8 @@ def _by_segment(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, dict[st
 def compare_speed(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any] | None:
     """The `speedup` section of a comparison: per target timed in both, overall, and per
     concurrency band and tag timed in both; None when neither window carries timings."""
-    names = [n for n in ((b.get("per_request") or {}).get("targets") or {})
-             if n in ((a.get("per_request") or {}).get("targets") or {})]
     targets = {}
-    for name in names:
+    for name in (b.get("per_request") or {}).get("targets") or {}:
         ta, tb = _timings(a, name), _timings(b, name)
         if ta is not None and tb is not None:
             targets[name] = speedup_entry(ta, tb)

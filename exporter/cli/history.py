@@ -4,37 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from exporter.cli.common import EXIT_FAILED, EXIT_NO_RESULT, EXIT_OK, one_line, say
 from exporter.core.errors import ExporterError
 from exporter.core.isotime import parse_time
-
-
-def add_history(command: Callable[..., argparse.ArgumentParser]) -> None:
-    p = command("history", "a window over a past range, from the raw samples in Prometheus",
-                description="Exact, reset-safe counts over [--from, --to] from the raw samples "
-                            "a Prometheus-compatible store holds (never rate()/increase()).")
-    p.add_argument("--prometheus", required=True, metavar="URL", help="the store's base URL")
-    p.add_argument("--from", dest="frm", required=True, metavar="T",
-                   help="start: ISO 8601, Unix seconds, now, or -30m (write --from=-30m)")
-    p.add_argument("--to", required=True, metavar="T", help="end, as --from")
-    p.add_argument("--match", action="append", default=[], metavar="SELECTOR",
-                   help='label matchers, e.g. {job="vllm"} (repeatable: the union)')
-    p.add_argument("--by", action="append", default=[], metavar="LABEL",
-                   help="labels that name a target (default instance)")
-    p.add_argument("--output-dir", metavar="DIR", help="write performances/ and window.json")
-    p.add_argument("--json", action="store_true", help="print the window as JSON")
-    p.add_argument("--allow-na", action="store_true",
-                   help="exit 0 even when no target has a result (otherwise exit 3)")
-    p.add_argument("--token-env", metavar="VAR", help="bearer token from this variable")
-    p.add_argument("--username", help="basic auth user (password from $SPECDEC_STORE_PASSWORD)")
-    p.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https store")
-    p.add_argument("--tenant", help="X-Scope-OrgID (Mimir, Cortex)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per query (default 30)")
-    p.set_defaults(func=cmd_history, parser=p)
 
 
 def _answer(args: argparse.Namespace, frm: float, to: float) -> dict[str, Any]:

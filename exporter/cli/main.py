@@ -9,10 +9,7 @@ import sys
 from exporter.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, say
 from exporter.cli.logformat import setup_logging
 from exporter.cli.parser import build_parser
-from exporter.cli.serving import cmd_serve, env_overrides
 from exporter.core.errors import ExporterError, ListenError
-
-__all__ = ["build_parser", "cmd_serve", "env_overrides", "main"]
 
 
 def main(argv: list[str] | None = None) -> int:

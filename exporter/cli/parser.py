@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from exporter import __version__
-from exporter.cli.history import add_history
+from exporter.cli.history import cmd_history
 from exporter.cli.reports import cmd_advise, cmd_compare, draft_cost, speed_ratio
 from exporter.cli.serving import cmd_check_config, cmd_demo, cmd_fake_vllm, cmd_serve
 from exporter.cli.windows import cmd_measure, cmd_run, cmd_window_start, cmd_window_stop
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     for add in (_serve, _check_config, _demo, _fake_vllm, _window, _run, _measure, _compare,
-                _advise, add_history):
+                _advise, _history):
         add(command)
     return parser
 
@@ -262,3 +262,26 @@ def _advise(command: Command) -> None:
                              "saying why: it falls with k by arithmetic)")
     advise.add_argument("--json", action="store_true", help="print the advice as JSON")
     advise.set_defaults(func=cmd_advise)
+
+
+def _history(command: Command) -> None:
+    p = command("history", "a window over a past range, from the raw samples in Prometheus",
+                description="Exact, reset-safe counts over [--from, --to] from the raw samples "
+                            "a Prometheus-compatible store holds (never rate()/increase()).")
+    p.add_argument("--prometheus", required=True, metavar="URL", help="the store's base URL")
+    p.add_argument("--from", dest="frm", required=True, metavar="T",
+                   help="start: ISO 8601, Unix seconds, now, or -30m (write --from=-30m)")
+    p.add_argument("--to", required=True, metavar="T", help="end, as --from")
+    p.add_argument("--match", action="append", default=[], metavar="SELECTOR",
+                   help='label matchers, e.g. {job="vllm"} (repeatable: the union)')
+    p.add_argument("--by", action="append", default=[], metavar="LABEL",
+                   help="labels that name a target (default instance)")
+    p.add_argument("--output-dir", metavar="DIR", help="write performances/ and window.json")
+    p.add_argument("--json", action="store_true", help="print the window as JSON")
+    _allow_na(p)
+    p.add_argument("--token-env", metavar="VAR", help="bearer token from this variable")
+    p.add_argument("--username", help="basic auth user (password from $SPECDEC_STORE_PASSWORD)")
+    p.add_argument("--ca-file", metavar="FILE", help="CA bundle for an https store")
+    p.add_argument("--tenant", help="X-Scope-OrgID (Mimir, Cortex)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds per query (default 30)")
+    p.set_defaults(func=cmd_history, parser=p)

@@ -68,22 +68,21 @@ def cmd_advise(args: argparse.Namespace) -> int:
     return 0 if advised else 1
 
 
-def speed_ratio(text: str) -> float:
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < 1e6:
+
+
+def speed_ratio(text: str) -> float:
+    if not 0 < (value := _number(text)) < 1e6:
         raise argparse.ArgumentTypeError(f"{text!r}: a speed-up ratio is a number > 0, "
                                          "e.g. 1.2")
     return value
 
 
 def draft_cost(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value < 1e6:
+    if not 0 <= (value := _number(text)) < 1e6:
         raise argparse.ArgumentTypeError(f"{text!r}: a draft cost is a number >= 0")
     return value

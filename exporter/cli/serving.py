@@ -151,7 +151,7 @@ def _probe_listen(host: str, port: int, listen: str) -> None:
 
 
 async def _reload_on_signal(service: ExporterService) -> None:
-    from exporter.web.app import reload_config
+    from exporter.web.handlers import reload_config
 
     # A refused reload is logged by the service, for SIGHUP and POST /-/reload alike.
     with contextlib.suppress(ConfigError):

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from exporter.analysis.stats import ASSUMPTION
 from exporter.web.pages.compare import FORMATS, NAMES, estimate_text
 
 _SPELLED = "{} [{}, {}]"  # an estimate and its interval on one console line
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Rows as lines, each column but the last padded to its widest cell."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]])
+            for r in rows]
 
 
 def _drafts(value: float | None) -> str:
@@ -29,10 +36,7 @@ def format_entry(name: str, entry: Mapping[str, Any]) -> list[str]:
             estimate_text(row["difference"], spec, signed=True, spelled=_SPELLED), row["verdict"],
         ))
     if len(rows) > 1:
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        for r in rows:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True))
-                         + "  " + r[4])
+        lines += _aligned(rows)
     lines.extend(f"  note: {note}" for note in entry.get("notes", []))
     return lines
 
@@ -49,11 +53,7 @@ def format_segments(segments: Mapping[str, Any]) -> list[str]:
             f"{row['value']} ({row['a_requests']}/{row['b_requests']} req)",
             _segment_text(row["a"]), _segment_text(row["b"]),
             _segment_text(row["difference"], signed=True), row["verdict"]) for row in entries]
-        widths = [max(len(r[i]) for r in rows) for i in range(4)]
-        lines.append(f"[acceptance length by {dimension}]")
-        lines += ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
-                  for r in rows]
-        lines.append("")
+        lines += [f"[acceptance length by {dimension}]", *_aligned(rows), ""]
     return lines
 
 
@@ -90,10 +90,8 @@ def _speed_lines(name: str, entry: Mapping[str, Any]) -> list[str]:
         up = row["speedup"]
         rows.append((f"{row['figure']} {row['stat']}", f"{row['a']:.4g}", f"{row['b']:.4g}",
                      estimate_text(up, ".3f", spelled=_SPELLED) + "x", row["verdict"]))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    return [f"[{name}]  timed answers A: {entry['a_timed']}, B: {entry['b_timed']}"] + [
-        "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
-        for r in rows]
+    return [f"[{name}]  timed answers A: {entry['a_timed']}, B: {entry['b_timed']}",
+            *_aligned(rows)]
 
 
 def format_speedup(body: Mapping[str, Any]) -> str:
@@ -143,9 +141,7 @@ def format_advice(name: str, advice: Mapping[str, Any] | None) -> str:
         mark = "*" if row["estimate"] else ""
         rows.append([f"{row['k']}{mark}", f"{row['length']:.3f}"]
                     + [f"{row['speedup'][c]:.3f}" for c in costs])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-              for r in rows]
+    lines += _aligned(rows)
     best = []
     for c in costs:
         top = advice["best"][c]

@@ -36,7 +36,6 @@ from exporter.core.text import TextError, clean_tree
 
 _LABEL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 DEFAULT_MAX_TARGETS = 10_000
-DEFAULT_SCRAPE_TIMEOUT = 3.0
 _RESERVED_LABELS = {"target", "model_name", "position", "engine", "le", "quantile"}
 
 
@@ -306,7 +305,7 @@ class Config(_Strict):
 
     listen: _HostPort = "127.0.0.1:9400"
     scrape_interval: Duration = 5.0
-    scrape_timeout: Duration = DEFAULT_SCRAPE_TIMEOUT  # unset: never past scrape_interval
+    scrape_timeout: Duration = 3.0  # unset: never past scrape_interval
     live_window: Duration = 60.0
     # Open windows' targets are scraped this often: a restart loses what came since the last.
     window_scrape_interval: Duration | None = None

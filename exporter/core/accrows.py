@@ -205,6 +205,7 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
                 created[key] = c
         else:
             gone[key] = (v, c, t)
+    before, inside, after = (AnomalyTally.from_dict(t) for t in data["anomalies"])
     return dict(
         last=last,
         created=created,
@@ -224,11 +225,9 @@ def fields_of(data: Mapping[str, Any]) -> dict[str, Any]:
         gauge_seconds=dict(data["gauge_seconds"]) or NO_ITEMS,
         by_load=bands_from_row(data["by_load"]) or NO_ITEMS,
         running=data["running"],
-        **dict(zip(
-            ("anomalies_before", "anomalies_inside", "anomalies_after"),
-            (AnomalyTally.from_dict(t) for t in data["anomalies"]),
-            strict=True,
-        )),
+        anomalies_before=before,
+        anomalies_inside=inside,
+        anomalies_after=after,
     )
 
 

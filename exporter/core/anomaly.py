@@ -4,7 +4,7 @@ state: small and immutable), and how a person reads a series."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import astuple, dataclass
 from typing import Any
 
@@ -62,9 +62,6 @@ class AnomalyTally:
     first: Anomaly | None = None
     last: Anomaly | None = None
 
-    def __deepcopy__(self, memo: dict[int, Any]) -> AnomalyTally:
-        return self  # immutable: `NO_ANOMALIES` stays the one shared
-
     def plus(self, anomaly: Anomaly) -> AnomalyTally:
         """This tally and one more anomalous scrape."""
         return AnomalyTally(self.count + 1, self.first or anomaly, anomaly)
@@ -85,11 +82,8 @@ class AnomalyTally:
         """Inverse of `to_dict`."""
         if not data or not data["count"]:
             return NO_ANOMALIES
-        return cls(data["count"], _anomaly_from(data["first"]), _anomaly_from(data["last"]))
+        first, last = (Anomaly(*a) if a else None for a in (data["first"], data["last"]))
+        return cls(data["count"], first, last)
 
 
 NO_ANOMALIES = AnomalyTally()
-
-
-def _anomaly_from(data: Sequence[Any] | None) -> Anomaly | None:
-    return Anomaly(*data) if data else None

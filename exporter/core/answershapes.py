@@ -13,14 +13,12 @@ from exporter.core.unreadable import MAX_HISTOGRAM, Unreadable, as_count, is_rat
 
 STEPS, DRAFTED, ACCEPTED, HISTOGRAM = (
     "num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens", "acceptance_histogram")
+SUM_KEYS = (STEPS, DRAFTED, ACCEPTED)
 # SGLang's names for ours: a verify forward pass is a step; the proposed drafts are its steps
 # times (speculative_num_draft_tokens - 1); the correct drafts exclude the bonus token.
 SGLANG_NAMES = {STEPS: "spec_verify_ct", DRAFTED: "spec_num_proposed_drafts",
                 ACCEPTED: "spec_num_correct_drafts"}
 SGLANG_HISTOGRAM = "spec_correct_drafts_histogram"
-
-
-SUM_KEYS = (STEPS, DRAFTED, ACCEPTED)
 
 
 def engine_spec(obj: dict[str, Any]) -> dict[str, Any] | Unreadable | None:
@@ -50,19 +48,15 @@ def _spec_object(metrics: object) -> dict[str, Any] | Unreadable | None:
     if not isinstance(spec, dict) or not isinstance(hist, list) or any(
             as_count(v) is None for v in (*(spec.get(k) for k in SUM_KEYS), *hist)):
         return Unreadable.BAD_COUNTS
-    return _broken_invariant(spec, hist) or spec
-
-
-def _broken_invariant(spec: dict[str, Any], hist: list[int]) -> Unreadable | None:
-    """Which of vLLM's own invariants the figures break, if any."""
-    if spec["num_accepted_draft_tokens"] > spec["num_draft_tokens"]:
+    # vLLM's own invariants.
+    if spec[ACCEPTED] > spec[DRAFTED]:
         return Unreadable.ACCEPTED_OVER_DRAFTED
-    if sum(hist) != spec["num_spec_steps"]:
+    if sum(hist) != spec[STEPS]:
         return Unreadable.HISTOGRAM_NOT_STEPS
     rate = spec.get("draft_acceptance_rate")
     if rate is not None and not is_rate(rate):
         return Unreadable.RATE_OUT_OF_RANGE
-    return None
+    return spec
 
 
 def sglang_spec(details: object) -> dict[str, Any] | Unreadable | None:
@@ -105,8 +99,7 @@ def _sglang_item(item: object) -> dict[str, Any] | Unreadable:
 
 def _summed(items: list[dict[str, Any]]) -> dict[str, Any]:
     """The choices' figures as one request's; the histogram unknown if any choice's is."""
-    spec: dict[str, Any] = {key: sum(item[key] for item in items)
-                            for key in (STEPS, DRAFTED, ACCEPTED)}
+    spec: dict[str, Any] = {key: sum(item[key] for item in items) for key in SUM_KEYS}
     hists = [item[HISTOGRAM] for item in items]
     if any(h is None for h in hists):
         return {"engine": "sglang", **spec, HISTOGRAM: None, "unknown": [HISTOGRAM]}

@@ -69,12 +69,12 @@ def format_caveats(result: Mapping[str, Any]) -> str:
     return "".join(f"Note: {note}\n" for note in notes)
 
 
-def format_window(answer: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> str:
+def format_window(answer: Mapping[str, Any]) -> str:
     """Every target's block of a stopped window with its notes, then `all` for two or more."""
     results: Mapping[str, Any] = answer.get("results") or {}
     blocks = []
     for name, result in results.items():
-        label = (labels or {}).get(name) or result.get("host_port") or name
+        label = result.get("host_port") or name
         # The title is host:port, as AISBench prints it; a differing target name follows.
         named = f"Target: {name}\n" if name != label else ""
         blocks.append(format_block(label, result) + named + format_caveats(result))

@@ -131,7 +131,10 @@ class Accumulator(RowCodec):
         self._retire_absent()
         self._feed_gauges(snapshot, at, baseline)
         if prior is not None and not baseline:
-            self._feed_band(prior, snapshot.running)
+            # The interval since the last usable scrape (whose totals were `prior`) into its
+            # running-requests band: its increase as the totals count it, restarts included.
+            band = self.last_band = interval_band(self.running, snapshot.running)
+            self.by_load = with_interval(self.by_load, band, self.totals() - prior)
         self.running = snapshot.running
         if baseline:
             self.packed_before = pack_counts(sum_series(snapshot.values.items()))
@@ -249,12 +252,6 @@ class Accumulator(RowCodec):
                 seconds = self.gauge_seconds = writable(self.gauge_seconds)
                 weighted[name] = weighted.get(name, 0.0) + value * dt
                 seconds[name] = seconds.get(name, 0.0) + dt
-
-    def _feed_band(self, prior: Counts, running: float | None) -> None:
-        """The interval since the last usable scrape (whose totals were `prior`) into its band:
-        its increase as the totals count it, restarts included."""
-        band = self.last_band = interval_band(self.running, running)
-        self.by_load = with_interval(self.by_load, band, self.totals() - prior)
 
     def gauge_means(self) -> dict[str, float]:
         """Each interval gauge's time-weighted mean over the scrapes since the baseline."""

@@ -23,11 +23,6 @@ class SampleKind(StrEnum):
     FIRST_CREATED = "first_created"  # its `_created`
     GAUGE = "gauge"  # an interval gauge (SGLang, vLLM V0)
 
-    @property
-    def is_first(self) -> bool:
-        """Position 0 of a per-position counter standing for another field."""
-        return self in (SampleKind.FIRST, SampleKind.FIRST_CREATED)
-
 
 class Dialect(StrEnum):
     """Metric naming schemes we understand, picked per target or detected from the page."""
@@ -84,7 +79,6 @@ def _v1_counters(prefix: str) -> dict[str, Field]:
 _V0_GAUGES = frozenset({"vllm:spec_decode_draft_acceptance_rate", "vllm:spec_decode_efficiency"})
 SGLANG_LENGTH = "sglang:spec_accept_length"
 SGLANG_RATE = "sglang:spec_accept_rate"
-TRTLLM_LENGTH = "trtllm_spec_decode_acceptance_length"
 
 DIALECTS: dict[Dialect, DialectSpec] = {
     Dialect.VLLM: DialectSpec(
@@ -120,7 +114,7 @@ DIALECTS: dict[Dialect, DialectSpec] = {
             "trtllm_spec_decode_accepted_tokens": Field.PER_POS,
         },
         first_position={"trtllm_spec_decode_drafted_tokens": Field.DRAFTS},
-        gauges=frozenset({TRTLLM_LENGTH}),
+        gauges=frozenset({"trtllm_spec_decode_acceptance_length"}),
         position_label="token_position",
         path="/prometheus/metrics",
         running="trtllm_num_requests_running",
@@ -128,34 +122,29 @@ DIALECTS: dict[Dialect, DialectSpec] = {
 }
 
 
-@dataclass(frozen=True)
-class Reporting:
-    """What results built from one reported dialect say about their numbers."""
-
-    estimate: bool = False  # derived from gauges: kept out of the aggregate
-    note: str | None = None  # the caveat results carry as `dialect_note`
-
-
-# By the name results report (`Snapshot.dialect`): a `Dialect` value, or "vllm-v0" for vLLM V0
+# The caveat results built from each reported dialect carry as `dialect_note` (None: none), by
+# the name results report (`Snapshot.dialect`): a `Dialect` value, or "vllm-v0" for vLLM V0
 # names found on a `vllm` page.
-REPORTING: dict[str, Reporting] = {
-    "vllm": Reporting(),
-    "vllm-v0": Reporting(note=(
+REPORTING: dict[str, str | None] = {
+    "vllm": None,
+    "vllm-v0": (
         "vLLM V0 counters over-count: V0 re-adds a running total every logging interval, so "
         "draft and accepted token counts are inflated; the acceptance rate is indicative only"
-    )),
-    "llamacpp": Reporting(),
-    "sglang": Reporting(estimate=True, note=(
+    ),
+    "llamacpp": None,
+    "sglang": (
         "SGLang exposes no counters, only interval gauges (sglang:spec_accept_length, "
         "sglang:spec_accept_rate): the figures are their time-weighted means over the "
         "window's scrapes, an estimate, not exact counts"
-    )),
-    "trtllm": Reporting(note=(
+    ),
+    "trtllm": (
         "TensorRT-LLM counts drafts only per position (trtllm_spec_decode_drafted_tokens_total"
         ", needs return_perf_metrics); without it, acceptance length and per-position rates "
         "cannot be computed"
-    )),
+    ),
 }
+# Dialects whose figures are derived from gauges: kept out of the aggregate.
+_ESTIMATED = frozenset({"sglang"})
 
 # Every page the simulator (`specdec-exporter fake-vllm --dialect`) can serve.
 SIMULATED_DIALECTS: tuple[str, ...] = tuple(REPORTING)
@@ -163,22 +152,23 @@ SIMULATED_DIALECTS: tuple[str, ...] = tuple(REPORTING)
 
 def dialect_note(name: str | None) -> str | None:
     """The caveat results must carry for numbers from dialect `name` (`Snapshot.dialect`)."""
-    reporting = REPORTING.get(name or "")
-    return reporting.note if reporting else None
+    return REPORTING.get(name or "")
 
 
 def is_estimate(name: str | None) -> bool:
     """Whether results from dialect `name` are estimated from gauges rather than counted."""
-    reporting = REPORTING.get(name or "")
-    return reporting is not None and reporting.estimate
+    return name in _ESTIMATED
+
+
+def _spec(dialect: Dialect | str) -> DialectSpec | None:
+    """The spec of a dialect or `Snapshot.dialect` name ("vllm-v0" reads as vLLM); None for auto."""
+    return DIALECTS.get(Dialect(Dialect.VLLM if dialect == "vllm-v0" else dialect))
 
 
 def sample_names(dialect: str) -> tuple[str, ...]:
     """Every sample name a page of `dialect` (a `Snapshot.dialect`) is read by, its `_created`
     and its running-requests gauge: what a `name[]` filter asks for (empty for `auto`)."""
-    if dialect == "vllm-v0":
-        dialect = Dialect.VLLM
-    spec = DIALECTS.get(Dialect(dialect))
+    spec = _spec(dialect)
     if spec is None:
         return ()
     return tuple(sorted({name.decode() for name in spec.names} | {spec.running} - {""}))
@@ -186,7 +176,5 @@ def sample_names(dialect: str) -> tuple[str, ...]:
 
 def default_path(dialect: Dialect | str) -> str:
     """The path a dialect's server serves Prometheus text on (for host + port targets)."""
-    if dialect == "vllm-v0":
-        dialect = Dialect.VLLM
-    spec = DIALECTS.get(Dialect(dialect))
+    spec = _spec(dialect)
     return spec.path if spec is not None else "/metrics"

@@ -33,12 +33,6 @@ class NoItems(Mapping[Any, Any]):
     def __len__(self) -> int:
         return 0
 
-    def __copy__(self) -> NoItems:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> NoItems:
-        return self
-
     def __reduce__(self) -> str:
         return "NO_ITEMS"  # pickled by name: unpickled as the shared one
 

@@ -10,8 +10,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import Enum
-from typing import Final, cast
+from typing import cast
 
 from exporter.core.dialects import (
     DIALECTS,
@@ -20,14 +19,9 @@ from exporter.core.dialects import (
     Head,
     Labels,
     SampleKind,
-    dialect_note,
 )
 from exporter.core.errors import ExporterError
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
-
-# Re-exported: callers that parse pages name dialects through this module too.
-__all__ = ["DIALECTS", "Dialect", "detect_dialect", "dialect_note", "parse_page"]
-
 
 # The detection probe: every dialect's prefix holds `spec_`, preceded by its namespace.
 _PROBE = b"spec_"
@@ -92,13 +86,7 @@ def parse_labels(line: bytes, start: int) -> tuple[dict[str, str], int] | None:
             return None
 
 
-class _Unseen(Enum):
-    """A head not resolved yet (a resolved head that is not ours is None)."""
-
-    TOKEN = 0
-
-
-_UNSEEN: Final = _Unseen.TOKEN
+_NAME_END = re.compile(rb"[{ \t]")
 # Bound once: the page loop compares every line's kind (a member look-up costs a call each).
 _GAUGE, _CREATED, _FIRST_CREATED = SampleKind.GAUGE, SampleKind.CREATED, SampleKind.FIRST_CREATED
 _MAX_HEADS = 65536
@@ -107,11 +95,7 @@ _MAX_HEAD_BYTES = 1024
 
 def _resolve_head(head: bytes, spec: DialectSpec) -> Head | None:
     """What a line's text before its value is (`Head`); None when it is not ours or bad."""
-    cut = len(head)
-    for sep in (b"{", b" ", b"\t"):
-        i = head.find(sep)
-        if 0 <= i < cut:
-            cut = i
+    cut = len(_NAME_END.split(head, maxsplit=1)[0])
     entry = spec.names.get(head[:cut])
     if entry is None:
         return None
@@ -144,22 +128,14 @@ def _label_values(key: SeriesKey | Labels) -> tuple[str, ...]:
 def _sample_value(rest: bytes) -> float | None:
     """The value of a line's rest (value and an optional timestamp), or None if malformed."""
     parts = rest.split()
-    if not parts or len(parts) > 2:  # value and an optional timestamp
-        return None
-    value = _number(parts[0])
-    if value is None or (len(parts) == 2 and _number(parts[1]) is None):
-        return None
-    return value
-
-
-def _number(text: bytes) -> float | None:
     # Python's float() also takes `1_000`; the exposition format (and Go's parser) does not.
-    if b"_" in text:
+    if not 1 <= len(parts) <= 2 or b"_" in rest:
         return None
     try:
-        return float(text)
+        numbers = [float(part) for part in parts]  # the timestamp must be a number too
     except ValueError:
         return None
+    return numbers[0]
 
 
 class PageLimitError(ExporterError):
@@ -175,20 +151,12 @@ class PageLimits:
     label_value_length: int  # characters in any label value of a spec-decode series
     positions: int  # draft positions 0 .. positions-1
 
-    def check(self, key: SeriesKey | Labels) -> None:
-        """`PageLimitError` if one series breaks a per-series limit."""
-        if isinstance(key, SeriesKey) and key.position >= self.positions:
-            raise PageLimitError(
-                f"position {key.position} is over position_limit ({self.positions})")
-        for value in _label_values(key):
-            if len(value) > self.label_value_length:
-                raise PageLimitError(
-                    f"a label value of {len(value)} characters is over "
-                    f"label_value_length_limit ({self.label_value_length}): {value[:40]!r}...")
+
+_NO_LIMITS = PageLimits(sys.maxsize, sys.maxsize, sys.maxsize)
 
 
 def parse_page(
-    page: bytes, dialect: Dialect | str = Dialect.VLLM, limits: PageLimits | None = None
+    page: bytes, dialect: Dialect | str = Dialect.VLLM, limits: PageLimits = _NO_LIMITS
 ) -> Snapshot:
     """The spec-decode series of a page, gauges averaged over their series; with `limits`, a
     page over one raises `PageLimitError`."""
@@ -229,11 +197,7 @@ def read_running(page: bytes, name: str) -> float | None:
     return total
 
 
-_UNDERSCORE: Final = ord("_")
-_NO_LIMITS = PageLimits(sys.maxsize, sys.maxsize, sys.maxsize)
-
-
-def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
+def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits,
           dialect: str, running: float | None) -> Snapshot:
     """The snapshot of every line from `frm` on that starts with the dialect's prefix (a hot
     loop: no call of ours but `_next_line` for a cached head with a plain value)."""
@@ -243,8 +207,7 @@ def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
     duplicates = 0
     is_v0 = False
     heads, v0_markers, needle = spec.heads, spec.v0_markers, b"\n" + spec.prefix
-    bounds = _NO_LIMITS if limits is None else limits
-    max_positions, max_length = bounds.positions, bounds.label_value_length
+    max_positions, max_length = limits.positions, limits.label_value_length
     start = frm if page.startswith(spec.prefix, frm) else _next_line(page, needle, frm)
     while start >= 0:
         end = page.find(b"\n", start)
@@ -258,23 +221,24 @@ def _read(page: bytes, frm: int, spec: DialectSpec, limits: PageLimits | None,
         else:
             head, _, rest = page[start:end].rstrip().replace(b"\t", b" ").partition(b" ")
         start = _next_line(page, needle, end)
-        resolved = heads.get(head, _UNSEEN)
-        if resolved is _UNSEEN:
+        try:
+            resolved = heads[head]  # None: resolved, not ours
+        except KeyError:
             resolved = _remember_head(head, spec)
         if resolved is None:
             continue
         # Nearly always " <number>": float() reads it whole; an underscore or a timestamp
         # takes the careful way.
         try:
-            value = _sample_value(rest) if _UNDERSCORE in rest else float(rest)
+            value = _sample_value(rest) if b"_" in rest else float(rest)
         except ValueError:
             value = _sample_value(rest)
         if value is None:
             continue
         name, kind, key, longest, position = resolved
         if position >= max_positions or longest > max_length or (
-                len(values) + len(gauge_series) >= bounds.series):
-            _check_limits(bounds, resolved, values, gauge_series)
+                len(values) + len(gauge_series) >= limits.series):
+            _check_limits(limits, resolved, values, gauge_series)
         if name in v0_markers:
             is_v0 = True
         if kind is _GAUGE:
@@ -304,8 +268,13 @@ def _check_limits(limits: PageLimits, resolved: Head, values: Mapping[SeriesKey,
                   gauge_series: Mapping[tuple[str, SeriesKey | Labels], float]) -> None:
     """`PageLimitError` when this series would take the page over one of `limits`."""
     name, kind, key, longest, position = resolved
-    if position >= limits.positions or longest > limits.label_value_length:
-        limits.check(key)  # raises, saying which limit
+    if position >= limits.positions:  # -1 for a gauge
+        raise PageLimitError(f"position {position} is over position_limit ({limits.positions})")
+    if longest > limits.label_value_length:
+        value = next(v for v in _label_values(key) if len(v) > limits.label_value_length)
+        raise PageLimitError(
+            f"a label value of {len(value)} characters is over "
+            f"label_value_length_limit ({limits.label_value_length}): {value[:40]!r}...")
     if len(values) + len(gauge_series) >= limits.series and (
         key not in values and (name, key) not in gauge_series
         and kind is not _CREATED and kind is not _FIRST_CREATED
@@ -375,12 +344,13 @@ def _series_key(fld: Field | None, labels: dict[str, str], spec: DialectSpec,
     model = labels.pop("model_name", "")
     engine = labels.pop("engine", "")
     position = -1
-    if fld is Field.PER_POS or kind.is_first:
+    first = kind is SampleKind.FIRST or kind is _FIRST_CREATED
+    if fld is Field.PER_POS or first:
         text = labels.pop(spec.position_label, "")
         # ASCII digits only: int() also takes " 3", "+3", "3_0" and non-ASCII digits.
         if not (text.isascii() and text.isdigit()):
             return None
-        if kind.is_first:
+        if first:
             if int(text) != 0:
                 return None
         else:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any
 
+from exporter.core.answershapes import SUM_KEYS as SUM_KEYS
 from exporter.core.answershapes import engine_spec, is_partial
 from exporter.core.isotime import iso_utc
 from exporter.core.segments import DIMENSIONS, RequestContext, Segment, Segments, keys_of
@@ -32,7 +33,6 @@ MAX_TIMES = 50_000
 # Bucket widths: a quantile over requests is within half of one of the exact (docs/api.md).
 LENGTH_WIDTH = 0.01
 RATE_WIDTH = 0.001
-SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,15 @@ def _stats(fields: dict[str, Any]) -> RequestStats:
         spec=fields.get("spec"), timing=fields.get("timing"))
 
 
-def _decoded(data: bytes) -> object:
-    """The JSON value of `data`, or why there is none."""
+def _decoded(data: bytes) -> dict[str, Any] | Unreadable:
+    """The JSON object `data` holds, or why it holds none."""
     try:
-        return json.loads(data)
+        obj = json.loads(data)
     except RecursionError:
         return Unreadable.TOO_DEEP
     except ValueError:  # UnicodeDecodeError too
         return Unreadable.NOT_AN_ANSWER
+    return obj if isinstance(obj, dict) else Unreadable.NOT_AN_ANSWER
 
 
 def from_json(body: bytes) -> RequestStats:
@@ -105,8 +106,6 @@ def from_json(body: bytes) -> RequestStats:
     obj = _decoded(body)
     if isinstance(obj, Unreadable):
         return RequestStats.unread(obj)
-    if not isinstance(obj, dict):
-        return RequestStats.unread(Unreadable.NOT_AN_ANSWER)
     fields: dict[str, Any] = {}
     _merge(fields, obj)
     return _stats(fields)
@@ -215,37 +214,31 @@ class PerRequest:
         spec = stats.spec
         if spec is None:
             return
+        drafted, accepted = spec["num_draft_tokens"], spec["num_accepted_draft_tokens"]
         if at is not None:
             if len(self.finished) < MAX_TIMES:
                 self.finished.append(at)
-                self.drafted.append(spec["num_draft_tokens"])
-                self.accepted.append(spec["num_accepted_draft_tokens"])
+                self.drafted.append(drafted)
+                self.accepted.append(accepted)
             else:
                 self.overflowed = True
-        if is_partial(spec):
-            self._record_tokens(spec)
+        self.sums["num_draft_tokens"] += drafted
+        self.sums["num_accepted_draft_tokens"] += accepted
+        if drafted:
+            self.rates.add(accepted / drafted)
+        if is_partial(spec):  # no steps or histogram: its tokens and rate only
+            self.partial += 1
             return
-        for key in SUM_KEYS:
-            self.sums[key] += spec[key]
-        add_counts(self.histogram, spec["acceptance_histogram"])
         steps = spec["num_spec_steps"]
-        length = 1 + spec["num_accepted_draft_tokens"] / steps if steps else 1.0
+        self.sums["num_spec_steps"] += steps
+        add_counts(self.histogram, spec["acceptance_histogram"])
+        length = 1 + accepted / steps if steps else 1.0
         self.lengths.add(length)
-        if spec["num_draft_tokens"]:
-            self.rates.add(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
         if len(self.rows) < LOWEST or length < self.rows[-1]["acceptance_length"]:
             self._keep_lowest([{"request_id": stats.request_id, "model": stats.model,
                                 "prompt_tokens": stats.prompt_tokens,
                                 "completion_tokens": stats.completion_tokens,
                                 "acceptance_length": length}])
-
-    def _record_tokens(self, spec: dict[str, Any]) -> None:
-        """A request whose engine reports no steps or histogram: its tokens and rate only."""
-        self.partial += 1
-        for key in ("num_draft_tokens", "num_accepted_draft_tokens"):
-            self.sums[key] += spec[key]
-        if spec["num_draft_tokens"]:
-            self.rates.add(spec["num_accepted_draft_tokens"] / spec["num_draft_tokens"])
 
     def _keep_lowest(self, rows: list[dict[str, Any]]) -> None:
         self.rows = sorted(self.rows + rows, key=lambda r: r["acceptance_length"])[:LOWEST]
@@ -257,12 +250,10 @@ class PerRequest:
             i for i, t in enumerate(self.finished) if i < self.kept or t < at]
         later = [i for i in range(self.kept, len(self.finished)) if self.finished[i] >= at]
         order = [*keep, *later]
-        if len(order) == len(self.finished):
-            self.kept = len(keep)
-            return
-        for name in ("finished", "drafted", "accepted"):
-            values = getattr(self, name)
-            setattr(self, name, array(values.typecode, [values[i] for i in order]))
+        if len(order) != len(self.finished):
+            for name in ("finished", "drafted", "accepted"):
+                values = getattr(self, name)
+                setattr(self, name, array(values.typecode, [values[i] for i in order]))
         self.kept = len(keep)
 
     def merge(self, other: PerRequest) -> None:
@@ -324,13 +315,12 @@ class PerRequest:
                 as_count(h) is None for h in hist):
             raise ValueError("its counts are not counts")
         sound = [c for c in counts if c is not None]
+        buckets = block["buckets"]
         acc = cls(requests=sound[0], unreadable=sound[1],
                   sums=dict(zip(SUM_KEYS, sound[2:5], strict=True)), partial=sound[5],
                   histogram=list(hist),
-                  lengths=Buckets.from_dict(block["buckets"].get("acceptance_length"),
-                                            LENGTH_WIDTH),
-                  rates=Buckets.from_dict(block["buckets"].get("draft_acceptance_rate"),
-                                          RATE_WIDTH),
+                  lengths=Buckets.from_dict(buckets.get("acceptance_length"), LENGTH_WIDTH),
+                  rates=Buckets.from_dict(buckets.get("draft_acceptance_rate"), RATE_WIDTH),
                   rows=[_lowest_row(r) for r in rows[:LOWEST]],
                   reasons=_reasons(block.get("unreadable_reasons", {})),
                   timing=Timings.from_block(block.get("timing")))

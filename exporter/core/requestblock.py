@@ -44,9 +44,8 @@ def _vetted_spans(spans: object) -> list[dict[str, Any]]:
         raise ValueError("its unobserved spans are not a list")
     out = []
     for span in spans:
-        if not isinstance(span, Mapping) or not all(finite(span.get(k)) for k in ("from", "to")
-                                                    ) or any(not natural(span.get(k))
-                                                             for k in _SPAN_SUMS):
+        timed = isinstance(span, Mapping) and all(finite(span.get(k)) for k in ("from", "to"))
+        if not timed or any(not natural(span.get(k)) for k in _SPAN_SUMS):
             raise ValueError("an unobserved span is malformed")
         out.append({k: span[k] for k in ("from", "to", *_SPAN_SUMS)}
                    | {"complete": span.get("complete") is True})

@@ -17,8 +17,8 @@ from operator import add
 from statistics import NormalDist
 from typing import Any
 
-from exporter.core.answershapes import is_partial
-from exporter.core.tallies import add_counts, natural
+from exporter.core.answershapes import SUM_KEYS, is_partial
+from exporter.core.tallies import add_counts, finite, natural
 
 TAG_HEADER = "X-Specdec-Tag"
 # Distinct values kept per dimension: a client's tag is its own text, so past this many the
@@ -31,7 +31,6 @@ MIN_REQUESTS = 10  # fewer requests in a ratio than this give no figure, only a 
 OTHER, UNKNOWN, UNTAGGED, DEFAULT = "other", "unknown", "untagged", "default"
 _TEXT = re.compile(r"[A-Za-z0-9._:/@+=-]{1,128}")
 DIMENSIONS = ("tag", "model", "prompt_tokens", "output_tokens", "temperature", "concurrency")
-SUM_KEYS = ("num_spec_steps", "num_draft_tokens", "num_accepted_draft_tokens")
 # Per segment: count (k), sums and cross-products of steps n, drafted d and accepted a; `_n`
 # over the requests that report steps (the length's ratio), the rest over all with figures.
 MOMENTS = ("k_n", "n", "a_n", "nn", "an", "aa_n", "k_d", "d", "a", "dd", "ad", "aa")
@@ -78,8 +77,7 @@ def request_context(tag: str | None, body: bytes | None, in_flight: int) -> Requ
     temperature = fields.get("temperature")
     if temperature is None:
         heat = DEFAULT
-    elif isinstance(temperature, int | float) and not isinstance(temperature, bool) and (
-            math.isfinite(temperature)):
+    elif finite(temperature):
         heat = f"{float(temperature):g}"
     else:
         heat = OTHER
@@ -160,10 +158,6 @@ class Segment:
         """A segment of these totals without moments."""
         counts = [requests, with_stats, *(sums[k] for k in SUM_KEYS)] + [0] * len(MOMENTS)
         return cls(counts, list(histogram), kept=False)
-
-    def head(self) -> tuple[list[int], list[int]]:
-        """Requests, with figures, the sums, and the histogram: what must add up."""
-        return self.counts[:5], self.histogram
 
     def add(self, change: tuple[int, ...], histogram: list[int] | None) -> None:
         """One request: its `delta` and its histogram (None when it has none)."""
@@ -304,6 +298,7 @@ class Segments:
             for value, segment in values.items():
                 out.by[dimension][str(value)] = parsed = Segment.from_block(segment)
                 total.merge(parsed)
-            if total.head() != whole.head():
+            # Requests, with figures, the sums, and the histogram: what must add up.
+            if total.counts[:5] != whole.counts[:5] or total.histogram != whole.histogram:
                 raise ValueError(f"its {dimension} segments do not sum to its requests")
         return out

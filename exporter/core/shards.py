@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporter.core.aisbench import MAX_COUNT as MAX_COUNT
 from exporter.core.aisbench import Result, Status, aggregate, is_count, result_problem
 from exporter.core.errors import StoreError, UnknownWindowError
 from exporter.core.isotime import is_number, with_iso_times
@@ -48,8 +47,6 @@ class ShardPart:
     answer: dict[str, Any] | None = None
     status: int | None = None  # the HTTP status it answered, None when unreachable
     error: str | None = None
-    expected: list[str] = field(default_factory=list)  # its targets, for N/A when it failed
-    urls: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (url, host:port)
     local: bool = False  # the shard that took the request: its answer heads the merged one
     refused: dict[str, str] = field(default_factory=dict)  # target -> why its result is not used
 
@@ -79,10 +76,9 @@ Merge = Callable[[list[ShardPart], Asked], tuple[int, dict[str, Any]]]
 
 
 def settle(parts: Sequence[ShardPart], asked: Asked) -> None:
-    """Each part told its targets; a shard that could not save (503) keeps its window open and
-    the caller retries (`StoreError`); a window no shard has is `UnknownWindowError`."""
+    """A shard that could not save (503) keeps its window open and the caller retries
+    (`StoreError`); a window no shard has is `UnknownWindowError`."""
     for part in parts:
-        part.expected, part.urls = asked.shares.get(part.index, []), asked.fleet
         if part.status == 503 and asked.window_id is not None:  # not a list's
             raise StoreError(part.reason)
     if asked.window_id is not None and all(p.status == 404 for p in parts):
@@ -91,21 +87,14 @@ def settle(parts: Sequence[ShardPart], asked: Asked) -> None:
 
 def _peers(parts: Sequence[ShardPart], vet: Callable[[ShardPart], None]) -> None:
     for part in parts:
-        if not part.local:
+        if not part.local and part.answer is not None:
             vet(part)
-
-
-def merged_start(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
-    """The fleet's start answer: 201 when any shard opened the window."""
-    _peers(parts, lambda part: vet_open(part, asked.fleet))
-    opened = any(p.status == 201 for p in parts if p.answer is not None)
-    return 201 if opened else 200, merge_start(parts)
 
 
 def merged_stop(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
     """The fleet's stop answer (also a GET's once every shard stopped)."""
     _peers(parts, lambda part: vet_stop(part, asked.shards, asked.fleet))
-    return 200, merge_stop(parts)
+    return 200, merge_stop(parts, asked)
 
 
 def merged_window(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
@@ -113,25 +102,22 @@ def merged_window(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, 
     if all("results" in p.answer for p in parts if p.answer is not None):
         return merged_stop(parts, asked)
     _peers(parts, lambda part: vet_open(part, asked.fleet))
-    return 200, merge_open(parts)
-
-
-def merged_delete(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
-    """The fleet's delete answer (`merge_delete`)."""
-    assert asked.window_id is not None
-    return merge_delete(parts, asked.window_id)
-
-
-def merged_list(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
-    """The fleet's window list (`merge_list`), its times with ISO ones beside."""
-    _peers(parts, vet_list)
-    limit = int(asked.query.get("limit") or MAX_LIST)
-    return 200, with_iso_times(merge_list(parts, limit))
-
-
-def merged_series(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
-    """The fleet's series of a window (`merge_series`)."""
-    return 200, merge_series(parts, asked.shards)
+    scrapes: dict[str, Any] = {}
+    errors: dict[str, Any] = {}
+    targets: list[str] = []
+    for part in parts:
+        if part.answer is None:
+            targets += asked.shares.get(part.index, [])
+            errors |= dict.fromkeys(asked.shares.get(part.index, []), part.reason)
+            continue
+        targets += part.answer.get("targets", [])
+        scrapes |= part.answer.get("scrapes") or {}
+        errors |= part.answer.get("errors") or {}
+    counted = {p.index: list(p.answer.get("targets", [])) for p in parts if p.answer}
+    return 200, _with_per_request(_head(parts) | {
+        "targets": targets, "stopped_at": None, "status": "open", "scrapes": scrapes,
+        "errors": errors, "shards": _shards(parts, counted),
+    }, parts, stopped=False)
 
 
 def _shards(parts: Sequence[ShardPart], counted: Mapping[int, list[str]]) -> list[dict[str, Any]]:
@@ -181,36 +167,39 @@ def _time(parts: Sequence[ShardPart], key: str, *, earliest: bool) -> float | No
     return min(times) if earliest else max(times)
 
 
-def merge_start(parts: Sequence[ShardPart]) -> dict[str, Any]:
-    """One start answer: every shard's targets, the earliest start, and who could not start."""
-    first = _head(parts)
-    targets = [t for p in parts for t in (p.answer["targets"] if p.answer else p.expected)]
+def merged_start(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's start answer, 201 when any shard opened the window: every shard's targets,
+    the earliest start, and who could not start."""
+    _peers(parts, lambda part: vet_open(part, asked.fleet))
+    opened = any(p.status == 201 for p in parts if p.answer is not None)
+    targets = [t for p in parts for t in (p.answer["targets"] if p.answer
+                                           else asked.shares.get(p.index, []))]
     counted = {p.index: list(p.answer["targets"]) for p in parts if p.answer}
     start_errors = {k: v for p in parts if p.answer
                     for k, v in (p.answer.get("start_errors") or {}).items()}
-    body = dict(first) | {
+    body = _head(parts) | {
         "targets": targets,
         "started_at": _time(parts, "started_at", earliest=True),
         "start_errors": start_errors,
         "shards": _shards(parts, counted),
     }
     errors = {f"shard {p.index}": p.reason for p in parts if p.answer is None}
-    return body | ({"errors": errors} if errors else {})
+    return 201 if opened else 200, body | ({"errors": errors} if errors else {})
 
 
-def merge_delete(parts: Sequence[ShardPart], window_id: str) -> tuple[int, dict[str, Any]]:
-    """(status, body) of a delete on every shard: 409 naming those where the window is still
-    open; a 404 is fine; an unreachable shard (it still holds the window) is in `errors`."""
+def merged_delete(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's delete: 409 naming the shards where the window is still open; a 404 is
+    fine; an unreachable shard (it still holds the window) is in `errors`."""
     still_open = [p for p in parts if p.status == 409]
     if still_open:
         return 409, {"error": "; ".join(p.reason for p in still_open)}
     errors = {f"shard {p.index}": p.reason for p in parts
               if p.answer is None and p.status != 404}
-    body: dict[str, Any] = {"id": window_id, "deleted": True}
+    body: dict[str, Any] = {"id": asked.window_id, "deleted": True}
     return 200, body | ({"errors": errors} if errors else {})
 
 
-def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
+def merge_stop(parts: Sequence[ShardPart], asked: Asked) -> dict[str, Any]:
     """One stop answer: every target's RESULT, the aggregate recomputed from the counts; a
     target two shards report (it moved between them) keeps the answer that counted it."""
     results: dict[str, dict[str, Any]] = {}
@@ -224,8 +213,8 @@ def merge_stop(parts: Sequence[ShardPart]) -> dict[str, Any]:
                 counted.setdefault(part.index, []).append(name)
     for part in parts:
         if part.answer is None:
-            for name in part.expected:  # N/A, saying why
-                url, host_port = part.urls.get(name, (None, None))
+            for name in asked.shares.get(part.index, []):  # N/A, saying why
+                url, host_port = asked.fleet.get(name, (None, None))
                 na = Result(Status.NA, url, part.reason, target=name, host_port=host_port)
                 results.setdefault(name, na.to_json() | {"shard": part.index})
     merged_aggregate = aggregate((n, Result.from_json(r)) for n, r in results.items())
@@ -258,27 +247,6 @@ def _with_per_request(body: dict[str, Any], parts: Sequence[ShardPart], *,
     return body
 
 
-def merge_open(parts: Sequence[ShardPart]) -> dict[str, Any]:
-    """One open-window state: every shard's scrapes and errors, unreachable shards named."""
-    first = _head(parts)
-    scrapes: dict[str, Any] = {}
-    errors: dict[str, Any] = {}
-    targets: list[str] = []
-    for part in parts:
-        if part.answer is None:
-            targets += part.expected
-            errors |= {name: part.reason for name in part.expected}
-            continue
-        targets += part.answer.get("targets", [])
-        scrapes |= part.answer.get("scrapes") or {}
-        errors |= part.answer.get("errors") or {}
-    counted = {p.index: list(p.answer.get("targets", [])) for p in parts if p.answer}
-    return _with_per_request(dict(first) | {
-        "targets": targets, "stopped_at": None, "status": "open", "scrapes": scrapes,
-        "errors": errors, "shards": _shards(parts, counted),
-    }, parts, stopped=False)
-
-
 def _distrust(part: ShardPart, why: str) -> None:
     """Use nothing of the part's answer: its targets come out N/A with `why`."""
     part.answer = None
@@ -288,8 +256,7 @@ def _distrust(part: ShardPart, why: str) -> None:
 def vet_stop(part: ShardPart, shards: int, fleet: Iterable[str]) -> None:
     """Keep of a peer's stop answer the RESULTs of the fleet's, counted ones only of its split
     (the rest: `part.refused`), `data` derived again; one malformed and none is used."""
-    if part.answer is None:
-        return
+    assert part.answer is not None
     results = part.answer.get("results")
     if not isinstance(results, Mapping):
         _distrust(part, "its results are not an object")
@@ -350,8 +317,7 @@ def vet_open(part: ShardPart, fleet: Iterable[str]) -> None:
     """A peer's start answer or open window: targets of the fleet, scrapes counted, errors
     as text; anything else and none of it is used."""
     answer = part.answer
-    if answer is None:
-        return
+    assert answer is not None
     scrapes = answer.get("scrapes")
     if not _names(answer.get("targets")):
         _distrust(part, "its targets are not a list of names")
@@ -384,9 +350,8 @@ def _summary_problem(item: object) -> str | None:
 
 
 def vet_list(part: ShardPart) -> None:
-    """A peer's window list: summaries of the shape `merge_list` reads, or none of it."""
-    if part.answer is None:
-        return
+    """A peer's window list: summaries of the shape `merged_list` reads, or none of it."""
+    assert part.answer is not None
     windows = part.answer.get("windows")
     if not isinstance(windows, list):
         _distrust(part, "its windows are not a list")
@@ -397,46 +362,30 @@ def vet_list(part: ShardPart) -> None:
             return
 
 
-def _list_counts(figures: Mapping[str, Any]) -> tuple[float, float, float] | None:
-    """(drafts, draft tokens, accepted) of one shard's list figures, from drafts, rate and
-    length where a stopped window keeps only those (rounded); None if unknown (a rate of 0)."""
-    drafts = figures.get("num_drafts")
-    if not is_count(drafts):
-        return None
-    tokens, accepted = figures.get("draft_tokens"), figures.get("accepted_tokens")
-    if is_count(tokens) and is_count(accepted):
-        return drafts, tokens, accepted
-    if drafts == 0:
-        return 0.0, 0.0, 0.0
-    rate, length = figures.get("acceptance_rate"), figures.get("acceptance_length")
-    if not (is_number(rate) and is_number(length)) or rate <= 0:
-        return None
-    accepted = float(round((length - 1) * drafts))
-    return drafts, float(round(100 * accepted / rate)), accepted
-
-
 def _summed_figures(items: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """One list item's aggregate figures from each shard's: counts summed, then divided."""
     figures = [i["aggregate"] for i in items if i.get("aggregate")]
     ok = [f for f in figures if f.get("status") == Status.OK]
     if not ok:
         return dict(figures[0]) if figures else None
-    counts = [_list_counts(f) for f in ok]
-    drafts = sum(c[0] for c in counts if c is not None)
+    counts = [(f.get("num_drafts"), f.get("draft_tokens"), f.get("accepted_tokens")) for f in ok]
+    known = [c for c in counts if all(is_count(n) for n in c)]
+    drafts = sum(c[0] for c in known)
     body: dict[str, Any] = {"status": Status.OK.value, "num_drafts": integral(drafts),
                             "acceptance_rate": None, "acceptance_length": None}
-    if all(c is not None for c in counts):
-        tokens = sum(c[1] for c in counts if c is not None)
-        accepted = sum(c[2] for c in counts if c is not None)
+    if len(known) == len(counts):
+        tokens = sum(c[1] for c in known)
+        accepted = sum(c[2] for c in known)
         body |= {"draft_tokens": integral(tokens), "accepted_tokens": integral(accepted),
                  "acceptance_rate": 100 * accepted / tokens if tokens else None,
                  "acceptance_length": 1 + accepted / drafts if drafts else None}
     return body
 
 
-def merge_list(parts: Sequence[ShardPart], limit: int) -> dict[str, Any]:
-    """One window list, newest first, at most `limit`: each id's summaries from every shard as
-    one (open while open anywhere, figures from the summed counts)."""
+def merged_list(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's window list, newest first, at most `limit`: each id's summaries from every
+    shard as one (open while open anywhere, figures from the summed counts), ISO times beside."""
+    _peers(parts, vet_list)
     by_id: dict[str, list[Mapping[str, Any]]] = {}
     for part in parts:
         for item in (part.answer or {}).get("windows", []):
@@ -455,11 +404,12 @@ def merge_list(parts: Sequence[ShardPart], limit: int) -> dict[str, Any]:
             "aggregate": _summed_figures(items),
         })
     windows.sort(key=lambda w: float(w["started_at"] or 0.0), reverse=True)
-    return {"windows": windows[:limit], "shards": _shards(parts, {})}
+    limit = int(asked.query.get("limit") or MAX_LIST)
+    return 200, with_iso_times({"windows": windows[:limit], "shards": _shards(parts, {})})
 
 
-def merge_series(parts: Sequence[ShardPart], shards: int) -> dict[str, Any]:
-    """One window's series: each target's from the shard the split gives it to."""
+def merged_series(parts: list[ShardPart], asked: Asked) -> tuple[int, dict[str, Any]]:
+    """The fleet's series of a window: each target's from the shard the split gives it to."""
     head = _head(parts)
     targets: dict[str, Any] = {}
     for part in parts:
@@ -468,10 +418,11 @@ def merge_series(parts: Sequence[ShardPart], shards: int) -> dict[str, Any]:
             _distrust(part, "its series are not an object")
             continue
         for name, rows in (got or {}).items():
-            if part.local or owner(name, shards) == part.index:
+            if part.local or (home := owner(name, asked.shards)) == part.index:
                 targets.setdefault(name, rows if isinstance(rows, list) else [])
             else:
-                part.refused[name] = f"the split gives it to shard {owner(name, shards)}"
-    return head | {"targets": targets, "started_at": _time(parts, "started_at", earliest=True),
-                   "stopped_at": _time(parts, "stopped_at", earliest=False),
-                   "shards": _shards(parts, {})}
+                part.refused[name] = f"the split gives it to shard {home}"
+    return 200, head | {"targets": targets,
+                        "started_at": _time(parts, "started_at", earliest=True),
+                        "stopped_at": _time(parts, "stopped_at", earliest=False),
+                        "shards": _shards(parts, {})}

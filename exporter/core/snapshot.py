@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import struct
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,37 +54,34 @@ class Counts:
         per_pos = dict(self.per_position)
         for pos, value in other.per_position.items():
             per_pos[pos] = per_pos.get(pos, 0.0) + value
-        drafts = self.drafts + other.drafts
-        if self.position_drafts or other.position_drafts or (
-                self.per_position.keys() != other.per_position.keys()):
-            uneven = _uneven(per_pos, drafts, lambda p: self.drafts_at(p) + other.drafts_at(p))
-        else:  # every position's drafts are both sides' `drafts`: their sum is `drafts`
-            uneven = {}
-        return Counts(
-            drafts, self.draft_tokens + other.draft_tokens, self.accepted + other.accepted,
-            per_pos, uneven,
-        )
+        return self._combined(other, operator.add, per_pos,
+                              self.per_position.keys() == other.per_position.keys())
 
     def __sub__(self, other: Counts) -> Counts:
         before = other.per_position
         per_pos = {pos: value - before.get(pos, 0.0) for pos, value in self.per_position.items()}
-        drafts = self.drafts - other.drafts
-        if self.position_drafts or other.position_drafts or not per_pos.keys() <= before.keys():
-            uneven = _uneven(per_pos, drafts, lambda p: self.drafts_at(p) - other.drafts_at(p))
-        else:  # every position's drafts are both sides' `drafts`: their difference is `drafts`
-            uneven = {}
-        return Counts(
-            drafts, self.draft_tokens - other.draft_tokens, self.accepted - other.accepted,
-            per_pos, uneven,
-        )
+        return self._combined(other, operator.sub, per_pos, per_pos.keys() <= before.keys())
+
+    def _combined(self, other: Counts, op: Callable[[float, float], float],
+                  per_pos: dict[int, float], even: bool) -> Counts:
+        """`self op other`, given its `per_position`; `even`: both sides have a series for each
+        of its positions (without `position_drafts`, each position's drafts are `drafts`)."""
+        drafts = op(self.drafts, other.drafts)
+        uneven = {}
+        if self.position_drafts or other.position_drafts or not even:
+            # Per position, its drafts where they differ from `drafts`.
+            uneven = {pos: at for pos in per_pos
+                      if (at := op(self.drafts_at(pos), other.drafts_at(pos))) != drafts}
+        return Counts(drafts, op(self.draft_tokens, other.draft_tokens),
+                      op(self.accepted, other.accepted), per_pos, uneven)
 
     def as_raw(self) -> dict[str, Any]:
         """The counters as AISBench's `raw` dump names them (integral values as ints)."""
         raw: dict[str, Any] = {
-            _DRAFTS_NAME: integral(self.drafts),
-            _DRAFT_TOKENS_NAME: integral(self.draft_tokens),
-            _ACCEPTED_NAME: integral(self.accepted),
-            _PER_POS_NAME: _integral_by_position(self.per_position),
+            Field.DRAFTS.value: integral(self.drafts),
+            Field.DRAFT_TOKENS.value: integral(self.draft_tokens),
+            Field.ACCEPTED.value: integral(self.accepted),
+            Field.PER_POS.value: _integral_by_position(self.per_position),
         }
         if self.position_drafts:
             raw[DRAFTS_PER_POS] = {
@@ -112,10 +111,7 @@ def sum_counts(parts: Iterable[Counts]) -> Counts:
     # (A NaN first `drafts` makes the first addition's `position_drafts` NaN at each position.)
     if math.isnan(first.drafts) or any(
             p.position_drafts or p.per_position.keys() != positions for p in parts):
-        total = Counts()
-        for part in parts:
-            total = total + part
-        return total
+        return functools.reduce(operator.add, parts, Counts())
     drafts = draft_tokens = accepted = 0.0
     per_pos = dict.fromkeys(positions, 0.0)
     for part in parts:
@@ -128,9 +124,6 @@ def sum_counts(parts: Iterable[Counts]) -> Counts:
 
 
 DRAFTS_PER_POS = "num_drafts_per_pos"
-_DRAFTS_NAME, _DRAFT_TOKENS_NAME, _ACCEPTED_NAME, _PER_POS_NAME = (
-    Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value, Field.PER_POS.value
-)
 
 
 _KEYED = 64
@@ -152,10 +145,9 @@ def in_position_order(mapping: Mapping[int, Any] | Mapping[str, Any]) -> bool:
 
 def _integral_by_position(values: Mapping[int, float]) -> dict[str, int | float]:
     """`{str(position): integral(value)}` in numeric position order."""
-    n = len(values)
-    if n <= _KEYED and list(values) == _POSITIONS[n]:
+    if in_position_order(values):
         # Positions 0..k-1 in order, as pages list them: keys made once, nothing to sort.
-        return dict(zip(_POSITION_KEYS[n], map(integral, values.values()), strict=True))
+        return dict(zip(position_keys(len(values)), map(integral, values.values()), strict=True))
     return {str(p): integral(values[p]) for p in sorted(values)}
 
 
@@ -163,18 +155,6 @@ def integral(value: float) -> int | float:
     """An integral count as an int (AISBench writes `2043630`, not `2043630.0`)."""
     # Counters are integral in vLLM; keep a fraction rather than hide it if one ever shows up.
     return int(value) if float(value).is_integer() else value
-
-
-def _uneven(
-    per_pos: Mapping[int, float], drafts: float, drafts_at: Callable[[int], float]
-) -> dict[int, float]:
-    """Per position, its drafts where they differ from `drafts` (empty in the usual case)."""
-    uneven = {}
-    for pos in per_pos:
-        at = drafts_at(pos)
-        if at != drafts:
-            uneven[pos] = at
-    return uneven
 
 
 # What restarts as one: model name, engine, extra labels.
@@ -212,10 +192,7 @@ def sum_series(values: Collection[tuple[SeriesKey, float]]) -> Counts:
 
 def _positions_uneven(values: Iterable[tuple[SeriesKey, float]], engines: int) -> bool:
     """Whether some position has another number of series than there are drafts series."""
-    series: dict[int, int] = {}
-    for key, _ in values:
-        if key.field is _PER_POS:
-            series[key.position] = series.get(key.position, 0) + 1
+    series = Counter(key.position for key, _ in values if key.field is _PER_POS)
     return any(n != engines for n in series.values())
 
 
@@ -228,10 +205,8 @@ def _uneven_engines(values: Iterable[tuple[SeriesKey, float]]) -> dict[int, floa
             engine = (key.model_name, key.engine, key.extra)
             engine_drafts[engine] = engine_drafts.get(engine, 0.0) + value
         elif key.field is _PER_POS:
-            engines = position_engines.get(key.position)
-            if engines is None:
-                engines = position_engines[key.position] = set()
-            engines.add((key.model_name, key.engine, key.extra))
+            position_engines.setdefault(key.position, set()).add(
+                (key.model_name, key.engine, key.extra))
     uneven: dict[int, float] = {}
     for pos, engines in position_engines.items():
         # A position whose engines show no drafts series of their own (labels that differ

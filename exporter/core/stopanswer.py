@@ -48,7 +48,6 @@ def target_result(window: Window, name: str) -> Result:
         notes.append(fetch_error(ref.url, stop_error, "stop"))
     if name in window.late_baselines:
         notes.append(window.late_baselines[name])
-    # Everything known of the target, which each outcome below completes.
     base = _described(ref, acc, started=name not in window.start_errors)
     if name in window.removed:
         # The target left the window before its stop: N/A, with what was seen until then.
@@ -61,15 +60,18 @@ def target_result(window: Window, name: str) -> Result:
     if acc is None or acc.scrapes == 0:
         return _uncounted(base, anomalies, notes, NO_METRICS)
     if is_estimate(acc.dialect):
-        return _estimate_result(window, acc, base, notes)
+        # SGLang has no counters: the time-weighted means of its interval gauges, flagged.
+        means = acc.gauge_means()
+        if acc.scrapes < 2 or SGLANG_LENGTH not in means:
+            return Result(Status.NA, **base, error=_no_activity(notes))
+        return Result(Status.OK, **base, gauge_means=means, **_coverage(window, acc, notes))
     if not acc.has_series:
         return Result(Status.NA, **base, error=NO_METRICS)
     if acc.scrapes < 2:  # one usable scrape is a baseline with nothing to compare it to
         return _uncounted(base, anomalies, notes, NO_ACTIVITY)
     counts = acc.totals()
     if not has_activity(counts):
-        reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
-        return Result(Status.NA, **base, error=reason)
+        return Result(Status.NA, **base, error=_no_activity(notes))
     return Result(
         Status.OK, **base, increase=counts, per_model=acc.by_model(), by_load=acc.by_load,
         reset_note=_reset_note(window, acc),
@@ -110,19 +112,12 @@ def _raw_pair(acc: Accumulator, started: bool) -> dict[str, Any]:
     return {"before": None, "after": before}
 
 
-def _estimate_result(
-    window: Window, acc: Accumulator, base: dict[str, Any], notes: list[str]
-) -> Result:
-    """SGLang has no counters: the time-weighted means of its interval gauges, flagged."""
-    means = acc.gauge_means()
-    if acc.scrapes < 2 or SGLANG_LENGTH not in means:
-        reason = NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
-        return Result(Status.NA, **base, error=reason)
-    return Result(Status.OK, **base, gauge_means=means, **_coverage(window, acc, notes))
+def _no_activity(notes: list[str]) -> str:
+    return NO_ACTIVITY if not notes else f"{NO_ACTIVITY} ({'; '.join(notes)})"
 
 
 def _coverage(window: Window, acc: Accumulator, notes: list[str]) -> dict[str, Any]:
-    # A restart inside the window is never full (`result.unobserved_span`).
+    # A restart inside the window is never full (`aisbench.unobserved_span`).
     unobserved = tuple(unobserved_spans(acc.reset_spans, acc.restart_times, window.downtimes))
     if not notes and not acc.resets:
         return {"coverage": Coverage.FULL, "coverage_note": None}
@@ -204,11 +199,6 @@ def _anomaly_inside_note(tally: AnomalyTally) -> str | None:
     )
 
 
-def window_answer(window: Window, advisor: Advisor | None = None) -> dict[str, Any]:
-    """The whole stop answer of a stopped window, as JSON; with `advice` given an `advisor`."""
-    return AnswerParts(window, advisor).answer()
-
-
 _Made = tuple[tuple[Any, ...], float | None, Result, dict[str, Any], dict[str, Any] | None]
 
 
@@ -216,7 +206,7 @@ class AnswerParts:
     """A stop answer made target by target, each RESULT (and advice) once its stop scrape is in;
     made again if its inputs (for a partial one, the stop time too) changed since."""
 
-    def __init__(self, window: Window, advisor: Advisor | None = None):
+    def __init__(self, window: Window, advisor: Advisor):
         self.window = window
         self.advisor = advisor
         self._made: dict[str, _Made] = {}
@@ -238,12 +228,12 @@ class AnswerParts:
             return made[2], made[3], made[4]
         result = target_result(self.window, name)
         body = result.to_json(iso_times=True)
-        advice = None if self.advisor is None else self.advisor.result(body)
+        advice = self.advisor.result(body)
         self._made[name] = (inputs, self.window.stopped_at, result, body, advice)
         return result, body, advice
 
     def answer(self) -> dict[str, Any]:
-        """The whole stop answer (`window_answer`), from the RESULTs made so far and the rest."""
+        """The whole stop answer, from the RESULTs made so far and the rest."""
         window = self.window
         made = {name: self.target(name) for name in window.targets}
         # ISO 8601 UTC beside each Unix time; only the head is walked, each RESULT adds its own.
@@ -253,8 +243,7 @@ class AnswerParts:
             "aggregate": aggregate((name, m[0]) for name, m in made.items()).to_json(
                 iso_times=True),
         }
-        if self.advisor is not None:
-            answer["advice"] = self.advisor.window(answer, {name: m[2] for name, m in made.items()})
+        answer["advice"] = self.advisor.window(answer, {name: m[2] for name, m in made.items()})
         if window.edges is not None:
             answer["edges"] = window.edges
         if (per_request := per_request_block(window.per_request, answer)) is not None:

@@ -11,22 +11,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from exporter.core.aisbench import Result, aggregate
+from exporter.core.aisbench import MAX_COUNT, Result, aggregate
 from exporter.core.counting import Accumulator
 from exporter.core.dialects import DIALECTS, Dialect
 from exporter.core.errors import ExporterError
 from exporter.core.isotime import iso_utc, with_iso_times
 from exporter.core.parse import parse_page
 from exporter.core.redact import redact_url
-from exporter.core.shards import MAX_COUNT
 from exporter.core.stopanswer import target_result
 from exporter.core.window import TargetRef, Window, new_window_id
 
 # A gap is a stretch between two consecutive samples longer than this many scrape intervals.
 GAP_INTERVALS = 2.0
-SOURCE = "prometheus"
-# The labels Prometheus gives each scraped server: one scrape of it, one timestamp.
-SERVER_LABELS = ("job", "instance")
 
 
 class CountError(ExporterError):
@@ -43,18 +39,19 @@ class RawSeries:
 
 def family_names() -> list[str]:
     """Every spec-decode metric name of every dialect, as the store names it."""
-    names: set[str] = set()
-    for spec in DIALECTS.values():
-        names.update(name.decode() for name in spec.names)
-    return sorted(names)
+    return sorted({name.decode() for spec in DIALECTS.values() for name in spec.names})
 
 
-def group_targets(series: Iterable[RawSeries], by: Sequence[str]) -> dict[str, list[RawSeries]]:
+def _group_name(labels: Mapping[str, str], by: Sequence[str], sep: str = ",") -> str:
+    return sep.join(labels.get(label, "") for label in by or ("instance",))
+
+
+def group_targets(series: Iterable[RawSeries], by: Sequence[str],
+                  sep: str = ",") -> dict[str, list[RawSeries]]:
     """Series per target (named by its `by` labels' values, `instance` by default), in order."""
     groups: dict[str, list[RawSeries]] = {}
     for one in series:
-        name = ",".join(one.labels.get(label, "") for label in by or ("instance",))
-        groups.setdefault(name, []).append(one)
+        groups.setdefault(_group_name(one.labels, by, sep), []).append(one)
     return dict(sorted(groups.items()))
 
 
@@ -101,16 +98,6 @@ def account(series: Sequence[RawSeries]) -> tuple[Accumulator, list[float]]:
     return acc, times
 
 
-def servers(series: Iterable[RawSeries]) -> dict[str, list[RawSeries]]:
-    """Series per scraped server (its `job` and `instance`), each server counted on its own:
-    two servers' scrapes are never one page."""
-    out: dict[str, list[RawSeries]] = {}
-    for one in series:
-        key = "/".join(one.labels.get(label, "") for label in SERVER_LABELS)
-        out.setdefault(key, []).append(one)
-    return dict(sorted(out.items()))
-
-
 def _late_note(times: Sequence[float], interval: float | None, frm: float) -> str | None:
     """What to say of a server whose first sample comes well after the range's start."""
     if not times or interval is None or times[0] - frm <= GAP_INTERVALS * interval:
@@ -122,7 +109,9 @@ def _late_note(times: Sequence[float], interval: float | None, frm: float) -> st
 def _count_group(window: Window, group: str, members: Sequence[RawSeries], frm: float,
                  to: float) -> dict[str, dict[str, Any]]:
     """Each server of `group` as a target of `window`; their coverage, by target name."""
-    split = servers(members)
+    # Each server Prometheus scraped (its job and instance) counted on its own: one scrape of
+    # it, one timestamp; two servers' scrapes are never one page.
+    split = group_targets(members, ("job", "instance"), "/")
     covered: dict[str, dict[str, Any]] = {}
     for key, part in split.items():
         name = group if len(split) == 1 else f"{group} [{key}]"
@@ -178,7 +167,7 @@ def history_answer(series: Iterable[RawSeries], frm: float, to: float, *, query_
     for group, members in group_targets(series, by).items():
         groups[group] = _count_group(window, group, members, frm, to)
     for labels in scraped:
-        group = ",".join(labels.get(label, "") for label in by or ("instance",))
+        group = _group_name(labels, by)
         if group not in groups:
             window.targets[group] = TargetRef(group, group, group)
             groups[group] = {group: coverage([], frm, to)}
@@ -196,7 +185,7 @@ def history_answer(series: Iterable[RawSeries], frm: float, to: float, *, query_
     return head | {
         "results": bodies,
         "aggregate": aggregate(results.items()).to_json(iso_times=True),
-        "source": SOURCE, "query": redact_url(query_url),
+        "source": "prometheus", "query": redact_url(query_url),
         "store_notes": list(notes),  # what the store did that the reader should know
     }
 

@@ -11,13 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 
-def _quantile_rank(count: int, q: float) -> tuple[int, int, float]:
-    """The two ranks (0-based) a linear-interpolated quantile lies between, and the fraction."""
-    at = q * (count - 1)
-    low = math.floor(at)
-    return low, min(low + 1, count - 1), at - low
-
-
 @dataclass
 class Buckets:
     """Values in buckets `width` wide (bucket i holds [i*width, (i+1)*width)), keyed sparsely:
@@ -63,11 +56,13 @@ class Buckets:
         """The linear-interpolated quantile (numpy's default), from the buckets; of the values
         `unmap` gives back when the tally holds a map of them (a logarithm)."""
         ordered = sorted(self.counts.items())
-        below, above, frac = _quantile_rank(self.count, q)
-        first, second = self._at_rank(below, ordered), self._at_rank(above, ordered)
+        at = q * (self.count - 1)  # between the ranks (0-based) below and below + 1
+        below = math.floor(at)
+        first = self._at_rank(below, ordered)
+        second = self._at_rank(min(below + 1, self.count - 1), ordered)
         if unmap is not None:
             first, second = unmap(first), unmap(second)
-        return first + (second - first) * frac
+        return first + (second - first) * (at - below)
 
     def summary(self) -> dict[str, float] | None:
         """mean, min, p5, p50, p95, max (None when empty); mean, min and max exact."""

@@ -71,17 +71,17 @@ class AccumulatorRows:
     rounds: list[Row] = field(default_factory=list)
     _encoded: list[tuple[Window, str, Accumulator, Encoded]] = field(default_factory=list)
 
-    def add(self, window: Window, target: str, acc: Accumulator, *, whole: bool) -> None:
-        """One accumulator's row: its round part if it can, or `whole`."""
-        encoded = acc.encode(whole=whole)
-        (self.whole if encoded.whole else self.rounds).append((window.id, target, encoded.text))
-        self._encoded.append((window, target, acc, encoded))
-
-    def extend(self, other: AccumulatorRows) -> None:
-        """Another window's rows, for the same transaction."""
-        self.whole += other.whole
-        self.rounds += other.rounds
-        self._encoded += other._encoded
+    def add(self, window: Window, targets: Iterable[str] | None = None, *,
+            whole: bool = False) -> AccumulatorRows:
+        """The given targets' accumulators of `window` (default: all), each its round part if it
+        can, or `whole`; these rows, so a window's alone are `AccumulatorRows().add(window)`."""
+        for target in window.accumulators if targets is None else targets:
+            if (acc := window.accumulators.get(target)) is not None:
+                encoded = acc.encode(whole=whole)
+                rows = self.whole if encoded.whole else self.rounds
+                rows.append((window.id, target, encoded.text))
+                self._encoded.append((window, target, acc, encoded))
+        return self
 
     def committed(self) -> None:
         """The store holds these rows now."""
@@ -216,16 +216,6 @@ class Window:
             id=self.id, name=self.name, targets=self.targets, labels=self.labels,
             started_at=self.started_at, stopped_at=self.stopped_at, answer=self.answer,
         )
-
-    def accumulator_rows(self, targets: Iterable[str] | None = None, *,
-                         whole: bool = False) -> AccumulatorRows:
-        """The given targets' accumulators (default: all) as store rows (`Accumulator.encode`)."""
-        rows = AccumulatorRows()
-        for t in self.accumulators if targets is None else targets:
-            acc = self.accumulators.get(t)
-            if acc is not None:
-                rows.add(self, t, acc, whole=whole)
-        return rows
 
     def last_seen(self) -> float:
         """The newest scrape any target fed, or the start: what a restored window last knew."""

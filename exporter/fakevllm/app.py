@@ -59,13 +59,10 @@ async def _client_app(request: web.Request) -> web.Response:
     return web.Response(body=body, headers=headers)
 
 
-def _completions(chat: bool) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    """OpenAI `POST /v1/completions`, or with `chat` `POST /v1/chat/completions`."""
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        return await completions(request, request.app[FAKE_SERVER], chat)
-
-    return handler
+async def _completions(request: web.Request) -> web.StreamResponse:
+    """OpenAI `POST /v1/completions` and `POST /v1/chat/completions`."""
+    chat = request.path == "/v1/chat/completions"
+    return await completions(request, request.app[FAKE_SERVER], chat)
 
 
 async def _models(request: web.Request) -> web.Response:
@@ -124,16 +121,13 @@ async def _acceptance(request: web.Request) -> web.Response:
     return web.json_response({"acceptance": server.acceptance})
 
 
-def _set_traffic(on: bool) -> Callable[[web.Request], Awaitable[web.Response]]:
-    async def handler(request: web.Request) -> web.Response:
-        event = request.app[_TRAFFIC_ON]
-        if on:
-            event.set()
-        else:
-            event.clear()
-        return web.json_response({"paused": not on})
-
-    return handler
+async def _pause_or_resume(request: web.Request) -> web.Response:
+    event = request.app[_TRAFFIC_ON]
+    if request.path == "/control/resume":
+        event.set()
+    else:
+        event.clear()
+    return web.json_response({"paused": not event.is_set()})
 
 
 def make_fake_app(
@@ -158,10 +152,10 @@ def make_fake_app(
     app.router.add_post("/control/restart", _restart)
     app.router.add_post("/control/add", _add)
     app.router.add_post("/control/acceptance", _acceptance)
-    app.router.add_post("/control/pause", _set_traffic(False))
-    app.router.add_post("/control/resume", _set_traffic(True))
-    app.router.add_post("/v1/completions", _completions(chat=False))
-    app.router.add_post("/v1/chat/completions", _completions(chat=True))
+    app.router.add_post("/control/pause", _pause_or_resume)
+    app.router.add_post("/control/resume", _pause_or_resume)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _completions)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
 

@@ -171,10 +171,6 @@ class ServerModel:
         if self.spec_decode:
             self.add(engine, 1, proposed, [1] * accepted)
 
-    def step_time(self, proposed: int) -> float:
-        """Seconds one decode step drafting `proposed` tokens takes."""
-        return self.step_seconds * (1 + DRAFT_COST * proposed)
-
     def running(self, engine: int) -> int:
         """Requests decoding on `engine` now (vLLM's num_requests_running): the API's in flight
         and its share of the background traffic's sequences."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.fakevllm.model import ServerModel
+from exporter.fakevllm.model import DRAFT_COST, ServerModel
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_CAP = 32768  # bounds the work one request can ask of the simulator
@@ -31,15 +31,17 @@ class BadRequest(ValueError):
     """A request body the OpenAI API would refuse with 400."""
 
 
+def _bounded(name: str, value: Any, most: int) -> int:
+    """`value` if it is an integer within 1..`most`, else `BadRequest` naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise BadRequest(f"{name} must be an integer within 1..{most}, got {value!r}")
+    return value
+
+
 def max_tokens(body: dict[str, Any]) -> int:
     """The request's output length: `max_tokens` (or chat's `max_completion_tokens`)."""
     value = body.get("max_completion_tokens", body.get("max_tokens"))
-    if value is None:
-        return DEFAULT_MAX_TOKENS
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TOKENS_CAP:
-        raise BadRequest(f"max_tokens must be an integer within 1..{MAX_TOKENS_CAP}, "
-                         f"got {value!r}")
-    return value
+    return DEFAULT_MAX_TOKENS if value is None else _bounded("max_tokens", value, MAX_TOKENS_CAP)
 
 
 def prompt_tokens(body: dict[str, Any], chat: bool) -> int:
@@ -130,33 +132,6 @@ def spec_decode_object(steps: list[tuple[int, int]], k: int, detailed: bool) -> 
     return obj
 
 
-def _spec(server: ServerModel, steps: list[tuple[int, int]], n: int) -> dict[str, Any] | None:
-    """The request's spec-decode object; None unless the server emits it and n is 1 (vLLM
-    cannot give one sequence's figures to a request of several)."""
-    if (not server.spec_decode or n != 1
-            or server.per_request_metrics not in ("summary", "detailed")):
-        return None
-    return spec_decode_object(steps, server.k, server.per_request_metrics == "detailed")
-
-
-def answer_metrics(spec: dict[str, Any] | None,
-                   timing: dict[str, float] | None = None) -> dict[str, Any] | None:
-    """A non-streamed answer's `metrics`: null, or the timing fields (null unless timed) and
-    the object (or null) with its unset per-step lists as null, as vLLM's model dumps them."""
-    if spec is None and timing is None:
-        return None
-    return dict.fromkeys(_TIMING) | (timing or {}) | {"speculative_decoding": {
-        "per_step_accepted": None, "per_step_drafted": None} | spec if spec else None}
-
-
-def sequences(body: dict[str, Any]) -> int:
-    """The request's `n`: how many sequences to decode."""
-    value = body.get("n", 1)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_N:
-        raise BadRequest(f"n must be an integer within 1..{MAX_N}, got {value!r}")
-    return value
-
-
 def sglang_details(steps: list[tuple[int, int]], completion: int) -> dict[str, Any]:
     """SGLang's per-request `spec_tokens_details` (its SpecTokensDetails, all nine fields);
     the histogram grows to the most drafts a step accepted, as SGLang's does."""
@@ -214,7 +189,13 @@ def _figures(server: ServerModel, asked: _Asked, completion: int,
     if stream:  # dumped without its nulls
         spec = {"speculative_decoding": asked.spec} if asked.spec else {}
         return {"metrics": (timing or {}) | spec} if spec or timing else {}
-    return {"metrics": answer_metrics(asked.spec, timing)}
+    if asked.spec is None and timing is None:
+        return {"metrics": None}
+    # The timing fields null unless timed, the object's unset per-step lists null: as vLLM's
+    # model dumps them.
+    nulls = {"per_step_accepted": None, "per_step_drafted": None}
+    dumped = nulls | asked.spec if asked.spec else None
+    return {"metrics": dict.fromkeys(_TIMING) | (timing or {}) | {"speculative_decoding": dumped}}
 
 
 def _tail(dialect: str, finish: dict[str, Any], usage: dict[str, Any] | None,
@@ -236,7 +217,7 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
 
 
 def _choice(chat: bool, text: str | None, finish: str | None, stream: bool,
-            index: int = 0) -> dict[str, Any]:
+            index: int) -> dict[str, Any]:
     if chat:
         key = "delta" if stream else "message"
         content = {} if text is None else {"role": "assistant", "content": text}
@@ -252,7 +233,7 @@ async def completions(request: web.Request, server: ServerModel, chat: bool) -> 
             raise BadRequest("body must be a JSON object")
         tokens = max_tokens(body)
         prompt = prompt_tokens(body, chat)
-        n = sequences(body)
+        n = _bounded("n", body.get("n", 1), MAX_N)  # how many sequences to decode
     except (ValueError, UnicodeDecodeError) as exc:
         message = str(exc) if isinstance(exc, BadRequest) else f"body is not valid JSON: {exc}"
         return web.json_response(  # the OpenAI error shape
@@ -278,14 +259,17 @@ async def _answer(request: web.Request, server: ServerModel, chat: bool, body: d
         "created": int(time.time()),
         "model": str(body.get("model") or server.model_name),
     }
-    asked = _Asked(chat, body, head, prompt, plans, _spec(server, plans[0], n),
+    spec = None
+    if server.spec_decode and n == 1 and server.per_request_metrics in ("summary", "detailed"):
+        # vLLM cannot give one sequence's figures to a request of several.
+        spec = spec_decode_object(plans[0], server.k, server.per_request_metrics == "detailed")
+    asked = _Asked(chat, body, head, prompt, plans, spec,
                    _Times() if server.request_timing and n == 1 else None)
     if body.get("stream"):
         return await _stream(request, server, engine, asked)
     for steps in plans:
-        for proposed, accepted in steps:
-            await _step(server, asked.times, proposed)
-            server.count_step(engine, proposed, accepted)
+        for step in steps:
+            await _step(server, engine, asked.times, step)
     return web.json_response(head | {
         "choices": [_choice(chat, "".join(step_texts(steps)), "length", False, i)
                     for i, steps in enumerate(plans)],
@@ -306,15 +290,12 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     head, chat = asked.head, asked.chat
     # Counters move step by step while the answer streams, as a scrape mid-request would see.
     for index, steps in enumerate(asked.plans):
-        for (proposed, accepted), text in zip(steps, step_texts(steps), strict=True):
-            await _step(server, asked.times, proposed)
-            server.count_step(engine, proposed, accepted)
+        for step, text in zip(steps, step_texts(steps), strict=True):
+            await _step(server, engine, asked.times, step)
             await send(head | {"choices": [_choice(chat, text, None, True, index)]})
+        finish = head | {"choices": [_choice(chat, None, "length", True, index)]}
         if index < len(asked.plans) - 1:
-            await send(head | {"choices": [_choice(chat, None if chat else "", "length", True,
-                                                   index)]})
-    finish = head | {"choices": [_choice(chat, None if chat else "", "length", True,
-                                         len(asked.plans) - 1)]}
+            await send(finish)
     tokens = sum(1 + a for _, a in asked.plans[0])
     options = asked.body.get("stream_options")
     usage = head | {"choices": [], "usage": _usage(asked.prompt, tokens * len(asked.plans))} if (
@@ -327,12 +308,15 @@ async def _stream(request: web.Request, server: ServerModel, engine: int,
     return response
 
 
-async def _step(server: ServerModel, times: _Times | None, proposed: int) -> None:
-    """One decode step's time (`step_time`), if it takes any; its tokens go."""
+async def _step(server: ServerModel, engine: int, times: _Times | None,
+                step: tuple[int, int]) -> None:
+    """One decode step: its time (if steps take any), its tokens, its count on `engine`."""
+    proposed, accepted = step
     if server.step_seconds:
-        await asyncio.sleep(server.step_time(proposed))
+        await asyncio.sleep(server.step_seconds * (1 + DRAFT_COST * proposed))
     if times is not None:
         times.token()
+    server.count_step(engine, proposed, accepted)
 
 
 def models(server: ServerModel) -> dict[str, Any]:

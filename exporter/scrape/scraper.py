@@ -116,17 +116,13 @@ class Scraper:
             elapsed = time.monotonic() - started
             return ScrapeResult(target.name, clock(), elapsed, snapshot, error, len(page))
 
-    def _plan(self, target: TargetConfig) -> _Plan:
+    async def _read(self, target: TargetConfig) -> tuple[bytes, Snapshot]:
+        """The page and its snapshot: filtered where that was proven, else the full page (and
+        a proof of the filter on it at first contact and after a restart)."""
         plan = self._plans.get(target.name)
         if plan is None or plan.target is not target:  # a reload or discovery replaced it
             plan = self._plans[target.name] = self._make_plan(target)
             self._reads[target.name] = Reading()
-        return plan
-
-    async def _read(self, target: TargetConfig) -> tuple[bytes, Snapshot]:
-        """The page and its snapshot: filtered where that was proven, else the full page (and
-        a proof of the filter on it at first contact and after a restart)."""
-        plan = self._plan(target)
         reading = self._reads[target.name]
         if reading.filtered is not None:
             try:
@@ -193,59 +189,45 @@ class Scraper:
                      lean)
 
     async def _fetch(self, plan: _Plan) -> bytes:
+        # The userinfo is in the Authorization header now; aiohttp refuses both at once.
+        url = plan.url.with_user(None)
         if plan.lean is None:
-            # The userinfo is in the Authorization header now; aiohttp refuses both at once.
-            return await self._fetch_aiohttp(plan.url.with_user(None), plan, 5, plan.headers)
-        url = plan.url
+            return await self._fetch_aiohttp(url, plan, 5, plan.headers)
         host, port, request = plan.lean
-        headers = plan.headers
-        for hop in range(6):
-            answer = await self._pool.get(host, port, request, self.max_bytes)
-            if answer.status == 200:
-                return _decoded(answer, self.max_bytes)
-            if answer.status not in REDIRECTS or not answer.location:
-                raise GetError(f"HTTP {answer.status} {answer.reason}".strip())
-            if hop == 5:
-                break
-            url = url.join(URL(answer.location.decode("latin-1"), encoded=True))
-            if url.origin() != plan.url.origin():
-                headers = plan.foreign_headers
-            if url.scheme != "http" or not url.host or not url.port:
-                # To TLS (or to no host at all): aiohttp follows (or fails) from here.
-                return await self._fetch_aiohttp(url, plan, 4 - hop, headers)
-            host, port = url.host, url.port
-            request = _request_bytes(url, headers)
-        raise GetError("too many redirects")
+        answer = await self._pool.get(host, port, request, self.max_bytes)
+        if answer.status == 200:
+            return _decoded(answer, self.max_bytes)
+        if answer.status not in REDIRECTS or not answer.location:
+            raise GetError(f"HTTP {answer.status} {answer.reason}".strip())
+        # A metrics URL that redirects is rare: aiohttp follows it from here.
+        url = url.join(URL(answer.location.decode("latin-1"), encoded=True))
+        headers = plan.headers if url.origin() == plan.url.origin() else plan.foreign_headers
+        return await self._fetch_aiohttp(url, plan, 4, headers)
 
     async def _fetch_aiohttp(self, url: URL, plan: _Plan, max_redirects: int,
                              headers: dict[str, str]) -> bytes:
         """GET through aiohttp, following redirects here: aiohttp would carry the configured
         headers to another origin."""
         for _ in range(max_redirects + 1):
-            location = await self._get_aiohttp(url, plan, headers)
-            if isinstance(location, bytes):
-                return location
-            url = url.join(location)
-            if url.origin() != plan.url.with_user(None).origin():
-                headers = plan.foreign_headers
+            sent, proxy_headers = headers, plan.proxy_headers
+            if proxy_headers and url.scheme != "https":
+                # aiohttp sends proxy headers only with a CONNECT (to a TLS target); a plain-HTTP
+                # request to a forward proxy carries Proxy-Authorization itself.
+                sent, proxy_headers = headers | proxy_headers, None
+            async with self.session.get(
+                url, headers=sent, ssl=plan.ssl, proxy=plan.proxy,
+                proxy_headers=proxy_headers, allow_redirects=False,
+            ) as response:
+                location = response.headers.get("Location")
+                if response.status in REDIRECTS and location:
+                    url = url.join(URL(location, encoded=True))
+                    if url.origin() != plan.url.origin():
+                        headers = plan.foreign_headers
+                    continue
+                if response.status != 200:
+                    raise GetError(f"HTTP {response.status} {response.reason or ''}".strip())
+                return await read_capped(response, self.max_bytes)
         raise GetError("too many redirects")
-
-    async def _get_aiohttp(self, url: URL, plan: _Plan, headers: dict[str, str]) -> bytes | URL:
-        """One GET: the body, or where a redirect points."""
-        proxy_headers = plan.proxy_headers
-        if proxy_headers and url.scheme != "https":
-            # aiohttp sends proxy headers only with a CONNECT (to a TLS target); a plain-HTTP
-            # request to a forward proxy carries Proxy-Authorization itself.
-            headers, proxy_headers = headers | proxy_headers, None
-        async with self.session.get(
-            url, headers=headers, ssl=plan.ssl, proxy=plan.proxy,
-            proxy_headers=proxy_headers, allow_redirects=False,
-        ) as response:
-            if response.status in REDIRECTS and response.headers.get("Location"):
-                return URL(response.headers["Location"], encoded=True)
-            if response.status != 200:
-                raise GetError(f"HTTP {response.status} {response.reason or ''}".strip())
-            return await read_capped(response, self.max_bytes)
 
     def _ssl_for(self, target: TargetConfig) -> ssl.SSLContext | bool:
         if not target.url.startswith("https:"):

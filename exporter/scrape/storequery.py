@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.config.model import StoreAuth
+from exporter.core.aisbench import MAX_COUNT
 from exporter.core.errors import ExporterError
 from exporter.core.isotime import is_number
 from exporter.core.redact import redact_url
-from exporter.core.shards import MAX_COUNT
 from exporter.core.storecount import RawSeries, family_names
 
 log = logging.getLogger(__name__)

@@ -166,7 +166,7 @@ class WindowBook:
             if (stopping := self._stopping.get(window.id)) is not None:
                 stopping[0].send((FEED, stopping[1].pack(result)))
             if window.feed(result) and window.id in self._windows:
-                rows = window.accumulator_rows([result.target], whole=True)
+                rows = AccumulatorRows().add(window, [result.target], whole=True)
                 try:
                     self._save_rows(rows)
                 except StoreError as exc:
@@ -193,7 +193,7 @@ class WindowBook:
         recorded = []
         for window in self.open_windows():
             if window.dirty:
-                rows.extend(window.accumulator_rows(window.dirty))
+                rows.add(window, window.dirty)
             if window.records_dirty:
                 recorded.append(window)
         self._save_rows(rows, [w.to_dict() for w in recorded])
@@ -210,7 +210,7 @@ class WindowBook:
         windows = self.open_windows()
         rows = AccumulatorRows()
         for window in windows:
-            rows.extend(window.accumulator_rows(whole=True))
+            rows.add(window, whole=True)
         self._save_rows(rows, [w.to_dict() for w in windows])
 
     def _save_all(self) -> None:
@@ -341,7 +341,7 @@ class WindowBook:
     def _commit_start(self, window: Window) -> None:
         try:
             # Durable (to the disk, not only past our death) before it is acknowledged.
-            self._save_rows(window.accumulator_rows(whole=True),
+            self._save_rows(AccumulatorRows().add(window, whole=True),
                             [window.to_dict()], sync=True)
         except StoreError as exc:
             # Not durable, so not started: a retry with the same id starts it afresh.

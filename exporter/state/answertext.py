@@ -26,7 +26,7 @@ class AnswerTexts:
 
     @classmethod
     def of(cls, answer: Mapping[str, Any]) -> AnswerTexts:
-        """Encode a stop answer (`results.window_answer`)."""
+        """Encode a stop answer (`stopanswer.AnswerParts`)."""
         names = result_file_names(answer["results"])
         return cls(files={names[name]: indented(result)
                           for name, result in answer["results"].items()},

@@ -21,13 +21,14 @@ from exporter.web.exposition import MetricsWriter
 from exporter.web.fanout import FANOUT, Fanout
 from exporter.web.handlers import (
     MAX_BODY,
+    METRICS_CACHE,
+    SERVICE,
+    WRITER,
     auth_middleware,
     body_limit_middleware,
     browser_middleware,
     errors_middleware,
-    reload_config,
 )
-from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
 from exporter.web.proxy import PROXYING, Proxying
 from exporter.web.routes import add_routes
 
@@ -90,5 +91,3 @@ def _scraping(loop: bool) -> Callable[[web.Application], AsyncIterator[None]]:
 
     return lifecycle
 
-
-__all__ = ["make_app", "reload_config"]

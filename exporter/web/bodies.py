@@ -69,20 +69,15 @@ async def json_body(request: web.Request) -> dict[str, Any]:
         raise RequestError("body is nested too deeply") from None
 
 
-def validation_message(exc: ValidationError) -> str:
-    """pydantic's errors as one line: `where: what` for each."""
-    parts = []
-    for error in exc.errors():
-        where = ".".join(str(p) for p in error["loc"]) or "body"
-        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
-        parts.append(f"{where}: {message.removeprefix('Value error, ')}")
-    return "; ".join(parts)
-
-
 def window_request(body: Mapping[str, Any]) -> WindowRequest:
-    """The body of a window start, validated (a 400 names each problem)."""
+    """The body of a window start, validated (a 400 names each problem: `where: what`)."""
     try:
         return WindowRequest.model_validate(body)
     except ValidationError as exc:
-        raise RequestError(validation_message(exc)) from None
+        parts = []
+        for error in exc.errors():
+            where = ".".join(str(p) for p in error["loc"]) or "body"
+            message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
+            parts.append(f"{where}: {message.removeprefix('Value error, ')}")
+        raise RequestError("; ".join(parts)) from None
 

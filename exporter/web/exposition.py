@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from exporter import __version__
@@ -60,7 +61,6 @@ from exporter.web.families import (
     run_template,
     template,
 )
-from exporter.web.formats import to_openmetrics
 
 _Point = tuple[float, Counts]
 
@@ -80,8 +80,7 @@ class _ModelPrefixes:
 class _Labels:
     """A target's sample prefixes (`name{labels} `), kept while its config object lives."""
 
-    __slots__ = ("config", "text", "fixed", "up", "present", "filtered", "errors", "models",
-                 "live_positions")
+    __slots__ = ("config", "text", "fixed", "up", "present", "filtered", "models", "live_positions")
 
     def __init__(self, name: str, state: TargetState):
         self.config = state.config
@@ -90,18 +89,10 @@ class _Labels:
                       for f in (UP, DURATION, LAST_SCRAPE, ERRORS, PRESENT, READ_FILTERED, RATIO,
                                 LENGTH)}
         # Lines whose value is one of two: indexed by the bool.
-        self.up = (f"{self.fixed[UP]}0.0\n", f"{self.fixed[UP]}1.0\n")
-        self.present = (f"{self.fixed[PRESENT]}0.0\n", f"{self.fixed[PRESENT]}1.0\n")
-        self.filtered = (f"{self.fixed[READ_FILTERED]}0.0\n",
-                         f"{self.fixed[READ_FILTERED]}1.0\n")
-        self.errors = (-1, "")  # the errors line for a count: it rarely moves
+        self.up, self.present, self.filtered = [(f"{self.fixed[f]}0.0\n", f"{self.fixed[f]}1.0\n")
+                                                for f in (UP, PRESENT, READ_FILTERED)]
         self.models: dict[str, _ModelPrefixes] = {}
         self.live_positions: dict[tuple[int, ...], str] = {}  # `template`s
-
-    def errors_line(self, count: int) -> str:
-        if self.errors[0] != count:
-            self.errors = (count, f"{self.fixed[ERRORS]}{number(count)}\n")
-        return self.errors[1]
 
     def model(self, model: str) -> _ModelPrefixes:
         found = self.models.get(model)
@@ -184,7 +175,7 @@ def _model_sums(values: Mapping[SeriesKey, float]) -> tuple[dict[str, _Sums], bo
 def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
     """A target's lines of each family in `TARGET_FAMILIES`."""
     fixed = labels.fixed
-    errors = labels.errors_line(state.errors_total)
+    errors = f"{fixed[ERRORS]}{number(state.errors_total)}\n"
     last = state.last
     if last is None:
         return (labels.up[0], "", "", errors, "", "", "", "", "", "", "", "")
@@ -212,17 +203,12 @@ def _scrape_lines(state: TargetState, labels: _Labels) -> tuple[str, ...]:
 
 def _model_lines(labels: _Labels, model: str, counts: _Sums) -> tuple[str, str, str, str]:
     prefixes = labels.model(model)
-    drafts, tokens, accepted = counts.drafts, counts.tokens, counts.accepted
-    total = drafts + tokens + accepted
-    if total - total == 0.0:  # all finite: repr inline (sums of floats, floats themselves)
-        lines = (f"{prefixes.drafts}{drafts!r}\n", f"{prefixes.tokens}{tokens!r}\n",
-                 f"{prefixes.accepted}{accepted!r}\n")
-    else:
-        lines = (f"{prefixes.drafts}{number(drafts)}\n", f"{prefixes.tokens}{number(tokens)}\n",
-                 f"{prefixes.accepted}{number(accepted)}\n")
     values = counts.per_position
     positions = tuple(sorted(values))
-    return (*lines, run_template(labels.positions(model, positions),
+    return (f"{prefixes.drafts}{number(counts.drafts)}\n",
+            f"{prefixes.tokens}{number(counts.tokens)}\n",
+            f"{prefixes.accepted}{number(counts.accepted)}\n",
+            run_template(labels.positions(model, positions),
                          tuple([values[pos] for pos in positions])))
 
 
@@ -339,14 +325,11 @@ class MetricsWriter:
             columns = list(zip(*blocks, strict=True)) or [()] * len(families)
             _extend(out, dict(zip(families, columns, strict=True)), header)
         _extend(out, self._last_window(view), header)
-        out += [
-            header(WINDOWS_OPEN), line(WINDOWS_OPEN.name, "", float(view.open_windows)),
-            header(RELOAD_OK), line(RELOAD_OK.name, "", 1.0 if view.reload_ok else 0.0),
-            header(RELOAD_AT), line(RELOAD_AT.name, "", view.reload_at),
-            header(INTERVAL), line(INTERVAL.name, "", view.config.scrape_interval),
-            header(STATE_ERRORS), line(STATE_ERRORS.name, "", view.state_write_errors),
-            header(RESULT_ERRORS), line(RESULT_ERRORS.name, "", view.result_write_errors),
-        ]
+        for family, value in ((WINDOWS_OPEN, view.open_windows), (RELOAD_OK, view.reload_ok),
+                              (RELOAD_AT, view.reload_at), (INTERVAL, view.config.scrape_interval),
+                              (STATE_ERRORS, view.state_write_errors),
+                              (RESULT_ERRORS, view.result_write_errors)):
+            out += [header(family), line(family.name, "", value)]
         if view.discovery_up:
             out.append(header(DISCOVERY_UP))
             out.extend(
@@ -355,9 +338,8 @@ class MetricsWriter:
             )
         if self.extra is not None:
             out += self.extra(openmetrics)
-        process = generate_latest(self._process)
-        if openmetrics:  # its own families renamed, and `# EOF` closes the whole
-            process = to_openmetrics(process)
+        # prometheus_client's own OpenMetrics renderer ends with the `# EOF` that closes the whole.
+        process = (openmetrics_latest if openmetrics else generate_latest)(self._process)
         # Joined as text, then encoded once: each copy of the whole is megabytes.
         out.append(process.decode())
         return "".join(out).encode()

@@ -5,7 +5,6 @@ families (no timestamps, exemplars, units or `_created`) the only differences.""
 from __future__ import annotations
 
 import gzip
-import re
 from enum import StrEnum
 
 TEXT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -13,10 +12,6 @@ OPENMETRICS_TYPE = "application/openmetrics-text; version={version}; charset=utf
 OPENMETRICS_VERSIONS = ("1.0.0", "0.0.1")
 # Once per state change, cached: most of level 9's win for far less time.
 GZIP_LEVEL = 6
-
-# Matched anywhere, kept only at a line start: a pattern that begins with a literal lets the
-# regex engine jump between candidates, where `^` under re.M tries every byte.
-_META = re.compile(rb"# (HELP|TYPE) ([A-Za-z_:][A-Za-z0-9_:]*) ")
 
 
 class Format(StrEnum):
@@ -65,31 +60,6 @@ def negotiate(accept: str | None, asked: str | None = None) -> tuple[Format, str
     if best_om is not None and best_om[0] >= best_text:
         return Format.OPENMETRICS, OPENMETRICS_TYPE.format(version=best_om[1])
     return Format.TEXT, TEXT_TYPE
-
-
-def to_openmetrics(text: bytes) -> bytes:
-    """Text format 0.0.4 -> OpenMetrics 1.0: counter families lose `_total`; `# EOF` ends it."""
-    metas = [m for m in _META.finditer(text) if m.start() == 0 or text[m.start() - 1] == 10]
-    counters = {
-        m.group(2) for m in metas
-        if m.group(1) == b"TYPE" and m.group(2).endswith(b"_total")
-        and text[m.end():m.end() + 8] in (b"counter\n", b"counter")
-    }
-    pieces: list[bytes] = []
-    last = 0
-    for m in metas:
-        name = m.group(2)
-        if name in counters:
-            pieces += [text[last:m.start(2)], name[:-6]]
-            last = m.end(2)
-        elif m.group(1) == b"TYPE" and text[m.end():m.end() + 8] in (b"untyped\n", b"untyped"):
-            pieces += [text[last:m.end()], b"unknown"]
-            last = m.end() + 7
-    pieces.append(text[last:])
-    body = b"".join(pieces)
-    if body and not body.endswith(b"\n"):
-        body += b"\n"
-    return body + b"# EOF\n"
 
 
 def accepts_gzip(accept_encoding: str | None) -> bool:

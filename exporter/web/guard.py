@@ -102,7 +102,6 @@ class ConnectionGuard:
         self.header_timeout = header_timeout
         self.max_connections = max_connections
         self.open: dict[_Guarded, None] = {}  # insertion order: oldest first
-        self.evicted = 0
 
     def __call__(self) -> asyncio.Protocol:
         return _Guarded(self, self.factory())
@@ -111,12 +110,10 @@ class ConnectionGuard:
         if len(self.open) >= self.max_connections:
             waiting = next((c for c in self.open if not c.head_done), None)
             if waiting is not None and waiting.transport is not None:
-                self.evicted += 1
                 self.release(waiting)
                 waiting.transport.abort()
             elif conn.transport is not None:
                 # Every slot is answering a request: refuse the newcomer, not a client.
-                self.evicted += 1
                 conn.transport.abort()
                 return
         self.open[conn] = None
@@ -126,11 +123,11 @@ class ConnectionGuard:
 
 
 class GuardedSite(web.TCPSite):
+    """aiohttp's TCP site with its connections behind a `ConnectionGuard`."""
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *,
-                 header_timeout: float, max_connections: int = MAX_CONNECTIONS,
-                 **kwargs: Any) -> None:
-        super().__init__(runner, host, port, **kwargs)
+                 header_timeout: float, max_connections: int) -> None:
+        super().__init__(runner, host, port)
         self.guard: ConnectionGuard | None = None
         self._guard_args = (header_timeout, max_connections)
 

@@ -26,13 +26,17 @@ from exporter.server.service import ExporterService
 from exporter.state.answertext import compact
 from exporter.web.bodies import window_request
 from exporter.web.csrf import SAFE_METHODS, check_browser_safe, default_hosts
+from exporter.web.exposition import MetricsWriter
 from exporter.web.fanout import Ask, Reply, shares
 from exporter.web.formats import Format, accepts_gzip, gzipped, negotiate
 from exporter.web.jsonviews import target_view
-from exporter.web.keys import METRICS_CACHE, SERVICE, WRITER
 from exporter.web.pages.landing import render_landing
 from exporter.web.relay import PROXY_TOKEN_HEADER
 
+SERVICE = web.AppKey("service", ExporterService)
+WRITER = web.AppKey("writer", MetricsWriter)
+# key -> (service generation, monotonic time, rendered bytes)
+METRICS_CACHE: web.AppKey[dict[str, tuple[int, float, bytes]]] = web.AppKey("metrics_cache", dict)
 MAX_BODY = 64 * 1024
 # /metrics and the JSON lists are rendered again when the state changed, or after this long:
 # a cold render of every target must not run once per concurrent request.
@@ -351,6 +355,3 @@ async def list_targets(request: web.Request) -> web.Response:
         return json.dumps(with_iso_times({"targets": views})).encode()
 
     return web.Response(body=_cached(request, "targets", render), content_type="application/json")
-
-
-__all__ = ["METRICS_CACHE", "SERVICE", "WRITER"]

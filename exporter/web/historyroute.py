@@ -23,7 +23,7 @@ from exporter.server.isolate import ChildError
 from exporter.server.storewindow import STORE_FAULTS, history_work, read_budget
 from exporter.state.answertext import compact
 from exporter.web.bodies import json_body
-from exporter.web.keys import SERVICE
+from exporter.web.handlers import SERVICE
 
 log = logging.getLogger(__name__)
 

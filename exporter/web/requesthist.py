@@ -3,6 +3,8 @@ proxy reads with a spec-decode object, in or out of a window."""
 
 from __future__ import annotations
 
+import bisect
+from itertools import accumulate
 from typing import Any
 
 from exporter.core.answershapes import is_partial
@@ -26,20 +28,15 @@ def request_length(spec: dict[str, Any]) -> float:
 
 
 class _Histogram:
-    __slots__ = ("counts", "total", "count")
+    __slots__ = ("counts", "total")
 
     def __init__(self) -> None:
-        self.counts = [0] * len(BUCKETS)  # per bucket, not cumulative
+        self.counts = [0] * (len(BUCKETS) + 1)  # per bucket, not cumulative; the last: past all
         self.total = 0.0
-        self.count = 0
 
     def observe(self, value: float) -> None:
-        for i, bound in enumerate(BUCKETS):
-            if value <= bound:
-                self.counts[i] += 1
-                break
+        self.counts[bisect.bisect_left(BUCKETS, value)] += 1
         self.total += value
-        self.count += 1
 
 
 class RequestLengths:
@@ -69,11 +66,8 @@ class RequestLengths:
         out = [REQUEST_LENGTH.header(openmetrics)]
         for target, hist in sorted(self._targets.items()):
             labels = label_text({"target": target} | self._labels.get(target, {}))
-            running = 0
-            for bound, count in zip(BUCKETS, hist.counts, strict=True):
-                running += count
+            for bound, running in zip((*BUCKETS, "+Inf"), accumulate(hist.counts), strict=True):
                 out.append(line(f"{name}_bucket", f'{labels},le="{bound}"', running))
-            out.append(line(f"{name}_bucket", f'{labels},le="+Inf"', hist.count))
             out.append(line(f"{name}_sum", labels, hist.total))
-            out.append(line(f"{name}_count", labels, hist.count))
+            out.append(line(f"{name}_count", labels, sum(hist.counts)))
         return out

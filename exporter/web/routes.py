@@ -18,7 +18,6 @@ from exporter.core.window import check_window_id
 from exporter.web import handlers
 from exporter.web.fanout import FANOUT, Answer, Ask, Fleet, Reply
 from exporter.web.historyroute import history_window
-from exporter.web.keys import SERVICE
 from exporter.web.pages.compare import render_compare, render_picker
 from exporter.web.pages.window import render_window_page
 from exporter.web.proxy import main_listener_proxy
@@ -44,20 +43,18 @@ class Route:
     method: str
     path: str
     handler: Handler | Answer
-    scope: Scope
-    fleet: Fleet | Literal["page"] | None = None
+    fleet: Fleet | Literal["page"] | None = None  # None: this shard alone
 
-    def __post_init__(self) -> None:
-        if (self.scope is Scope.FLEET) != (self.fleet is not None):
-            raise ValueError(f"{self.method} {self.path}: a fleet route needs its fan-out")
+    @property
+    def scope(self) -> Scope:
+        """What the route's answer covers: the fleet when it has a fan-out."""
+        return Scope.SHARD if self.fleet is None else Scope.FLEET
 
 
-WINDOW = Route("GET", "/api/v1/windows/{id}", handlers.window_answer, Scope.FLEET,
-               Fleet(shards.merged_window))
-SERIES = Route("GET", "/api/v1/windows/{id}/series", handlers.series_answer, Scope.FLEET,
+WINDOW = Route("GET", "/api/v1/windows/{id}", handlers.window_answer, Fleet(shards.merged_window))
+SERIES = Route("GET", "/api/v1/windows/{id}/series", handlers.series_answer,
                Fleet(shards.merged_series))
-WINDOWS = Route("GET", "/api/v1/windows", handlers.list_answer, Scope.FLEET,
-                Fleet(shards.merged_list))
+WINDOWS = Route("GET", "/api/v1/windows", handlers.list_answer, Fleet(shards.merged_list))
 
 
 async def _reply(route: Route, request: web.Request, ask: Ask | None = None) -> Reply:
@@ -80,7 +77,7 @@ async def window_page(request: web.Request) -> web.Response:
     window_id = check_window_id(request.match_info["id"])
     state, series = await asyncio.gather(_shown(WINDOW, request, window_id),
                                          _shown(SERIES, request, window_id))
-    text = render_window_page(state, series | {"now": request.app[SERVICE].clock()})
+    text = render_window_page(state, series | {"now": request.app[handlers.SERVICE].clock()})
     return web.Response(text=text, content_type="text/html")
 
 
@@ -103,28 +100,27 @@ async def compare_page(request: web.Request) -> web.Response:
 
 
 ROUTES = (
-    Route("GET", "/", handlers.landing, Scope.SHARD),
-    Route("GET", "/windows/{id}", window_page, Scope.FLEET, PAGE),
+    Route("GET", "/", handlers.landing),
+    Route("GET", "/windows/{id}", window_page, PAGE),
     # Every shard exports its own targets; Prometheus scrapes each shard.
-    Route("GET", "/metrics", handlers.metrics, Scope.SHARD),
-    Route("GET", "/compare", compare_page, Scope.FLEET, PAGE),
-    Route("GET", "/-/healthy", handlers.healthy, Scope.SHARD),
-    Route("GET", "/-/ready", handlers.ready, Scope.SHARD),
-    Route("POST", "/-/reload", handlers.reload, Scope.SHARD),
-    Route("POST", "/api/v1/windows", handlers.start_answer, Scope.FLEET,
+    Route("GET", "/metrics", handlers.metrics),
+    Route("GET", "/compare", compare_page, PAGE),
+    Route("GET", "/-/healthy", handlers.healthy),
+    Route("GET", "/-/ready", handlers.ready),
+    Route("POST", "/-/reload", handlers.reload),
+    Route("POST", "/api/v1/windows", handlers.start_answer,
           Fleet(shards.merged_start, opens=True)),
     # Counted from the store, which holds every shard's targets: kept by the shard asked.
-    Route("POST", "/api/v1/windows/history", history_window, Scope.SHARD),
+    Route("POST", "/api/v1/windows/history", history_window),
     WINDOWS,
     WINDOW,
-    Route("DELETE", "/api/v1/windows/{id}", handlers.delete_answer, Scope.FLEET,
+    Route("DELETE", "/api/v1/windows/{id}", handlers.delete_answer,
           Fleet(shards.merged_delete, refuses=(RequestError,))),
-    Route("POST", "/api/v1/windows/{id}/stop", handlers.stop_answer, Scope.FLEET,
-          Fleet(shards.merged_stop)),
+    Route("POST", "/api/v1/windows/{id}/stop", handlers.stop_answer, Fleet(shards.merged_stop)),
     SERIES,
-    Route("GET", "/api/v1/targets", handlers.list_targets, Scope.SHARD),
+    Route("GET", "/api/v1/targets", handlers.list_targets),
     # A target's proxy lives on the shard that scrapes it.
-    Route("*", "/proxy/{target}/{tail:.*}", main_listener_proxy, Scope.SHARD),
+    Route("*", "/proxy/{target}/{tail:.*}", main_listener_proxy),
 )
 
 _SCOPE: web.RequestKey[Scope] = web.RequestKey("scope", Scope)
@@ -143,7 +139,7 @@ def _dispatch(route: Route) -> Handler:
 async def _say_scope(request: web.Request, response: web.StreamResponse) -> None:
     # on_response_prepare: also for a streamed answer, whose headers go before its body.
     if request.get(_SCOPE) is Scope.SHARD and request.app[FANOUT].sharded():
-        config = request.app[SERVICE].config
+        config = request.app[handlers.SERVICE].config
         response.headers[SCOPE_HEADER] = (
             f"shard {config.shard_index} of {config.shards}: this shard's targets only")
 

@@ -471,7 +471,8 @@ class TestProductionPath:
         # Everything `serve` imports, up to a built app; the simulator must not be among it.
         probe = (
             "import sys\n"
-            "from exporter.cli.main import build_parser, cmd_serve\n"
+            "from exporter.cli.main import build_parser\n"
+            "from exporter.cli.serving import cmd_serve\n"
             "from exporter.web.app import make_app\n"
             "from exporter.config.model import load_config\n"
             "import exporter.web.handlers, exporter.web.pages.landing, exporter.web.exposition, "

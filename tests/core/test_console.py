@@ -167,11 +167,11 @@ class TestFormatWindow:
         assert titles == [title_of("a"), title_of("b"), title_of("c"), title_of("all")]
         assert f"{'Reason':<46}Failed to fetch metrics from u: refused\n" in text
 
-    def test_labels_override(self):
+    def test_no_aggregate_no_all_block(self):
         results = {"a": ok(SEED, host_port="x:1"), "b": ok(SEED)}
-        text = format_window(self.answer(results, None), {"a": "10.0.0.1:8080"})
+        text = format_window(self.answer(results, None))
         titles = [line for line in text.splitlines() if "Speculative" in line]
-        assert titles == [title_of("10.0.0.1:8080"), title_of("b")]  # no aggregate, no all
+        assert titles == [title_of("x:1"), title_of("b")]
 
     def test_config_name_follows_the_block_only_where_it_differs(self):
         results = {"llama-eagle": ok(SEED, host_port="10.0.0.1:8080"),

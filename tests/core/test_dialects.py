@@ -11,7 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from exporter.config.model import validate_config
 from exporter.core.console import format_window
 from exporter.core.counting import Accumulator
-from exporter.core.parse import Dialect, detect_dialect, dialect_note, parse_page
+from exporter.core.dialects import Dialect, dialect_note
+from exporter.core.parse import detect_dialect, parse_page
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
 from exporter.fakevllm import FakeServer
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.core.parse import DIALECTS, Dialect, PageLimitError, PageLimits, parse_page
+from exporter.core.dialects import DIALECTS, Dialect
+from exporter.core.parse import PageLimitError, PageLimits, parse_page
 from exporter.core.snapshot import Field, SeriesKey, Snapshot, counts_by_model
 from exporter.fakevllm import FakeServer, page_for_bench
 
@@ -594,7 +595,7 @@ class TestDialects:
 
 class TestHeadCache:
     def test_cache_is_bounded_in_count_and_line_size(self):
-        from exporter.core.parse import _MAX_HEAD_BYTES, _MAX_HEADS, DIALECTS, Dialect
+        from exporter.core.parse import _MAX_HEAD_BYTES, _MAX_HEADS
 
         spec = DIALECTS[Dialect.VLLM]
         spec.heads.clear()

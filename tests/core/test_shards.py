@@ -8,15 +8,15 @@ import pytest
 
 from exporter.core.aisbench import NO_ACTIVITY
 from exporter.core.shards import (
+    Asked,
     ShardPart,
-    merge_delete,
-    merge_list,
-    merge_open,
-    merge_start,
     merge_stop,
+    merged_delete,
+    merged_list,
+    merged_start,
+    merged_window,
     owner,
     split,
-    vet_list,
     vet_stop,
 )
 
@@ -68,6 +68,10 @@ def _ok(name: str, drafts: int, tokens: int, accepted: int, per_pos: list[int]) 
             "target": name, "host_port": name, "engines": 1, "resets": 0}
 
 
+def _asked(shares: dict | None = None, fleet: dict | None = None) -> Asked:
+    return Asked(2, fleet or {}, shares or {})
+
+
 def _answer(results: dict, started: float = 10.0, stopped: float = 20.0) -> dict:
     return {"id": "w", "name": "w", "targets": list(results), "labels": {},
             "started_at": started, "stopped_at": stopped, "results": results,
@@ -80,7 +84,7 @@ class TestMergeStop:
         b = _ok("b:1", 30, 60, 15, [10, 5])  # another k: positions 0-1 only
         parts = [ShardPart(0, "http://s0", _answer({"a": a}, 10.0, 20.0), 200),
                  ShardPart(1, "http://s1", _answer({"b": b}, 9.0, 21.0), 200)]
-        merged = merge_stop(parts)
+        merged = merge_stop(parts, _asked())
         data = merged["aggregate"]["data"]
         assert (data["num_drafts"], data["draft_tokens"], data["accepted_tokens"]) == (40, 90, 35)
         assert data["acceptance_rate"] == pytest.approx(100 * 35 / 90)
@@ -95,9 +99,9 @@ class TestMergeStop:
 
     def test_unreachable_shard_makes_its_targets_na_with_the_reason(self):
         a = _ok("a:1", 10, 30, 20, [9, 7, 4])
-        dead = ShardPart(2, "http://s2", None, None, "Connection refused",
-                         expected=["c", "d"], urls={"c": ("http://c:1/metrics", "c:1")})
-        merged = merge_stop([ShardPart(0, "http://s0", _answer({"a": a}), 200), dead])
+        dead = ShardPart(2, "http://s2", None, None, "Connection refused")
+        asked = _asked({2: ["c", "d"]}, {"c": ("http://c:1/metrics", "c:1")})
+        merged = merge_stop([ShardPart(0, "http://s0", _answer({"a": a}), 200), dead], asked)
         reason = "shard 2 at http://s2 unreachable: Connection refused"
         assert merged["results"]["c"]["status"] == "na"
         assert merged["results"]["c"]["error"] == reason
@@ -109,8 +113,8 @@ class TestMergeStop:
                                        "error": reason}
 
     def test_a_shard_that_never_had_the_window(self):
-        part = ShardPart(1, "http://s1", None, 404, 'unknown window "w"', expected=["b"])
-        merged = merge_stop([ShardPart(0, "http://s0", _answer({}), 200), part])
+        part = ShardPart(1, "http://s1", None, 404, 'unknown window "w"')
+        merged = merge_stop([ShardPart(0, "http://s0", _answer({}), 200), part], _asked({1: ["b"]}))
         assert merged["results"]["b"]["error"] == (
             'shard 1 at http://s1 answered 404: unknown window "w"')
         assert merged["aggregate"]["status"] == "na"
@@ -123,7 +127,7 @@ class TestMergeStop:
         for order in ([0, 1], [1, 0]):
             answers = {0: _answer({"a": counted}), 1: _answer({"a": left})}
             parts = [ShardPart(i, f"http://s{i}", answers[i], 200) for i in order]
-            merged = merge_stop(parts)
+            merged = merge_stop(parts, _asked())
             assert merged["results"]["a"]["status"] == "ok"
             assert merged["results"]["a"]["shard"] == 0
             assert merged["aggregate"]["data"]["num_drafts"] == 10  # counted once
@@ -132,16 +136,22 @@ class TestMergeStop:
 class TestMergeStartAndOpen:
     def test_start_lists_every_target_and_who_could_not_start(self):
         started = {"id": "w", "name": "n", "targets": ["a"], "labels": {}, "started_at": 5.0}
-        dead = ShardPart(1, "http://s1", None, None, "timeout", expected=["b", "c"])
-        merged = merge_start([ShardPart(0, "http://s0", started, 201), dead])
+        dead = ShardPart(1, "http://s1", None, None, "timeout")
+        fleet = {n: (f"http://{n}/metrics", n) for n in "abc"}
+        status, merged = merged_start([ShardPart(0, "http://s0", started, 201), dead],
+                                      _asked({1: ["b", "c"]}, fleet))
+        assert status == 201
         assert merged["id"] == "w" and merged["targets"] == ["a", "b", "c"]
         assert merged["errors"] == {"shard 1": "shard 1 at http://s1 unreachable: timeout"}
 
     def test_open_state_merges_scrapes_and_names_the_dead_shard(self):
         open0 = {"id": "w", "name": "w", "targets": ["a"], "labels": {}, "started_at": 1.0,
                  "stopped_at": None, "status": "open", "scrapes": {"a": 3}, "errors": {}}
-        dead = ShardPart(1, "http://s1", None, None, "refused", expected=["b"])
-        merged = merge_open([ShardPart(0, "http://s0", open0, 200), dead])
+        dead = ShardPart(1, "http://s1", None, None, "refused")
+        fleet = {n: (f"http://{n}/metrics", n) for n in "ab"}
+        status, merged = merged_window([ShardPart(0, "http://s0", open0, 200), dead],
+                                       _asked({1: ["b"]}, fleet))
+        assert status == 200
         assert merged["targets"] == ["a", "b"] and merged["scrapes"] == {"a": 3}
         assert merged["errors"] == {"b": "shard 1 at http://s1 unreachable: refused"}
         assert merged["status"] == "open"
@@ -152,7 +162,7 @@ class TestMergeDelete:
         parts = [ShardPart(0, "http://a", answer={"id": "w", "deleted": True}, status=200),
                  ShardPart(1, "http://b", status=409, error="open"),
                  ShardPart(2, "http://c", status=409, error="open")]
-        status, body = merge_delete(parts, "w")
+        status, body = merged_delete(parts, Asked(3, {}, {}, "w"))
         assert status == 409
         assert body["error"] == ("shard 1 at http://b answered 409: open; "
                                  "shard 2 at http://c answered 409: open")
@@ -161,7 +171,7 @@ class TestMergeDelete:
         parts = [ShardPart(0, "http://a", answer={"id": "w", "deleted": True}, status=200),
                  ShardPart(1, "http://b", status=404, error="unknown window"),
                  ShardPart(2, "http://c", error="connection refused")]
-        status, body = merge_delete(parts, "w")
+        status, body = merged_delete(parts, Asked(3, {}, {}, "w"))
         assert status == 200
         reason = "shard 2 at http://c unreachable: connection refused"
         assert body == {"id": "w", "deleted": True, "errors": {"shard 2": reason}}
@@ -182,10 +192,10 @@ class TestVetAndList:
     def test_a_result_of_another_schema_distrusts_the_whole_answer(self):
         name = next(n for n in NAMES if owner(n, 2) == 1)
         bad = _ok(name, 4, 8, 4, [4]) | {"resets": -1}
-        part = ShardPart(1, "http://s1", _answer({name: bad}), 200, expected=[name])
+        part = ShardPart(1, "http://s1", _answer({name: bad}), 200)
         vet_stop(part, 2, [name])
         assert part.answer is None
-        merged = merge_stop([part])
+        merged = merge_stop([part], _asked({1: [name]}))
         assert merged["results"][name]["error"] == (
             f"shard 1 at http://s1 answered 200: its answer is malformed: its result for "
             f"{name!r} resets is not a count")
@@ -202,24 +212,24 @@ class TestVetAndList:
     def test_a_result_with_malformed_bands_by_load_is_refused(self, by_load, problem):
         name = next(n for n in NAMES if owner(n, 2) == 1)
         part = ShardPart(1, "http://s1", _answer({name: _ok(name, 4, 8, 4, [4]) | {
-            "by_load": by_load}}), 200, expected=[name])
+            "by_load": by_load}}), 200)
         vet_stop(part, 2, [name])
         assert part.answer is None
-        assert merge_stop([part])["results"][name]["error"].endswith(
+        assert merge_stop([part], _asked({1: [name]}))["results"][name]["error"].endswith(
             f"its result for {name!r} {problem}")
 
-    def test_list_sums_the_counts_read_back_from_rate_and_length(self):
+    def test_list_sums_each_shards_counts_then_divides(self):
         def item(drafts: int, tokens: int, accepted: int) -> dict:
             return {"id": "w", "state": "stopped", "targets": ["a"], "started_at": 1.0,
                     "stopped_at": 2.0, "aggregate": {
-                        "status": "ok", "num_drafts": drafts,
-                        "acceptance_rate": 100 * accepted / tokens,
+                        "status": "ok", "num_drafts": drafts, "draft_tokens": tokens,
+                        "accepted_tokens": accepted, "acceptance_rate": 100 * accepted / tokens,
                         "acceptance_length": 1 + accepted / drafts}}
         parts = [ShardPart(0, "http://s0", {"windows": [item(10, 30, 20)]}, 200),
                  ShardPart(1, "http://s1", {"windows": [item(7, 21, 3)]}, 200)]
-        for part in parts:
-            vet_list(part)
-        (merged,) = merge_list(parts, 10)["windows"]
+        status, body = merged_list(parts, Asked(2, {}, {}, query={"limit": "10"}))
+        assert status == 200
+        (merged,) = body["windows"]
         figures = merged["aggregate"]
         assert (figures["num_drafts"], figures["draft_tokens"], figures["accepted_tokens"]) == (
             17, 51, 23)
@@ -230,7 +240,7 @@ class TestVetAndList:
 class TestSettle:
     def test_a_shard_that_could_not_save_is_a_retry_for_a_window_not_for_a_list(self):
         from exporter.core.errors import StoreError
-        from exporter.core.shards import Asked, settle
+        from exporter.core.shards import settle
 
         def parts() -> list[ShardPart]:
             return [ShardPart(0, "http://s0", {"windows": []}, 200, local=True),
@@ -242,6 +252,5 @@ class TestSettle:
             settle(parts(), Asked(2, fleet, shares, "w"))
         listed = parts()
         settle(listed, Asked(2, fleet, shares))
-        assert [p.expected for p in listed] == [["a"], ["b"]]
-        assert merge_list(listed, 10)["shards"][1]["error"] == (
+        assert merged_list(listed, Asked(2, fleet, shares))[1]["shards"][1]["error"] == (
             "shard 1 at http://s1 answered 503: disk full")

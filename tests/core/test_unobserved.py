@@ -23,8 +23,9 @@ from exporter.core.console import format_caveats
 from exporter.core.counting import Accumulator
 from exporter.core.isotime import iso_utc
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
-from exporter.core.stopanswer import target_result, window_answer
+from exporter.core.stopanswer import AnswerParts, target_result
 from exporter.core.window import TargetRef, Window
+from exporter.server.stop import ADVICE
 
 T0 = 1796234400.0  # 2026-12-02T18:00:00Z
 D, T, A, P = Field.DRAFTS, Field.DRAFT_TOKENS, Field.ACCEPTED, Field.PER_POS
@@ -140,7 +141,7 @@ class TestResult:
 
     def test_read_back_and_aggregated(self):
         acc = restarted(T0 + 12.5, old_created=T0 - 100)
-        answer = window_answer(window_of(acc))
+        answer = AnswerParts(window_of(acc), ADVICE).answer()
         body = answer["results"]["a"]
         back = Result.from_json(body)
         assert back.coverage is Coverage.PARTIAL

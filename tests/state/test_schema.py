@@ -13,7 +13,7 @@ from exporter.core.counting import Accumulator
 from exporter.core.errors import StoreError
 from exporter.core.loadbands import UNKNOWN
 from exporter.core.snapshot import Counts, Field, SeriesKey, Snapshot
-from exporter.core.window import TargetRef, Window
+from exporter.core.window import AccumulatorRows, TargetRef, Window
 from exporter.state.schema import SCHEMA_VERSION
 from exporter.state.store import StateStore
 from state.test_store import loaded
@@ -149,7 +149,7 @@ class TestVersion0:
         acc = window.accumulators["a"] = Accumulator()
         for at, drafts in enumerate([10, 12, 15]):
             acc.feed(page(drafts), 100.0 + at)
-            rows = window.accumulator_rows()
+            rows = AccumulatorRows().add(window)
             store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
             rows.committed()
         store.close()
@@ -276,7 +276,7 @@ class TestVersion3:
         acc = window.accumulators["a"] = Accumulator()
         for at, drafts in enumerate([10, 12, 15]):
             acc.feed(page(drafts), 100.0 + at)
-            rows = window.accumulator_rows()
+            rows = AccumulatorRows().add(window)
             store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
             rows.committed()
         store.close()

@@ -13,7 +13,7 @@ from faults.servers import Counters, RawTarget
 
 from exporter.core.counting import Accumulator
 from exporter.core.snapshot import Field, SeriesKey, Snapshot
-from exporter.core.window import Window
+from exporter.core.window import AccumulatorRows, Window
 from exporter.state.store import STATE_CACHE_KIB, STATE_PAGE_SIZE, StateStore, connect_state
 
 
@@ -35,7 +35,7 @@ def open_window(targets: tuple[str, ...] = ("a", "b")) -> Window:
 
 def save(store: StateStore, window: Window, *, whole: bool = False, **rows_of) -> tuple[int, int]:
     """Save the window's accumulators as the book does; (whole rows, round parts) written."""
-    rows = window.accumulator_rows(whole=whole, **rows_of)
+    rows = AccumulatorRows().add(window, whole=whole, **rows_of)
     store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
     rows.committed()
     return len(rows.whole), len(rows.rounds)

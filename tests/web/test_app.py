@@ -322,7 +322,7 @@ class TestRouting:
 
 class TestEnvironmentOverrides:
     def test_shard_from_the_environment_survives_a_reload(self, tmp_path, monkeypatch):
-        from exporter.cli.main import env_overrides
+        from exporter.cli.serving import env_overrides
         from exporter.config.model import load_config
         from exporter.server.service import ExporterService
 

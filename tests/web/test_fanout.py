@@ -266,7 +266,7 @@ class TestPeersConfig:
         assert info.value.problems == [problem]
 
     def test_env_gives_the_peers(self, monkeypatch):
-        from exporter.cli.main import env_overrides
+        from exporter.cli.serving import env_overrides
         from exporter.config.model import validate_config
 
         monkeypatch.setenv("SPECDEC_SHARDS", "2")

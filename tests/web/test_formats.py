@@ -22,7 +22,6 @@ from exporter.web.formats import (
     accepts_gzip,
     gzipped,
     negotiate,
-    to_openmetrics,
 )
 
 OM1 = OPENMETRICS_TYPE.format(version="1.0.0")
@@ -90,28 +89,7 @@ specdec_acceptance_ratio{target="a"} NaN
 """
 
 
-class TestToOpenMetrics:
-    def test_counters_lose_total_in_help_and_type_only(self):
-        om = to_openmetrics(TEXT)
-        assert b"# TYPE specdec_drafts counter\n" in om
-        assert b"# HELP specdec_drafts Spec-decode drafts" in om
-        assert b"# TYPE process_cpu_seconds counter\n" in om
-        assert b"# TYPE specdec_drafts_total_ratio gauge\n" in om  # a gauge keeps its name
-        assert b'specdec_drafts_total{model_name="m",target="a"} 12.0\n' in om
-        assert om.endswith(b"specdec_acceptance_ratio{target=\"a\"} NaN\n# EOF\n")
-
-    def test_strict_openmetrics_parser_reads_the_same_samples(self):
-        om = parse_om(to_openmetrics(TEXT).decode())
-        text = parse_text(TEXT.decode())
-        got, want = _samples(om), _samples(text)
-        assert {k for k in got} == {k for k in want}
-        for key, value in want.items():
-            assert got[key] == value or (value != value and got[key] != got[key]), key
-
-    def test_empty_and_unterminated(self):
-        assert to_openmetrics(b"") == b"# EOF\n"
-        assert to_openmetrics(b"# TYPE x gauge\nx 1").endswith(b"x 1\n# EOF\n")
-
+class TestGzip:
     def test_gzip_is_deterministic(self):
         assert gzipped(TEXT) == gzipped(TEXT)
         assert gzip.decompress(gzipped(TEXT)) == TEXT

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
-from exporter.web import handlers
-from exporter.web.routes import ROUTES, SCOPE_HEADER, Route, Scope
+from exporter.web.routes import ROUTES, SCOPE_HEADER, Scope
 
 
 class TestRouteTable:
@@ -16,10 +13,6 @@ class TestRouteTable:
             ("GET", "/api/v1/windows/{id}"), ("DELETE", "/api/v1/windows/{id}"),
             ("POST", "/api/v1/windows/{id}/stop"), ("GET", "/api/v1/windows/{id}/series"),
             ("GET", "/windows/{id}"), ("GET", "/compare")}
-
-    def test_a_fleet_route_without_its_fan_out_is_refused(self):
-        with pytest.raises(ValueError, match="GET /x: a fleet route needs its fan-out"):
-            Route("GET", "/x", handlers.healthy, Scope.FLEET)
 
     async def test_each_route_is_served_and_one_exporter_says_no_scope(self, exporter):
         exp = await exporter({"targets": []})

@@ -98,10 +98,3 @@ def advice_sections(answer: Mapping[str, Any]) -> str:
     if len(results) >= 2:
         parts.append(advice_section("all", advice.get("aggregate")))
     return "".join(parts)
-
-
-def window_advice_html(answer: Mapping[str, Any]) -> str:
-    """The advice part of a stopped window's page (empty for an open window)."""
-    if answer.get("results") is None:
-        return ""
-    return "<h2>Which k: the speculation advisor</h2>" + advice_sections(answer)

@@ -125,18 +125,18 @@ def ratio_svg(up: Mapping[str, Any]) -> str:
 
 
 def _speed_table(name: str, entry: Mapping[str, Any]) -> str:
+    head = (f"<h3>{escape(name)} <small>timed answers A: {entry['a_timed']}, B: "
+            f"{entry['b_timed']}</small></h3>")
     if not entry["rows"]:
-        return (f"<h3>{escape(name)} <small>timed answers A: {entry['a_timed']}, B: "
-                f'{entry["b_timed"]}</small></h3><p class="note">{escape(entry["note"])}</p>')
+        return f'{head}<p class="note">{escape(entry["note"])}</p>'
     rows = "".join(
         f"<tr><td>{escape(row['figure'])} {row['stat']}</td><td>{row['a']:.4g}</td>"
         f"<td>{row['b']:.4g}</td><td>{estimate_text(row['speedup'], '.3f')}</td>"
         f"<td>{ratio_svg(row['speedup'])}</td>"
         f'<td class="{_VERDICT_CLASS.get(row["verdict"], "same")}">{escape(row["verdict"])}'
         "</td></tr>" for row in entry["rows"])
-    return (f"<h3>{escape(name)} <small>timed answers A: {entry['a_timed']}, B: "
-            f"{entry['b_timed']}</small></h3><div class=\"scroll\"><table><tr><th>figure</th>"
-            "<th>A</th><th>B</th><th>speed-up B over A</th><th>¼ · 1 · 4</th><th>verdict</th>"
+    return (f'{head}<div class="scroll"><table><tr><th>figure</th><th>A</th><th>B</th>'
+            "<th>speed-up B over A</th><th>¼ · 1 · 4</th><th>verdict</th>"
             f"</tr>{rows}</table></div>")
 
 

@@ -11,7 +11,7 @@ from typing import Any
 from exporter.core.console import format_window
 from exporter.core.isotime import iso_utc
 from exporter.web.pages.advice import STYLE as ADVICE_STYLE
-from exporter.web.pages.advice import window_advice_html
+from exporter.web.pages.advice import advice_sections
 from exporter.web.pages.html import (
     LENGTH,
     RATE,
@@ -219,7 +219,10 @@ def chart_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
 
 
 def advisor_section(state: Mapping[str, Any], series: Mapping[str, Any]) -> str:
-    return window_advice_html(state)
+    """The advice of a stopped window (none for an open one)."""
+    if state.get("results") is None:
+        return ""
+    return "<h2>Which k: the speculation advisor</h2>" + advice_sections(state)
 
 
 # The answer first (results, per position, per request), then how it came about, and the

@@ -8,7 +8,8 @@ import pytest
 
 from exporter.analysis.advise import advice
 from exporter.analysis.distribution import distribution
-from exporter.web.pages.advice import advice_section, distribution_bars, window_advice_html
+from exporter.web.pages.advice import advice_section, distribution_bars
+from exporter.web.pages.window import advisor_section
 
 
 class TestDistributionBars:
@@ -43,11 +44,11 @@ class TestAdviceSection:
     def test_window_without_advice_key_gets_it_computed(self):
         answer = {"results": {"a": {"status": "ok", "data": {
             "per_position_acceptance_rates": {"0": 0.8}}}}, "aggregate": None}
-        html = window_advice_html(answer)
+        html = advisor_section(answer, {})
         assert "speculation advisor" in html and "<h3>a</h3>" in html
 
     def test_open_window_has_none(self):
-        assert window_advice_html({"id": "w", "stopped_at": None}) == ""
+        assert advisor_section({"id": "w", "stopped_at": None}, {}) == ""
 
 
 class TestWindowPage:
