@@ -187,7 +187,10 @@ class WindowBook:
         """One transaction: every accumulator that changed since it was last saved (only its
         round part where that is all that changed), and windows with requests recorded."""
         if self.store.reopened():
-            self._save_all()
+            # The database went away under us: memory and the stopped windows' files write it back.
+            self._save_all_open()
+            self.store.save([doc for w in self._stopped.values()
+                             if (doc := doc_from_files(self.results_dir(w.id), w)) is not None])
             return
         rows = AccumulatorRows()
         recorded = []
@@ -206,18 +209,12 @@ class WindowBook:
         rows.committed()
 
     def _save_all_open(self) -> None:
-        # Whole rows: after a failed stop, at restore and shutdown, and into a fresh database.
+        # Whole rows: at restore and shutdown, and into a fresh database.
         windows = self.open_windows()
         rows = AccumulatorRows()
         for window in windows:
             rows.add(window, whole=True)
         self._save_rows(rows, [w.to_dict() for w in windows])
-
-    def _save_all(self) -> None:
-        # The database went away under us: memory, and the stopped windows' files, write it back.
-        self._save_all_open()
-        self.store.save([doc for w in self._stopped.values()
-                         if (doc := doc_from_files(self.results_dir(w.id), w)) is not None])
 
     def remove_targets(self, present: set[str], why: Callable[[str], str]) -> None:
         """Targets no longer present leave every open window, which says when and why
