@@ -50,10 +50,9 @@ def compact(value: Any) -> bytes:
 
 
 def stopped_row(doc: Mapping[str, Any], answer: bytes) -> tuple[bytes, slice]:
-    """A stopped window's state row (`json.dumps` of `doc`) with `answer`, its compact text,
-    put in as is as the last member; and where in the row that text lies."""
-    head = json.dumps({k: v for k, v in doc.items() if k != "answer"}).encode()
-    key = b', "answer": ' if head != b"{}" else b'"answer": '
-    start = len(head) - 1 + len(key)
-    row = b"".join((head[:-1], key, answer, b"}"))
+    """A stopped window's state row (`json.dumps` of `doc`, never empty) with `answer`, its
+    compact text, put in as is as the last member; and where in the row that text lies."""
+    head = json.dumps({k: v for k, v in doc.items() if k != "answer"}).encode()[:-1]
+    row = b"".join((head, b', "answer": ', answer, b"}"))
+    start = len(head) + len(b', "answer": ')
     return row, slice(start, start + len(answer))

@@ -90,10 +90,6 @@ class TestStoppedRow:
         assert json.loads(row) == json.loads(json.dumps(doc | {"answer": answer}))
         assert list(json.loads(row))[-1] == "answer"
 
-    def test_a_document_of_nothing_but_its_answer(self):
-        row, at = stopped_row({}, b"[1]")
-        assert json.loads(row) == {"answer": [1]} and row[at] == b"[1]"
-
     def test_the_store_saves_and_reads_it(self, tmp_path):
         store = StateStore(tmp_path / "state.sqlite")
         answer = {"id": "w", "results": {"a": {"x": [1, 2.5, None]}}}
