@@ -385,8 +385,7 @@ class WindowBook:
         async with self._in_flight(window.id):
             child = Child(work)
             try:
-                child.start()
-                forked = child.forked
+                forked = child.start()
                 data = await child.result(timeout=timeout)
                 if data is None and forked:
                     raise RuntimeError(f'window "{window.id}": its work ended without an answer '

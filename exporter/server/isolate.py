@@ -95,13 +95,11 @@ class Child:
         self._drained: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
 
-    def start(self) -> None:
+    def start(self) -> bool:
+        """Fork the child if there is none yet; whether a child works (until its answer is
+        read): else the caller works in a thread."""
         if forking() and self._pid is None:
             self._fork()
-
-    @property
-    def forked(self) -> bool:
-        """Whether a child works (until its answer is read): else the caller works in a thread."""
         return self._pid is not None
 
     async def close(self) -> None:
