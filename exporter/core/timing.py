@@ -213,7 +213,9 @@ class SplitTimings:
 
     def _slot(self, dimension: str, value: str) -> Timings:
         values = self.by[dimension]
-        if value not in values and len(values) >= MAX_SEGMENTS:
+        if (slot := values.get(value)) is not None:
+            return slot  # the common case builds no Timings to throw away
+        if len(values) >= MAX_SEGMENTS:
             value = OTHER
         return values.setdefault(value, Timings())
 
