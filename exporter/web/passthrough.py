@@ -6,10 +6,11 @@ figures read from what it carried once it has ended."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 
 import httptools
@@ -52,6 +53,8 @@ class Request:
         self.held = self.size = 0
         self.ended = self.too_large = False
         self.more: asyncio.Future[None] | None = None
+        self.started: Started | None = None  # sent on from the callback that completed it
+        self.taken = False  # its task relays it: too late to start it from a callback
 
     @property
     def recorded(self) -> bool:
@@ -106,6 +109,8 @@ class Answer:
         self.close_client = not request.keep_alive
         self.bodiless = request.method == "HEAD"
         self.last = 0.0
+        self.conn: UpstreamConnection | None = None
+        self.pool: Pool | None = None
         self.interim = 0  # 1xx heads before the answer's own (dropped: the client asked none)
 
     # httptools' callbacks
@@ -157,9 +162,14 @@ class Answer:
 
     def _recorded_if_whole(self) -> None:
         """Before its last bytes reach the client: what the client sends next finds it."""
-        if self.complete and (on_whole := self.on_whole) is not None:
+        if self.complete:
+            self.record(None)
+
+    def record(self, ended: Unreadable | None) -> None:
+        """Hand its figures on, once."""
+        if (on_whole := self.on_whole) is not None:
             self.on_whole = None
-            on_whole(None)
+            on_whole(ended)
 
     def _feed(self, data: bytes) -> None:
         try:
@@ -209,9 +219,21 @@ class Answer:
         self.finish(None if unframed or self.complete else Unreadable.CUT)
 
     def finish(self, why: Unreadable | None) -> None:
-        """The answer has ended: whole (None), or why not."""
+        """The answer has ended: whole (None), or why not. A whole answer's connection goes
+        back to the pool now, so that the client's next request finds it."""
         if not self.done.done():
             self.done.set_result(why)
+        if self.conn is not None:  # the first end decides (a cancelled wait ends `done` too)
+            if why is None and self.framed and self.reusable and self.pool is not None:
+                self.pool.put(self.conn)
+            else:
+                self.conn.abort()
+            self.conn = None
+
+    @property
+    def whole(self) -> bool:
+        """It has ended, every byte relayed."""
+        return self.done.done() and not self.done.cancelled() and self.done.result() is None
 
 
 class ClientConnection(asyncio.Protocol):
@@ -245,6 +267,9 @@ class ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.port.clients.discard(self)
+        for request in self.requests:
+            if request.started is not None:
+                request.started.cancel()
         if self.task is not None:
             self.task.cancel()
 
@@ -287,7 +312,11 @@ class ClientConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def on_message_complete(self) -> None:
-        self.requests[-1].end()
+        request = self.requests[-1]
+        request.end()
+        if self.transport is not None and not request.taken and (len(self.requests) == 1 or (
+                len(self.requests) == 2 and self.answer is not None and self.answer.whole)):
+            request.started = _started(self.port, request, self.transport)
 
     async def _serve(self) -> None:
         first = True
@@ -343,6 +372,42 @@ class PortRelay:
         await asyncio.sleep(0)  # the clients' tasks see their cancellation
 
 
+@dataclass
+class Started:
+    """A request sent on before its task ran: its answer, and its place in the in-flight count."""
+
+    answer: Answer
+    flight: contextlib.ExitStack  # leaves the port's in-flight count when closed
+
+    def cancel(self) -> None:
+        """The client left before its task took the request: the answer ends there."""
+        self.answer.record(Unreadable.CLIENT_LEFT)
+        self.answer.finish(Unreadable.CLIENT_LEFT)
+        self.flight.close()
+
+
+def _started(port: PortRelay, request: Request, client: asyncio.Transport) -> Started | None:
+    """A whole small request sent on a pooled connection now, from the parser's callback: a
+    task's wake-up waits behind every other stream's bytes in the loop's turn. None when it
+    needs what only the task does (a connection made, a body streamed, the edges asked)."""
+    upstream, length = port.upstream, content_length(request.headers)
+    edges = upstream.edges if request.recorded else None
+    if (length is None or length >= SMALL_BODY or request.too_large or (
+            edges is not None and edges.registered)):
+        return None
+    conn = port.pool.take()
+    if conn is None:
+        return None
+    answer = Answer(request, client, upstream.timeouts.idle)
+    answer.conn, answer.pool, conn.answer = conn, port.pool, answer
+    flight, body = contextlib.ExitStack(), b"".join(request.pieces)
+    context = flight.enter_context(
+        upstream.flight.counted(request.headers, body if request.recorded else None))
+    answer.on_whole = partial(_record, upstream, answer, context)
+    _send_whole(conn, request, port, body)
+    return Started(answer, flight)
+
+
 async def relay(port: PortRelay, request: Request, client: ClientConnection) -> bool:
     """Relay one request between the traffic edges' calls; True when the connection stays."""
     upstream, transport = port.upstream, client.transport
@@ -352,17 +417,25 @@ async def relay(port: PortRelay, request: Request, client: ClientConnection) -> 
             413, f"body of {content_length(request.headers)} bytes is over "
             f"{MAX_RELAYED_BODY} (the relayed body limit, 64 MiB)", True))
         return False
-    body = await _whole(request, upstream.timeouts.first_byte) if request.recorded else None
-    with upstream.flight.counted(request.headers, body) as context:  # per_request.by
-        edges, tickets = upstream.edges if request.recorded else None, []
-        if edges is not None:  # they skip each model's warm-up
-            tickets = await edges.arrive(upstream.target, context.model or "")
-        try:
-            return await _exchange(port, request, client, transport, context)
-        finally:
-            client.requests.popleft()
-            if edges is not None:
-                edges.done(tickets)
+    request.taken = True
+    try:
+        if request.started is not None:
+            with request.started.flight:
+                return await _exchange(port, request, client, transport, request.started.answer)
+        body = await _whole(request, upstream.timeouts.first_byte) if request.recorded else None
+        with upstream.flight.counted(request.headers, body) as context:  # per_request.by
+            edges, tickets = upstream.edges if request.recorded else None, []
+            if edges is not None:  # they skip each model's warm-up
+                tickets = await edges.arrive(upstream.target, context.model or "")
+            answer = Answer(request, transport, upstream.timeouts.idle)
+            answer.on_whole = partial(_record, upstream, answer, context)
+            try:
+                return await _exchange(port, request, client, transport, answer)
+            finally:
+                if edges is not None:
+                    edges.done(tickets)
+    finally:
+        client.requests.popleft()
 
 
 async def _whole(request: Request, wait: float) -> bytes | None:
@@ -388,29 +461,20 @@ def _record(upstream: Upstream, answer: Answer, context: RequestContext,
 
 
 async def _exchange(port: PortRelay, request: Request, client: ClientConnection,
-                    transport: asyncio.Transport, context: RequestContext) -> bool:
-    upstream, waits = port.upstream, port.upstream.timeouts
-    answer = Answer(request, transport, waits.idle)
-    answer.on_whole = partial(_record, upstream, answer, context)
-    conn: UpstreamConnection | None = None
+                    transport: asyncio.Transport, answer: Answer) -> bool:
     ended: Unreadable | None = Unreadable.CLIENT_LEFT
     try:
         try:
-            conn = await _asked(port, request, client, answer)
+            await _asked(port, request, client, answer)
         except _Refused as refused:
             transport.write(error_answer(refused.status, str(refused), close=True))
             return False
-        client.upstream, client.answer = conn, answer
+        client.upstream, client.answer = answer.conn, answer
         ended = await answer.done
     finally:
         client.upstream = client.answer = None
-        if answer.on_whole is not None:  # not recorded whole already
-            answer.on_whole(ended)
-        if conn is not None:
-            if ended is None and answer.framed and answer.reusable:
-                port.pool.put(conn)
-            else:
-                conn.abort()
+        answer.record(ended)  # unless recorded whole already
+        answer.finish(ended)  # its connection pooled or cut, unless done already
     if ended is not None:
         transport.abort()  # the client sees a cut answer, not a whole one
         return False
@@ -418,21 +482,22 @@ async def _exchange(port: PortRelay, request: Request, client: ClientConnection,
 
 
 async def _asked(port: PortRelay, request: Request, client: ClientConnection,
-                 answer: Answer) -> UpstreamConnection:
-    """The request sent on a pooled connection and the answer's head received; _Refused with
-    the 502/504/413 the client gets instead, naming the key that set the wait."""
+                 answer: Answer) -> None:
+    """The request sent on a pooled connection (unless started already) and the answer's head
+    received; _Refused with the 502/504/413 the client gets instead, naming the key that set
+    the wait."""
     upstream, waits = port.upstream, port.upstream.timeouts
     key = f"proxy.{{}} of target {upstream.target}"
     conn: UpstreamConnection | None = None
     try:
         async with asyncio.timeout(waits.first_byte):
-            conn = await port.pool.get(waits.connect)
-            conn.answer = answer
-            await _send(conn, request, client, port)
+            if request.started is None:
+                conn = await port.pool.get(waits.connect)
+                answer.conn, answer.pool, conn.answer = conn, port.pool, answer
+                await _send(conn, request, client, port)
             await asyncio.wait((answer.head, answer.done), return_when=asyncio.FIRST_COMPLETED)
         if not answer.head.done():
             raise ConnectionResetError("the connection closed before an answer")
-        return conn
     except ConnectTimeout:
         raise _Refused(504, f"upstream {upstream.origin} not connected within "
                        f"{waits.connect:g}s ({key.format('connect_timeout')})") from None
@@ -442,8 +507,8 @@ async def _asked(port: PortRelay, request: Request, client: ClientConnection,
     except OSError as exc:
         raise _Refused(502, f"upstream {upstream.origin} failed: {exc}") from None
     finally:
-        if conn is not None and not answer.head.done():
-            conn.abort()
+        if not answer.head.done() and answer.conn is not None:
+            answer.conn.abort()
 
 
 async def _send(conn: UpstreamConnection, request: Request, client: ClientConnection,
@@ -451,26 +516,41 @@ async def _send(conn: UpstreamConnection, request: Request, client: ClientConnec
     """The request's head and body to the upstream: a small body of known length whole, any
     other streamed (chunked) as it arrives, never held past HELD bytes."""
     assert conn.transport is not None
-    headers = CIMultiDict({"Host": port.pool.netloc})
-    headers.extend(sent_on(CIMultiDictProxy(request.headers), port.upstream.own_token))
-    headers.popall("Expect", None)  # answered by the relay (ClientConnection)
-    first = b"%s %s HTTP/1.1" % (request.method.encode("latin-1"), request.url)
     length = content_length(request.headers)
     if length is not None and length < SMALL_BODY:
-        body = b"".join([piece async for piece in _pieces(request, client)])
-        headers["Content-Length"] = str(len(body))
-        conn.transport.write(head_bytes(first, headers) + body)
+        _send_whole(conn, request, port, b"".join([p async for p in _pieces(request, client)]))
         return
+    headers = _sent_headers(request, port)
     streamed = length is not None or "chunked" in request.headers.get(
         "Transfer-Encoding", "").lower()
     if streamed:
         headers["Transfer-Encoding"] = "chunked"
-    conn.transport.write(head_bytes(first, headers))
+    conn.transport.write(head_bytes(_first_line(request), headers))
     if streamed:
         async for piece in _pieces(request, client):
             conn.transport.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             await conn.drain()
         conn.transport.write(b"0\r\n\r\n")
+
+
+def _send_whole(conn: UpstreamConnection, request: Request, port: PortRelay,
+                body: bytes) -> None:
+    """A request with its whole body, in one write."""
+    assert conn.transport is not None
+    headers = _sent_headers(request, port)
+    headers["Content-Length"] = str(len(body))
+    conn.transport.write(head_bytes(_first_line(request), headers) + body)
+
+
+def _sent_headers(request: Request, port: PortRelay) -> CIMultiDict[str]:
+    headers = CIMultiDict({"Host": port.pool.netloc})
+    headers.extend(sent_on(CIMultiDictProxy(request.headers), port.upstream.own_token))
+    headers.popall("Expect", None)  # answered by the relay (ClientConnection)
+    return headers
+
+
+def _first_line(request: Request) -> bytes:
+    return b"%s %s HTTP/1.1" % (request.method.encode("latin-1"), request.url)
 
 
 async def _pieces(request: Request, client: ClientConnection) -> AsyncIterator[bytes]:

@@ -58,6 +58,10 @@ class Edges(Protocol):
     def done(self, tickets: list[Any]) -> None:
         """The request's answer has completed (or failed)."""
 
+    @property
+    def registered(self) -> bool:
+        """Whether any window waits on arrivals (else `arrive` has nothing to do)."""
+
 
 @dataclass(frozen=True)
 class Timeouts:

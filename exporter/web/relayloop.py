@@ -73,9 +73,14 @@ class HandedEdges:
         self.edges = edges
         self.home = home
 
+    @property
+    def registered(self) -> bool:
+        """Whether a traffic-edged window waits on arrivals."""
+        return self.edges.registered
+
     async def arrive(self, target: str, model: str) -> list[Ticket]:
         """`TrafficEdges.arrive` on the exporter's loop; no hop there while no window waits."""
-        if not self.edges.registered:
+        if not self.registered:
             return []
         return await asyncio.wrap_future(
             asyncio.run_coroutine_threadsafe(self.edges.arrive(target, model), self.home))
@@ -152,12 +157,18 @@ class Pool:
         self.tls = ssl.create_default_context() if parts.scheme == "https" else None
         self.idle: list[UpstreamConnection] = []
 
-    async def get(self, connect: float) -> UpstreamConnection:
-        """An idle connection, or a new one within `connect` seconds."""
+    def take(self) -> UpstreamConnection | None:
+        """An idle connection, if one is open."""
         while self.idle:
             conn = self.idle.pop()
             if not conn.gone:
                 return conn
+        return None
+
+    async def get(self, connect: float) -> UpstreamConnection:
+        """An idle connection, or a new one within `connect` seconds."""
+        if (idle := self.take()) is not None:
+            return idle
         try:
             _, conn = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
                 UpstreamConnection, self.host, self.port, ssl=self.tls), connect)

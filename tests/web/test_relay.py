@@ -444,6 +444,83 @@ class TestConnections:
             writer.close()
         assert upstream.accepted == 1 and rec.requests == 3 and rec.unreadable == 0
 
+    async def test_pipelined_requests_are_answered_whole_and_in_order(self) -> None:
+        def answer(name: bytes) -> bytes:
+            event = b'data: {"id": "%s", "model": "m", "choices": []}\n\n' % name
+            return chunk(event) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+
+        async def in_turn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                head = await read_head(reader)
+                await reader.readexactly(2)
+                name = head.split(b" ")[1].split(b"/")[2]  # /v1/<name>/completions
+                if name == b"slow":
+                    await asyncio.sleep(0.3)  # a later answer must still wait for this one
+                writer.write(SSE_HEAD + answer(name))
+                await writer.drain()
+
+        async def one(base: str, name: str) -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(base))
+            writer.write(raw_request(f"/v1/{name}/completions"))
+            await read_head(reader)
+            await reader.readuntil(b"0\r\n\r\n")
+            writer.close()
+
+        upstream = RawUpstream(in_turn)
+        async with upstream as origin, proxied(origin) as (base, rec):
+            await asyncio.gather(*(one(base, "warm") for _ in range(3)))  # 3 pooled connections
+            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(base))
+            # Three requests in one write: each answer must end before the next begins.
+            names = [b"slow", b"fast1", b"fast2"]
+            writer.write(b"".join(raw_request(f"/v1/{n.decode()}/completions") for n in names))
+            for name in names:
+                await read_head(reader)
+                assert await reader.readexactly(len(answer(name))) == answer(name)
+            writer.close()
+        assert rec.requests == 6 and rec.unreadable == 0
+
+    async def test_clients_gone_as_their_requests_go_on_leave_nothing_in_flight(self) -> None:
+        events = b'data: {"id": "c", "model": "m", "choices": []}\n\ndata: [DONE]\n\n'
+
+        async def answers_all_but_left(reader: asyncio.StreamReader,
+                                       writer: asyncio.StreamWriter) -> None:
+            while True:
+                head = await read_head(reader)
+                await reader.readexactly(2)
+                if b"/left" in head:
+                    return  # no answer: its client is gone
+                writer.write(SSE_HEAD + chunk(events) + b"0\r\n\r\n")
+                await writer.drain()
+
+        seen: list[RequestStats] = []
+        upstream = RawUpstream(answers_all_but_left)
+        async with upstream as origin:
+            relay = PortRelay(Upstream("t", origin, lambda _, stats: seen.append(stats)))
+            port = free_port()
+            await relay.open("127.0.0.1", port, header_timeout=30.0)
+            try:
+                async def whole() -> None:
+                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.write(raw_request("/v1/completions"))
+                    await read_head(reader)
+                    await reader.readuntil(b"0\r\n\r\n")
+                    writer.close()
+
+                await asyncio.gather(*(whole() for _ in range(20)))  # 20 pooled connections
+                # Clients gone at once, their requests sent on from the callback that completed
+                # each (pooled connections) or by their task.
+                for _ in range(20):
+                    _, gone = await asyncio.open_connection("127.0.0.1", port)
+                    gone.write(raw_request("/v1/left/completions"))
+                    slam(gone)
+                await until(lambda: relay.upstream.flight.count == 0)
+                await whole()
+            finally:
+                await relay.close()
+        # An answer never begun records nothing; the last request was alone in flight.
+        assert [s.unreadable for s in seen] == [None] * 21
+        assert seen[-1].context is not None and seen[-1].context.concurrency == 1
+
     async def test_a_client_that_expects_100_continue_gets_it_and_its_body_goes_on(
             self) -> None:
         sink = Sink()  # as curl sends a large body: the head, then the body once told to
