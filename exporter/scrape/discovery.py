@@ -32,7 +32,7 @@ from exporter.core.errors import ExporterError
 from exporter.core.redact import redact_text, redact_url
 from exporter.core.text import TextError, clean_tree
 from exporter.scrape.httpget import OverCap
-from exporter.scrape.scraper import REDIRECTS, proxy_for, read_capped
+from exporter.scrape.scraper import REDIRECTS, proxy_for, read_capped, with_proxy_headers
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,8 @@ class Discovery:
         for _ in range(MAX_REDIRECTS + 1):
             # The session does not read the proxy environment per request (see make_session).
             proxy, proxy_headers = proxy_for(at, None)
-            async with session.get(at, headers=headers, timeout=timeout, proxy=proxy,
+            sent, proxy_headers = with_proxy_headers(at, headers, proxy_headers)
+            async with session.get(at, headers=sent, timeout=timeout, proxy=proxy,
                                    proxy_headers=proxy_headers, allow_redirects=False) as response:
                 location = response.headers.get("Location")
                 if response.status in REDIRECTS and location:

@@ -209,11 +209,7 @@ class Scraper:
         """GET through aiohttp, following redirects here: aiohttp would carry the configured
         headers to another origin."""
         for _ in range(max_redirects + 1):
-            sent, proxy_headers = headers, plan.proxy_headers
-            if proxy_headers and url.scheme != "https":
-                # aiohttp sends proxy headers only with a CONNECT (to a TLS target); a plain-HTTP
-                # request to a forward proxy carries Proxy-Authorization itself.
-                sent, proxy_headers = headers | proxy_headers, None
+            sent, proxy_headers = with_proxy_headers(url, headers, plan.proxy_headers)
             async with self.session.get(
                 url, headers=sent, ssl=plan.ssl, proxy=plan.proxy,
                 proxy_headers=proxy_headers, allow_redirects=False,
@@ -257,6 +253,15 @@ def proxy_for(url: URL, proxy_url: str | None) -> tuple[URL | None, dict[str, st
     except LookupError:
         return None, None
     return proxy, ({"Proxy-Authorization": basic.encode()} if basic is not None else None)
+
+
+def with_proxy_headers(url: URL, headers: dict[str, str], proxy_headers: dict[str, str] | None
+                       ) -> tuple[dict[str, str], dict[str, str] | None]:
+    """The request's headers and aiohttp's `proxy_headers`: aiohttp sends proxy headers only with
+    a CONNECT (to a TLS target); a plain-HTTP request to a forward proxy carries them itself."""
+    if proxy_headers and url.scheme != "https":
+        return headers | proxy_headers, None
+    return headers, proxy_headers
 
 
 async def read_capped(response: aiohttp.ClientResponse, cap: int) -> bytes:

@@ -153,6 +153,29 @@ class TestHttpSD:
                         "foreign": {"Authorization": None, "X-Api-Key": None}}
 
 
+    async def test_a_plain_http_source_behind_a_proxy_gets_its_proxy_credentials(
+            self, aiohttp_server, monkeypatch):
+        seen: list[tuple[str, str | None]] = []
+
+        async def proxy(request):
+            seen.append((request.raw_path, request.headers.get("Proxy-Authorization")))
+            return web.Response(text=json.dumps([{"targets": ["127.0.0.1:8"]}]))
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", proxy)
+        server = await aiohttp_server(app)
+        for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "all_proxy",
+                     "ALL_PROXY", "HTTP_PROXY", "http_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("http_proxy", f"http://user:pw@127.0.0.1:{server.port}")
+        config = validate_config({"http_sd": [{"url": "http://sd.invalid:9/sd"}]})
+        discovery = Discovery(config)
+        async with aiohttp.ClientSession() as session:
+            assert await discovery.refresh(session, 100.0) is True, discovery.errors()
+        assert [t.name for t in discovery.targets()] == ["127.0.0.1:8"]
+        assert seen == [("http://sd.invalid:9/sd", "Basic dXNlcjpwdw==")]
+
+
 @pytest.mark.e2e
 class TestDiscoveryInTheExporter:
     async def test_targets_come_and_go_and_windows_close_them(self, fake_vllm, exporter,
