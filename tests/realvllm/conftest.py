@@ -119,7 +119,7 @@ class Exporter:
 
 @contextmanager
 def exporter_over(server: servers.RealVllm, tmp_path: Path, *, proxy: bool = False,
-                  interval: str = "1s") -> Iterator[Exporter]:
+                  interval: str = "1s", timeout: str = "1s") -> Iterator[Exporter]:
     """`specdec-exporter serve` over one real server (named `real`), with its proxy if asked."""
     port = free_port()
     target: dict[str, object] = {"name": "real", "url": server.metrics_url}
@@ -127,7 +127,7 @@ def exporter_over(server: servers.RealVllm, tmp_path: Path, *, proxy: bool = Fal
     if proxy_port is not None:
         target["proxy"] = {"listen": f"127.0.0.1:{proxy_port}"}
     config = write_config(tmp_path / "exporter.yaml", port, [target], scrape_interval=interval,
-                          scrape_timeout="1s", window_scrape_interval=interval)
+                          scrape_timeout=timeout, window_scrape_interval=interval)
     with process(CLI + ["serve", "--config", str(config)]) as proc:
         try:
             wait_http(f"http://127.0.0.1:{port}/-/ready", deadline=30)
