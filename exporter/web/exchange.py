@@ -91,6 +91,10 @@ class Answer:
         self.pool: Pool | None = None
         self.interim = 0  # 1xx heads before the answer's own (dropped: the client asked none)
 
+    def carried_by(self, conn: UpstreamConnection, pool: Pool) -> None:
+        """The connection it comes on, back to `pool` when it ends whole."""
+        self.conn, self.pool, conn.answer = conn, pool, self
+
     # httptools' callbacks
     def on_status(self, status: bytes) -> None:
         self.reason += status

@@ -189,12 +189,11 @@ def _started(port: PortRelay, request: Request, client: asyncio.Transport) -> St
     conn = port.pool.take()
     if conn is None:
         return None
-    answer = Answer(request, client, upstream.timeouts.idle)
-    answer.conn, answer.pool, conn.answer = conn, port.pool, answer
     flight, body = contextlib.ExitStack(), b"".join(request.pieces)
     context = flight.enter_context(
         upstream.flight.counted(request.headers, body if request.recorded else None))
-    answer.on_whole = partial(_record, upstream, answer, context)
+    answer = _answer(upstream, request, client, context)
+    answer.carried_by(conn, port.pool)
     _send_whole(conn, request, port, body)
     return Started(answer, flight)
 
@@ -218,8 +217,7 @@ async def relay(port: PortRelay, request: Request, client: ClientConnection) -> 
             edges, tickets = upstream.edges if request.recorded else None, []
             if edges is not None:  # they skip each model's warm-up
                 tickets = await edges.arrive(upstream.target, context.model or "")
-            answer = Answer(request, transport, upstream.timeouts.idle)
-            answer.on_whole = partial(_record, upstream, answer, context)
+            answer = _answer(upstream, request, transport, context)
             try:
                 return await _exchange(port, request, client, transport, answer)
             finally:
@@ -243,6 +241,14 @@ async def _whole(request: Request, wait: float) -> bytes | None:
     except TimeoutError:
         return None
     return b"".join(request.pieces)
+
+
+def _answer(upstream: Upstream, request: Request, client: asyncio.Transport,
+            context: RequestContext) -> Answer:
+    """The request's answer, recorded with its context once it has ended."""
+    answer = Answer(request, client, upstream.timeouts.idle)
+    answer.on_whole = partial(_record, upstream, answer, context)
+    return answer
 
 
 def _record(upstream: Upstream, answer: Answer, context: RequestContext,
@@ -279,12 +285,11 @@ async def _asked(port: PortRelay, request: Request, client: ClientConnection,
     the wait."""
     upstream, waits = port.upstream, port.upstream.timeouts
     key = f"proxy.{{}} of target {upstream.target}"
-    conn: UpstreamConnection | None = None
     try:
         async with asyncio.timeout(waits.first_byte):
             if request.started is None:
                 conn = await port.pool.get(waits.connect)
-                answer.conn, answer.pool, conn.answer = conn, port.pool, answer
+                answer.carried_by(conn, port.pool)
                 await _send(conn, request, client, port)
             await asyncio.wait((answer.head, answer.done), return_when=asyncio.FIRST_COMPLETED)
         if not answer.head.done():
