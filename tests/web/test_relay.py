@@ -116,6 +116,15 @@ def raw_request(path: str, body: bytes = b"{}", extra: str = "") -> bytes:
             f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
 
 
+async def answered_whole(port: int, path: str) -> None:
+    """One request on its own connection, its chunked answer read to the end."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw_request(path))
+    await read_head(reader)
+    await reader.readuntil(b"0\r\n\r\n")
+    writer.close()
+
+
 def slam(writer: asyncio.StreamWriter) -> None:
     """Close with a reset, as a client killed mid-answer does."""
     sock = writer.get_extra_info("socket")
@@ -459,16 +468,10 @@ class TestConnections:
                 writer.write(SSE_HEAD + answer(name))
                 await writer.drain()
 
-        async def one(base: str, name: str) -> None:
-            reader, writer = await asyncio.open_connection("127.0.0.1", port_of(base))
-            writer.write(raw_request(f"/v1/{name}/completions"))
-            await read_head(reader)
-            await reader.readuntil(b"0\r\n\r\n")
-            writer.close()
-
         upstream = RawUpstream(in_turn)
         async with upstream as origin, proxied(origin) as (base, rec):
-            await asyncio.gather(*(one(base, "warm") for _ in range(3)))  # 3 pooled connections
+            warm = (answered_whole(port_of(base), "/v1/warm/completions") for _ in range(3))
+            await asyncio.gather(*warm)  # 3 pooled connections
             reader, writer = await asyncio.open_connection("127.0.0.1", port_of(base))
             # Three requests in one write: each answer must end before the next begins.
             names = [b"slow", b"fast1", b"fast2"]
@@ -499,14 +502,8 @@ class TestConnections:
             port = free_port()
             await relay.open("127.0.0.1", port, header_timeout=30.0)
             try:
-                async def whole() -> None:
-                    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-                    writer.write(raw_request("/v1/completions"))
-                    await read_head(reader)
-                    await reader.readuntil(b"0\r\n\r\n")
-                    writer.close()
-
-                await asyncio.gather(*(whole() for _ in range(20)))  # 20 pooled connections
+                whole = (answered_whole(port, "/v1/completions") for _ in range(20))
+                await asyncio.gather(*whole)  # 20 pooled connections
                 # Clients gone at once, their requests sent on from the callback that completed
                 # each (pooled connections) or by their task.
                 for _ in range(20):
@@ -514,7 +511,7 @@ class TestConnections:
                     gone.write(raw_request("/v1/left/completions"))
                     slam(gone)
                 await until(lambda: relay.upstream.flight.count == 0)
-                await whole()
+                await answered_whole(port, "/v1/completions")
             finally:
                 await relay.close()
         # An answer never begun records nothing; the last request was alone in flight.
