@@ -91,8 +91,12 @@ class Accumulator(RowCodec):
     # reading at the last usable scrape (None: the page had none).
     by_load: Bands = field(default_factory=lambda: NO_ITEMS)
     running: float | None = None
-    # The band of the last interval fed (None: a baseline or an unusable scrape); not saved.
-    last_band: int | None = field(default=None, init=False, repr=False, compare=False)
+    # The band and increase of the last interval fed (None: a baseline or an unusable scrape);
+    # not saved.
+    last_interval: tuple[int, Counts] | None = field(
+        default=None, init=False, repr=False, compare=False)
+    # Whether `by_load` is kept: a live track keeps its span's intervals itself; not saved.
+    keeps_bands: bool = field(default=True, repr=False, compare=False)
     # `totals()` since the last `feed` (the only place the increases change).
     _totals: Counts | None = field(default=None, init=False, repr=False, compare=False)
     # The whole row's shape and scrapes as the store last committed it (`saved`).
@@ -108,7 +112,7 @@ class Accumulator(RowCodec):
         negative counter is only tallied, so every figure covers the same span."""
         prior, self._totals = self._totals, None
         self.feeds += 1
-        self.last_band = None
+        self.last_interval = None
         anomaly = find_anomaly(snapshot, at)
         if anomaly is not None:
             if self.scrapes:
@@ -133,8 +137,10 @@ class Accumulator(RowCodec):
         if prior is not None and not baseline:
             # The interval since the last usable scrape (whose totals were `prior`) into its
             # running-requests band: its increase as the totals count it, restarts included.
-            band = self.last_band = interval_band(self.running, snapshot.running)
-            self.by_load = with_interval(self.by_load, band, self.totals() - prior)
+            interval = self.last_interval = (interval_band(self.running, snapshot.running),
+                                             self.totals() - prior)
+            if self.keeps_bands:
+                self.by_load = with_interval(self.by_load, *interval)
         self.running = snapshot.running
         if baseline:
             self.packed_before = pack_counts(sum_series(snapshot.values.items()))
@@ -370,7 +376,7 @@ class LiveTrack:
 
     span: float
     spacing: float = 0.0
-    accumulator: Accumulator = field(default_factory=Accumulator)
+    accumulator: Accumulator = field(default_factory=lambda: Accumulator(keeps_bands=False))
     points: deque[Packed] = field(default_factory=deque)
     # (time, band, increase) of each interval after the oldest point: the span's by band.
     loads: deque[tuple[float, int, Counts]] = field(default_factory=deque)
@@ -385,9 +391,8 @@ class LiveTrack:
         before = self._newest
         self.accumulator.feed(snapshot, at)
         totals = self.accumulator.totals()
-        band = self.accumulator.last_band
-        if before is not None and band is not None:
-            self.loads.append((at, band, totals - before[1]))
+        if before is not None and (interval := self.accumulator.last_interval) is not None:
+            self.loads.append((at, *interval))
         points = self.points
         # The point about to be third from the end is kept only if `spacing` after the one before.
         if len(points) > 2 and points[-2][0] - points[-3][0] < self.spacing:

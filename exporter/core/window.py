@@ -178,9 +178,11 @@ class Window:
             else:
                 self.start_errors[result.target] = result.error or "scrape failed"
 
-    def take_stop_scrape(self, result: ScrapeResult) -> None:
-        """One target's stop scrape; the window takes no other scrape of it after."""
-        takes = self.takes_scrapes_of(result.target)
+    def take_stop_scrape(self, result: ScrapeResult, takes: bool | None = None) -> None:
+        """One target's stop scrape; the window takes no other scrape of it after. `takes`:
+        whether it counts, as `takes_scrapes_of` said as it came (one held meanwhile)."""
+        if takes is None:
+            takes = self.takes_scrapes_of(result.target)
         self.finals.add(result.target)
         if result.snapshot is None:  # not `ok`: spelled out so the type checker narrows
             self.stop_errors[result.target] = result.error or "scrape failed"

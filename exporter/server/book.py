@@ -23,9 +23,9 @@ from exporter.server.memory import give_back_free_memory
 from exporter.server.stop import (
     END,
     FEED,
-    FINAL,
     RECORD,
     ResultCodec,
+    StopScrapes,
     forks_early,
     read_stop,
     stop_work,
@@ -289,30 +289,28 @@ class WindowBook:
             # as they come; else after them (it would compete with them).
             work = stop_work(window, self.results_dir(window.id))
             child, codec, early = Child(work), ResultCodec(), forks_early()
-
-            def take(result: ScrapeResult) -> None:
-                window.take_stop_scrape(result)
-                child.send((FINAL, codec.pack(result)))  # dropped before a late fork
-
+            scrapes = StopScrapes(window, child, codec)
             try:
-                if early:
-                    child.start()
+                if early and child.start():
+                    scrapes.forked = True
                     self._stopping[window.id] = (child, codec)
                 others = [w for w in self.open_windows() if w is not window]
-                await scrape(window.live_targets(), others, take)
+                await scrape(window.live_targets(), others, scrapes.take)
                 window.stopped_at = self.clock()
                 self._stopping.pop(window.id, None)
                 child.start()  # after the scrapes, when not forked early
                 end = (END, window.stopped_at, window.removed)
                 child.send(end)
                 data = await child.result()
-                if data is None:  # no child: this window took the scrapes, a thread works
+                if data is None:  # no child, or a dead one: this window takes them, a thread works
+                    scrapes.take_held()
                     data = await in_thread(lambda: work(iter([end])))
                 self._commit_stop(window, *read_stop(data))
             except BaseException as exc:
                 # Open again as it was, with the stop's scrapes in (taken like any other): a
                 # later stop retries and answers in full.
                 self._stopping.pop(window.id, None)
+                scrapes.take_held()
                 window.reopen(stop_errors)
                 window.edges = open_edges
                 if isinstance(exc, ChildError) and exc.kind == StoreError.__name__:

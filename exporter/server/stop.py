@@ -24,8 +24,8 @@ from exporter.core.snapshot import (
 )
 from exporter.core.stopanswer import AnswerParts
 from exporter.core.window import Window
-from exporter.server.isolate import leave_to_exit, spare_cores
-from exporter.state.answertext import AnswerTexts, compact, indented, stopped_row
+from exporter.server.isolate import Child, leave_to_exit, spare_cores
+from exporter.state.answertext import AnswerTexts, Pieces, stopped_row
 from exporter.state.resultfiles import ResultFolder
 
 # Message kinds (`Child.send`): a target's stop scrape, a scrape the window took meanwhile, a
@@ -111,6 +111,33 @@ class ResultCodec:
         return unpack_values(keys, numbers)
 
 
+class StopScrapes:
+    """A stop's scrapes as they come in. With a child forked early (`forked`) it takes them:
+    the server's window only marks each target final (it takes no later scrape of it) and
+    holds the scrape, taken (`take_held`) only if no answer comes from the child. Else the
+    window takes them (a child forked late copies it)."""
+
+    def __init__(self, window: Window, child: Child, codec: ResultCodec):
+        self.window, self.child, self.codec = window, child, codec
+        self.forked = False
+        self._held: list[tuple[ScrapeResult, bool]] = []  # and whether it counts
+
+    def take(self, result: ScrapeResult) -> None:
+        window = self.window
+        if not self.forked:
+            window.take_stop_scrape(result)
+            return
+        self._held.append((result, window.takes_scrapes_of(result.target)))
+        window.finals.add(result.target)
+        self.child.send((FINAL, self.codec.pack(result)))
+
+    def take_held(self) -> None:
+        """The held scrapes into the window, as it would have taken them as they came."""
+        for result, takes in self._held:
+            self.window.take_stop_scrape(result, takes)
+        self._held.clear()
+
+
 def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], bytes]:
     """A stop's work (`Child(work)`, or `in_thread`): `work(inbox)` takes what `window` has not
     taken of the stop (`FINAL`, `FEED`, `RECORD`, `END`), writing each RESULT's file as it
@@ -121,7 +148,7 @@ def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], byte
         codec, parts, folder = ResultCodec(), AnswerParts(window, ADVICE), ResultFolder(directory)
         names = result_file_names({name: {"host_port": ref.host_port}
                                    for name, ref in window.targets.items()})
-        texts: dict[str, tuple[Mapping[str, Any], bytes]] = {}  # target -> RESULT, file text
+        pieces = Pieces()  # each RESULT and advice encoded as it is made
         try:
             ended = False
             for message in inbox:
@@ -129,7 +156,9 @@ def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], byte
                     result = codec.unpack(message[1])
                     window.take_stop_scrape(result)
                     if (name := result.target) in window.targets:
-                        folder.write(names[name], _file_text(texts, name, parts.target(name)[1]))
+                        _, body, advice = parts.target(name)
+                        folder.write(names[name], pieces.result(name, body))
+                        pieces.advice(name, advice)
                 elif message[0] == FEED:
                     window.feed(codec.unpack(message[1]))
                 elif message[0] == RECORD:
@@ -143,28 +172,16 @@ def stop_work(window: Window, directory: Path) -> Callable[[Iterator[Any]], byte
                 # database, and no half-made answer goes to the files.
                 raise RuntimeError("the stop was cut short: no end of it came")
             answer = parts.answer() | {"results_dir": str(directory.resolve())}
-            encoded = AnswerTexts(
-                files={names[name]: _file_text(texts, name, body)
-                       for name, body in answer["results"].items()},
-                whole=indented(answer), compact=compact(answer))
+            encoded = AnswerTexts.of(answer, pieces)
             # Not synced: the state database, synced next, holds the same answer.
             folder.finish(encoded, sync=False)
         except BaseException:
             folder.discard()
             raise
-        leave_to_exit(parts, answer, encoded, codec, texts)
+        leave_to_exit(parts, answer, encoded, codec, pieces)
         return work_bytes(window, answer, encoded.compact)
 
     return work
-
-
-def _file_text(texts: dict[str, tuple[Mapping[str, Any], bytes]], name: str,
-               body: Mapping[str, Any]) -> bytes:
-    """The text of a target's file, encoded again only if its RESULT is another object."""
-    held = texts.get(name)
-    if held is None or held[0] is not body:
-        held = texts[name] = (body, indented(body))
-    return held[1]
 
 
 def work_bytes(window: Window, answer: Mapping[str, Any], text: bytes) -> bytes:

@@ -818,7 +818,7 @@ class TestByLoad:
             UNKNOWN: 1}  # no reading at either end
         assert sum((c for _, c in bands.values()), Counts()) == acc.totals()
         assert bands[4][1].drafts == (70 - 40) * 3 + 5 * 3 + (25 - 5) * 3
-        assert acc.running is None and acc.last_band == UNKNOWN
+        assert acc.running is None and acc.last_interval[0] == UNKNOWN
 
     def test_a_page_without_the_gauge_reports_no_band(self):
         acc = Accumulator()
@@ -839,7 +839,7 @@ class TestByLoad:
         # Fed on from the row, the next interval starts from the saved reading.
         loaded = stored.load()
         loaded.feed(running_page(12, 9), 103.0)
-        assert loaded.last_band == 8
+        assert loaded.last_interval[0] == 8
 
     def test_live_track_keeps_the_span_by_band(self):
         track = LiveTrack(span=10)
@@ -851,3 +851,4 @@ class TestByLoad:
         assert bands[2].drafts == (6 - 4) * 3 and bands[4].drafts == (8 - 6) * 3
         start, end = track.span_ends(115.0)
         assert sum(bands.values(), Counts()) == end[1] - start[1]
+        assert track.accumulator.by_load == {}  # its span keeps them, not the whole track

@@ -9,6 +9,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import sqlite3
 import types
 
@@ -21,7 +22,7 @@ from faults.servers import Counters, RawTarget
 from exporter.core.console import format_window
 from exporter.server.book import RECENT_WINDOWS
 from exporter.state.store import StateStore
-from server.test_isolate import zombies_of
+from server.test_isolate import children_of, zombies_of
 
 DAY = 86400.0
 
@@ -609,6 +610,23 @@ class TestScrapesDuringAStop:
         result = (await exp.stop("w"))["results"]["a"]
         assert result["increase"]["num_drafts"] == 7 and result["scrapes"] == 2
         assert result["increase"]["accepted_per_pos"] == {"0": 6, "1": 5}
+
+    async def test_a_child_killed_midway_leaves_the_answer_to_a_thread_counts_exact(
+            self, fake_vllm, exporter, aiohttp_server, monkeypatch):
+        # The child took "fast"'s stop scrape alone (the server's window only held it): with
+        # the child gone, the server's window takes it before a thread makes the answer.
+        monkeypatch.setenv("SPECDEC_STOP_STREAMED", "1")
+        fast, exp, gate, stop = await self.stop_halfway(
+            fake_vllm, exporter, aiohttp_server, lambda exp: exp.service.stop_window("w"))
+        (child,) = children_of(os.getpid())  # the stop's, working on "fast"
+        os.kill(child, signal.SIGKILL)
+        fast.server.add(0, 100, 200, [90, 80])  # after the stop's scrape: not the window's
+        gate.set()
+        window = await stop
+        result = window.answer["results"]["fast"]
+        assert result["increase"]["num_drafts"] == 3 and result["resets"] == 0
+        assert result["scrapes"] == 2
+        assert zombies_of(os.getpid()) == []
 
     async def test_a_stop_cancelled_midway_leaves_the_window_open_with_its_scrapes(
             self, fake_vllm, exporter, aiohttp_server):

@@ -13,7 +13,7 @@ import pytest
 from jsonlayout import assert_indented
 from randomjson import random_value
 
-from exporter.state.answertext import AnswerTexts, compact, indented, stopped_row
+from exporter.state.answertext import AnswerTexts, Pieces, compact, indented, stopped_row
 from exporter.state.store import StateStore
 
 
@@ -72,6 +72,61 @@ class TestEncodings:
         assert json.loads(texts.compact) == answer
         assert sorted(texts.files) == ["spec_decode_a.json", "spec_decode_b_1.json"]
         assert_indented(texts.files["spec_decode_b_1.json"], answer["results"]["b:1"])
+
+
+def _answer(rng: random.Random, targets: int) -> dict:
+    """An answer of random RESULTs and advice, with the keys a stop answer has around them."""
+    names = [f"t{i}" for i in range(targets)]
+    return {"id": "w", "results": {n: {"status": "ok", "host_port": n, "x": random_value(rng)}
+                                   for n in names},
+            "aggregate": {"data": random_value(rng)},
+            "advice": {"draft_costs": [0.0, 0.05],
+                       "results": {n: rng.choice([None, {"k": 3, "rows": random_value(rng)}])
+                                   for n in names},
+                       "aggregate": None},
+            "results_dir": "/tmp/é"}
+
+
+class TestPieces:
+    """A stop's child encodes each RESULT and advice as it comes; the answer's texts made from
+    those pieces must be the ones made from the answer at once, byte for byte."""
+
+    @pytest.mark.parametrize("seed", range(60))
+    def test_texts_from_pieces_are_the_texts_of_the_whole(self, seed):
+        rng = random.Random(seed)
+        answer = _answer(rng, rng.randint(0, 6))
+        pieces = Pieces()
+        for name, body in answer["results"].items():
+            pieces.result(name, body)
+            pieces.advice(name, answer["advice"]["results"][name])
+        assert AnswerTexts.of(answer, pieces) == AnswerTexts.of(answer)
+
+    def test_a_piece_of_another_object_is_not_used(self):
+        # A RESULT made again (a partial one at the stop time) is another object: its new text.
+        answer = _answer(random.Random(1), 3)
+        pieces = Pieces()
+        for name in answer["results"]:
+            pieces.result(name, {"status": "old"})
+            pieces.advice(name, {"k": 99})
+        texts = AnswerTexts.of(answer, pieces)
+        assert texts == AnswerTexts.of(answer)
+        assert b"old" not in texts.whole + texts.compact and b"99" not in texts.compact
+
+    def test_what_orjson_refuses_outside_the_pieces_takes_the_plain_way(self):
+        answer = _answer(random.Random(2), 2) | {"big": 2**70}
+        pieces = Pieces()
+        for name, body in answer["results"].items():
+            pieces.result(name, body)
+        texts = AnswerTexts.of(answer, pieces)
+        assert texts == AnswerTexts.of(answer)
+        assert json.loads(texts.compact)["big"] == 2**70
+
+    def test_some_targets_without_pieces(self):
+        answer = _answer(random.Random(3), 4)
+        pieces = Pieces()
+        pieces.result("t0", answer["results"]["t0"])
+        pieces.advice("t3", answer["advice"]["results"]["t3"])
+        assert AnswerTexts.of(answer, pieces) == AnswerTexts.of(answer)
 
 
 
