@@ -12,8 +12,10 @@ both give the same answer:
     PYTHONSAFEPATH=1 PYTHONPATH=<other checkout> python bench/answer.py 1000
 
 Beside it, in the same run, `json.loads` of that answer's text: the C parser building the
-same objects, a floor for Python code that builds them; and the answer's two texts encoded
-whole by orjson, as a stop does after its last scrape.
+same objects, a floor for Python code that builds them; the answer's two texts encoded whole
+by orjson; and a stop's whole work (`stop_work`, as its child runs it) fed the stop scrapes:
+its CPU while they come in (each RESULT, its advice, their texts and its file) and after the
+last one (the tail the stop waits for).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import gc
 import hashlib
 import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from bench.fleet import PageSet
@@ -31,7 +35,7 @@ from exporter.core.parse import parse_page
 from exporter.core.snapshot import ScrapeResult, Snapshot
 from exporter.core.stopanswer import AnswerParts
 from exporter.core.window import TargetRef, Window
-from exporter.server.stop import ADVICE
+from exporter.server.stop import ADVICE, END, FINAL, ResultCodec, stop_work
 from exporter.state.answertext import compact, indented
 
 T0 = 1796234400.0  # 2026-12-02T18:00:00Z
@@ -131,10 +135,38 @@ def measure(n: int, repeats: int) -> dict[str, Any]:
         started = time.perf_counter()
         json.loads(text)
         loads.append(time.perf_counter() - started)
+    work, tail = stop_work_cpu(n, repeats)
     return {"targets": n, "repeats": repeats, "median_s": median,
             "per_target_ms": 1000 * median / n, "min_s": min(times), "digest": digest,
             "json_loads_median_s": statistics.median(loads),
-            "texts_median_s": statistics.median(encodes)}
+            "texts_median_s": statistics.median(encodes),
+            "stop_work_cpu_s": work, "stop_tail_cpu_s": tail}
+
+
+def stop_work_cpu(n: int, repeats: int) -> tuple[float, float]:
+    """Median CPU seconds of a stop's work over n targets: while its stop scrapes come in,
+    and after the last one."""
+    works, tails = [], []
+    for _ in range(repeats):
+        window, finals, stop = open_window(n)
+        codec = ResultCodec()  # a stop's: each page's keys sent once
+        messages = [(FINAL, codec.pack(result)) for result in finals]
+        marks: list[float] = []
+        with tempfile.TemporaryDirectory() as directory:
+            gc.collect()
+            stop_work(window, Path(directory))(_timed_inbox(messages, (END, stop, {}), marks))
+            marks.append(time.process_time())
+        works.append(marks[1] - marks[0])
+        tails.append(marks[2] - marks[1])
+    return statistics.median(works), statistics.median(tails)
+
+
+def _timed_inbox(messages: list[Any], end: Any, marks: list[float]) -> Any:
+    """`messages`, then `end`: the CPU time marked before the first and after the last."""
+    marks.append(time.process_time())
+    yield from messages
+    marks.append(time.process_time())
+    yield end
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{figures['repeats']} runs); answer digest {figures['digest']}; json.loads of "
           f"the same answer: median {figures['json_loads_median_s']:.4f} s; its two texts "
           f"(window.json indented, the API's compact) by orjson: median "
-          f"{figures['texts_median_s']:.4f} s")
+          f"{figures['texts_median_s']:.4f} s; a stop's work (its child's), CPU: "
+          f"{figures['stop_work_cpu_s']:.4f} s while its scrapes come in, "
+          f"{figures['stop_tail_cpu_s']:.4f} s after the last")
     return 0
 
 

@@ -73,10 +73,12 @@ class TestAnswerBench:
         assert figures["targets"] == 120 and figures["repeats"] == 2
         assert 0 < figures["min_s"] <= figures["median_s"]
         assert figures["json_loads_median_s"] > 0 and figures["texts_median_s"] > 0
+        assert figures["stop_work_cpu_s"] > 0 and figures["stop_tail_cpu_s"] > 0
         assert figures["digest"] == answer.measure(120, repeats=1)["digest"]
         assert answer.main(["30", "--repeats", "1"]) == 0
         out = capsys.readouterr().out
         assert "stop answer over 30 targets" in out and "its two texts" in out
+        assert "after the last" in out
 
     def test_window_takes_every_path(self):
         from exporter.core.stopanswer import AnswerParts
