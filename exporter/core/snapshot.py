@@ -33,6 +33,10 @@ class SeriesKey(NamedTuple):
     extra: tuple[tuple[str, str], ...] = ()  # other labels, so distinct series never merge
 
 
+# AISBench's `raw` keys (`Counts.as_raw`), read once.
+_RAW_DRAFTS, _RAW_DRAFT_TOKENS, _RAW_ACCEPTED, _RAW_PER_POS = (
+    Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value, Field.PER_POS.value)
+
 @dataclass(frozen=True, slots=True)
 class Counts:
     """Counter totals summed over engines; `position_drafts` holds a position's drafts (of the
@@ -77,11 +81,12 @@ class Counts:
 
     def as_raw(self) -> dict[str, Any]:
         """The counters as AISBench's `raw` dump names them (integral values as ints)."""
-        raw: dict[str, Any] = {
-            Field.DRAFTS.value: integral(self.drafts),
-            Field.DRAFT_TOKENS.value: integral(self.draft_tokens),
-            Field.ACCEPTED.value: integral(self.accepted),
-            Field.PER_POS.value: _integral_by_position(self.per_position),
+        drafts, tokens, accepted = map(float, (self.drafts, self.draft_tokens, self.accepted))
+        raw: dict[str, Any] = {  # `integral` of each, written out: four RESULT parts call this
+            _RAW_DRAFTS: int(drafts) if drafts.is_integer() else drafts,
+            _RAW_DRAFT_TOKENS: int(tokens) if tokens.is_integer() else tokens,
+            _RAW_ACCEPTED: int(accepted) if accepted.is_integer() else accepted,
+            _RAW_PER_POS: _integral_by_position(self.per_position),
         }
         if self.position_drafts:
             raw[DRAFTS_PER_POS] = {
@@ -147,7 +152,9 @@ def _integral_by_position(values: Mapping[int, float]) -> dict[str, int | float]
     """`{str(position): integral(value)}` in numeric position order."""
     if in_position_order(values):
         # Positions 0..k-1 in order, as pages list them: keys made once, nothing to sort.
-        return dict(zip(position_keys(len(values)), map(integral, values.values()), strict=True))
+        floats = map(float, values.values())
+        return dict(zip(position_keys(len(values)),
+                        [int(v) if v.is_integer() else v for v in floats], strict=True))
     return {str(p): integral(values[p]) for p in sorted(values)}
 
 
