@@ -37,6 +37,7 @@ class SeriesKey(NamedTuple):
 _RAW_DRAFTS, _RAW_DRAFT_TOKENS, _RAW_ACCEPTED, _RAW_PER_POS = (
     Field.DRAFTS.value, Field.DRAFT_TOKENS.value, Field.ACCEPTED.value, Field.PER_POS.value)
 
+
 @dataclass(frozen=True, slots=True)
 class Counts:
     """Counter totals summed over engines; `position_drafts` holds a position's drafts (of the
