@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from exporter.core.derive import result_data
-from exporter.core.snapshot import Counts, in_position_order, integral
+from exporter.core.snapshot import Counts, in_position_order, integral, sum_counts
 
 UNKNOWN = -1  # the band of an interval without a reading of the gauge
 _UNKNOWN_LABEL = "unknown"
@@ -56,13 +56,14 @@ def with_interval(bands: Bands, band: int, increase: Counts) -> dict[int, tuple[
 
 
 def summed(parts: Iterable[Bands]) -> dict[int, tuple[int, Counts]]:
-    """Several targets' bands, band by band."""
-    total: dict[int, tuple[int, Counts]] = {}
+    """Several targets' bands, band by band (each band's counts added in the parts' order)."""
+    intervals: dict[int, int] = {}
+    counts: dict[int, list[Counts]] = {}
     for bands in parts:
-        for band, (intervals, counts) in bands.items():
-            had = total.get(band, (0, Counts()))
-            total[band] = (had[0] + intervals, had[1] + counts)
-    return total
+        for band, (n, increase) in bands.items():
+            intervals[band] = intervals.get(band, 0) + n
+            counts.setdefault(band, []).append(increase)
+    return {band: (n, sum_counts(counts[band])) for band, n in intervals.items()}
 
 
 def reported(bands: Bands) -> bool:
