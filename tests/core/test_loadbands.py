@@ -59,6 +59,15 @@ class TestSums:
         assert summed([{1: (1, A)}, {1: (2, B), UNKNOWN: (3, A)}]) == {
             1: (3, A + B), UNKNOWN: (3, A)}
 
+    def test_targets_of_other_positions_and_uneven_engines_sum_as_their_additions(self):
+        # Past the common case (every part with the same positions): the additions in order.
+        short = Counts(5, 10, 4, {0: 3, 1: 1})
+        uneven = Counts(6, 18, 7, {0: 4, 1: 2, 2: 1}, {2: 2})
+        parts = [{4: (1, A)}, {4: (2, short)}, {4: (1, uneven)}, {4: (1, B)}]
+        assert summed(parts) == {4: (5, Counts() + A + short + uneven + B)}
+        # Position 2: the drafts of the parts with a series for it (short has none).
+        assert summed(parts)[4][1].position_drafts == {2: 10 + 2 + 4}
+
     def test_only_unknown_reports_nothing(self):
         assert not reported({UNKNOWN: (3, A)})
         assert not reported({})
