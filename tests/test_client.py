@@ -13,7 +13,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
+from clitools import (
+    CLI,
+    fake_add,
+    fake_vllm,
+    free_port,
+    process,
+    serve_over,
+    wait_http,
+    write_config,
+)
 
 from exporter.client import ClientError, ExporterClient, FleetClient, merge_answers
 from exporter.core.console import format_window
@@ -43,10 +52,8 @@ def _two_shards(tmp_path: Path, targets: list[dict],
 class TestExporterClient:
     def test_start_stop_and_console(self, tmp_path):
         with fake_vllm("--k", "2") as vllm:
-            port = free_port()
-            config = write_config(tmp_path / "c.yaml", port,
-                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
-            with process(CLI + ["serve", "--config", str(config)]):
+            port, serve = serve_over(tmp_path, vllm)
+            with process(serve):
                 wait_http(f"http://127.0.0.1:{port}/-/ready")
                 client = ExporterClient(f"http://127.0.0.1:{port}")
                 window = client.start(name="py", labels={"run": "1"})
