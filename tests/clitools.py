@@ -97,6 +97,14 @@ def write_config(path: Path, port: int, targets: list[dict], **extra) -> Path:
     return path
 
 
+def serve_over(work_dir: Path, vllm: int) -> tuple[int, list[str]]:
+    """An exporter on a free port over one target `a`, the fake-vllm at port `vllm`: its port,
+    and the command serving it (its config written in `work_dir`)."""
+    port = free_port()
+    config = write_config(work_dir / "c.yaml", port,
+                          [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
+    return port, CLI + ["serve", "--config", str(config)]
+
 def measured(work_dir: Path) -> Path:
     """The `performances` folder of the one `measure` run under `work_dir` (its timestamped
     folder, as AISBench names its runs)."""

@@ -8,9 +8,21 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
-from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
+from clitools import (
+    CLI,
+    fake_add,
+    fake_vllm,
+    free_port,
+    process,
+    serve_over,
+    wait_http,
+    write_config,
+)
 
 from exporter.client import ClientError, ExporterClient, FleetClient, merge_answers
 from exporter.core.console import format_window
@@ -19,13 +31,29 @@ from exporter.core.shards import owner
 pytestmark = pytest.mark.e2e
 
 
+@contextmanager
+def _two_shards(tmp_path: Path, targets: list[dict],
+                second: dict[str, str]) -> Iterator[list[str]]:
+    """Two served exporters sharding `targets`, both ready: the first is shard 0, the second
+    learns its shard from the `second` environment. Yields their URLs."""
+    listen = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in listen]
+    configs = [write_config(tmp_path / f"c{i}.yaml", listen[i], targets,
+                            output_dir=str(tmp_path / f"out{i}")) for i in range(2)]
+    with process(CLI + ["serve", "--config", str(configs[0])],
+                 env={"SPECDEC_SHARDS": "2", "SPECDEC_SHARD_INDEX": "0"}), \
+            process(CLI + ["serve", "--config", str(configs[1])],
+                    env={"SPECDEC_SHARDS": "2"} | second):
+        for url in urls:
+            wait_http(f"{url}/-/ready")
+        yield urls
+
+
 class TestExporterClient:
     def test_start_stop_and_console(self, tmp_path):
         with fake_vllm("--k", "2") as vllm:
-            port = free_port()
-            config = write_config(tmp_path / "c.yaml", port,
-                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
-            with process(CLI + ["serve", "--config", str(config)]):
+            port, serve = serve_over(tmp_path, vllm)
+            with process(serve):
                 wait_http(f"http://127.0.0.1:{port}/-/ready")
                 client = ExporterClient(f"http://127.0.0.1:{port}")
                 window = client.start(name="py", labels={"run": "1"})
@@ -75,16 +103,8 @@ class TestFleetClient:
             ports = [v1, v2, v3, v4]
             targets = [{"name": f"t{i}", "url": f"http://127.0.0.1:{p}/metrics"}
                        for i, p in enumerate(ports)]
-            listen = [free_port(), free_port()]
-            urls = [f"http://127.0.0.1:{p}" for p in listen]
-            configs = [write_config(tmp_path / f"c{i}.yaml", listen[i], targets,
-                                    output_dir=str(tmp_path / f"out{i}")) for i in range(2)]
-            with process(CLI + ["serve", "--config", str(configs[0])],
-                         env={"SPECDEC_SHARDS": "2", "SPECDEC_SHARD_INDEX": "0"}), \
-                    process(CLI + ["serve", "--config", str(configs[1])],
-                            env={"SPECDEC_SHARDS": "2", "SPECDEC_POD_NAME": "specdec-1"}):
-                for url in urls:
-                    wait_http(f"{url}/-/ready")
+            # The second shard finds its index in its pod's name, as a StatefulSet's does.
+            with _two_shards(tmp_path, targets, {"SPECDEC_POD_NAME": "specdec-1"}) as urls:
                 fleet = FleetClient(urls)
                 started = fleet.start(name="fleet")
                 for i, port in enumerate(ports):
@@ -106,16 +126,7 @@ class TestFleetClient:
         targets = [{"name": f"dead{i}", "url": f"http://127.0.0.1:{free_port()}/metrics"}
                    for i in range(4)]
         assert {owner(t["name"], 2) for t in targets} == {0, 1}  # both shards have some
-        listen = [free_port(), free_port()]
-        urls = [f"http://127.0.0.1:{p}" for p in listen]
-        configs = [write_config(tmp_path / f"c{i}.yaml", listen[i], targets,
-                                output_dir=str(tmp_path / f"out{i}")) for i in range(2)]
-        with process(CLI + ["serve", "--config", str(configs[0])],
-                     env={"SPECDEC_SHARDS": "2", "SPECDEC_SHARD_INDEX": "0"}), \
-                process(CLI + ["serve", "--config", str(configs[1])],
-                        env={"SPECDEC_SHARDS": "2", "SPECDEC_SHARD_INDEX": "1"}):
-            for url in urls:
-                wait_http(f"{url}/-/ready")
+        with _two_shards(tmp_path, targets, {"SPECDEC_SHARD_INDEX": "1"}) as urls:
             started = subprocess.run(
                 CLI + ["window", "start", "--exporter", ",".join(urls), "--id", "all-dead"],
                 capture_output=True, text=True, timeout=60)

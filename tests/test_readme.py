@@ -33,26 +33,36 @@ def _on_path(tmp_path: Path) -> dict:
                                                        os.environ.get("PYTHONPATH")]))}
 
 
+def _run_as_written(tmp_path: Path, heading: str, config_name: str,
+                    ports: tuple[str, ...]) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    """The section's shell block, run in `tmp_path` beside a copy of config/`config_name`, with
+    each of `ports` moved to a free one in both; the finished run, and each port's new number."""
+    block = _block_after(heading)
+    config = (ROOT / "config" / config_name).read_text()
+    moved = {port: str(free_port()) for port in ports}
+    for old, new in moved.items():
+        block, config = block.replace(old, new), config.replace(old, new)
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / config_name).write_text(config)
+    proc = subprocess.Popen(["bash", "-c", block], cwd=tmp_path, env=_on_path(tmp_path),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), moved
+
+
 @pytest.mark.e2e
 class TestAISBenchFlow:
     def test_the_flow_prints_numbers_as_written(self, tmp_path):
-        block = _block_after("## The AISBench flow")
-        config = (ROOT / "config" / "demo.yaml").read_text()
-        ports = {port: str(free_port()) for port in ("9400", "8100", "8101", "8102")}
-        for old, new in ports.items():
-            block, config = block.replace(old, new), config.replace(old, new)
-        (tmp_path / "config").mkdir()
-        (tmp_path / "config" / "demo.yaml").write_text(config)
-        proc = subprocess.Popen(["bash", "-c", block], cwd=tmp_path, env=_on_path(tmp_path),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=90)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        assert proc.returncode == 0, err
+        done, ports = _run_as_written(tmp_path, "## The AISBench flow", "demo.yaml",
+                                      ("9400", "8100", "8101", "8102"))
+        out, err = done.stdout, done.stderr
+        assert done.returncode == 0, err
         eagle, mtp, none = (f"127.0.0.1:{ports[p]}" for p in ("8100", "8101", "8102"))
         blocks = out.split("========== Speculative Decoding Metrics  [")
         titles = [b.split("]", 1)[0] for b in blocks[1:]]
@@ -73,23 +83,9 @@ def _shown_output(heading: str) -> str:
 class TestProxyRun:
     def test_the_proxy_run_prints_what_the_readme_shows(self, tmp_path):
         heading = "## Per-request acceptance"
-        block = _block_after(heading)
-        config = (ROOT / "config" / "proxy.yaml").read_text()
-        ports = {port: str(free_port()) for port in ("9410", "9510", "8110")}
-        for old, new in ports.items():
-            block, config = block.replace(old, new), config.replace(old, new)
-        (tmp_path / "config").mkdir()
-        (tmp_path / "config" / "proxy.yaml").write_text(config)
-        proc = subprocess.Popen(["bash", "-c", block], cwd=tmp_path, env=_on_path(tmp_path),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=90)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        assert proc.returncode == 0, err
+        done, _ = _run_as_written(tmp_path, heading, "proxy.yaml", ("9410", "9510", "8110"))
+        out = done.stdout
+        assert done.returncode == 0, done.stderr
         shown = _shown_output(heading).splitlines()
         printed = out.splitlines()[-len(shown):]  # after fake-vllm's banner and the AISBench block
         # The figures differ run to run (fake-vllm draws acceptance); the lines' labels,

@@ -23,6 +23,7 @@ from clitools import (
     http,
     measured,
     process,
+    serve_over,
     wait_http,
     write_config,
 )
@@ -51,11 +52,8 @@ class TestDurability:
     def test_sigkill_keeps_the_open_window(self, tmp_path, restart_server_while_down):
         with fake_vllm("--k", "2") as vllm:
             fake_add(vllm, 100, 200, [90, 80])  # before the window: must not count
-            port = free_port()
+            port, serve = serve_over(tmp_path, vllm)
             base = f"http://127.0.0.1:{port}"
-            config = write_config(tmp_path / "c.yaml", port,
-                                  [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
-            serve = CLI + ["serve", "--config", str(config)]
             with process(serve) as first:
                 wait_http(f"{base}/-/ready")
                 started = subprocess.run(
@@ -132,15 +130,9 @@ class TestServeSignals:
 
 
 class TestRun:
-    def _exporter(self, tmp_path, vllm):
-        port = free_port()
-        config = write_config(tmp_path / "c.yaml", port,
-                              [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
-        return port, CLI + ["serve", "--config", str(config)]
-
     def test_run_wraps_the_command_and_keeps_its_exit_code(self, tmp_path):
         with fake_vllm("--k", "2") as vllm:
-            port, serve = self._exporter(tmp_path, vllm)
+            port, serve = serve_over(tmp_path, vllm)
             with process(serve):
                 wait_http(f"http://127.0.0.1:{port}/-/ready")
                 bench = (
@@ -179,7 +171,7 @@ class TestRun:
 
     def test_run_closes_the_window_on_ctrl_c(self, tmp_path):
         with fake_vllm("--k", "2") as vllm:
-            port, serve = self._exporter(tmp_path, vllm)
+            port, serve = serve_over(tmp_path, vllm)
             base = f"http://127.0.0.1:{port}"
             with process(serve):
                 wait_http(f"{base}/-/ready")

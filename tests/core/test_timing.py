@@ -8,17 +8,10 @@ import math
 import random
 
 import pytest
+from quantiles import exact_quantile
 
 from exporter.core.perrequest import PerRequest, from_json, from_sse
 from exporter.core.timing import FIGURES, Clock, Spread, Timing, Timings, server_timing
-
-
-def _exact(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    at = q * (len(ordered) - 1)
-    low = math.floor(at)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (at - low)
 
 
 class TestSpread:
@@ -35,7 +28,7 @@ class TestSpread:
         assert summary["mean"] == pytest.approx(sum(values) / len(values), rel=1e-12)
         assert (summary["min"], summary["max"]) == pytest.approx((min(values), max(values)))
         for key, q in (("p50", 0.5), ("p95", 0.95), ("p99", 0.99)):
-            assert abs(summary[key] / _exact(values, q) - 1) <= math.exp(0.005) - 1 + 1e-9
+            assert abs(summary[key] / exact_quantile(values, q) - 1) <= math.exp(0.005) - 1 + 1e-9
         if len(values) > 1:
             mean = sum(values) / len(values)
             exact = sum((v - mean) ** 2 for v in values) / (len(values) - 1)

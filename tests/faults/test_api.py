@@ -10,19 +10,6 @@ import pytest
 
 from exporter.web import handlers as api
 from faults.checks import still_serving, value
-from faults.servers import Counters, RawTarget
-
-
-@pytest.fixture
-async def target():
-    server = await RawTarget(Counters(k=2)).start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def exp(exporter, target):
-    return await exporter({"targets": [{"name": "a", "url": target.url}]})
 
 
 async def _no_windows(exp) -> None:

@@ -6,14 +6,6 @@ import pytest
 from clitools import CLI, fake_add, fake_vllm, free_port, process, wait_http, write_config
 
 from exporter.web.csrf import host_allowed, host_name
-from faults.servers import Counters, RawTarget
-
-
-@pytest.fixture
-async def target():
-    server = await RawTarget(Counters(k=2)).start()
-    yield server
-    await server.stop()
 
 
 @pytest.fixture

@@ -11,14 +11,6 @@ from clitools import CLI
 
 from exporter.config.model import MAX_CONFIG_BYTES
 from faults.checks import still_serving, value
-from faults.servers import Counters, RawTarget
-
-
-@pytest.fixture
-async def target():
-    server = await RawTarget(Counters(k=2)).start()
-    yield server
-    await server.stop()
 
 
 @pytest.fixture

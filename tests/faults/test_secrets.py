@@ -22,13 +22,6 @@ OWN_TOKEN = "exp0rter-own-t0ken"
 SECRETS = (PASSWORD, HEADER_SECRET, TOKEN, OWN_TOKEN)
 
 
-@pytest.fixture
-async def target():
-    server = await RawTarget(Counters(k=2)).start()
-    yield server
-    await server.stop()
-
-
 def _leaks(text: str) -> list[str]:
     return [secret for secret in SECRETS if secret in text]
 

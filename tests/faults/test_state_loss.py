@@ -11,7 +11,7 @@ import signal
 import sqlite3
 
 import pytest
-from clitools import CLI, fake_add, fake_vllm, free_port, http, process, wait_http, write_config
+from clitools import fake_add, fake_vllm, http, process, serve_over, wait_http
 from conftest import Clock
 
 from exporter.state.recovery import LOST_FILES_SPAN
@@ -233,11 +233,8 @@ class TestReloadMovesTheState:
 @pytest.mark.e2e
 def test_damaged_wal_is_found_logged_and_counted(tmp_path):
     with fake_vllm("--k", "2") as vllm:
-        port = free_port()
+        port, serve = serve_over(tmp_path, vllm)
         base = f"http://127.0.0.1:{port}"
-        config = write_config(tmp_path / "c.yaml", port,
-                              [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
-        serve = CLI + ["serve", "--config", str(config)]
         with process(serve) as first:
             wait_http(f"{base}/-/ready")
             for n in range(3):

@@ -10,21 +10,8 @@ from clitools import CLI
 
 from exporter.core.text import TextError, clean_text
 from faults.checks import still_serving, value
-from faults.servers import Counters, RawTarget
 
 EMOJI = "\U0001f600"
-
-
-@pytest.fixture
-async def target():
-    server = await RawTarget(Counters(k=2)).start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
-async def exp(exporter, target):
-    return await exporter({"targets": [{"name": "a", "url": target.url}]})
 
 
 class TestCleanText:

@@ -67,6 +67,14 @@ async def _serve(aiohttp_server, handler, path: str = "/metrics", **kwargs):
     return await aiohttp_server(app, **kwargs)
 
 
+async def _one_server_targets(aiohttp_server, handler, n: int) -> list:
+    """`n` targets (t0, t1, ...) that all scrape one server answering with `handler`."""
+    url = str((await _serve(aiohttp_server, handler)).make_url("/metrics"))
+    return validate_config(
+        {"targets": [{"name": f"t{i}", "url": url} for i in range(n)]}
+    ).targets
+
+
 class _RawServer:
     """An `asyncio` server whose connections end with it: on exit, a handler still running
     (one that never answers) is cancelled and its socket closed, so none is left for the
@@ -437,11 +445,7 @@ class TestConcurrency:
             in_flight["now"] -= 1
             return await _page(request)
 
-        server = await _serve(aiohttp_server, handler)
-        url = str(server.make_url("/metrics"))
-        targets = validate_config(
-            {"targets": [{"name": f"t{i}", "url": url} for i in range(7)]}
-        ).targets
+        targets = await _one_server_targets(aiohttp_server, handler, 7)
         scr = scraper(concurrency=2)
         results = await asyncio.gather(*(scr.scrape(t, 5.0) for t in targets))
         assert all(r.ok for r in results)
@@ -453,11 +457,7 @@ class TestConcurrency:
             await asyncio.sleep(0.2)
             return await _page(request)
 
-        server = await _serve(aiohttp_server, handler)
-        url = str(server.make_url("/metrics"))
-        targets = validate_config(
-            {"targets": [{"name": f"t{i}", "url": url} for i in range(4)]}
-        ).targets
+        targets = await _one_server_targets(aiohttp_server, handler, 4)
         scr = scraper(concurrency=1)
         results = await asyncio.gather(*(scr.scrape(t, 0.5) for t in targets))
         assert [r.error for r in results] == [None] * 4

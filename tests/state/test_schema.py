@@ -79,6 +79,21 @@ def version_0(path, doc: dict, accumulators: dict[str, str] | None = None) -> No
     db.close()
 
 
+def saved_in_rounds(path) -> Accumulator:
+    """Window w's accumulator for target a, fed three pages and saved after each (its whole row
+    and a round part), in a store at `path` left closed; the accumulator."""
+    store = StateStore(path)
+    window = Window.from_dict(window_doc())
+    acc = window.accumulators["a"] = Accumulator()
+    for at, drafts in enumerate([10, 12, 15]):
+        acc.feed(page(drafts), 100.0 + at)
+        rows = AccumulatorRows().add(window)
+        store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
+        rows.committed()
+    store.close()
+    return acc
+
+
 def user_version(path) -> int:
     with sqlite3.connect(path) as db:
         (version,) = db.execute("PRAGMA user_version").fetchone()
@@ -144,15 +159,7 @@ class TestVersion0:
 
     def test_a_round_part_is_folded_into_its_whole_row(self, tmp_path):
         path = tmp_path / "s.sqlite"
-        store = StateStore(path)
-        window = Window.from_dict(window_doc())
-        acc = window.accumulators["a"] = Accumulator()
-        for at, drafts in enumerate([10, 12, 15]):
-            acc.feed(page(drafts), 100.0 + at)
-            rows = AccumulatorRows().add(window)
-            store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
-            rows.committed()
-        store.close()
+        acc = saved_in_rounds(path)
         with sqlite3.connect(path) as db:
             assert db.execute("SELECT count(*) FROM accumulator_rounds").fetchone() == (1,)
             db.execute("PRAGMA user_version=0")  # as every database before versions
@@ -271,15 +278,7 @@ class TestVersion2:
 class TestVersion3:
     def test_what_a_row_counted_before_the_bands_is_in_the_unknown_band(self, tmp_path):
         path = tmp_path / "s.sqlite"
-        store = StateStore(path)
-        window = Window.from_dict(window_doc())
-        acc = window.accumulators["a"] = Accumulator()
-        for at, drafts in enumerate([10, 12, 15]):
-            acc.feed(page(drafts), 100.0 + at)
-            rows = AccumulatorRows().add(window)
-            store.save([window.to_dict()], rows.whole, rounds=rows.rounds)
-            rows.committed()
-        store.close()
+        acc = saved_in_rounds(path)
         with sqlite3.connect(path) as db:  # the rows as version 3 wrote them
             for table in ("accumulators", "accumulator_rounds"):
                 (doc,) = db.execute(f"SELECT doc FROM {table}").fetchone()

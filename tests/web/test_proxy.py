@@ -231,14 +231,9 @@ class TestRecordingProxy:
 
 class TestWindowsRecordProxiedRequests:
     async def test_requests_through_the_proxy_port_fill_the_windows_per_request_block(
-            self, exporter: Any, aiohttp_server: Any) -> None:
+            self, proxied: Any) -> None:
         fake = FakeServer(k=3, acceptance=0.75, per_request_metrics="summary")
-        upstream = await aiohttp_server(make_fake_app(fake))  # drafts only from requests
-        port = free_port()
-        under = await exporter({"targets": [{
-            "name": "v", "url": str(upstream.make_url("/metrics")),
-            "proxy": {"listen": f"127.0.0.1:{port}"}}]})
-        await under.round()
+        under, port = await proxied(make_fake_app(fake))  # drafts only from requests
         opened = await under.start(id="w1")
         client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
         n = 0
@@ -304,14 +299,9 @@ class TestWindowsRecordProxiedRequests:
             "accepted_tokens"]
 
     async def test_requests_lost_at_a_restart_are_counted_in_its_unobserved_span(
-            self, exporter: Any, aiohttp_server: Any) -> None:
+            self, proxied: Any) -> None:
         fake = FakeServer(k=3, acceptance=0.7, per_request_metrics="summary")
-        upstream = await aiohttp_server(make_fake_app(fake))  # drafts only from requests
-        port = free_port()
-        under = await exporter({"targets": [{
-            "name": "v", "url": str(upstream.make_url("/metrics")),
-            "proxy": {"listen": f"127.0.0.1:{port}"}}]})
-        await under.round()
+        under, port = await proxied(make_fake_app(fake))  # drafts only from requests
         await under.start(id="w1")
 
         async def ask(max_tokens: int) -> dict[str, Any]:

@@ -9,7 +9,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from conftest import free_port
 
 from exporter.fakevllm import FakeServer, make_fake_app
 
@@ -29,16 +28,10 @@ async def padded(request: web.Request, handler: Handler) -> web.StreamResponse:
     return web.json_response(body)
 
 
-async def test_each_answer_is_the_windows_once_the_client_has_it(
-        exporter: Any, aiohttp_server: Any) -> None:
+async def test_each_answer_is_the_windows_once_the_client_has_it(proxied: Any) -> None:
     app = make_fake_app(FakeServer(k=3, acceptance=0.7, per_request_metrics="summary"))
     app.middlewares.append(padded)
-    upstream = await aiohttp_server(app)
-    port = free_port()
-    under = await exporter({"targets": [{
-        "name": "v", "url": str(upstream.make_url("/metrics")),
-        "proxy": {"listen": f"127.0.0.1:{port}"}}]})
-    await under.round()
+    under, port = await proxied(app)
     await under.start(id="o")
     window = under.service.book.get("o")
     body = {"model": "m", "prompt": "p", "max_tokens": 16}

@@ -64,15 +64,9 @@ class TestRequestLengths:
 
 
 class TestThroughTheProxy:
-    async def test_each_proxied_answer_is_one_sample_of_its_own_length(
-            self, exporter: Any, aiohttp_server: Any) -> None:
+    async def test_each_proxied_answer_is_one_sample_of_its_own_length(self, proxied: Any) -> None:
         fake = FakeServer(k=3, acceptance=0.7, per_request_metrics="summary")
-        upstream = await aiohttp_server(make_fake_app(fake))
-        port = free_port()
-        under = await exporter({"targets": [{
-            "name": "v", "url": str(upstream.make_url("/metrics")),
-            "proxy": {"listen": f"127.0.0.1:{port}"}}]})
-        await under.round()
+        under, port = await proxied(make_fake_app(fake))
         lengths = []
         async with aiohttp.ClientSession() as session:
             for max_tokens in (5, 20, 60, 120):

@@ -6,7 +6,6 @@ import re
 from typing import Any
 
 import aiohttp
-from conftest import free_port
 
 from exporter.fakevllm import FakeServer, make_fake_app
 from exporter.web.pages.requests import LEFT, WIDTH, per_request_section
@@ -45,15 +44,9 @@ class TestSection:
 
 
 class TestThroughTheProxy:
-    async def test_the_window_page_shows_the_proxied_requests(
-            self, exporter: Any, aiohttp_server: Any) -> None:
+    async def test_the_window_page_shows_the_proxied_requests(self, proxied: Any) -> None:
         fake = FakeServer(k=3, acceptance=0.7, per_request_metrics="summary")
-        upstream = await aiohttp_server(make_fake_app(fake))
-        port = free_port()
-        under = await exporter({"targets": [{
-            "name": "v", "url": str(upstream.make_url("/metrics")),
-            "proxy": {"listen": f"127.0.0.1:{port}"}}]})
-        await under.round()
+        under, port = await proxied(make_fake_app(fake))
         await under.start(id="w1")
         async with aiohttp.ClientSession() as session:
             for max_tokens in (10, 50, 90):
