@@ -105,6 +105,7 @@ def serve_over(work_dir: Path, vllm: int) -> tuple[int, list[str]]:
                           [{"name": "a", "url": f"http://127.0.0.1:{vllm}/metrics"}])
     return port, CLI + ["serve", "--config", str(config)]
 
+
 def measured(work_dir: Path) -> Path:
     """The `performances` folder of the one `measure` run under `work_dir` (its timestamped
     folder, as AISBench names its runs)."""
