@@ -123,27 +123,36 @@ def _entries_from_data(text: str) -> list[dict[str, Any]]:
 
 async def run_command(cmd: Sequence[str]) -> int:
     """Run CMD, forwarding SIGINT/SIGTERM to it; its exit code (128+N when killed by signal N)."""
-    try:
-        process = await asyncio.create_subprocess_exec(*cmd)
-    except OSError as exc:
-        say(f"cannot run {cmd[0]!r}: {exc.strerror or exc}", level=logging.ERROR,
-            command=cmd[0], error=str(exc.strerror or exc))
-        return 127
     loop = asyncio.get_running_loop()
     forwarded = (signal.SIGINT, signal.SIGTERM)
+    # Caught from before the command starts: a Ctrl-C while it starts is the command's too
+    # (else asyncio's own would end us, the command left running and the window open).
+    early: list[int] = []
+    process: asyncio.subprocess.Process | None = None
+
+    def forward(sig: int) -> None:
+        if process is None:
+            early.append(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(sig)
+
     for sig in forwarded:
-        loop.add_signal_handler(sig, _forward, process, sig)
+        loop.add_signal_handler(sig, forward, sig)
     try:
+        try:
+            process = await asyncio.create_subprocess_exec(*cmd)
+        except OSError as exc:
+            say(f"cannot run {cmd[0]!r}: {exc.strerror or exc}", level=logging.ERROR,
+                command=cmd[0], error=str(exc.strerror or exc))
+            return 127
+        for caught in early:
+            forward(caught)
         code = await process.wait()
     finally:
         for sig in forwarded:
             loop.remove_signal_handler(sig)
     return code if code >= 0 else 128 - code
-
-
-def _forward(process: asyncio.subprocess.Process, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        process.send_signal(sig)
 
 
 def run_folder(work_dir: Path, now: float) -> Path:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -15,6 +17,7 @@ from aiohttp import web
 from exporter.cli.measure import (
     distinct_names,
     measure,
+    run_command,
     target_from_spec,
     targets_from_model_config,
 )
@@ -192,6 +195,30 @@ class TestMeasureWindow:
 
 
 @pytest.mark.e2e
+class TestRunCommand:
+    async def test_a_ctrl_c_while_the_command_starts_reaches_it(self, tmp_path):
+        # The signal comes while the command is being started. Ours then, it would leave the
+        # command running (and a run's window open): here it would only be recorded.
+        ours: list[int] = []
+        previous = signal.signal(signal.SIGINT, lambda sig, frame: ours.append(sig))
+        pid_file = tmp_path / "pid"
+        command = [sys.executable, "-c", f"import os, time; open({str(pid_file)!r}, 'w')"
+                   ".write(str(os.getpid())); time.sleep(30)"]
+        try:
+            task = asyncio.create_task(run_command(command))
+            await asyncio.sleep(0)  # the task is starting the command now
+            os.kill(os.getpid(), signal.SIGINT)
+            try:
+                code = await asyncio.wait_for(asyncio.shield(task), 15)
+            finally:
+                if not task.done() and pid_file.exists():  # not forwarded: end the command
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+                    await task
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        assert code == 128 + signal.SIGINT and ours == []
+
+
 class TestMeasureCommand:
     def test_inheriting_model_config_through_the_cli(self, tmp_path, mmengine):
         from clitools import CLI, fake_vllm, measured
