@@ -192,6 +192,14 @@ class Window:
             if not result.snapshot.has_spec_decode and acc is not None and acc.has_series:
                 self.stop_errors[result.target] = "no spec decode series on the page"
 
+    def hold_stop_scrape(self, target: str) -> bool:
+        """A stop scrape another copy of the window takes (a stop's child): the window takes no
+        other scrape of `target` after; whether it counts, for `take_stop_scrape` if it is
+        taken here after all."""
+        takes = self.takes_scrapes_of(target)
+        self.finals.add(target)
+        return takes
+
     def reopen(self, stop_errors: Mapping[str, str]) -> None:
         """Open again after a failed stop, its stop errors as before it (its scrapes stay)."""
         self.stopped_at = None

@@ -127,8 +127,7 @@ class StopScrapes:
         if not self.forked:
             window.take_stop_scrape(result)
             return
-        self._held.append((result, window.takes_scrapes_of(result.target)))
-        window.finals.add(result.target)
+        self._held.append((result, window.hold_stop_scrape(result.target)))
         self.child.send((FINAL, self.codec.pack(result)))
 
     def take_held(self) -> None:
